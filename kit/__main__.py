@@ -1,0 +1,5 @@
+import sys
+
+from kit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,93 @@
+"""Batch decomposition: train_batch_size = micro_batch_per_gpu x data_parallel_size x grad_accum.
+
+Any two of the three determine the third (as DeepSpeed's ``_set_batch_related_parameters`` does),
+but where DeepSpeed silently floors a non-divisible split and then fails its assertion, we refuse
+up front with the same equation and the valid alternatives nearest the request.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class BatchError(ValueError):
+    """An impossible batch: the message carries DeepSpeed's equation and valid alternatives."""
+
+
+class Decomposition(NamedTuple):
+    micro_batch: int
+    grad_accum: int
+    train_batch: int
+
+
+def decompositions(train_batch: int, dp: int) -> list[Decomposition]:
+    """Every (micro_batch, grad_accum) with micro x dp x gas == train_batch, smallest GAS first."""
+    _positive("train_batch", train_batch)
+    _positive("data_parallel_size", dp)
+    if train_batch % dp:
+        return []
+    per_rank = train_batch // dp
+    return [
+        Decomposition(per_rank // gas, gas, train_batch)
+        for gas in range(1, per_rank + 1)
+        if per_rank % gas == 0
+    ]
+
+
+def resolve(
+    dp: int,
+    micro_batch: int | None = None,
+    grad_accum: int | None = None,
+    train_batch: int | None = None,
+) -> Decomposition:
+    """Fill in the missing value(s) like DeepSpeed does, or raise BatchError before anything runs."""
+    _positive("data_parallel_size", dp)
+    for name, value in (("micro_batch", micro_batch), ("grad_accum", grad_accum), ("train_batch", train_batch)):
+        if value is not None:
+            _positive(name, value)
+    if train_batch is None:
+        if micro_batch is None:
+            raise BatchError("batch: give micro_batch or train_batch (or both, or with grad_accum)")
+        gas = grad_accum or 1
+        return Decomposition(micro_batch, gas, micro_batch * dp * gas)
+    if micro_batch is None:
+        gas = grad_accum or 1
+        if train_batch % (dp * gas):
+            raise _mismatch(train_batch, train_batch / (dp * gas), gas, dp)
+        return Decomposition(train_batch // (dp * gas), gas, train_batch)
+    if grad_accum is None:
+        if train_batch % (micro_batch * dp):
+            raise _mismatch(train_batch, micro_batch, train_batch / (micro_batch * dp), dp)
+        return Decomposition(micro_batch, train_batch // (micro_batch * dp), train_batch)
+    if micro_batch * grad_accum * dp != train_batch:
+        raise _mismatch(train_batch, micro_batch, grad_accum, dp)
+    return Decomposition(micro_batch, grad_accum, train_batch)
+
+
+def nearest_valid(train_batch: int, dp: int, micro_batch: float | None = None, limit: int = 6) -> str:
+    """A readable list of valid alternatives near the request (same GPUs, nearby global batches)."""
+    options = decompositions(train_batch, dp)
+    if options and micro_batch is not None:
+        options.sort(key=lambda d: abs(d.micro_batch - micro_batch))
+    lines = [f"{d.micro_batch} x {dp} x {d.grad_accum} = {d.train_batch}" for d in options[:limit]]
+    if not lines:
+        lower = train_batch - train_batch % dp
+        upper = lower + dp
+        lines = [f"train_batch {b} (= {b // dp} x {dp} x 1)" for b in (lower, upper) if b > 0]
+    return "valid (micro x dp x grad_accum): " + "; ".join(lines)
+
+
+def _mismatch(train_batch: int, micro: float, gas: float, dp: int) -> BatchError:
+    def show(x: float) -> str:
+        return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+    return BatchError(
+        "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size "
+        f"{train_batch} != {show(micro)} * {show(gas)} * {dp}; "
+        + nearest_valid(train_batch, dp, micro if isinstance(micro, int) else None)
+    )
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise BatchError(f"{name}: must be a whole number >= 1, got {value!r}")
