@@ -1,0 +1,373 @@
+"""Model specs: exact parameter counts and shapes from presets, HF ``config.json`` files, modules or counts.
+
+Counts come from the architecture's arithmetic (no torch): every parameter tensor of the family's
+Hugging Face implementation (or of ``kit.toymodels.DiT``), in module order. The largest layer is the
+largest ``sum(p.numel() for p in m.parameters(recurse=False))`` over modules, as DeepSpeed's ZeRO-3
+estimator defines it (``deepspeed/runtime/zero/stage3.py: model_to_params``); a tied ``lm_head`` counts
+there but not twice in the total. The tests build each preset on the meta device and compare.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from kit.paths import MODELS
+from kit.setup import ModelSpec, explain
+
+#: ``model_type`` values understood by :func:`from_hf_config`.
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox", "dit")
+
+#: DiT settings a ModelSpec does not record; :func:`config_of` and ``kit.toymodels.DiT`` assume these
+#: (those of DiT-XL/2 in facebookresearch/DiT). The sinusoidal timestep features have 256 channels.
+DIT_DEFAULTS = {"patch_size": 2, "in_channels": 4, "learn_sigma": True, "class_dropout_prob": 0.1}
+DIT_FREQUENCY_CHANNELS = 256
+
+#: from_count's heuristic when the largest layer is unknown: a decoder whose 12·L·h² parameters have
+#: h/L = 128 (Llama-2 7B/13B) and whose largest module is an untied vocabulary matrix of 128,256 rows
+#: (Llama 3). See :func:`from_count`.
+HEURISTIC_ASPECT = 128
+HEURISTIC_VOCAB = 128_256
+
+# A module's own parameter tensors (numels, in registration order) and whether they are new
+# (False for a tied lm_head, whose weight is the embedding's).
+_Module = tuple[tuple[int, ...], bool]
+
+# Exact tensor lists of specs built by from_hf_config in this process, for configs whose details
+# (biases, head_dim, DiT patching) a ModelSpec does not record.
+_TENSORS: dict[ModelSpec, tuple[int, ...]] = {}
+
+
+def preset_names() -> list[str]:
+    """The preset keys users type (``--model llama-2-7b``): the files in ``data/models/``."""
+    return sorted(p.stem for p in MODELS.glob("*.json"))
+
+
+def preset(name: str) -> ModelSpec:
+    """The ModelSpec of a shipped preset, e.g. ``preset("llama-2-7b")``."""
+    if name not in preset_names():
+        raise ValueError(f"model: unknown preset {name!r}; choose one of {', '.join(preset_names())}")
+    return from_hf_config(MODELS / f"{name}.json", name=name)
+
+
+def resolve(text: str) -> ModelSpec:
+    """A preset name, or a path to an HF ``config.json`` (or to the folder holding one)."""
+    if text in preset_names():
+        return preset(text)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return from_hf_config(path)
+    raise ValueError(
+        f"model: {text!r} is neither a preset ({', '.join(preset_names())}) nor a config.json file"
+    )
+
+
+def from_hf_config(path_or_dict: str | Path | dict[str, Any], name: str | None = None) -> ModelSpec:
+    """ModelSpec of an HF-style config (a dict or a ``config.json`` path) of a family in ``FAMILIES``."""
+    if isinstance(path_or_dict, dict):
+        cfg = path_or_dict
+        name = name or cfg.get("_name_or_path") or cfg.get("model_type") or "custom"
+    else:
+        path = Path(path_or_dict)
+        cfg = _read_json(path)
+        name = name or (path.parent.name if path.name == "config.json" else path.stem) or "custom"
+    fields, modules = _architecture(cfg)
+    spec = _spec(name=name, **fields, **_counts(modules))
+    _TENSORS[spec] = _tensors(modules)
+    return spec
+
+
+def from_module(module_or_factory: Any, name: str | None = None) -> ModelSpec:
+    """ModelSpec of a ``torch.nn.Module``, or of a factory called under ``torch.device("meta")``.
+
+    A factory allocates nothing. Parameters are counted once each (tied weights once) and the largest
+    layer is DeepSpeed's (the largest ``parameters(recurse=False)`` sum of one module). The shape is
+    taken from ``module.spec`` (kit.toymodels) or ``module.config`` (Hugging Face models) when present.
+    """
+    import torch
+
+    if isinstance(module_or_factory, torch.nn.Module):
+        module = module_or_factory
+    elif callable(module_or_factory):
+        with torch.device("meta"):
+            module = module_or_factory()
+    else:
+        raise ValueError(
+            f"model: expected a torch.nn.Module or a factory, got {type(module_or_factory).__name__}"
+        )
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(f"model: the factory returned {type(module).__name__}, not a torch.nn.Module")
+    params = sum(p.numel() for p in module.parameters())  # parameters() yields each tensor once
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in module.modules())
+    fields: dict[str, Any] = {"name": type(module).__name__}
+    if isinstance(getattr(module, "spec", None), ModelSpec):
+        fields = module.spec.model_dump()
+    elif hasattr(getattr(module, "config", None), "to_dict"):
+        config = module.config.to_dict()
+        if config.get("model_type") in FAMILIES:
+            fields = from_hf_config(config).model_dump()
+    fields.update(params=params, largest_layer_params=largest)
+    if name:
+        fields["name"] = name
+    return _spec(**fields)
+
+
+def from_count(params: int, largest_layer: int | None = None, *, name: str = "custom") -> ModelSpec:
+    """ModelSpec from a bare parameter count (no shape: no activation estimate, no tensor list).
+
+    Without ``largest_layer`` it is estimated as for a modern decoder LM: width
+    ``h = (128 * params / 12) ** (1/3)`` (12·L·h² parameters with h/L = 128, the Llama-2 7B/13B shape)
+    and ``largest_layer = min(params, 128_256 * h)`` (an untied vocabulary matrix of Llama 3's 128,256
+    rows). This errs on the large side for 32k/50k vocabularies; pass ``largest_layer`` for exact numbers.
+    """
+    if isinstance(params, bool) or not isinstance(params, int) or params < 1:
+        raise ValueError(f"params: must be a positive integer count, got {params!r}")
+    if largest_layer is None:
+        width = round((HEURISTIC_ASPECT * params / 12) ** (1 / 3))
+        largest_layer = min(params, HEURISTIC_VOCAB * width)
+    elif isinstance(largest_layer, bool) or not isinstance(largest_layer, int) or largest_layer < 1:
+        raise ValueError(f"largest_layer: must be a positive integer count, got {largest_layer!r}")
+    return _spec(name=name, params=params, largest_layer_params=largest_layer)
+
+
+def tensor_numels(spec: ModelSpec) -> list[int] | None:
+    """The numel of every parameter tensor, in module order (tied weights once); None for bare counts.
+
+    ZeRO-3 partitions (and pads) each tensor separately and keeps those below
+    ``stage3_param_persistence_threshold`` whole on every rank. Exact for specs built from a config in
+    this process; otherwise derived from the shape with the family's defaults when that reproduces the
+    spec's counts exactly (the presets and toy models always do), else None.
+    """
+    if spec in _TENSORS:
+        return list(_TENSORS[spec])
+    if spec.family not in FAMILIES:
+        return None
+    try:
+        modules = _architecture(config_of(spec))[1]
+    except ValueError:
+        return None
+    if _counts(modules) != {"params": spec.params, "largest_layer_params": spec.largest_layer_params}:
+        return None
+    return list(_tensors(modules))
+
+
+def config_of(spec: ModelSpec) -> dict[str, Any]:
+    """The HF-style config a spec describes, with the family's defaults for what a spec does not record."""
+    missing = [
+        f for f in ("layers", "hidden", "heads", "ffn", "vocab", "max_seq_len") if getattr(spec, f) is None
+    ]
+    if spec.family not in FAMILIES:
+        raise ValueError(
+            f"model: {spec.name!r} has family {spec.family!r}; known families: {', '.join(FAMILIES)}"
+        )
+    if missing:
+        raise ValueError(f"model: {spec.name!r} ({spec.family}) lacks its shape: {', '.join(missing)}")
+    if spec.family == "gpt2":
+        return {
+            "model_type": "gpt2",
+            "n_embd": spec.hidden,
+            "n_layer": spec.layers,
+            "n_head": spec.heads,
+            "n_inner": spec.ffn,
+            "vocab_size": spec.vocab,
+            "n_positions": spec.max_seq_len,
+            "tie_word_embeddings": spec.tied_embeddings,
+        }
+    if spec.family == "dit":
+        side = math.isqrt(spec.max_seq_len)
+        if side * side != spec.max_seq_len:
+            raise ValueError(f"model: a DiT's max_seq_len (tokens) must be a square, got {spec.max_seq_len}")
+        return {
+            "model_type": "dit",
+            "hidden_size": spec.hidden,
+            "depth": spec.layers,
+            "num_heads": spec.heads,
+            "input_size": side * DIT_DEFAULTS["patch_size"],
+            "num_classes": spec.vocab,
+            "mlp_ratio": spec.ffn / spec.hidden,
+            **DIT_DEFAULTS,
+        }
+    return {
+        "model_type": spec.family,
+        "hidden_size": spec.hidden,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "intermediate_size": spec.ffn,
+        "vocab_size": spec.vocab,
+        "max_position_embeddings": spec.max_seq_len,
+        "tie_word_embeddings": spec.tied_embeddings,
+    }
+
+
+def _spec(**fields: Any) -> ModelSpec:
+    try:
+        return ModelSpec(**fields)
+    except ValidationError as error:
+        raise ValueError(explain(error, prefix="model")) from None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ValueError(f"model: no such config file: {path}")
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"model: {path} is not valid JSON ({error.msg}, line {error.lineno})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"model: {path} must hold a JSON object (an HF config.json)")
+    return cfg
+
+
+def _counts(modules: list[_Module]) -> dict[str, int]:
+    return {
+        "params": sum(sum(numels) for numels, new in modules if new),
+        "largest_layer_params": max(sum(numels) for numels, _ in modules),
+    }
+
+
+def _tensors(modules: list[_Module]) -> tuple[int, ...]:
+    return tuple(n for numels, new in modules if new for n in numels)
+
+
+def _architecture(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
+    """ModelSpec shape fields and the parameter modules (module order) of an HF-style config."""
+    family = cfg.get("model_type")
+    builders: dict[str, Callable[[dict[str, Any]], tuple[dict[str, Any], list[_Module]]]] = {
+        "gpt2": _gpt2,
+        "llama": _llama,
+        "mistral": _llama,
+        "qwen2": _llama,
+        "gpt_neox": _gpt_neox,
+        "dit": _dit,
+    }
+    if family not in builders:
+        raise ValueError(
+            f"model: unsupported model_type {family!r}; supported families: {', '.join(FAMILIES)}"
+        )
+    return builders[family](cfg)
+
+
+def _require(cfg: dict[str, Any], *keys: str) -> list[int]:
+    missing = [k for k in keys if not isinstance(cfg.get(k), int) or isinstance(cfg.get(k), bool)]
+    if missing:
+        raise ValueError(f"model: {cfg['model_type']} config needs integer {', '.join(missing)}")
+    return [cfg[k] for k in keys]
+
+
+def _linear(n_in: int, n_out: int, bias: bool = True) -> _Module:
+    return ((n_in * n_out, n_out) if bias else (n_in * n_out,)), True
+
+
+def _norm(h: int, bias: bool) -> _Module:
+    return ((h, h) if bias else (h,)), True
+
+
+def _lm_head(h: int, vocab: int, tied: bool) -> _Module:
+    return (vocab * h,), not tied
+
+
+def _gpt2(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
+    """HF GPT2LMHeadModel: wte, wpe, blocks (ln_1, c_attn, c_proj, ln_2, c_fc, c_proj), ln_f, lm_head."""
+    h, layers, heads, vocab = _require(cfg, "n_embd", "n_layer", "n_head", "vocab_size")
+    positions = cfg.get("n_positions", 1024)
+    ffn = cfg.get("n_inner") or 4 * h
+    tied = cfg.get("tie_word_embeddings", True)
+    block = [
+        _norm(h, True),
+        _linear(h, 3 * h),
+        _linear(h, h),
+        _norm(h, True),
+        _linear(h, ffn),
+        _linear(ffn, h),
+    ]
+    modules = [((vocab * h,), True), ((positions * h,), True), *block * layers, _norm(h, True)]
+    modules.append(_lm_head(h, vocab, tied))
+    fields = {"family": "gpt2", "layers": layers, "hidden": h, "heads": heads, "kv_heads": heads}
+    fields.update(ffn=ffn, vocab=vocab, max_seq_len=positions, tied_embeddings=tied)
+    return fields, modules
+
+
+def _llama(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
+    """HF Llama/Mistral/Qwen2: embed_tokens, blocks (q/k/v/o, gate/up/down, 2 RMSNorms), norm, lm_head.
+
+    Qwen2 always has q/k/v biases; Llama's ``attention_bias`` / ``mlp_bias`` add biases (HF defaults False).
+    """
+    family = cfg["model_type"]
+    h, layers, heads, ffn, vocab = _require(
+        cfg, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"
+    )
+    kv = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or h // heads
+    qkv_bias = family == "qwen2" or (family == "llama" and cfg.get("attention_bias", False))
+    o_bias = family == "llama" and cfg.get("attention_bias", False)
+    mlp_bias = family == "llama" and cfg.get("mlp_bias", False)
+    tied = cfg.get("tie_word_embeddings", False)
+    attention = [
+        _linear(h, heads * head_dim, qkv_bias),
+        _linear(h, kv * head_dim, qkv_bias),
+        _linear(h, kv * head_dim, qkv_bias),
+        _linear(heads * head_dim, h, o_bias),
+    ]
+    mlp = [_linear(h, ffn, mlp_bias), _linear(h, ffn, mlp_bias), _linear(ffn, h, mlp_bias)]
+    block = [*attention, *mlp, _norm(h, False), _norm(h, False)]
+    modules = [((vocab * h,), True), *block * layers, _norm(h, False), _lm_head(h, vocab, tied)]
+    fields = {"family": family, "layers": layers, "hidden": h, "heads": heads, "kv_heads": kv, "ffn": ffn}
+    fields.update(vocab=vocab, max_seq_len=cfg.get("max_position_embeddings"), tied_embeddings=tied)
+    return fields, modules
+
+
+def _gpt_neox(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
+    """HF GPTNeoXForCausalLM: embed_in, blocks (2 LayerNorms, query_key_value, dense, MLP), norm, lm_head."""
+    h, layers, heads, ffn, vocab = _require(
+        cfg, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"
+    )
+    bias = cfg.get("attention_bias", True)
+    tied = cfg.get("tie_word_embeddings", False)
+    block = [_norm(h, True), _norm(h, True), _linear(h, 3 * h, bias), _linear(h, h, bias)]
+    block += [_linear(h, ffn), _linear(ffn, h)]
+    modules = [((vocab * h,), True), *block * layers, _norm(h, True), _lm_head(h, vocab, tied)]
+    fields = {
+        "family": "gpt_neox",
+        "layers": layers,
+        "hidden": h,
+        "heads": heads,
+        "kv_heads": heads,
+        "ffn": ffn,
+    }
+    fields.update(vocab=vocab, max_seq_len=cfg.get("max_position_embeddings"), tied_embeddings=tied)
+    return fields, modules
+
+
+def _dit(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
+    """DiT (Peebles & Xie 2023) as kit.toymodels.DiT builds it: patch embed, timestep and label embedders,
+    adaLN-Zero blocks (qkv, proj, fc1, fc2, adaLN modulation), final layer. The fixed sin-cos position
+    table is a buffer, not a parameter (the reference code keeps it as a frozen Parameter).
+    """
+    h, layers, heads, input_size, classes = _require(
+        cfg, "hidden_size", "depth", "num_heads", "input_size", "num_classes"
+    )
+    opts = {**DIT_DEFAULTS, **cfg}
+    patch, channels = opts["patch_size"], opts["in_channels"]
+    if input_size % patch:
+        raise ValueError(f"model: dit input_size ({input_size}) must be a multiple of patch_size ({patch})")
+    out_channels = 2 * channels if opts["learn_sigma"] else channels
+    ffn = int(h * cfg.get("mlp_ratio", 4.0))
+    label_rows = classes + (
+        1 if opts["class_dropout_prob"] > 0 else 0
+    )  # +1: the classifier-free "null" label
+    patch_embed = ((h * channels * patch * patch, h), True)
+    embedders = [patch_embed, _linear(DIT_FREQUENCY_CHANNELS, h), _linear(h, h), ((label_rows * h,), True)]
+    block = [_linear(h, 3 * h), _linear(h, h), _linear(h, ffn), _linear(ffn, h), _linear(h, 6 * h)]
+    final = [_linear(h, patch * patch * out_channels), _linear(h, 2 * h)]
+    modules = [*embedders, *block * layers, *final]
+    fields = {"family": "dit", "layers": layers, "hidden": h, "heads": heads, "kv_heads": heads, "ffn": ffn}
+    fields.update(vocab=classes, max_seq_len=(input_size // patch) ** 2)
+    return fields, modules
