@@ -42,7 +42,11 @@ def resolve(
 ) -> Decomposition:
     """Fill in the missing value(s) like DeepSpeed does, or raise BatchError before anything runs."""
     _positive("data_parallel_size", dp)
-    for name, value in (("micro_batch", micro_batch), ("grad_accum", grad_accum), ("train_batch", train_batch)):
+    for name, value in (
+        ("micro_batch", micro_batch),
+        ("grad_accum", grad_accum),
+        ("train_batch", train_batch),
+    ):
         if value is not None:
             _positive(name, value)
     if train_batch is None:
@@ -53,38 +57,43 @@ def resolve(
     if micro_batch is None:
         gas = grad_accum or 1
         if train_batch % (dp * gas):
-            raise _mismatch(train_batch, train_batch / (dp * gas), gas, dp)
+            raise _mismatch(train_batch, train_batch // dp // gas, gas, dp)
         return Decomposition(train_batch // (dp * gas), gas, train_batch)
     if grad_accum is None:
         if train_batch % (micro_batch * dp):
-            raise _mismatch(train_batch, micro_batch, train_batch / (micro_batch * dp), dp)
+            raise _mismatch(train_batch, micro_batch, train_batch // micro_batch // dp, dp, micro_batch)
         return Decomposition(micro_batch, train_batch // (micro_batch * dp), train_batch)
     if micro_batch * grad_accum * dp != train_batch:
-        raise _mismatch(train_batch, micro_batch, grad_accum, dp)
+        raise _mismatch(train_batch, micro_batch, grad_accum, dp, micro_batch)
     return Decomposition(micro_batch, grad_accum, train_batch)
 
 
-def nearest_valid(train_batch: int, dp: int, micro_batch: float | None = None, limit: int = 6) -> str:
-    """A readable list of valid alternatives near the request (same GPUs, nearby global batches)."""
-    options = decompositions(train_batch, dp)
-    if options and micro_batch is not None:
-        options.sort(key=lambda d: abs(d.micro_batch - micro_batch))
+def nearest_valid(train_batch: int, dp: int, micro_batch: int | None = None, limit: int = 6) -> str:
+    """A readable list of valid alternatives near the request, on the same number of GPUs.
+
+    The global batch itself when it divides by dp (its decompositions nearest the requested micro
+    batch first), otherwise the nearest global batches that do: multiples of micro x dp when the
+    micro batch is fixed, multiples of dp otherwise.
+    """
+    step = micro_batch * dp if micro_batch else dp
+    below = max(step, train_batch - train_batch % step)
+    targets = {below, below + step} if train_batch % step else set()
+    if train_batch % dp == 0:
+        targets.add(train_batch)
+    options = [d for t in sorted(targets) for d in decompositions(t, dp)]
+    if micro_batch:
+        options.sort(key=lambda d: (abs(d.micro_batch - micro_batch), abs(d.train_batch - train_batch)))
     lines = [f"{d.micro_batch} x {dp} x {d.grad_accum} = {d.train_batch}" for d in options[:limit]]
-    if not lines:
-        lower = train_batch - train_batch % dp
-        upper = lower + dp
-        lines = [f"train_batch {b} (= {b // dp} x {dp} x 1)" for b in (lower, upper) if b > 0]
-    return "valid (micro x dp x grad_accum): " + "; ".join(lines)
+    return "valid (micro x dp x grad_accum = train): " + "; ".join(lines)
 
 
-def _mismatch(train_batch: int, micro: float, gas: float, dp: int) -> BatchError:
-    def show(x: float) -> str:
-        return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
+def _mismatch(
+    train_batch: int, micro: int, gas: int, dp: int, requested_micro: int | None = None
+) -> BatchError:
+    """DeepSpeed's own assertion text (``DeepSpeedConfig._batch_assertion``) plus the alternatives."""
     return BatchError(
         "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size "
-        f"{train_batch} != {show(micro)} * {show(gas)} * {dp}; "
-        + nearest_valid(train_batch, dp, micro if isinstance(micro, int) else None)
+        f"{train_batch} != {micro} * {gas} * {dp}; " + nearest_valid(train_batch, dp, requested_micro)
     )
 
 

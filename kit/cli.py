@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from kit.setup import explain
 
 #: subcommand modules; each defines ``register(subparsers)`` adding its parser with ``func=...``.
-COMMANDS = ["kit.estimate_cli"]
+COMMANDS = ["kit.estimate_cli", "kit.launch_cli", "kit.scaleout_cli", "kit.run_cli"]
 
 
 class UsageError(ValueError):
@@ -29,7 +29,9 @@ class UsageError(ValueError):
 def add_setup_args(p: argparse.ArgumentParser) -> None:
     """Flags that build a Setup (model, cluster, ZeRO settings, batch), shared by subcommands."""
     m = p.add_argument_group("model")
-    m.add_argument("--model", help="preset name (see `zerokit estimate --list-models`) or path to a config.json")
+    m.add_argument(
+        "--model", help="preset name (see `zerokit estimate --list-models`) or path to a config.json"
+    )
     m.add_argument("--params", type=_count, help="bare parameter count, e.g. 7e9 (instead of --model)")
     m.add_argument("--largest-layer", type=_count, help="largest layer's parameter count (with --params)")
     c = p.add_argument_group("cluster")
@@ -75,7 +77,7 @@ def setup_from_args(args: argparse.Namespace):
     if args.ds_config:
         from kit.dsconfig import load_ds_config
 
-        return load_ds_config(args.ds_config, model=spec, cluster=cluster, seq_len=args.seq_len)
+        return load_ds_config(args.ds_config, model=spec, cluster=cluster, **batch)
     zero = {
         "stage": args.stage,
         "offload_optimizer": args.offload_optimizer,

@@ -44,6 +44,8 @@ NCCL_BUFFER_BYTES = 256 * MIB
 ALLOCATOR_FRAGMENTATION = 0.05
 #: CPU RAM of one rank's process before any model: Python, torch with CUDA libraries, DeepSpeed.
 PROCESS_BASE_BYTES = 2 * GIB
+#: DeepSpeed's ZeRO-3 ``sub_group_size`` default (elements stepped at a time).
+DS_SUB_GROUP_SIZE = 1_000_000_000
 #: Bytes per fp32 optimizer state element and states per parameter, by optimizer.
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd": 0}
 
@@ -270,11 +272,16 @@ def _transient(setup: Setup) -> dict[str, Term]:
     if z.stage == 3:
         largest = setup.model.largest_layer_params
         fetch = min(psi, largest + z.prefetch_bucket_size, max(largest, z.max_live_parameters))
-        out["buffers"] = Term(
+        gathered = Term(
             p * fetch + p * largest,
             f"{p} B x min(Psi, largest layer + prefetch bucket, max live) = {fetch:,} gathered params "
             f"+ {p} B x largest layer {largest:,} full gradient before reduce-scatter",
         )
+        if z.offload_optimizer == "none":
+            # _prepare_fp32_grad_for_sub_group: an fp32 copy of one sub group's gradient partition
+            sub = min(sum(-(-t // n) for t in _tensor_numels(setup)), DS_SUB_GROUP_SIZE)
+            gathered = _add(gathered, Term(4 * sub, "4 B x min(S, sub_group_size) (fp32 gradient in step)"))
+        out["buffers"] = gathered
     return out
 
 

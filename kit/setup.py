@@ -51,7 +51,8 @@ class ModelSpec(_Frozen):
     def _check(self) -> ModelSpec:
         if self.largest_layer_params > self.params:
             raise ValueError(
-                f"largest_layer_params: must be <= params ({self.params:,}), got {self.largest_layer_params:,}"
+                f"largest_layer_params: must be <= params ({self.params:,}), "
+                f"got {self.largest_layer_params:,}"
             )
         if self.heads and self.hidden and self.hidden % self.heads:
             raise ValueError(f"heads: must divide hidden ({self.hidden}), got {self.heads}")
@@ -110,7 +111,9 @@ class ZeroSettings(_Frozen):
     @model_validator(mode="after")
     def _check(self) -> ZeroSettings:
         if self.offload_optimizer != "none" and self.stage == 0:
-            raise ValueError("offload_optimizer: needs ZeRO stage 1, 2 or 3 (stage 0 has no partitioned optimizer)")
+            raise ValueError(
+                "offload_optimizer: needs ZeRO stage 1, 2 or 3 (stage 0 has no partitioned optimizer)"
+            )
         if self.offload_param != "none" and self.stage != 3:
             raise ValueError(
                 f"offload_param: only ZeRO stage 3 partitions parameters, so only stage 3 can offload them "
@@ -160,7 +163,9 @@ class Setup(_Frozen):
         model = _section(ModelSpec, "model", data.get("model"))
         seq_len = raw.get("seq_len") or (model.max_seq_len if model is not None else None) or 2048
         if model is not None and model.max_seq_len and seq_len > model.max_seq_len:
-            raise ValueError(f"seq_len: must be <= the model's max_seq_len ({model.max_seq_len}), got {seq_len}")
+            raise ValueError(
+                f"seq_len: must be <= the model's max_seq_len ({model.max_seq_len}), got {seq_len}"
+            )
         if raw.get("micro_batch") is None and raw.get("train_batch") is None:
             raw["micro_batch"] = 1
         micro, gas, train = batch_math.resolve(
@@ -198,22 +203,32 @@ class Setup(_Frozen):
     def replace(self, **changes: Any) -> Setup:
         """A new Setup with some sections changed, e.g. ``s.replace(zero={"stage": 3})``.
 
-        Nested sections are merged; the batch is re-resolved, keeping what the user fixed: pass
-        ``batch={"micro_batch": 4}`` to change micro batch and keep grad_accum (train_batch follows).
+        Nested sections are merged. The batch is re-resolved keeping micro batch and gradient
+        accumulation, so ``train_batch`` follows a new cluster size; ``batch={"train_batch": 64}``
+        keeps the micro batch and derives gradient accumulation (or keeps whichever you pass).
         """
         data = self.model_dump()
+        old = data["batch"]
+        batch = {
+            "micro_batch": old["micro_batch"],
+            "grad_accum": old["grad_accum"],
+            "seq_len": old["seq_len"],
+        }
         for section, value in changes.items():
             if section not in data:
                 raise ValueError(f"{section}: not a Setup section; choose model, cluster, zero or batch")
             value = value.model_dump() if isinstance(value, BaseModel) else value
             if section == "batch":
-                keep = {"micro_batch": data["batch"]["micro_batch"], "grad_accum": data["batch"]["grad_accum"]}
-                keep["seq_len"] = data["batch"]["seq_len"]
-                data["batch"] = {**keep, **value}
+                if value.get("train_batch") is not None:
+                    batch.pop(
+                        "grad_accum" if "micro_batch" in value or "grad_accum" not in value else "micro_batch"
+                    )
+                batch.update(value)
             elif isinstance(value, dict) and section != "model":
                 data[section] = {**data[section], **value}
             else:
                 data[section] = value
+        data["batch"] = batch
         return Setup.model_validate(data)
 
 

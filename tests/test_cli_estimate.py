@@ -1,0 +1,103 @@
+"""`zerokit estimate` / `plan`: one JSON object with --json, exit 2 with one stderr line on bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kit.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_estimate_json_contract(capsys):
+    code, out, err = run_cli(
+        capsys, "estimate", "--model", "llama-2-7b", "--stage", "3", "--gpus-per-node", "8",
+        "--micro-batch", "1", "--grad-accum", "4", "--seq-len", "4096", "--json",
+    )  # fmt: skip
+    assert code == 0 and err == ""
+    data = json.loads(out)
+    for key in (
+        "params",
+        "largest_layer_params",
+        "per_gpu_bytes",
+        "model_states_bytes",
+        "cpu_bytes_per_node",
+    ):
+        assert isinstance(data[key], int)
+    assert set(data["components"]) == {
+        "parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead"
+    }  # fmt: skip
+    assert data["per_gpu_bytes"] == sum(data["components"].values())
+    assert data["setup"]["batch"] == {"micro_batch": 1, "grad_accum": 4, "train_batch": 32, "seq_len": 4096}
+    assert data["params"] == 6_738_415_616 and data["fits"]["H100-SXM-80GB"] is True
+
+
+def test_estimate_params_and_paper_formula(capsys):
+    code, out, _ = run_cli(
+        capsys,
+        "estimate",
+        "--params",
+        "7.5B",
+        "--stage",
+        "3",
+        "--nodes",
+        "8",
+        "--formula",
+        "zero-paper",
+        "--json",
+    )
+    assert code == 0
+    assert json.loads(out)["model_states_bytes"] == 16 * 7_500_000_000 // 64
+
+
+def test_estimate_table_shows_formulas(capsys):
+    code, out, _ = run_cli(capsys, "estimate", "--model", "gpt2", "--stage", "2")
+    assert code == 0
+    assert "optimizer_states" in out and "B x P" in out and "fits:" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "gpt5"], "model: 'gpt5' is neither a preset"),
+        (
+            ["--model", "gpt2", "--stage", "2", "--offload-param", "cpu"],
+            "zero.offload_param: only ZeRO stage 3",
+        ),
+        (["--model", "gpt2", "--train-batch", "100", "--micro-batch", "3"], "100 != 3 * 4 * 8"),
+        (["--model", "gpt2", "--gpu", "TPU"], "cluster.gpu: unknown GPU 'TPU'"),
+        ([], "model: give --model PRESET|config.json or --params N"),
+    ],
+)
+def test_invalid_input_exits_2_with_one_line(capsys, argv, message):
+    code, out, err = run_cli(capsys, "estimate", *argv, "--json")
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_plan_lists_smallest_cluster_and_batches(capsys):
+    code, out, _ = run_cli(
+        capsys, "plan", "--model", "llama-2-7b", "--gpu", "A100-SXM-80GB", "--micro-batch", "1",
+        "--train-batch", "64", "--seq-len", "2048", "--json",
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(out)
+    assert [b["micro_batch"] for b in data["batch_options"]] == [8, 4, 2, 1]
+    stage3 = next(r for r in data["smallest_cluster"] if r["variant"].startswith("z3 bf16"))
+    assert stage3["gpus"] is not None and stage3["gpus"] <= 8
+
+
+def test_module_entry_point_answers_without_torch():
+    code = (
+        "import sys, runpy; sys.argv = ['zerokit', 'estimate', '--model', 'gpt2', '--json'];"
+        "import kit.cli as c; rc = c.main(sys.argv[1:]); assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["params"] == 124_439_808
