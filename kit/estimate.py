@@ -325,9 +325,12 @@ def activations(setup: Setup) -> Term:
         body = Term(layers * per_layer, f"{layers} layers x ({how}), s={s} b={b} h={h} a={a} f={ffn}")
     if family == "dit" or not m.vocab:
         return body
-    # logits: 16-bit logits 2sbv, an fp32 copy for the loss 4sbv and log-softmax output 4sbv.
-    logits = 10 * s * b * m.vocab
-    return _add(body, Term(logits, f"logits 2sbv + 4sbv fp32 copy + 4sbv log-softmax, v={m.vocab:,}"))
+    # head: final norm input and lm_head input 2 x 2sbh (16-bit); the 16-bit logits are not saved
+    # (the matmul keeps its input), the fp32 log-softmax output of the loss is: 4sbv.
+    head = int(4 * sbh * scale) + 4 * s * b * m.vocab
+    return _add(
+        body, Term(head, f"head: final norm + lm_head inputs 4sbh, fp32 log-softmax 4sbv, v={m.vocab:,}")
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -166,9 +166,9 @@ def test_offload_moves_bytes_from_gpu_to_cpu():
 
 
 def gpt2_activation_terms(micro, seq):
-    """GPT-2 small: per-layer 16sbh + 2as^2b + 4sbf (eager attention, no dropout), logits 10sbv."""
+    """GPT-2 small: per-layer 16sbh + 2as^2b + 4sbf (eager attention, no dropout), head 4sbh + 4sbv."""
     sb, h, a, f, v = seq * micro, 768, 12, 3072, 50257
-    return 16 * sb * h + 2 * a * seq * sb + 4 * sb * f, 2 * sb * h, 10 * sb * v
+    return 16 * sb * h + 2 * a * seq * sb + 4 * sb * f, 2 * sb * h, 4 * sb * h + 4 * sb * v
 
 
 def test_gpt2_activation_formula_exact():
