@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from kit.setup import explain
 
 #: subcommand modules; each defines ``register(subparsers)`` adding its parser with ``func=...``.
-COMMANDS = ["kit.estimate_cli", "kit.launch_cli", "kit.scaleout_cli", "kit.run_cli"]
+COMMANDS = ["kit.estimate_cli", "kit.launch_cli", "kit.scaleout_cli", "kit.run_cli", "kit.demo"]
 
 
 class UsageError(ValueError):

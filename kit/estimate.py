@@ -290,46 +290,71 @@ def _transient(setup: Setup) -> dict[str, Term]:
 
 
 def activations(setup: Setup) -> Term:
-    """Bytes of activations saved for backward on one GPU at the micro batch, plus the logits."""
+    """Bytes of activations saved for backward on one GPU at the micro batch.
+
+    Counted tensor by tensor against ``torch.autograd.graph.saved_tensors_hooks`` on the toy GPT-2
+    and DiT (``tests/test_runner.py``); left out are tensors of O(s^2 + bs + bh) bytes (causal mask,
+    LayerNorm statistics, token ids, adaLN vectors): under 2% on the toy models, less at real sizes.
+    """
     m, b, s = setup.model, setup.batch.micro_batch, setup.batch.seq_len
-    act_bytes = 4 if setup.zero.precision == "fp32" else 2
-    scale = act_bytes / 2
     if not m.is_transformer:
         return Term(0, "unknown architecture (bare parameter count): activations not estimated")
+    scale = 2 if setup.zero.precision == "fp32" else 1  # the formulas count 16-bit bytes
     h, a, layers = m.hidden, m.heads, m.layers
     kv = (m.kv_heads or a) * (h // a)
     ffn = m.ffn or 4 * h
+    sbh, sbf, as2b = s * b * h, s * b * ffn, a * s * s * b
     family = m.family or "gpt2"
-    sbh = s * b * h
     if family in ("llama", "mistral", "qwen2"):
-        # RMSNorm inputs 2x2sbh, QKV input 2sbh, Q 2sbh + K,V 2 x 2sb(kv), rotary outputs again,
+        # RMSNorm inputs 2 x 2sbh, QKV input 2sbh, Q 2sbh + K,V 2 x 2sb(kv), rotary outputs again,
         # SDPA (flash / memory-efficient): output 2sbh + fp32 logsumexp 4abs, o_proj input 2sbh,
         # SwiGLU: input 2sbh, gate 2sbf, up 2sbf, silu 2sbf, product 2sbf.
-        per_layer = 4 * sbh + 2 * sbh + 2 * (2 * sbh + 4 * s * b * kv) + 4 * sbh + 4 * a * b * s + 2 * sbh
-        per_layer += 2 * sbh + 8 * s * b * ffn
+        per_layer = 16 * sbh + 8 * s * b * kv + 4 * a * b * s // scale + 8 * sbf
         how = "SwiGLU + flash attention: 16sbh + 8sb(kv) + 4abs + 8sbf"
+    elif family == "dit":
+        # adaLN-Zero: as GPT-2 plus both norms' outputs (modulate), the modulated inputs and the two
+        # gated branch outputs: 24sbh + 2as^2b + 4sbf.
+        per_layer = 24 * sbh + 2 * as2b + 4 * sbf
+        how = "adaLN-Zero block: 24sbh + 2as^2b + 4sbf (eager attention)"
     else:
-        # gpt2 / gpt_neox / dit, eager attention, no dropout: LayerNorm inputs 4sbh, QKV input 2sbh,
+        # gpt2 / gpt_neox, eager attention, no dropout: LayerNorm inputs 4sbh, QKV input 2sbh,
         # q,k,v 6sbh, softmax output 2as^2b, projection input 2sbh, MLP input 2sbh, GELU input and
         # output 2 x 2sbf (Korthikanti's 34sbh + 5as^2b keeps dropout masks and outputs as well).
-        per_layer = 16 * sbh + 2 * a * s * s * b + 4 * s * b * ffn
+        per_layer = 16 * sbh + 2 * as2b + 4 * sbf
         how = "16sbh + 2as^2b + 4sbf (eager attention, no dropout)"
-    per_layer = int(per_layer * scale)
+    per_layer *= scale
     if setup.zero.activation_checkpointing:
-        kept = int(2 * sbh * scale)
         body = Term(
-            layers * kept + per_layer,
+            layers * 2 * sbh * scale + per_layer,
             f"checkpointing: {layers} layers x 2sbh (layer inputs) + one layer recomputed ({how})",
         )
     else:
         body = Term(layers * per_layer, f"{layers} layers x ({how}), s={s} b={b} h={h} a={a} f={ffn}")
-    if family == "dit" or not m.vocab:
-        return body
-    # head: final norm input and lm_head input 2 x 2sbh (16-bit); the 16-bit logits are not saved
-    # (the matmul keeps its input), the fp32 log-softmax output of the loss is: 4sbv.
-    head = int(4 * sbh * scale) + 4 * s * b * m.vocab
-    return _add(
-        body, Term(head, f"head: final norm + lm_head inputs 4sbh, fp32 log-softmax 4sbv, v={m.vocab:,}")
+    return _add(body, _head_activations(setup, scale))
+
+
+def _head_activations(setup: Setup, scale: int) -> Term:
+    """What the model saves outside its blocks (16-bit byte counts times ``scale``)."""
+    m, b, s = setup.model, setup.batch.micro_batch, setup.batch.seq_len
+    sbh = s * b * m.hidden
+    if m.family == "dit":
+        from kit.models import DIT_DEFAULTS
+
+        pixels = b * s * DIT_DEFAULTS["patch_size"] ** 2  # latent pixels per channel in the micro batch
+        channels = DIT_DEFAULTS["in_channels"]
+        out_channels = channels * (2 if DIT_DEFAULTS["learn_sigma"] else 1)
+        mse = 2 * 4 * pixels * out_channels  # fp32 output and target of the MSE loss
+        return Term(
+            (6 * sbh + 2 * pixels * channels) * scale + mse,
+            "final layer 6sbh + patch-embed input + fp32 MSE output and target",
+        )
+    if not m.vocab:
+        return Term(0, "no head")
+    # final norm input and lm_head input 2 x 2sbh; the 16-bit logits are not saved (the matmul keeps
+    # its input), the fp32 log-softmax output of the loss is: 4sbv.
+    return Term(
+        4 * sbh * scale + 4 * s * b * m.vocab,
+        f"head: norm + lm_head inputs 4sbh, fp32 log-softmax 4sbv, v={m.vocab:,}",
     )
 
 

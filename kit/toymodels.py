@@ -89,17 +89,35 @@ class GPTBlock(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class Embedding(nn.Embedding):
+    """``nn.Embedding`` drawn from N(0, std) in its own constructor: ``deepspeed.zero.Init`` partitions a
+    module's parameters as its constructor returns, so an init done later by a parent would be lost."""
+
+    def __init__(self, rows: int, dim: int, std: float):
+        self.std = std
+        super().__init__(rows, dim)
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=self.std)
+
+
+class ZeroLinear(nn.Linear):
+    """``nn.Linear`` starting at zero (adaLN-Zero), set in its own constructor (see ``Embedding``)."""
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight)
+        nn.init.zeros_(self.bias)
+
+
 class GPTBody(nn.Module):
     """HF's ``GPT2Model`` parameters: wte, wpe, h (blocks), ln_f."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.wte = nn.Embedding(spec.vocab, spec.hidden)
-        self.wpe = nn.Embedding(spec.max_seq_len, spec.hidden)
+        self.wte = Embedding(spec.vocab, spec.hidden, std=0.02)
+        self.wpe = Embedding(spec.max_seq_len, spec.hidden, std=0.01)
         self.h = nn.ModuleList(GPTBlock(spec.hidden, spec.heads, spec.ffn) for _ in range(spec.layers))
         self.ln_f = nn.LayerNorm(spec.hidden)
-        nn.init.normal_(self.wte.weight, std=0.02)
-        nn.init.normal_(self.wpe.weight, std=0.01)
 
 
 class GPT(nn.Module):
@@ -193,7 +211,7 @@ class DiTBlock(nn.Module):
         self.attn = DiTAttention(hidden, heads)
         self.norm2 = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
         self.mlp = DiTMLP(hidden, ffn)
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden, 6 * hidden))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), ZeroLinear(hidden, 6 * hidden))
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN_modulation(c).chunk(6, dim=-1)
@@ -206,7 +224,7 @@ class FinalLayer(nn.Module):
         super().__init__()
         self.norm_final = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
         self.linear = nn.Linear(hidden, patch * patch * out_channels)
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden, 2 * hidden))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), ZeroLinear(hidden, 2 * hidden))
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)
@@ -236,9 +254,6 @@ class DiT(nn.Module):
         self.register_buffer("pos_embed", sincos_2d(spec.hidden, self.side), persistent=False)
         self.blocks = nn.ModuleList(DiTBlock(spec.hidden, spec.heads, spec.ffn) for _ in range(spec.layers))
         self.final_layer = FinalLayer(spec.hidden, self.patch, self.out_channels)
-        for block in [*self.blocks, self.final_layer]:  # adaLN-Zero: every block starts as the identity
-            nn.init.zeros_(block.adaLN_modulation[-1].weight)
-            nn.init.zeros_(block.adaLN_modulation[-1].bias)
 
     def forward(
         self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None = None

@@ -1,0 +1,178 @@
+"""What a rank measures about a training step: time, throughput, activations, peak memory, communication.
+
+Model-state bytes come from ``kit.states.model_state_bytes`` (DeepSpeed's own partitioned structures);
+everything else is here. All functions run inside a launched rank, on GPU or on the CPU accelerator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterator
+
+from kit.setup import Setup
+
+#: bytes on the wire per rank, as a multiple of the size DeepSpeed's comms logger records for the op
+#: (it logs the whole input for all-reduce / reduce-scatter / reduce and the shard for all-gather):
+#: ring all-reduce 2(N-1)/N, reduce-scatter (N-1)/N, all-gather N-1, broadcast / reduce 1.
+WIRE_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: n - 1,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+}
+
+
+def model_flops(setup: Setup, tokens: int) -> float:
+    """Training FLOPs of ``tokens`` tokens for a dense model: 6 x params x tokens (Kaplan et al. 2020:
+    2 for the forward matmuls, 4 for the backward), ignoring attention scores and recomputation."""
+    return 6.0 * setup.model.params * tokens
+
+
+def throughput(setup: Setup, step_time_s: float) -> dict[str, float]:
+    """Global samples/s, tokens/s and achieved TFLOP/s (``model_flops``) of one optimizer step."""
+    samples = setup.batch.train_batch
+    tokens = setup.tokens_per_step
+    return {
+        "samples_per_s": samples / step_time_s,
+        "tokens_per_s": tokens / step_time_s,
+        "tflops": model_flops(setup, tokens) / step_time_s / 1e12,
+    }
+
+
+@contextlib.contextmanager
+def timed() -> Iterator[dict[str, float]]:
+    """``with timed() as t: ...`` then ``t["s"]``: wall seconds, the device synchronized at both ends."""
+    from deepspeed.accelerator import get_accelerator
+
+    result = {}
+    get_accelerator().synchronize()
+    start = time.perf_counter()
+    yield result
+    get_accelerator().synchronize()
+    result["s"] = time.perf_counter() - start
+
+
+class SavedActivations:
+    """Peak bytes of tensors autograd saves for backward, in ``with counter.watch(model):`` around the
+    forward, loss and backward of one micro-step.
+
+    Each storage is counted once, at its full size; parameters (and views of them, also ZeRO-3's
+    gathered ones) are excluded. Everything is saved by the end of the forward, so that is the peak,
+    except with activation checkpointing (``kit.engine`` reports it): then the inputs kept per block
+    plus the other saved tensors, plus the largest block's recomputation in backward.
+    """
+
+    def __init__(self) -> None:
+        self.saved: dict[tuple[str, int], int] = {}
+        self.recompute_peak = 0
+        self._recomputed: dict[tuple[str, int], int] | None = None
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.saved.values()) + self.recompute_peak
+
+    def checkpoint_inputs(self, tensors) -> None:
+        for t in tensors:
+            self.saved.setdefault(_storage_key(t), t.untyped_storage().nbytes())
+
+    @contextlib.contextmanager
+    def recomputing(self) -> Iterator[None]:
+        self._recomputed = {}
+        try:
+            yield
+        finally:
+            self.recompute_peak = max(self.recompute_peak, sum(self._recomputed.values()))
+            self._recomputed = None
+
+    @contextlib.contextmanager
+    def watch(self, model) -> Iterator[SavedActivations]:
+        import torch
+
+        from kit import engine
+
+        def pack(t):
+            if not isinstance(t, torch.nn.Parameter) and t.numel():
+                into = self.saved if self._recomputed is None else self._recomputed
+                key = _storage_key(t)
+                if key not in into and key not in {_storage_key(p) for p in model.parameters() if p.numel()}:
+                    into[key] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), engine.observe_checkpointing(self):
+            yield self
+
+
+def _storage_key(t) -> tuple[str, int]:
+    return str(t.device), t.untyped_storage().data_ptr()
+
+
+def reset_peaks() -> None:
+    """Start new peak-memory windows: the device's max_memory_* and the process's RSS high-water mark."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    if acc.device_name() != "cpu":
+        acc.reset_peak_memory_stats()
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS (Linux proc(5))
+
+
+def peaks() -> dict[str, int | None]:
+    """Peak device bytes since ``reset_peaks`` (None on the CPU accelerator) and peak process RSS."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    on_gpu = acc.device_name() != "cpu"
+    return {
+        "peak_allocated_bytes": acc.max_memory_allocated() if on_gpu else None,
+        "peak_reserved_bytes": acc.max_memory_reserved() if on_gpu else None,
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's resident-set high-water mark (VmHWM in /proc/self/status), None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            match = re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) * 1024 if match else None
+
+
+def comm_bytes() -> dict[str, int]:
+    """Bytes DeepSpeed's comms logger recorded since the last ``reset_comm``, per collective type.
+
+    Op names are folded to their family (``all_gather_into_tensor`` -> ``all_gather``).
+    """
+    from deepspeed.comm import comm
+
+    totals: dict[str, int] = {}
+    for name, sizes in comm.comms_logger.comms_dict.items():
+        op = _collective(name)
+        totals[op] = totals.get(op, 0) + sum(size * entry[0] for size, entry in sizes.items())
+    return totals
+
+
+def reset_comm() -> None:
+    """Forget what the comms logger recorded (call before the step to be measured)."""
+    from deepspeed.comm import comm
+
+    comm.comms_logger.reset_data()
+
+
+def wire_bytes(comm: dict[str, int], world: int) -> int:
+    """Bytes one rank sends for the logged collectives (``WIRE_FACTORS``; unknown ops count once)."""
+    if world < 2:
+        return 0
+    return round(sum(n * WIRE_FACTORS.get(op, lambda _: 1.0)(world) for op, n in comm.items()))
+
+
+def _collective(name: str) -> str:
+    for family in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier"):
+        if name.startswith(family):
+            return family
+    return name

@@ -1,0 +1,387 @@
+"""Tables and pictures the tutorials teach with: ranks, shards, bytes per parameter, what fits where.
+
+Every number comes from ``kit`` (the batch math, ``kit.estimate``); these functions only arrange it
+for reading. Figures are static matplotlib; tables are pandas DataFrames.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from kit import batch as batch_math
+from kit.gpus import GIB
+from kit.setup import Setup
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from kit.estimate import Estimate
+    from kit.results import Results
+
+STATES = ("parameters", "gradients", "optimizer_states")
+#: ZeRO paper (arXiv 1910.02054) Table 1: 7.5B parameters, data-parallel degrees, GB = 1e9 bytes.
+PAPER_PARAMS = 7_500_000_000
+PAPER_DPS = (1, 4, 16, 64, 256, 1024)
+PAPER_STAGES = {0: "baseline DP", 1: "P_os (ZeRO-1)", 2: "P_os+g (ZeRO-2)", 3: "P_os+g+p (ZeRO-3)"}
+#: what each stage partitions across data-parallel ranks (ZeRO paper, section 5)
+SHARDED = {0: (), 1: ("optimizer_states",), 2: ("gradients", "optimizer_states"), 3: STATES}
+#: the paper's per-device model-state formula for each stage (Psi parameters, N ranks, K = 12)
+PAPER_FORMULAS = {
+    0: "2Ψ + 2Ψ + KΨ",
+    1: "2Ψ + 2Ψ + KΨ/N",
+    2: "2Ψ + (2+K)Ψ/N",
+    3: "(2+2+K)Ψ/N",
+}
+#: the ZeRO variants ``smallest_cluster`` compares by default
+DEFAULT_VARIANTS = [
+    {"stage": 0, "offload_optimizer": "none", "offload_param": "none"},
+    {"stage": 1, "offload_optimizer": "none", "offload_param": "none"},
+    {"stage": 2, "offload_optimizer": "none", "offload_param": "none"},
+    {"stage": 2, "offload_optimizer": "cpu", "offload_param": "none"},
+    {"stage": 3, "offload_optimizer": "none", "offload_param": "none"},
+    {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+]
+#: what ``sweep_table`` shows by default: time, and model states measured on rank 0 (device and host)
+SWEEP_METRICS = (
+    "step_time_s",
+    "samples_per_s",
+    "measured_parameters",
+    "measured_gradients",
+    "measured_optimizer_states",
+    "measured_buffers",
+    "measured_host_optimizer_states",
+    "measured_host_parameters",
+)
+COMPONENT_COLORS = {
+    "parameters": "tab:blue",
+    "gradients": "tab:orange",
+    "optimizer_states": "tab:green",
+    "activations": "tab:red",
+    "buffers": "tab:purple",
+    "overhead": "tab:gray",
+}
+
+
+def rank_table(nodes: int, gpus_per_node: int) -> pd.DataFrame:
+    """One row per process: ``rank = node_rank * gpus_per_node + local_rank`` (DeepSpeed and torchrun).
+
+    ``world_size`` is every process in the job; ``local_rank`` picks the GPU inside its node.
+    """
+    _at_least("nodes", nodes, 1)
+    _at_least("gpus_per_node", gpus_per_node, 1)
+    rows = [
+        {
+            "node_rank": node,
+            "local_rank": local,
+            "rank": node * gpus_per_node + local,
+            "world_size": nodes * gpus_per_node,
+        }
+        for node in range(nodes)
+        for local in range(gpus_per_node)
+    ]
+    return pd.DataFrame(rows)
+
+
+def bytes_per_param(precision: str = "bf16", optimizer: str = "adamw", momentum: float = 0.0) -> pd.DataFrame:
+    """What one trainable parameter costs in model states (ZeRO paper section 3.1, K = optimizer bytes).
+
+    Mixed precision keeps 16-bit weights and gradients plus an fp32 master copy that the optimizer
+    updates; Adam adds two fp32 moments (K = 4 + 4 + 4 = 12, 16 bytes in all). fp32 training needs no
+    master copy. SGD keeps a momentum buffer only when ``momentum > 0``.
+    """
+    if precision not in ("fp32", "fp16", "bf16"):
+        raise ValueError(f"precision: choose fp32, fp16 or bf16, got {precision!r}")
+    if optimizer not in ("adam", "adamw", "sgd"):
+        raise ValueError(f"optimizer: choose adam, adamw or sgd, got {optimizer!r}")
+    width = 4 if precision == "fp32" else 2
+    rows = [
+        ("parameters", f"{precision} weights", width),
+        ("gradients", f"{precision} gradients", width),
+    ]
+    if precision != "fp32":
+        rows.append(("optimizer_states", "fp32 master weights", 4))
+    if optimizer in ("adam", "adamw"):
+        rows += [
+            ("optimizer_states", "fp32 momentum (exp_avg)", 4),
+            ("optimizer_states", "fp32 variance (exp_avg_sq)", 4),
+        ]
+    elif momentum:
+        rows.append(("optimizer_states", "fp32 momentum buffer", 4))
+    table = pd.DataFrame(rows, columns=["component", "tensor", "bytes_per_param"])
+    total = pd.DataFrame([("total", "", int(table["bytes_per_param"].sum()))], columns=table.columns)
+    return pd.concat([table, total], ignore_index=True)
+
+
+def shards_held(stage: int, ranks: int) -> pd.DataFrame:
+    """Which of the ``ranks`` equal shards of each model state every rank holds at a ZeRO stage.
+
+    Index: rank; columns: parameters, gradients, optimizer_states; each cell a list of shard indices.
+    A sharded state keeps only the rank's own shard; an unsharded one is replicated (every shard).
+    """
+    _stage(stage)
+    _at_least("ranks", ranks, 1)
+    every = list(range(ranks))
+    rows = {r: {s: [r] if s in SHARDED[stage] else every for s in STATES} for r in range(ranks)}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "rank"
+    return table
+
+
+def shard_figure(ranks: int = 4, stages: tuple[int, ...] = (0, 1, 2, 3), precision: str = "bf16") -> Figure:
+    """A picture of ``shards_held``: one panel per stage, one row per rank, widths to scale in bytes.
+
+    Block widths follow mixed-precision Adam's bytes per parameter (2 : 2 : 12), like the ZeRO paper's
+    Figure 1; filled cells are the shards a rank holds, empty ones live on other ranks.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    widths = bytes_per_param(precision).iloc[:-1].groupby("component", sort=False)["bytes_per_param"].sum()
+    fig, axes = plt.subplots(len(stages), 1, figsize=(9, 1.0 + 0.45 * ranks * len(stages)), squeeze=False)
+    for ax, stage in zip(axes[:, 0], stages, strict=True):
+        held = shards_held(stage, ranks)
+        for rank in range(ranks):
+            x = 0.0
+            for state in STATES:
+                cell = widths[state] / ranks
+                for shard in range(ranks):
+                    filled = shard in held.loc[rank, state]
+                    ax.barh(
+                        rank,
+                        cell,
+                        left=x + shard * cell,
+                        height=0.7,
+                        color=COMPONENT_COLORS[state] if filled else "white",
+                        edgecolor="black",
+                        linewidth=0.4,
+                    )
+                x += widths[state] + 0.4
+        ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
+        ax.invert_yaxis()
+        ax.set_xticks([])
+        ax.set_title(f"stage {stage} ({PAPER_STAGES[stage]}): {PAPER_FORMULAS[stage]} per GPU", fontsize=10)
+        for side in ("top", "right", "bottom"):
+            ax.spines[side].set_visible(False)
+    legend = [Patch(color=COMPONENT_COLORS[s], label=s.replace("_", " ")) for s in STATES]
+    legend.append(Patch(facecolor="white", edgecolor="black", label="held by another rank"))
+    fig.legend(handles=legend, loc="lower center", ncol=4, frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig
+
+
+def zero_paper_table(params: int = PAPER_PARAMS, dps: tuple[int, ...] = PAPER_DPS) -> pd.DataFrame:
+    """The ZeRO paper's Table 1: model-state GB (1e9 bytes) per device, stage x data-parallel degree.
+
+    Computed by ``estimate(setup, formula="zero-paper")`` with fp16 Adam (K = 12), as in the paper.
+    """
+    from kit import models
+    from kit.estimate import estimate
+
+    base = Setup(
+        model=models.from_count(params),
+        cluster={"nodes": 1, "gpus_per_node": 1, "gpu": "V100-SXM2-32GB"},
+        zero={"precision": "fp16", "optimizer": "adam"},
+        batch={"micro_batch": 1},
+    )
+    rows = {}
+    for stage, name in PAPER_STAGES.items():
+        row = {}
+        for dp in dps:
+            gpus = dp if dp <= 8 else 8
+            if dp % gpus:
+                raise ValueError(f"dps: data-parallel degrees above 8 must be multiples of 8, got {dp}")
+            setup = base.replace(
+                cluster={"nodes": dp // gpus, "gpus_per_node": gpus}, zero={"stage": stage}, batch={}
+            )
+            row[dp] = estimate(setup, formula="zero-paper").model_states_bytes / 1e9
+        rows[name] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.columns.name = "GPUs (Nd)"
+    return table
+
+
+def smallest_cluster(setup: Setup, variants: list[dict] | None = None, max_nodes: int = 64) -> pd.DataFrame:
+    """The fewest GPUs of ``setup``'s type on which each ZeRO variant fits (``kit.estimate``'s verdict).
+
+    ``variants`` are ``zero`` changes (default: stages 0-3, plus optimizer offload at stage 2 and
+    optimizer + parameter offload at stage 3). Candidates grow as 1, 2, 4 ... GPUs in one node, then
+    whole nodes of ``setup.cluster.gpus_per_node``; micro batch and gradient accumulation stay fixed.
+    """
+    from kit.estimate import estimate
+
+    _at_least("max_nodes", max_nodes, 1)
+    variants = variants or DEFAULT_VARIANTS
+    per_node = setup.cluster.gpus_per_node
+    sizes = [(1, g) for g in _powers_of_two_up_to(per_node)] + [
+        (n, per_node) for n in range(2, max_nodes + 1)
+    ]
+    rows = []
+    for change in variants:
+        found = None
+        for nodes, gpus in sizes:
+            candidate = setup.replace(cluster={"nodes": nodes, "gpus_per_node": gpus}, zero=change, batch={})
+            est = estimate(candidate)
+            if est.fits[candidate.cluster.gpu]:
+                found = est
+                break
+        label = (found.setup if found else setup.replace(zero=change)).label
+        rows.append(
+            {
+                "variant": label,
+                "nodes": found.setup.cluster.nodes if found else None,
+                "gpus": found.setup.cluster.world_size if found else None,
+                "per_gpu_gib": round(found.per_gpu_bytes / GIB, 2) if found else None,
+                "cpu_gib_per_node": round(found.cpu_bytes_per_node / GIB, 1) if found else None,
+                "verdict": "fits" if found else f"does not fit on {max_nodes * per_node} GPUs",
+            }
+        )
+    return pd.DataFrame(rows).astype({"nodes": "Int64", "gpus": "Int64"})
+
+
+def batch_options(setup: Setup, train_batch: int) -> pd.DataFrame:
+    """Every (micro batch, gradient accumulation) pair giving ``train_batch`` on setup's GPUs, estimated.
+
+    Larger micro batches mean fewer, bigger steps (faster) but more activation memory per GPU.
+    """
+    from kit.estimate import estimate
+
+    options = batch_math.decompositions(train_batch, setup.dp)
+    if not options:
+        raise batch_math.BatchError(
+            f"train_batch: must be a multiple of the data-parallel size {setup.dp}, got {train_batch}; "
+            + batch_math.nearest_valid(train_batch, setup.dp)
+        )
+    rows = []
+    for d in options:
+        est = estimate(setup.replace(batch={"micro_batch": d.micro_batch, "grad_accum": d.grad_accum}))
+        rows.append(
+            {
+                "micro_batch": d.micro_batch,
+                "grad_accum": d.grad_accum,
+                "train_batch": d.train_batch,
+                "activations_gib": round(est.components["activations"] / GIB, 2),
+                "per_gpu_gib": round(est.per_gpu_bytes / GIB, 2),
+                "fits": est.fits[setup.cluster.gpu],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def largest_micro_batch(setup: Setup, limit: int = 65536) -> int:
+    """The largest micro batch per GPU that ``kit.estimate`` says fits (0 if not even 1 does)."""
+    from kit.estimate import estimate
+
+    def fits(micro: int) -> bool:
+        candidate = setup.replace(batch={"micro_batch": micro})
+        return estimate(candidate).fits[candidate.cluster.gpu]
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while high <= limit and fits(high):
+        low, high = high, high * 2
+    high = min(high, limit + 1)
+    while high - low > 1:  # invariant: fits(low), not fits(high) (or high past the limit)
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+def sweep_table(results: Results, settings: tuple[str, ...] = (), metrics: tuple[str, ...] = SWEEP_METRICS):
+    """One row per configuration of a sweep: its label, the Setup fields named in ``settings``
+    (dotted, e.g. ``"zero.reduce_bucket_size"``) and the median of each metric over rank 0's measured
+    steps (any ``Results.df`` column: ``step_time_s``, ``measured_buffers``, ``loss``...).
+
+    Labels name stage, offload, precision and batch; ``settings`` shows what else a sweep varies.
+    """
+    steps = results.steps()
+    if steps.empty:
+        raise ValueError(f"results: no ok step records in {results.path}; see results.summary() for errors")
+    columns = {f"setup_{name.replace('.', '_')}": name for name in settings}
+    missing = [c for c in [*columns, *metrics] if c not in steps.columns]
+    if missing:
+        raise ValueError(f"settings/metrics: no column {', '.join(missing)} in the sweep's records")
+    groups = steps.groupby("order", sort=True)
+    table = groups[["label", *columns]].first().rename(columns=columns)
+    return table.join(groups[list(metrics)].median()).reset_index(drop=True)
+
+
+def states_check(results: Results) -> pd.DataFrame:
+    """Model-state bytes every rank measured beside ``kit.estimate.rank_states``' exact prediction.
+
+    One row per (configuration, rank, where, component) of every ok step record: ``where`` is
+    ``device`` or ``host`` (offloaded); ``difference = measured - predicted`` is 0 when the estimator
+    knows exactly what DeepSpeed allocated on that rank.
+    """
+    from kit.estimate import rank_states
+
+    rows, predictions = [], {}
+    for record in results.records:
+        if record.get("status") != "ok":
+            continue
+        key = (record["config_id"], record["rank"])
+        if key in predictions:
+            continue
+        predictions[key] = rank_states(Setup.model_validate(record["setup"]), record["rank"])
+        measured = {"device": record["measured"], "host": record["measured_host"]}
+        for where, predicted in predictions[key].items():
+            for component, value in predicted.items():
+                rows.append(
+                    {
+                        "label": record["label"],
+                        "rank": record["rank"],
+                        "where": where,
+                        "component": component,
+                        "predicted": value,
+                        "measured": measured[where][component],
+                    }
+                )
+    table = pd.DataFrame(rows, columns=["label", "rank", "where", "component", "predicted", "measured"])
+    table["difference"] = table["measured"] - table["predicted"]
+    return table
+
+
+def memory_figure(estimates: list[Estimate], title: str = "") -> Figure:
+    """Stacked bars of bytes per GPU by component, one per estimate, against each GPU's capacity."""
+    import matplotlib.pyplot as plt
+
+    from kit.gpus import gpu
+
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(estimates) + 2), 3.6))
+    labels = [e.setup.label for e in estimates]
+    bottom = [0.0] * len(estimates)
+    for component, color in COMPONENT_COLORS.items():
+        values = [e.components.get(component, 0) / GIB for e in estimates]
+        ax.bar(labels, values, bottom=bottom, color=color, label=component.replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    for name in sorted({e.setup.cluster.gpu for e in estimates}):
+        ax.axhline(gpu(name).memory_gib, color="black", linestyle="--", linewidth=1)
+        label = f"{name}: {gpu(name).memory_gib:g} GiB"
+        ax.text(
+            0.99, gpu(name).memory_gib, label, transform=ax.get_yaxis_transform(), ha="right", va="bottom"
+        )
+    ax.set_ylabel("GiB per GPU")
+    ax.set_title(title or "estimated memory per GPU")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _powers_of_two_up_to(n: int) -> list[int]:
+    sizes = [1]
+    while sizes[-1] * 2 <= n:
+        sizes.append(sizes[-1] * 2)
+    return sizes if sizes[-1] == n else [*sizes, n]
+
+
+def _stage(stage: int) -> None:
+    if stage not in SHARDED:
+        raise ValueError(f"stage: choose 0, 1, 2 or 3, got {stage!r}")
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name}: must be a whole number >= {low}, got {value!r}")

@@ -1,0 +1,67 @@
+"""Every notebook is committed clean: no outputs, a `parameters` first code cell, data resolved by the kit."""
+
+from __future__ import annotations
+
+import re
+
+import nbformat
+import pytest
+
+from kit.paths import NOTEBOOKS
+
+NOTEBOOK_FILES = sorted(NOTEBOOKS.glob("*.ipynb"))
+#: a relative path into the repository's data/ (the kit resolves data/ from the package instead)
+RELATIVE_DATA = re.compile(r"""(\.\./|\./|["'])data(/|["'])""")
+
+
+def test_relative_data_pattern():
+    for bad in ('open("../data/gpus.csv")', "Path('data') / 'gpus.csv'", 'pd.read_csv("data/gpus.csv")'):
+        assert RELATIVE_DATA.search(bad), bad
+    for good in ("from kit.paths import DATA", 'DATA / "gpus.csv"', 'models.resolve("llama-2-7b")'):
+        assert not RELATIVE_DATA.search(good), good
+
+
+def test_notebooks_exist():
+    names = {p.name for p in NOTEBOOK_FILES}
+    assert {
+        "00_onboarding.ipynb",
+        "01_memory_before_booking.ipynb",
+        "02_zero_stage_comparison.ipynb",
+        "03_offload_and_buckets.ipynb",
+        "04_batch_decomposition.ipynb",
+    } <= names
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.name)
+def test_no_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
+    assert dirty == [], f"{path.name}: cells {dirty} have outputs or execution counts; clear them"
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.name)
+def test_first_code_cell_is_parameters(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code, f"{path.name}: no code cells"
+    assert "parameters" in code[0].metadata.get("tags", []), f"{path.name}: first code cell lacks the tag"
+    assert 'os.environ.get("ZEROKIT_SMOKE") == "1"' in code[0].source, f"{path.name}: no smoke defaults"
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.name)
+def test_goal_stated_at_top(path):
+    nb = nbformat.read(path, as_version=4)
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and first.source.startswith("# "), f"{path.name}: no title"
+    assert "goal" in first.source.lower(), f"{path.name}: the first cell does not state the goal"
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.name)
+def test_data_resolved_from_the_package(path):
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert not RELATIVE_DATA.search(cell.source), (
+                f"{path.name}: relative data/ path in {cell.source!r}"
+            )

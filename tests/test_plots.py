@@ -1,0 +1,122 @@
+"""kit.results and kit.plots on a small hand-written records.jsonl (no launch): what is drawn is what
+was recorded."""
+
+from __future__ import annotations
+
+import pytest
+from matplotlib.figure import Figure
+
+from kit import plots
+from kit.measure import wire_bytes
+from kit.results import COMPONENTS, Results, load_records
+from kit.worker import append_record
+
+MB = 1e6
+
+
+def record(cid: str, label: str, step: int, rank: int = 0, run_id: str = "r1", **extra) -> dict:
+    """A step record of config ``cid`` whose numbers are derived from (config, step, rank)."""
+    n = int(cid[-1])
+    base = {"sweep": "s", "run_id": run_id, "config_id": cid, "label": label, "setup": {}, "rank": rank}
+    base.update(world_size=2, device="cpu", step=step, status="ok", error=None)
+    base.update(step_time_s=0.1 * n + 0.01 * step, loss=5.0 - 0.1 * step * n, tflops=0.001 * n)
+    base.update(samples_per_s=100.0 * n + step, tokens_per_s=6400.0 * n, peak_allocated_bytes=None)
+    base.update(peak_rss_bytes=10**8 * n)
+    base["measured"] = {c: (i + 1) * 10**6 * n for i, c in enumerate(COMPONENTS)}
+    base["estimate"] = {c: (i + 2) * 10**6 * n for i, c in enumerate(COMPONENTS)} | {"overhead": 7}
+    base["comm_bytes"] = {"all_reduce": 4 * 10**6 * n} | ({"all_gather": 2 * 10**6} if n == 2 else {})
+    base["comm_wire_bytes"] = wire_bytes(base["comm_bytes"], 2)
+    return base | extra
+
+
+@pytest.fixture
+def results(tmp_path) -> Results:
+    path = tmp_path / "records.jsonl"
+    for cid, label in (("c1", "z0 bf16 mb2"), ("c2", "z3 bf16 mb2")):
+        for step in (1, 2, 3):
+            for rank in (0, 1):
+                append_record(str(path), record(cid, label, step, rank))
+    failure = {"sweep": "s", "run_id": "r1", "config_id": "c3", "label": "z2 bf16 mb9", "setup": {}}
+    append_record(str(path), failure | {"rank": None, "step": None, "status": "timeout", "error": "hung"})
+    with open(path, "a") as f:
+        f.write('{"sweep": "s", "config_')  # a line torn by a killed process
+    return Results.load(tmp_path)
+
+
+def test_summary_one_row_per_config_with_medians_and_components(results):
+    table = results.summary().set_index("config_id")
+    assert list(table.index) == ["c1", "c2", "c3"]
+    assert list(table["status"]) == ["ok", "ok", "timeout"] and table.loc["c3", "error"] == "hung"
+    assert table.loc["c2", "samples_per_s"] == 202.0  # median of 201, 202, 203
+    assert table.loc["c2", "step_time_s"] == pytest.approx(0.22)
+    assert table.loc["c2", "loss"] == pytest.approx(5.0 - 0.1 * 3 * 2)
+    assert table.loc["c1", "measured_activations"] == 5 * 10**6
+    assert table.loc["c2", "estimate_parameters"] == 4 * 10**6
+
+
+def test_torn_line_is_skipped_and_missing_records_are_a_file_error(results, tmp_path):
+    assert len(load_records(results.path)) == 13
+    with pytest.raises(FileNotFoundError):
+        Results.load(tmp_path / "nothing")
+
+
+def test_a_retried_config_counts_only_its_latest_launch(tmp_path):
+    path = tmp_path / "records.jsonl"
+    append_record(str(path), record("c1", "z0", 1) | {"status": "error", "error": "boom"})
+    append_record(str(path), record("c1", "z0", 1, run_id="r2"))
+    table = Results.load(path).summary()
+    assert list(table["status"]) == ["ok"] and table["error"].isna().all()
+
+
+def test_worst_status_wins_and_the_runners_reason_comes_first(tmp_path):
+    path = tmp_path / "records.jsonl"
+    append_record(str(path), record("c1", "z0", 1, rank=1) | {"status": "error", "error": "peer reset"})
+    append_record(str(path), record("c1", "z0", 1, rank=None) | {"status": "error", "error": "rank 0 died"})
+    append_record(str(path), record("c1", "z0", 1, rank=0))
+    row = Results.load(path).summary().iloc[0]
+    assert (row["status"], row["error"]) == ("error", "rank 0 died")
+
+
+def test_configs_carry_the_cli_fields(results):
+    configs = results.configs()
+    assert [c["status"] for c in configs] == ["ok", "ok", "timeout"]
+    assert configs[1]["samples_per_s"] == 202.0
+    assert configs[1]["measured"] == record("c2", "", 3)["measured"]
+    assert configs[1]["estimate"] == record("c2", "", 3)["estimate"]
+    assert configs[2]["measured"] is None and configs[2]["samples_per_s"] is None
+
+
+def test_throughput_bars_are_the_median_samples_per_s(results):
+    fig = plots.throughput(results)
+    assert isinstance(fig, Figure)
+    assert [p.get_height() for p in fig.axes[0].patches] == [102.0, 202.0]
+
+
+def test_memory_stacks_components_estimate_beside_measured(results):
+    ax = plots.memory(results).axes[0]
+    bars = ax.patches
+    assert len(bars) == 2 * len(COMPONENTS) * 2  # (estimate, measured) x components x ok configs
+    tops = {}
+    for bar in bars:
+        key = (round(bar.get_x() + bar.get_width() / 2, 2), bool(bar.get_hatch()))
+        tops[key] = max(tops.get(key, 0.0), bar.get_y() + bar.get_height())
+    total = sum(range(1, len(COMPONENTS) + 1))
+    assert tops[(0.19, False)] == pytest.approx(total * 1)  # config 1 measured, MB
+    assert tops[(-0.19, True)] == pytest.approx((total + len(COMPONENTS)) * 1)  # config 1 estimate
+    assert tops[(1.19, False)] == pytest.approx(total * 2)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [c.replace("_", " ") for c in COMPONENTS]
+
+
+def test_comm_volume_is_wire_bytes_by_collective(results):
+    ax = plots.comm_volume(results).axes[0]
+    heights = [p.get_height() for p in ax.patches]
+    # all_gather (N-1 = 1x the logged shard) then all_reduce (2(N-1)/N = 1x) for configs 1 and 2
+    assert heights == pytest.approx([0.0, 2.0, 4.0, 8.0])
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["all-gather", "all-reduce"]
+
+
+def test_loss_curves_one_line_per_config(results):
+    lines = plots.loss_curves(results).axes[0].get_lines()
+    assert [line.get_label() for line in lines] == ["z0 bf16 mb2", "z3 bf16 mb2"]
+    assert list(lines[1].get_xdata()) == [1, 2, 3]
+    assert list(lines[1].get_ydata()) == pytest.approx([4.8, 4.6, 4.4])

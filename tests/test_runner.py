@@ -1,0 +1,335 @@
+"""Real 2-rank DeepSpeed sweeps on CPU: records, failures, timeout, resume, exactness checks, CLI.
+
+One module-scoped sweep runs every configuration below in as few launches as the faults allow
+(a rank that dies forces one relaunch), so the whole module costs about three launches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit import estimate, runner
+from kit.results import Results, load_records
+from kit.setup import Setup
+from kit.toymodels import toy_spec
+
+pytestmark = pytest.mark.distributed
+
+NPROCS = 2
+STEPS = 3
+WARMUP = 1
+TIMEOUT_S = 40.0
+#: fp32 sharding only changes the order of reductions over 2 ranks: losses agree to float rounding
+FP32_LOSS_RTOL = 1e-5
+#: bf16 rounds parameters to 8 mantissa bits (2^-8 = 0.4 %); partitioned copies round at other places
+BF16_LOSS_RTOL = 1e-2
+#: activations: the estimator counts every (b, s, h)-, (b, s, f)- and (b, a, s, s)-sized tensor autograd
+#: saves; left out are O(s^2 + bs + bh) tensors (causal mask, LayerNorm statistics, token ids, adaLN
+#: vectors): 1.0-1.4 % of the toy models' total, less at real sizes.
+ACTIVATION_RTOL = 0.02
+RECORD_KEYS = {
+    "sweep", "config_id", "label", "setup", "rank", "world_size", "device", "step", "step_time_s",
+    "samples_per_s", "tokens_per_s", "tflops", "loss", "peak_allocated_bytes", "peak_reserved_bytes",
+    "peak_rss_bytes", "measured", "measured_host", "estimate", "comm_bytes", "status", "error", "torch",
+    "deepspeed",
+}  # fmt: skip
+
+BASE = Setup(model=toy_spec(), zero={"stage": 0, "precision": "fp32"}, batch={"micro_batch": 2})
+Z = [
+    {"stage": 0},
+    {"stage": 1},
+    {"stage": 2},
+    {"stage": 3},
+    {"stage": 1, "offload_optimizer": "cpu"},
+    {"stage": 2, "offload_optimizer": "cpu"},
+    {"stage": 3, "offload_optimizer": "cpu"},
+    {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+    {"stage": 0, "precision": "bf16"},
+    {"stage": 1, "precision": "bf16"},
+    {"stage": 2, "precision": "bf16"},
+    {"stage": 3, "precision": "bf16"},
+    {"stage": 2, "precision": "bf16", "offload_optimizer": "cpu"},
+    {"stage": 3, "precision": "bf16", "offload_optimizer": "cpu", "offload_param": "cpu"},
+    {"stage": 3, "prefetch_bucket_size": 0, "max_live_parameters": 0, "param_persistence_threshold": 0},
+    {"stage": 2, "activation_checkpointing": True},
+]
+SETUPS = [BASE.replace(zero=z) for z in Z]
+SETUPS.append(BASE.replace(batch={"grad_accum": 2}))
+SETUPS.append(Setup(model=toy_spec("dit"), zero={"stage": 2, "precision": "bf16"}, batch={"micro_batch": 2}))
+#: test-only faults (kit/worker.py): a config that raises, one whose rank 0 dies (forcing a relaunch),
+#: and one that hangs (last, so that nothing is left to relaunch after its timeout)
+RAISE, DIE, HANG = (BASE.replace(batch={"micro_batch": m}) for m in (3, 5, 6))
+ALL = [*SETUPS[:3], RAISE, *SETUPS[3:8], DIE, *SETUPS[8:], HANG]
+FAULTS = {ALL.index(RAISE): "raise", ALL.index(DIE): "die", ALL.index(HANG): "hang"}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    results = runner.run_sweep(
+        ALL, sweep="t", runs_dir=runs, nprocs=NPROCS, steps=STEPS, warmup=WARMUP, timeout_s=TIMEOUT_S,
+        progress=False, faults=FAULTS,
+    )  # fmt: skip
+    return results, runs
+
+
+def cid(setup: Setup) -> str:
+    return runner.config_id(runner.on_ranks(setup, NPROCS))
+
+
+def records_of(results: Results, setup: Setup) -> list[dict]:
+    return [r for r in results.records if r["config_id"] == cid(setup)]
+
+
+def ok_steps(records: list[dict], rank: int) -> list[dict]:
+    return sorted((r for r in records if r["status"] == "ok" and r["rank"] == rank), key=lambda r: r["step"])
+
+
+def test_every_config_has_a_status_and_healthy_ones_all_steps(sweep):
+    results, _ = sweep
+    table = results.summary().set_index("config_id")
+    assert len(table) == len(ALL)
+    assert [table.loc[cid(s), "status"] for s in (RAISE, DIE, HANG)] == ["error", "error", "timeout"]
+    for setup in SETUPS:
+        assert table.loc[cid(setup), "status"] == "ok", table.loc[cid(setup), "error"]
+        for rank in range(NPROCS):
+            steps = [r["step"] for r in ok_steps(records_of(results, setup), rank)]
+            assert steps == list(range(WARMUP, WARMUP + STEPS))
+
+
+def test_records_follow_the_schema(sweep):
+    results, runs = sweep
+    lines = (runs / "t" / "records.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # every line is whole JSON
+    ok = [r for r in records if r["status"] == "ok"]
+    assert ok and all(r.keys() >= RECORD_KEYS for r in ok)
+    assert {r["world_size"] for r in ok} == {NPROCS} and {r["device"] for r in ok} == {"cpu"}
+    assert all(r["peak_allocated_bytes"] is None and r["peak_rss_bytes"] > 0 for r in ok)
+
+
+def test_a_raising_config_is_recorded_and_the_launch_goes_on(sweep):
+    results, _ = sweep
+    failed = records_of(results, RAISE)
+    assert sorted(r["rank"] for r in failed) == [0, 1]
+    assert all(r["error"] == "RuntimeError: injected fault: raise (test hook)" for r in failed)
+    i = ALL.index(RAISE)
+    before, after = records_of(results, ALL[i - 1]), records_of(results, ALL[i + 1])
+    assert {r["run_id"] for r in before} == {r["run_id"] for r in after} == {failed[0]["run_id"]}
+
+
+def test_a_dying_rank_fails_its_config_and_the_rest_is_relaunched(sweep):
+    results, _ = sweep
+    died = records_of(results, DIE)
+    assert {r["status"] for r in died} == {"error"}  # rank 1 may record its broken connection too
+    parent = [r for r in died if r["rank"] is None]
+    assert len(parent) == 1 and parent[0]["error"].startswith("launch exited with status 3")
+    i = ALL.index(DIE)
+    before, after = records_of(results, ALL[i - 1]), records_of(results, ALL[i + 1])
+    assert before[0]["run_id"] == died[0]["run_id"] != after[0]["run_id"]
+    assert len(ok_steps(after, 0)) == STEPS
+
+
+def test_a_hanging_config_times_out_and_leaves_no_process(sweep):
+    results, runs = sweep
+    hung = records_of(results, HANG)
+    assert [r["status"] for r in hung] == ["timeout"]
+    assert hung[0]["error"].startswith(f"no progress for {TIMEOUT_S:g} s")
+    leftovers = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(runs) in cmdline.read_bytes().decode(errors="replace"):
+                leftovers.append(cmdline.parent.name)
+        except OSError:
+            continue  # the process ended while we looked
+    assert leftovers == []
+
+
+def test_losses_are_the_same_for_every_stage(sweep):
+    results, _ = sweep
+    for precision, rtol in (("fp32", FP32_LOSS_RTOL), ("bf16", BF16_LOSS_RTOL)):
+        stages = [BASE.replace(zero={"stage": stage, "precision": precision}) for stage in range(4)]
+        for rank in range(NPROCS):
+            curves = [[r["loss"] for r in ok_steps(records_of(results, s), rank)] for s in stages]
+            assert all(len(c) == STEPS for c in curves)
+            for curve in curves[1:]:
+                assert curve == pytest.approx(curves[0], rel=rtol), (precision, rank, curves)
+    # ranks see different data (DistributedSampler-style split)
+    z0 = records_of(results, SETUPS[0])
+    assert ok_steps(z0, 0)[0]["loss"] != ok_steps(z0, 1)[0]["loss"]
+
+
+def test_measured_model_states_equal_the_estimator_exactly(sweep):
+    results, _ = sweep
+    mismatches = {}
+    for setup in SETUPS:
+        for rank in range(NPROCS):
+            steps = ok_steps(records_of(results, setup), rank)
+            if not steps:
+                continue
+            last = steps[-1]
+            predicted = estimate.rank_states(Setup.model_validate(last["setup"]), rank)
+            measured = {k: v for k, v in last["measured"].items() if k != "activations"}
+            if measured != predicted["device"] or last["measured_host"] != predicted["host"]:
+                mismatches[f"{steps[0]['label']} {cid(setup)} rank {rank}"] = {
+                    "measured": (measured, last["measured_host"]),
+                    "estimated": (predicted["device"], predicted["host"]),
+                }
+    assert mismatches == {}
+
+
+def test_activations_match_the_estimate(sweep):
+    results, _ = sweep
+    table = results.summary()
+    ok = table[table["status"] == "ok"]
+    ratio = ok["measured_activations"] / ok["estimate_activations"]
+    off = [
+        f"{row.label} ({row.config_id}): measured {row.measured_activations:,.0f} B, "
+        f"estimated {row.estimate_activations:,.0f} B, ratio {r:.4f}"
+        for row, r in zip(ok.itertuples(), ratio, strict=True)
+        if abs(r - 1) > ACTIVATION_RTOL
+    ]
+    assert not off, "\n".join(off)
+
+
+def test_activation_checkpointing_keeps_less(sweep):
+    """With checkpointing only the blocks' inputs stay saved, plus one block while it is recomputed."""
+    table = sweep[0].summary().set_index("config_id")
+    kept = table.loc[
+        cid(BASE.replace(zero={"stage": 2, "activation_checkpointing": True})), "measured_activations"
+    ]
+    full = table.loc[cid(BASE.replace(zero={"stage": 2})), "measured_activations"]
+    assert 0 < kept < full
+
+
+def test_communication_volume_per_stage(sweep):
+    """Stages 1-2 all-reduce the gradients and all-gather the updated partitions: 1.5x stage 0's
+    all-reduce. Stage 3 reduce-scatters gradients and all-gathers parameters once: on a model this
+    small DeepSpeed keeps them gathered from forward to backward (their reuse distance is under
+    stage3_max_reuse_distance), so 1.0x, even with prefetch, live-parameter and persistence limits 0."""
+    wire = sweep[0].summary().set_index("config_id")["comm_wire_bytes"]
+    ratio = {i: wire[cid(SETUPS[i])] / wire[cid(SETUPS[0])] for i in (1, 2, 3, 14)}
+    assert ratio == pytest.approx({1: 1.5, 2: 1.5, 3: 1.0, 14: 1.0}, rel=1e-3)
+
+
+def test_throughput_follows_from_step_time(sweep):
+    steps = sweep[0].steps()
+    setup = BASE.replace(cluster={"gpus_per_node": NPROCS}, batch={})
+    row = steps[steps["config_id"] == cid(SETUPS[0])].iloc[0]
+    assert row["samples_per_s"] == pytest.approx(setup.batch.train_batch / row["step_time_s"], rel=1e-12)
+    tokens = setup.tokens_per_step
+    assert row["tflops"] == pytest.approx(
+        6 * setup.model.params * tokens / row["step_time_s"] / 1e12, rel=1e-12
+    )
+
+
+def test_resume_runs_only_what_is_missing(sweep):
+    _, runs = sweep
+    records_file = runs / "t" / "records.jsonl"
+    before = load_records(records_file)
+    launches = len(list((runs / "t").glob("launch-*.json")))
+    runner.run_sweep(
+        SETUPS[:3], sweep="t", runs_dir=runs, nprocs=NPROCS, steps=STEPS, warmup=WARMUP, progress=False
+    )
+    assert load_records(records_file) == before
+    assert len(list((runs / "t").glob("launch-*.json"))) == launches
+    extra = BASE.replace(batch={"micro_batch": 4})
+    results = runner.run_sweep(
+        [SETUPS[0], extra],
+        sweep="t",
+        runs_dir=runs,
+        nprocs=NPROCS,
+        steps=STEPS,
+        warmup=WARMUP,
+        progress=False,
+    )
+    new = load_records(records_file)[len(before) :]
+    assert {r["label"] for r in new} == {runner.on_ranks(extra, NPROCS).label}
+    assert len(results.summary()) == len(ALL) + 1
+
+
+def test_invalid_setup_is_rejected_before_launch(tmp_path):
+    bad = Setup(model=estimate_free_spec(), zero={"stage": 2}, batch={"micro_batch": 1})
+    with pytest.raises(ValueError, match=r"^config 0 \(z2 bf16 mb1\): model.family"):
+        runner.run_sweep([bad], sweep="bad", runs_dir=tmp_path, progress=False)
+    assert not (tmp_path / "bad" / "records.jsonl").exists()
+
+
+def estimate_free_spec():
+    from kit import models
+
+    return models.from_count(1_000_000)
+
+
+def test_cli_run_json_then_resume(tmp_path):
+    argv = [
+        sys.executable,
+        "-m",
+        "kit",
+        "run",
+        "--runs-dir",
+        str(tmp_path),
+        "--sweep",
+        "cli",
+        "--stages",
+        "0,3",
+    ]
+    argv += [
+        "--offload-optimizer",
+        "none,cpu",
+        "--precision",
+        "fp32",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--json",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = json.loads(first.stdout)
+    assert out["sweep"] == "cli" and out["records"] == str(tmp_path / "cli" / "records.jsonl")
+    assert [c["label"] for c in out["configs"]] == ["z0 fp32 mb2", "z3 fp32 mb2", "z3 opt-off fp32 mb2"]
+    for config in out["configs"]:
+        assert config["status"] == "ok" and config["samples_per_s"] > 0
+        assert {"parameters", "gradients", "optimizer_states", "activations"} <= config["measured"].keys()
+        assert config["estimate"] == estimate.estimate(Setup.model_validate(config["setup"])).components
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert json.loads(again.stdout) == out
+    assert len(list((tmp_path / "cli").glob("launch-*.json"))) == 1
+
+
+def test_cli_rejects_bad_flags_with_one_line():
+    result = subprocess.run(
+        [sys.executable, "-m", "kit", "run", "--stages", "0,x", "--json"], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == "zerokit run: stages: comma-separated integers 0-3, got 'x'\n"
+
+
+def test_saved_activations_count_each_storage_once_and_skip_parameters():
+    import torch
+
+    from kit.measure import SavedActivations
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    counter = SavedActivations()
+    with counter.watch(model):
+        model(x).sum().backward()
+    # Linear 1 saves x (3x8), ReLU its output (3x16), Linear 2 that same output: fp32, weights excluded
+    assert counter.bytes == 4 * (3 * 8 + 3 * 16)
+
+
+def test_wire_bytes_per_collective():
+    from kit.measure import wire_bytes
+
+    logged = {"all_reduce": 1000, "reduce_scatter": 1000, "all_gather": 100, "broadcast": 10}
+    assert wire_bytes(logged, 4) == 1500 + 750 + 300 + 10
+    assert wire_bytes(logged, 1) == 0
