@@ -14,7 +14,6 @@ remaining steps: their losses must equal the uninterrupted run's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -111,18 +110,11 @@ def roundtrip(spec: dict, config: dict, rank: int, world: int) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Checkpoint round trip on this rank.")
-    parser.add_argument("--spec", required=True, help="spec JSON written by kit.checkpoints")
-    parser.add_argument("--local_rank", type=int, help="set by the deepspeed launcher (LOCAL_RANK is used)")
-    args = parser.parse_args(argv)
-    with open(args.spec) as f:
-        spec = json.load(f)
-
-    import deepspeed
     import deepspeed.comm as dist
 
-    deepspeed.init_distributed()
-    rank, world = dist.get_rank(), dist.get_world_size()
+    from kit import engine
+
+    spec, rank, world = engine.join(argv, "Checkpoint round trip on this rank.")
     for config in spec["configs"]:
         report = roundtrip(spec, config, rank, world)
         if report is not None:

@@ -32,7 +32,7 @@ def memory_table(setup):
     import pandas as pd
 
     from kit.estimate import COMPONENTS, estimate
-    from kit.teach import DEFAULT_VARIANTS
+    from kit.plan import DEFAULT_VARIANTS
 
     rows, estimates = [], []
     for variant in DEFAULT_VARIANTS:

@@ -46,6 +46,8 @@ _ZERO_KEYS = {
     "prefetch_bucket_size": "prefetch_bucket_size",
     "stage3_max_live_parameters": "max_live_parameters",
     "max_live_parameters": "max_live_parameters",
+    "stage3_max_reuse_distance": "max_reuse_distance",
+    "max_reuse_distance": "max_reuse_distance",
     "stage3_param_persistence_threshold": "param_persistence_threshold",
     "param_persistence_threshold": "param_persistence_threshold",
 }
@@ -126,6 +128,7 @@ def _zero_section(z: ZeroSettings) -> dict:
     else:
         section["stage3_prefetch_bucket_size"] = z.prefetch_bucket_size
         section["stage3_max_live_parameters"] = z.max_live_parameters
+        section["stage3_max_reuse_distance"] = z.max_reuse_distance
         section["stage3_param_persistence_threshold"] = z.param_persistence_threshold
     if z.offload_optimizer == "cpu":
         section["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
@@ -238,34 +241,9 @@ def read_ds_config(
     return setup, notes
 
 
-def from_ds_config(
-    config: dict | str | Path,
-    *,
-    model: ModelSpec,
-    cluster: Cluster | dict | None = None,
-    seq_len: int | None = None,
-    micro_batch: int | None = None,
-    grad_accum: int | None = None,
-    train_batch: int | None = None,
-    zero_init: bool = True,
-) -> Setup:
-    """The Setup a ds_config (dict or path) describes; ``read_ds_config`` also returns the notes."""
-    batch = {"micro_batch": micro_batch, "grad_accum": grad_accum, "train_batch": train_batch}
-    return read_ds_config(
-        config, model=model, cluster=cluster, seq_len=seq_len, zero_init=zero_init, **batch
-    )[0]
-
-
-def load_ds_config(
-    path: str | Path,
-    *,
-    model: ModelSpec,
-    cluster: Cluster | dict | None = None,
-    seq_len: int | None = None,
-    **batch,
-) -> Setup:
-    """The Setup a ds_config.json file describes (``zerokit ... --ds-config FILE``)."""
-    return from_ds_config(Path(path), model=model, cluster=cluster, seq_len=seq_len, **batch)
+def from_ds_config(config: dict | str | Path, **options: Any) -> Setup:
+    """The Setup a ds_config (dict or path) describes; ``read_ds_config``'s options, without the notes."""
+    return read_ds_config(config, **options)[0]
 
 
 def _read_json(path: Path) -> dict:

@@ -67,6 +67,24 @@ def init_distributed() -> None:
     deepspeed.init_distributed()
 
 
+def join(argv: list[str] | None, description: str) -> tuple[dict, int, int]:
+    """A per-rank script's start: parse ``--spec FILE`` (and the deepspeed launcher's ``--local_rank``),
+    read the spec, join the process group. Returns ``(spec, rank, world_size)``."""
+    import argparse
+    import json
+
+    import deepspeed.comm as dist
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--spec", required=True, help="spec JSON written by the kit")
+    parser.add_argument("--local_rank", type=int, help="set by the deepspeed launcher (LOCAL_RANK is used)")
+    args = parser.parse_args(argv)
+    with open(args.spec) as f:
+        spec = json.load(f)
+    init_distributed()
+    return spec, dist.get_rank(), dist.get_world_size()
+
+
 def synthetic_batch(setup: Setup, step: int, rank: int, world: int, micro: int = 0, seed: int = 0):
     """``(inputs, target)`` of micro-batch ``micro`` of training step ``step`` on ``rank`` of ``world``.
 

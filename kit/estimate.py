@@ -105,6 +105,17 @@ class Estimate:
         cpu_ok = ram is None or self.cpu_bytes_per_node <= ram
         return {name: cpu_ok and self.per_gpu_bytes <= g.memory_bytes for name, g in catalogue().items()}
 
+    @cached_property
+    def checkpoint_bytes(self) -> int | None:
+        """Size on disk of one saved checkpoint tag, all ranks (``kit.checkpoints.checkpoint_bytes``);
+        None where it needs per-tensor shapes a bare parameter count lacks (stage 3)."""
+        from kit.checkpoints import checkpoint_bytes
+
+        try:
+            return checkpoint_bytes(self.setup)["total_bytes"]
+        except ValueError:
+            return None
+
     def to_dict(self) -> dict:
         """The ``zerokit estimate --json`` object (DESIGN.md contract)."""
         s = self.setup
@@ -117,6 +128,7 @@ class Estimate:
             "components": self.components,
             "host_bytes_per_rank": self.host,
             "cpu_bytes_per_node": self.cpu_bytes_per_node,
+            "checkpoint_bytes": self.checkpoint_bytes,
             "fits": self.fits,
             "formulas": self.formulas,
             "notes": list(self.notes),

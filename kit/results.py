@@ -61,7 +61,8 @@ class Results:
     def summary(self) -> pd.DataFrame:
         """One row per configuration: label, status, error, median step time and throughput over the
         measured steps, last loss, peak memory, bytes on the wire per step, and each model-state
-        component as measured on rank 0 beside the estimator's bytes."""
+        component as measured on rank 0 beside the estimator's prediction for that rank (and the
+        whole-GPU peak estimate beside the measured peak)."""
         if self.df.empty:
             return pd.DataFrame(columns=["config_id", "label", "status", "error"])
         rows = []
@@ -77,7 +78,7 @@ class Results:
                     if key in steps:
                         row[key] = float(steps[key].median())
                 row["loss"] = float(steps["loss"].iloc[-1])
-                for key in ("peak_allocated_bytes", "peak_rss_bytes"):
+                for key in ("peak_allocated_bytes", "peak_rss_bytes", "estimate_peak_bytes"):
                     if key in steps:
                         row[key] = steps[key].max()
                 for part in COMPONENTS:

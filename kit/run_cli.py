@@ -91,7 +91,7 @@ def setups_from_args(args: argparse.Namespace) -> list:
     batch = {"micro_batch": args.micro_batch, "grad_accum": args.grad_accum, "seq_len": args.seq_len}
     if args.ds_config:
         return [
-            dsconfig.load_ds_config(path, model=spec, cluster=cluster, seq_len=args.seq_len)
+            dsconfig.from_ds_config(path, model=spec, cluster=cluster, seq_len=args.seq_len)
             for path in args.ds_config
         ]
     lists = {

@@ -22,6 +22,7 @@ DS_REDUCE_BUCKET = 500_000_000
 DS_ALLGATHER_BUCKET = 500_000_000
 DS_PREFETCH_BUCKET = 50_000_000
 DS_MAX_LIVE_PARAMETERS = 1_000_000_000
+DS_MAX_REUSE_DISTANCE = 1_000_000_000
 DS_PERSISTENCE_THRESHOLD = 100_000
 
 
@@ -102,6 +103,9 @@ class ZeroSettings(_Frozen):
     allgather_bucket_size: int = Field(DS_ALLGATHER_BUCKET, gt=0)
     prefetch_bucket_size: int = Field(DS_PREFETCH_BUCKET, ge=0)
     max_live_parameters: int = Field(DS_MAX_LIVE_PARAMETERS, ge=0)
+    max_reuse_distance: int = Field(
+        DS_MAX_REUSE_DISTANCE, ge=0, description="stage 3: keep a gathered parameter if reused this soon"
+    )
     param_persistence_threshold: int = Field(DS_PERSISTENCE_THRESHOLD, ge=0)
     overlap_comm: bool | None = Field(None, description="None = DeepSpeed's default (True only for stage 3)")
     contiguous_gradients: bool = True

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from kit import batch as batch_math
 from kit.gpus import GIB
 from kit.setup import Setup
 
@@ -34,15 +33,6 @@ PAPER_FORMULAS = {
     2: "2Ψ + (2+K)Ψ/N",
     3: "(2+2+K)Ψ/N",
 }
-#: the ZeRO variants ``smallest_cluster`` compares by default
-DEFAULT_VARIANTS = [
-    {"stage": 0, "offload_optimizer": "none", "offload_param": "none"},
-    {"stage": 1, "offload_optimizer": "none", "offload_param": "none"},
-    {"stage": 2, "offload_optimizer": "none", "offload_param": "none"},
-    {"stage": 2, "offload_optimizer": "cpu", "offload_param": "none"},
-    {"stage": 3, "offload_optimizer": "none", "offload_param": "none"},
-    {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
-]
 #: what ``sweep_table`` shows by default: time, and model states measured on rank 0 (device and host)
 SWEEP_METRICS = (
     "step_time_s",
@@ -202,93 +192,6 @@ def zero_paper_table(params: int = PAPER_PARAMS, dps: tuple[int, ...] = PAPER_DP
     return table
 
 
-def smallest_cluster(setup: Setup, variants: list[dict] | None = None, max_nodes: int = 64) -> pd.DataFrame:
-    """The fewest GPUs of ``setup``'s type on which each ZeRO variant fits (``kit.estimate``'s verdict).
-
-    ``variants`` are ``zero`` changes (default: stages 0-3, plus optimizer offload at stage 2 and
-    optimizer + parameter offload at stage 3). Candidates grow as 1, 2, 4 ... GPUs in one node, then
-    whole nodes of ``setup.cluster.gpus_per_node``; micro batch and gradient accumulation stay fixed.
-    """
-    from kit.estimate import estimate
-
-    _at_least("max_nodes", max_nodes, 1)
-    variants = variants or DEFAULT_VARIANTS
-    per_node = setup.cluster.gpus_per_node
-    sizes = [(1, g) for g in _powers_of_two_up_to(per_node)] + [
-        (n, per_node) for n in range(2, max_nodes + 1)
-    ]
-    rows = []
-    for change in variants:
-        found = None
-        for nodes, gpus in sizes:
-            candidate = setup.replace(cluster={"nodes": nodes, "gpus_per_node": gpus}, zero=change, batch={})
-            est = estimate(candidate)
-            if est.fits[candidate.cluster.gpu]:
-                found = est
-                break
-        label = (found.setup if found else setup.replace(zero=change)).label
-        rows.append(
-            {
-                "variant": label,
-                "nodes": found.setup.cluster.nodes if found else None,
-                "gpus": found.setup.cluster.world_size if found else None,
-                "per_gpu_gib": round(found.per_gpu_bytes / GIB, 2) if found else None,
-                "cpu_gib_per_node": round(found.cpu_bytes_per_node / GIB, 1) if found else None,
-                "verdict": "fits" if found else f"does not fit on {max_nodes * per_node} GPUs",
-            }
-        )
-    return pd.DataFrame(rows).astype({"nodes": "Int64", "gpus": "Int64"})
-
-
-def batch_options(setup: Setup, train_batch: int) -> pd.DataFrame:
-    """Every (micro batch, gradient accumulation) pair giving ``train_batch`` on setup's GPUs, estimated.
-
-    Larger micro batches mean fewer, bigger steps (faster) but more activation memory per GPU.
-    """
-    from kit.estimate import estimate
-
-    options = batch_math.decompositions(train_batch, setup.dp)
-    if not options:
-        raise batch_math.BatchError(
-            f"train_batch: must be a multiple of the data-parallel size {setup.dp}, got {train_batch}; "
-            + batch_math.nearest_valid(train_batch, setup.dp)
-        )
-    rows = []
-    for d in options:
-        est = estimate(setup.replace(batch={"micro_batch": d.micro_batch, "grad_accum": d.grad_accum}))
-        rows.append(
-            {
-                "micro_batch": d.micro_batch,
-                "grad_accum": d.grad_accum,
-                "train_batch": d.train_batch,
-                "activations_gib": round(est.components["activations"] / GIB, 2),
-                "per_gpu_gib": round(est.per_gpu_bytes / GIB, 2),
-                "fits": est.fits[setup.cluster.gpu],
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def largest_micro_batch(setup: Setup, limit: int = 65536) -> int:
-    """The largest micro batch per GPU that ``kit.estimate`` says fits (0 if not even 1 does)."""
-    from kit.estimate import estimate
-
-    def fits(micro: int) -> bool:
-        candidate = setup.replace(batch={"micro_batch": micro})
-        return estimate(candidate).fits[candidate.cluster.gpu]
-
-    if not fits(1):
-        return 0
-    low, high = 1, 2
-    while high <= limit and fits(high):
-        low, high = high, high * 2
-    high = min(high, limit + 1)
-    while high - low > 1:  # invariant: fits(low), not fits(high) (or high past the limit)
-        mid = (low + high) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid)
-    return low
-
-
 def sweep_table(results: Results, settings: tuple[str, ...] = (), metrics: tuple[str, ...] = SWEEP_METRICS):
     """One row per configuration of a sweep: its label, the Setup fields named in ``settings``
     (dotted, e.g. ``"zero.reduce_bucket_size"``) and the median of each metric over rank 0's measured
@@ -368,13 +271,6 @@ def memory_figure(estimates: list[Estimate], title: str = "") -> Figure:
     ax.tick_params(axis="x", labelrotation=20, labelsize=8)
     fig.tight_layout()
     return fig
-
-
-def _powers_of_two_up_to(n: int) -> list[int]:
-    sizes = [1]
-    while sizes[-1] * 2 <= n:
-        sizes.append(sizes[-1] * 2)
-    return sizes if sizes[-1] == n else [*sizes, n]
 
 
 def _stage(stage: int) -> None:

@@ -21,7 +21,6 @@ sets it only through ``run_sweep(..., faults=...)``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -34,19 +33,11 @@ EVENT = "ZEROKIT "
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run a zero-kit launch spec on this rank.")
-    parser.add_argument("--spec", required=True, help="launch spec JSON written by kit.runner")
-    parser.add_argument("--local_rank", type=int, help="set by the deepspeed launcher (LOCAL_RANK is used)")
-    args = parser.parse_args(argv)
-    with open(args.spec) as f:
-        spec = json.load(f)
-
     import deepspeed.comm as dist
 
     from kit import engine
 
-    engine.init_distributed()
-    rank, world = dist.get_rank(), dist.get_world_size()
+    spec, rank, world = engine.join(argv, "Run a zero-kit launch spec on this rank.")
     for config in spec["configs"]:
         if rank == 0:
             emit({"event": "start", "config_id": config["config_id"], "label": config["label"]})
@@ -95,7 +86,10 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
     measure.reset_peaks()
     eng, model = engine.build_engine(setup, spec["seed"], comms_logger=instrument)
     built.append(eng)
-    predicted = estimate.estimate(setup)
+    whole_gpu = estimate.estimate(setup)
+    # what this rank holds once a step's gradients are in place: the like-for-like prediction
+    resident = estimate.rank_states(setup, rank)
+    predicted = {**resident["device"], "activations": whole_gpu.components["activations"]}
     for step in range(spec["warmup"]):
         engine.train_step(eng, setup, step, rank, world, seed=spec["seed"])
     held: dict = {}  # model-state bytes, read once while the last micro-step's gradients are held
@@ -126,7 +120,8 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
             record.update(measure.peaks())
             record["measured"] = {**held["device"], "activations": counter.bytes}
             record["measured_host"] = held["host"]
-            record.update(estimate=predicted.components, estimate_host=predicted.host)
+            record.update(estimate=predicted, estimate_host=resident["host"])
+            record["estimate_peak_bytes"] = whole_gpu.per_gpu_bytes
             record.update(comm_bytes=comm, comm_wire_bytes=measure.wire_bytes(comm, world))
         append_record(spec["records"], {**record, "status": "ok", "error": None})
         if rank == 0:

@@ -36,6 +36,8 @@ def test_estimate_json_contract(capsys):
     assert data["per_gpu_bytes"] == sum(data["components"].values())
     assert data["setup"]["batch"] == {"micro_batch": 1, "grad_accum": 4, "train_batch": 32, "seq_len": 4096}
     assert data["params"] == 6_738_415_616 and data["fits"]["H100-SXM-80GB"] is True
+    # stage 3 checkpoint: 8 optimizer files of 12 B per partition element, plus small model files
+    assert 12 * 6_738_415_616 < data["checkpoint_bytes"] < 12 * 6_738_415_616 * 1.01
 
 
 def test_estimate_params_and_paper_formula(capsys):

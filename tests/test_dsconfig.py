@@ -10,7 +10,6 @@ import pytest
 from kit.cli import add_setup_args, setup_from_args
 from kit.dsconfig import (
     from_ds_config,
-    load_ds_config,
     read_ds_config,
     to_ds_config,
     validate_ds_config,
@@ -90,6 +89,7 @@ def test_export_stage3_offload_exact():
             "contiguous_gradients": True,
             "stage3_prefetch_bucket_size": 50_000_000,
             "stage3_max_live_parameters": 1_000_000_000,
+            "stage3_max_reuse_distance": 1_000_000_000,
             "stage3_param_persistence_threshold": 100_000,
             "offload_optimizer": {"device": "cpu", "pin_memory": True},
             "offload_param": {"device": "cpu", "pin_memory": True},
@@ -334,13 +334,13 @@ def test_files(tmp_path):
     s = SETUPS[40]
     path = write_ds_config(s, tmp_path / "ds_config.json")
     assert json.loads(path.read_text()) == to_ds_config(s)
-    assert load_ds_config(path, model=MODEL, cluster=CLUSTER) == s
+    assert from_ds_config(path, model=MODEL, cluster=CLUSTER) == s
     (tmp_path / "bad.json").write_text('{"train_batch_size": 16,\n "train_batch_size": 8}')
     with pytest.raises(ValueError, match="duplicate key 'train_batch_size'"):
-        load_ds_config(tmp_path / "bad.json", model=MODEL, cluster=CLUSTER)
+        from_ds_config(tmp_path / "bad.json", model=MODEL, cluster=CLUSTER)
     (tmp_path / "broken.json").write_text('{"train_batch_size": 16,\n "zero_optimization": }')
     with pytest.raises(ValueError, match=r"broken.json: not valid JSON \(line 2: Expecting value\)"):
-        load_ds_config(tmp_path / "broken.json", model=MODEL, cluster=CLUSTER)
+        from_ds_config(tmp_path / "broken.json", model=MODEL, cluster=CLUSTER)
 
 
 def test_cli_ds_config_flag_uses_the_batch_flags(tmp_path):
