@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install demo test lint unit notebooks bench lab clean
+.PHONY: install demo test lint bench lab gpu-reference clean
 
 install: $(STAMP)
 
@@ -34,6 +34,12 @@ test: lint
 
 bench: install
 	$(PY) -m tests.bench
+
+# On a GPU machine: the stage sweep on a ~1.5B model (GPT-2 XL's shape), records kept in data/reference/.
+GPUS ?= 1
+gpu-reference: install
+	$(PY) -m kit run --model gpt2-xl --stages 0,1,2,3 --offload-optimizer none,cpu --micro-batch 4 \
+		--nprocs $(GPUS) --steps 10 --sweep gpu-$(GPUS)x --runs-dir data/reference --no-progress
 
 lab: install
 	$(VENV)/bin/jupyter lab notebooks
