@@ -20,8 +20,6 @@ from kit.setup import Setup
 
 #: the per-rank script, run as a module (``--module``) so that kit/ itself is not put on sys.path
 WORKER = "kit.checkpoint_worker"
-#: stage 1/2 pad the flat buffer to a multiple of 2 x dp elements (``nccl_start_alignment_factor``).
-ALIGNMENT = 2
 #: Non-tensor bytes of a file (torch.save's zip entries and the pickled metadata: ds_config, counters,
 #: loss scaler, param_shapes), fitted to DeepSpeed 0.19.8 files within 2 KiB: a base per file, each
 #: stored tensor's zip entry (headers and 64-byte alignment), and each parameter name in a model-states file.
@@ -29,8 +27,6 @@ MODEL_STATES_BASE = 6144
 OPTIM_STATES_BASE = 3072
 PER_STORED_TENSOR = 256
 PER_PARAM_NAME = 48
-#: stage 3's ``sub_group_size`` default: the fp32 partition is split into groups of this many elements.
-SUB_GROUP_SIZE = 1_000_000_000
 
 
 def file_kind(path: str) -> str:
@@ -80,6 +76,7 @@ def checkpoint_bytes(setup: Setup) -> dict:
     stage 0 keeps its fp32 master copy as one flat tensor (a few bytes less than counted here).
     """
     from kit import models
+    from kit.estimate import DS_SUB_GROUP_SIZE, partition_numel
 
     z, n, psi = setup.zero, setup.dp, setup.model.params
     tensors = models.tensor_numels(setup.model)
@@ -102,19 +99,16 @@ def checkpoint_bytes(setup: Setup) -> dict:
             "formula": "stage 0: the optimizer is in model states",
         }
         return {"model_states": model, "optim_states": none, "total_bytes": model["bytes"]}
+    partition = partition_numel(setup)
     if z.stage == 3:
-        if tensors is None:
-            raise ValueError("model: stage 3 sizes need the model's tensor shapes; use a preset or a config")
-        partition = sum(math.ceil(t / n) for t in tensors)  # each tensor is partitioned (and padded) alone
-        groups = math.ceil(partition / SUB_GROUP_SIZE)
+        groups = math.ceil(partition / DS_SUB_GROUP_SIZE)
         model = _kind(n, 0, MODEL_STATES_BASE + names + PER_STORED_TENSOR * count)
         model["formula"] = "placeholders only: the partitioned weights are in the optimizer files"
         where = f"sum(ceil(numel_i / {n})) = {partition:,}"
     else:
-        flat = math.ceil(psi / (ALIGNMENT * n)) * ALIGNMENT * n
-        partition, groups = flat // n, 1
+        flat, groups = partition * n, 1
         model = _kind(1, width * flat, MODEL_STATES_BASE + names + PER_STORED_TENSOR)
-        model["formula"] = f"{width} x {flat:,} (all weights in one flat buffer, padded to {ALIGNMENT * n})"
+        model["formula"] = f"{width} x {flat:,} (all weights in one flat buffer, padded to 2 x {n})"
         where = f"{partition:,} (1/{n} of {flat:,})"
     optim_tensors = (4 + 4 * moments) * partition + 4 * step * groups
     optim = _kind(n, optim_tensors, OPTIM_STATES_BASE + PER_STORED_TENSOR * groups * (1 + moments + step))

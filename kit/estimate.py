@@ -44,6 +44,8 @@ NCCL_BUFFER_BYTES = 256 * MIB
 ALLOCATOR_FRAGMENTATION = 0.05
 #: CPU RAM of one rank's process before any model: Python, torch with CUDA libraries, DeepSpeed.
 PROCESS_BASE_BYTES = 2 * GIB
+#: stage 1/2 pad the flat 16-bit buffer to a multiple of this x dp (``nccl_start_alignment_factor``).
+NCCL_ALIGNMENT = 2
 #: DeepSpeed's ZeRO-3 ``sub_group_size`` default (elements stepped at a time).
 DS_SUB_GROUP_SIZE = 1_000_000_000
 #: Bytes per fp32 optimizer state element and states per parameter, by optimizer.
@@ -52,7 +54,7 @@ OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd": 0}
 
 @dataclass(frozen=True)
 class Term:
-    """One number of the estimate and how it was computed (shown by notebooks and ``--explain``)."""
+    """One number of the estimate and how it was computed (shown by the CLI table and the notebooks)."""
 
     bytes: int
     formula: str
@@ -106,15 +108,11 @@ class Estimate:
         return {name: cpu_ok and self.per_gpu_bytes <= g.memory_bytes for name, g in catalogue().items()}
 
     @cached_property
-    def checkpoint_bytes(self) -> int | None:
-        """Size on disk of one saved checkpoint tag, all ranks (``kit.checkpoints.checkpoint_bytes``);
-        None where it needs per-tensor shapes a bare parameter count lacks (stage 3)."""
+    def checkpoint_bytes(self) -> int:
+        """Size on disk of one saved checkpoint tag, all ranks (``kit.checkpoints.checkpoint_bytes``)."""
         from kit.checkpoints import checkpoint_bytes
 
-        try:
-            return checkpoint_bytes(self.setup)["total_bytes"]
-        except ValueError:
-            return None
+        return checkpoint_bytes(self.setup)["total_bytes"]
 
     def to_dict(self) -> dict:
         """The ``zerokit estimate --json`` object (DESIGN.md contract)."""
@@ -184,6 +182,18 @@ def rank_states(setup: Setup, rank: int = 0) -> dict[str, dict[str, int]]:
     return {where: {k: t.bytes for k, t in terms.items()} for where, terms in states.items()}
 
 
+def partition_numel(setup: Setup) -> int:
+    """Elements of the fp32 master partition one rank holds (what its optimizer-state file stores):
+    stages 1-2, the 16-bit flat buffer padded to a multiple of ``2 x dp`` divided by dp; stage 3, the
+    sum over tensors of ``ceil(numel / dp)``; stage 0, every parameter."""
+    n = setup.dp
+    if setup.zero.stage == 3:
+        return sum(-(-t // n) for t in _tensor_numels(setup))
+    if setup.zero.stage in (1, 2):
+        return _round_up(setup.model.params, NCCL_ALIGNMENT * n) // n
+    return setup.model.params
+
+
 # --------------------------------------------------------------------------------------------
 # implementation-faithful model states
 
@@ -210,9 +220,9 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
         return {"device": device, "host": host}
 
     if z.stage in (1, 2):
-        flat = _round_up(psi, 2 * n)
-        part = flat // n
-        touched = _touched_partition_numel(setup, rank, part)
+        part = partition_numel(setup)
+        flat = part * n
+        touched = _touched_all_ranks(setup, part)[rank]
         where = host if z.offload_optimizer == "cpu" else device
         device["parameters"] = Term(
             p * flat, f"{p} B x Psi padded to a multiple of 2 x dp = {p} x {flat:,} (bit16_groups_flat)"
@@ -238,7 +248,7 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
 
     # stage 3
     numels = _tensor_numels(setup)
-    part = sum(-(-t // n) for t in numels)
+    part = partition_numel(setup)
     persistent = [t for t in numels if t <= z.param_persistence_threshold]
     persist_bytes = p * sum(-(-t // n) * n for t in persistent)
     params_where = host if z.offload_param == "cpu" else device
@@ -264,11 +274,11 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
 
 def _transient(setup: Setup) -> dict[str, Term]:
     """Peaks beyond the resident states: buckets during backward, copies during the step."""
-    z, n, p = setup.zero, setup.dp, _param_bytes(setup)
+    z, p = setup.zero, _param_bytes(setup)
     psi = setup.model.params
     out: dict[str, Term] = {}
     if z.stage in (1, 2):
-        part = _round_up(psi, 2 * n) // n
+        part = partition_numel(setup)
         buffers = []
         if z.contiguous_gradients:
             count = 2 if z.overlap else 1
@@ -291,7 +301,7 @@ def _transient(setup: Setup) -> dict[str, Term]:
         )
         if z.offload_optimizer == "none":
             # _prepare_fp32_grad_for_sub_group: an fp32 copy of one sub group's gradient partition
-            sub = min(sum(-(-t // n) for t in _tensor_numels(setup)), DS_SUB_GROUP_SIZE)
+            sub = min(partition_numel(setup), DS_SUB_GROUP_SIZE)
             gathered = _add(gathered, Term(4 * sub, "4 B x min(S, sub_group_size) (fp32 gradient in step)"))
         out["buffers"] = gathered
     return out
@@ -423,13 +433,8 @@ def _worst_rank(setup: Setup) -> int:
     """The rank whose stage 1/2 gradient buffer is largest (ranks differ only there)."""
     if setup.zero.stage not in (1, 2) or setup.zero.offload_optimizer == "cpu":
         return 0
-    part = _round_up(setup.model.params, 2 * setup.dp) // setup.dp
-    touched = _touched_all_ranks(setup, part)
+    touched = _touched_all_ranks(setup, partition_numel(setup))
     return max(range(setup.dp), key=touched.__getitem__)
-
-
-def _touched_partition_numel(setup: Setup, rank: int, part: int) -> int:
-    return _touched_all_ranks(setup, part)[rank]
 
 
 def _touched_all_ranks(setup: Setup, part: int) -> list[int]:

@@ -68,10 +68,7 @@ def render(result) -> str:
         lines.append(f"{name:18}{term.bytes / GIB:9.2f}  {term.formula}")
     lines.append(f"{'total':18}{result.per_gpu_bytes / GIB:9.2f}")
     lines.append(f"{'CPU RAM per node':18}{result.cpu_bytes_per_node / GIB:9.2f}  {result.cpu_term.formula}")
-    if result.checkpoint_bytes is not None:
-        lines.append(
-            f"{'checkpoint on disk':18}{result.checkpoint_bytes / GIB:9.2f}  one saved tag, all ranks"
-        )
+    lines.append(f"{'checkpoint on disk':18}{result.checkpoint_bytes / GIB:9.2f}  one saved tag, all ranks")
     lines += ["", "fits: " + ", ".join(f"{g} {'yes' if ok else 'no'}" for g, ok in result.fits.items())]
     lines += [f"note: {n}" for n in result.notes]
     return "\n".join(lines)

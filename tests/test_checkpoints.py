@@ -119,8 +119,10 @@ def test_checkpoint_bytes_at_scale_by_hand():
     fp32_sgd = s.replace(zero={"stage": 0, "precision": "fp32", "optimizer": "sgd"})
     b = checkpoint_bytes(fp32_sgd)
     assert b["model_states"]["tensor_bytes"] == 4 * 124_439_808 and b["optim_states"]["files"] == 0
-    with pytest.raises(ValueError, match="model: stage 3 sizes need the model's tensor shapes"):
-        checkpoint_bytes(s.replace(model=models.from_count(7_000_000_000), zero={"stage": 3}))
+    # a bare count at stage 3: partitioned as the estimator does, the largest layer and the rest
+    bare = s.replace(model=models.from_count(7_000_000_000, 100_000_000), zero={"stage": 3})
+    part = 100_000_000 // 8 + 6_900_000_000 // 8
+    assert checkpoint_bytes(bare)["optim_states"]["tensor_bytes"] == 12 * part + 4
 
 
 def test_roundtrip_rejects_bad_steps_and_mixed_worlds(tmp_path):
