@@ -93,16 +93,36 @@ class SavedActivations:
 
         from kit import engine
 
+        params = [p for p in model.parameters()]
+        # storage sizes a parameter can have (ZeRO-3 gathers into a buffer padded to a multiple of
+        # the world size): only a saved tensor of such a size is compared with every parameter
+        sizes = {p.untyped_storage().nbytes() for p in params} | {_gathered_bytes(p) for p in params}
+
         def pack(t):
-            if not isinstance(t, torch.nn.Parameter) and t.numel():
-                into = self.saved if self._recomputed is None else self._recomputed
-                key = _storage_key(t)
-                if key not in into and key not in {_storage_key(p) for p in model.parameters() if p.numel()}:
-                    into[key] = t.untyped_storage().nbytes()
+            if isinstance(t, torch.nn.Parameter) or not t.numel():
+                return t
+            into = self.saved if self._recomputed is None else self._recomputed
+            key = _storage_key(t)
+            if key in into:
+                return t
+            nbytes = t.untyped_storage().nbytes()
+            if nbytes in sizes and key in {_storage_key(p) for p in params if p.numel()}:
+                return t  # a parameter's storage (a view of it, or ZeRO-3's gathered copy)
+            into[key] = nbytes
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), engine.observe_checkpointing(self):
             yield self
+
+
+def _gathered_bytes(p) -> int:
+    """Bytes of the buffer ZeRO-3 gathers parameter ``p`` into (0 for an ordinary parameter)."""
+    if not hasattr(p, "ds_numel"):
+        return 0
+    import deepspeed.comm as dist
+
+    world = dist.get_world_size()
+    return -(-p.ds_numel // world) * world * p.element_size()
 
 
 def _storage_key(t) -> tuple[str, int]:
