@@ -9,6 +9,7 @@ on one axis (ZeRO stages should overlap: sharding does not change the math).
 from __future__ import annotations
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from kit.results import COMPONENTS, Results
 
@@ -100,6 +101,7 @@ def loss_curves(results: Results) -> Figure:
     ax = fig.subplots()
     for (_, label), group in steps.groupby(["order", "label"], sort=True):
         ax.plot(group["step"], group["loss"], marker="o", label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("loss (rank 0)")
     ax.set_title("Loss per step")

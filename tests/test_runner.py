@@ -58,6 +58,8 @@ Z = [
     {"stage": 3, "precision": "bf16", "offload_optimizer": "cpu", "offload_param": "cpu"},
     {"stage": 3, "prefetch_bucket_size": 0, "max_live_parameters": 0, "param_persistence_threshold": 0},
     {"stage": 2, "activation_checkpointing": True},
+    {"stage": 3, "prefetch_bucket_size": 0, "max_live_parameters": 0, "param_persistence_threshold": 0}
+    | {"max_reuse_distance": 0},
 ]
 SETUPS = [BASE.replace(zero=z) for z in Z]
 SETUPS.append(BASE.replace(batch={"grad_accum": 2}))
@@ -211,10 +213,13 @@ def test_communication_volume_per_stage(sweep):
     """Stages 1-2 all-reduce the gradients and all-gather the updated partitions: 1.5x stage 0's
     all-reduce. Stage 3 reduce-scatters gradients and all-gathers parameters once: on a model this
     small DeepSpeed keeps them gathered from forward to backward (their reuse distance is under
-    stage3_max_reuse_distance), so 1.0x, even with prefetch, live-parameter and persistence limits 0."""
+    stage3_max_reuse_distance), so 1.0x, even with prefetch, live-parameter and persistence limits 0;
+    with max_reuse_distance 0 as well it gathers them again for the backward (measured 1.74x)."""
     wire = sweep[0].summary().set_index("config_id")["comm_wire_bytes"]
     ratio = {i: wire[cid(SETUPS[i])] / wire[cid(SETUPS[0])] for i in (1, 2, 3, 14)}
     assert ratio == pytest.approx({1: 1.5, 2: 1.5, 3: 1.0, 14: 1.0}, rel=1e-3)
+    regather = wire[cid(SETUPS[16])] / wire[cid(SETUPS[0])]
+    assert regather > 1.5, regather
 
 
 def test_throughput_follows_from_step_time(sweep):
