@@ -108,7 +108,7 @@ def checkpoint_bytes(setup: Setup) -> dict:
     else:
         flat, groups = partition * n, 1
         model = _kind(1, width * flat, MODEL_STATES_BASE + names + PER_STORED_TENSOR)
-        model["formula"] = f"{width} x {flat:,} (all weights in one flat buffer, padded to 2 x {n})"
+        model["formula"] = f"{width} x {flat:,} (all weights in one flat buffer, a multiple of 2 x {n})"
         where = f"{partition:,} (1/{n} of {flat:,})"
     optim_tensors = (4 + 4 * moments) * partition + 4 * step * groups
     optim = _kind(n, optim_tensors, OPTIM_STATES_BASE + PER_STORED_TENSOR * groups * (1 + moments + step))
