@@ -75,9 +75,12 @@ def setup_from_args(args: argparse.Namespace):
     batch = {"micro_batch": args.micro_batch, "grad_accum": args.grad_accum, "train_batch": args.train_batch}
     batch["seq_len"] = args.seq_len
     if args.ds_config:
-        from kit.dsconfig import from_ds_config
+        from kit.dsconfig import read_ds_config
 
-        return from_ds_config(args.ds_config, model=spec, cluster=cluster, **batch)
+        setup, notes = read_ds_config(args.ds_config, model=spec, cluster=cluster, **batch)
+        for note in notes:  # how each "auto" was resolved: stderr, so --json stays one object
+            print(f"note: {note}", file=sys.stderr)
+        return setup
     zero = {
         "stage": args.stage,
         "offload_optimizer": args.offload_optimizer,

@@ -46,7 +46,7 @@ def memory_table(setup):
 
 
 def run(args: argparse.Namespace) -> int:
-    from kit import plots, teach
+    from kit import plots
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     title = (
         f"{setup.model.name} on {c.nodes} x {c.gpus_per_node} {c.gpu}, micro batch {setup.batch.micro_batch}"
     )
-    teach.memory_figure(estimates, title=title).savefig(out / "memory_per_gpu.png", dpi=120)
+    plots.estimated_memory(estimates, title=title).savefig(out / "memory_per_gpu.png", dpi=120)
     files = [out / "memory_table.csv", out / "memory_per_gpu.png"]
     report = {"memory_table": table.reset_index().to_dict(orient="records")}
     if not args.json:

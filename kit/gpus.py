@@ -27,14 +27,6 @@ class Gpu:
     def memory_bytes(self) -> int:
         return int(self.memory_gib * GIB)
 
-    def peak_tflops(self, precision: str) -> float:
-        """Dense peak for the training precision (fp32 runs on tensor cores as TF32 at half that)."""
-        if precision == "bf16":
-            return self.bf16_dense_tflops
-        if precision == "fp16":
-            return self.fp16_dense_tflops
-        return self.bf16_dense_tflops / 2
-
 
 @cache
 def catalogue() -> dict[str, Gpu]:

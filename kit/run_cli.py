@@ -131,7 +131,7 @@ def render(results) -> str:
     table = results.summary()
     lines = [
         f"records: {results.path}",
-        "measured: rank 0's bytes; estimated: kit.estimate's per-GPU figure",
+        "measured: rank 0's bytes; estimated: kit.estimate's prediction for rank 0",
         "",
     ]
     lines.append(

@@ -10,13 +10,11 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from kit.gpus import GIB
 from kit.setup import Setup
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from kit.estimate import Estimate
     from kit.results import Results
 
 STATES = ("parameters", "gradients", "optimizer_states")
@@ -44,14 +42,6 @@ SWEEP_METRICS = (
     "measured_host_optimizer_states",
     "measured_host_parameters",
 )
-COMPONENT_COLORS = {
-    "parameters": "tab:blue",
-    "gradients": "tab:orange",
-    "optimizer_states": "tab:green",
-    "activations": "tab:red",
-    "buffers": "tab:purple",
-    "overhead": "tab:gray",
-}
 
 
 def rank_table(nodes: int, gpus_per_node: int) -> pd.DataFrame:
@@ -128,6 +118,8 @@ def shard_figure(ranks: int = 4, stages: tuple[int, ...] = (0, 1, 2, 3), precisi
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    from kit.plots import COLORS
+
     widths = bytes_per_param(precision).iloc[:-1].groupby("component", sort=False)["bytes_per_param"].sum()
     fig, axes = plt.subplots(len(stages), 1, figsize=(9, 1.0 + 0.45 * ranks * len(stages)), squeeze=False)
     for ax, stage in zip(axes[:, 0], stages, strict=True):
@@ -143,7 +135,7 @@ def shard_figure(ranks: int = 4, stages: tuple[int, ...] = (0, 1, 2, 3), precisi
                         cell,
                         left=x + shard * cell,
                         height=0.7,
-                        color=COMPONENT_COLORS[state] if filled else "white",
+                        color=COLORS[state] if filled else "white",
                         edgecolor="black",
                         linewidth=0.4,
                     )
@@ -154,7 +146,7 @@ def shard_figure(ranks: int = 4, stages: tuple[int, ...] = (0, 1, 2, 3), precisi
         ax.set_title(f"stage {stage} ({PAPER_STAGES[stage]}): {PAPER_FORMULAS[stage]} per GPU", fontsize=10)
         for side in ("top", "right", "bottom"):
             ax.spines[side].set_visible(False)
-    legend = [Patch(color=COMPONENT_COLORS[s], label=s.replace("_", " ")) for s in STATES]
+    legend = [Patch(color=COLORS[s], label=s.replace("_", " ")) for s in STATES]
     legend.append(Patch(facecolor="white", edgecolor="black", label="held by another rank"))
     fig.legend(handles=legend, loc="lower center", ncol=4, frameon=False)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
@@ -244,33 +236,6 @@ def states_check(results: Results) -> pd.DataFrame:
     table = pd.DataFrame(rows, columns=["label", "rank", "where", "component", "predicted", "measured"])
     table["difference"] = table["measured"] - table["predicted"]
     return table
-
-
-def memory_figure(estimates: list[Estimate], title: str = "") -> Figure:
-    """Stacked bars of bytes per GPU by component, one per estimate, against each GPU's capacity."""
-    import matplotlib.pyplot as plt
-
-    from kit.gpus import gpu
-
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(estimates) + 2), 3.6))
-    labels = [e.setup.label for e in estimates]
-    bottom = [0.0] * len(estimates)
-    for component, color in COMPONENT_COLORS.items():
-        values = [e.components.get(component, 0) / GIB for e in estimates]
-        ax.bar(labels, values, bottom=bottom, color=color, label=component.replace("_", " "))
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    for name in sorted({e.setup.cluster.gpu for e in estimates}):
-        ax.axhline(gpu(name).memory_gib, color="black", linestyle="--", linewidth=1)
-        label = f"{name}: {gpu(name).memory_gib:g} GiB"
-        ax.text(
-            0.99, gpu(name).memory_gib, label, transform=ax.get_yaxis_transform(), ha="right", va="bottom"
-        )
-    ax.set_ylabel("GiB per GPU")
-    ax.set_title(title or "estimated memory per GPU")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.tick_params(axis="x", labelrotation=20, labelsize=8)
-    fig.tight_layout()
-    return fig
 
 
 def _stage(stage: int) -> None:

@@ -258,7 +258,7 @@ class MemoryPanel:
             self.allgather_bucket.disabled = stage not in (1, 2)
 
     def _render(self) -> None:
-        from kit.teach import memory_figure
+        from kit.plots import estimated_memory
 
         if self.error:
             self.message.value = f"<span style='color:#b00'>{html.escape(self.error)}</span>"
@@ -280,7 +280,7 @@ class MemoryPanel:
             f"fits on: {html.escape(', '.join(fitting) or 'no GPU in the catalogue')}"
         )
         self.formulas.value = est.table().to_html(float_format=lambda x: f"{x:.3f}")
-        _show_figure(self.plot, memory_figure([est]))
+        _show_figure(self.plot, estimated_memory([est]))
 
     def _inputs(self) -> list[w.ValueWidget]:
         return [

@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 from matplotlib.figure import Figure
 
-from kit import plots
+from kit import models, plots
+from kit.estimate import estimate
+from kit.gpus import GIB
 from kit.measure import wire_bytes
 from kit.results import COMPONENTS, Results, load_records
+from kit.setup import Setup
 from kit.worker import append_record
 
 MB = 1e6
@@ -120,3 +123,16 @@ def test_loss_curves_one_line_per_config(results):
     assert [line.get_label() for line in lines] == ["z0 bf16 mb2", "z3 bf16 mb2"]
     assert list(lines[1].get_xdata()) == [1, 2, 3]
     assert list(lines[1].get_ydata()) == pytest.approx([4.8, 4.6, 4.4])
+
+
+def test_estimated_memory_stacks_components():
+    llama7b = Setup(model=models.preset("llama-2-7b"), batch={"micro_batch": 1, "seq_len": 2048})
+    estimates = [estimate(llama7b.replace(zero={"stage": s})) for s in (0, 3)]
+    fig = plots.estimated_memory(estimates)
+    ax = fig.axes[0]
+    tops = {}
+    for bar in ax.patches:
+        x = round(bar.get_x(), 3)
+        tops[x] = max(tops.get(x, 0.0), bar.get_y() + bar.get_height())
+    assert sorted(tops.values()) == pytest.approx(sorted(e.per_gpu_bytes / GIB for e in estimates), rel=1e-9)
+    assert ax.lines[0].get_ydata()[0] == pytest.approx(79.65)

@@ -219,7 +219,7 @@ def test_communication_volume_per_stage(sweep):
     ratio = {i: wire[cid(SETUPS[i])] / wire[cid(SETUPS[0])] for i in (1, 2, 3, 14)}
     assert ratio == pytest.approx({1: 1.5, 2: 1.5, 3: 1.0, 14: 1.0}, rel=1e-3)
     regather = wire[cid(SETUPS[16])] / wire[cid(SETUPS[0])]
-    assert regather > 1.5, regather
+    assert regather == pytest.approx(952_840 / 547_844, rel=1e-3)  # bytes measured once, fp32 toy GPT
 
 
 def test_throughput_follows_from_step_time(sweep):

@@ -3,8 +3,6 @@
 import pytest
 
 from kit import models, teach
-from kit.estimate import estimate
-from kit.gpus import GIB
 from kit.setup import Setup
 
 #: ZeRO paper (arXiv 1910.02054) Table 1, GB per device for 7.5B parameters (REFERENCE.md)
@@ -90,21 +88,6 @@ def test_zero_paper_table_reproduces_table_1():
         for ours, paper, d in zip(table.loc[row], values, digits, strict=True):
             assert abs(ours - paper) <= 0.5 * 10**-d + 1e-9, (row, ours, paper)  # the paper rounds half up
     assert set(table.loc["baseline DP"]) == {120.0}
-
-
-def test_memory_figure_stacks_components(llama7b):
-    import matplotlib.pyplot as plt
-
-    estimates = [estimate(llama7b.replace(zero={"stage": s})) for s in (0, 3)]
-    fig = teach.memory_figure(estimates)
-    ax = fig.axes[0]
-    tops = {}
-    for bar in ax.patches:
-        x = round(bar.get_x(), 3)
-        tops[x] = max(tops.get(x, 0.0), bar.get_y() + bar.get_height())
-    assert sorted(tops.values()) == pytest.approx(sorted(e.per_gpu_bytes / GIB for e in estimates), rel=1e-9)
-    assert ax.lines[0].get_ydata()[0] == pytest.approx(79.65)
-    plt.close(fig)
 
 
 def _toy(**zero) -> Setup:
