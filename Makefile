@@ -2,9 +2,14 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-# CPU build by default (it is what CI and laptops need). On a CUDA box:
-#   make install TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
-TORCH  ?= torch==2.13.0
+# torch 2.13.0 from the index pip is set up with. On the public index that is the CUDA build on Linux
+# (several GB); machines whose pip points at a CPU-only mirror (this project's CI) get the CPU build.
+# For the CPU-only build from PyTorch's own index: make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH       ?= torch==2.13.0
+TORCH_INDEX ?=
+# The range the state walk and engine teardown are checked against (kit/ranks/state_walk.py reads
+# DeepSpeed's internals); keep in step with pyproject.toml and environment.yml.
+DEEPSPEED   ?= deepspeed>=0.19.8,<0.20
 STAMP  := $(VENV)/.installed
 
 export OMP_NUM_THREADS ?= 1
@@ -15,8 +20,8 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml environment.yml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q deepspeed
+	$(PY) -m pip install -q $(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PY) -m pip install -q "$(DEEPSPEED)"
 	$(PY) -m pip install -q -e ".[all]"
 	touch $(STAMP)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from kit.units import whole_number
+
 
 class BatchError(ValueError):
     """An impossible batch: the message carries DeepSpeed's equation and valid alternatives."""
@@ -98,5 +100,7 @@ def _mismatch(
 
 
 def _positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise BatchError(f"{name}: must be a whole number >= 1, got {value!r}")
+    try:
+        whole_number(name, value)
+    except ValueError as error:
+        raise BatchError(str(error)) from None

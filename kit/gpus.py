@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from kit.paths import DATA
-
-GIB = 1024**3
+from kit.units import GIB
 
 
 @dataclass(frozen=True)

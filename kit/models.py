@@ -1,7 +1,7 @@
 """Model specs: exact parameter counts and shapes from presets, HF ``config.json`` files, modules or counts.
 
 Counts come from the architecture's arithmetic (no torch): every parameter tensor of the family's
-Hugging Face implementation (or of ``kit.toymodels.DiT``), in module order. The largest layer is the
+Hugging Face implementation (or of ``kit.ranks.toymodels.DiT``), in module order. The largest layer is the
 largest ``sum(p.numel() for p in m.parameters(recurse=False))`` over modules, as DeepSpeed's ZeRO-3
 estimator defines it (``deepspeed/runtime/zero/stage3.py: model_to_params``); a tied ``lm_head`` counts
 there but not twice in the total. The tests build each preset on the meta device and compare.
@@ -12,18 +12,19 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from kit.paths import MODELS
-from kit.setup import ModelSpec, explain
+from kit.schema import ModelSpec, explain
 
 #: ``model_type`` values understood by :func:`from_hf_config`.
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox", "dit")
 
-#: DiT settings a ModelSpec does not record; :func:`config_of` and ``kit.toymodels.DiT`` assume these
+#: DiT settings a ModelSpec does not record; :func:`config_of` and ``kit.ranks.toymodels.DiT`` assume these
 #: (those of DiT-XL/2 in facebookresearch/DiT). The sinusoidal timestep features have 256 channels.
 DIT_DEFAULTS = {"patch_size": 2, "in_channels": 4, "learn_sigma": True, "class_dropout_prob": 0.1}
 DIT_FREQUENCY_CHANNELS = 256
@@ -38,10 +39,6 @@ HEURISTIC_VOCAB = 128_256
 # (False for a tied lm_head, whose weight is the embedding's).
 _Module = tuple[tuple[int, ...], bool]
 
-# Exact tensor lists of specs built by from_hf_config in this process, for configs whose details
-# (biases, head_dim, DiT patching) a ModelSpec does not record.
-_TENSORS: dict[ModelSpec, tuple[int, ...]] = {}
-
 
 def preset_names() -> list[str]:
     """The preset keys users type (``--model llama-2-7b``): the files in ``data/models/``."""
@@ -55,8 +52,14 @@ def preset(name: str) -> ModelSpec:
     return from_hf_config(MODELS / f"{name}.json", name=name)
 
 
+#: names of the kit's tiny CPU models (``toy_spec``), accepted wherever a preset name is
+TOYS = {"toy": "gpt2", "toy-dit": "dit"}
+
+
 def resolve(text: str) -> ModelSpec:
-    """A preset name, or a path to an HF ``config.json`` (or to the folder holding one)."""
+    """A preset name, a toy (``toy``, ``toy-dit``), or a path to an HF ``config.json`` (or its folder)."""
+    if text in TOYS:
+        return toy_spec(TOYS[text])
     if text in preset_names():
         return preset(text)
     path = Path(text).expanduser()
@@ -79,9 +82,7 @@ def from_hf_config(path_or_dict: str | Path | dict[str, Any], name: str | None =
         cfg = _read_json(path)
         name = name or (path.parent.name if path.name == "config.json" else path.stem) or "custom"
     fields, modules = _architecture(cfg)
-    spec = _spec(name=name, **fields, **_counts(modules))
-    _TENSORS[spec] = _tensors(modules)
-    return spec
+    return _spec(name=name, **fields, **_counts(modules))
 
 
 def from_module(module_or_factory: Any, name: str | None = None) -> ModelSpec:
@@ -89,7 +90,7 @@ def from_module(module_or_factory: Any, name: str | None = None) -> ModelSpec:
 
     A factory allocates nothing. Parameters are counted once each (tied weights once) and the largest
     layer is DeepSpeed's (the largest ``parameters(recurse=False)`` sum of one module). The shape is
-    taken from ``module.spec`` (kit.toymodels) or ``module.config`` (Hugging Face models) when present.
+    taken from ``module.spec`` (kit.ranks.toymodels) or ``module.config`` (Hugging Face models) when present.
     """
     import torch
 
@@ -141,25 +142,32 @@ def tensor_numels(spec: ModelSpec) -> list[int] | None:
     """The numel of every parameter tensor, in module order (tied weights once); None for bare counts.
 
     ZeRO-3 partitions (and pads) each tensor separately and keeps those below
-    ``stage3_param_persistence_threshold`` whole on every rank. Exact for specs built from a config in
-    this process; otherwise derived from the shape with the family's defaults when that reproduces the
-    spec's counts exactly (the presets and toy models always do), else None.
+    ``stage3_param_persistence_threshold`` whole on every rank. Exact for specs built from a config:
+    ``spec.arch`` holds the resolved settings the count used, so a spec re-validated from JSON (in a
+    rank, say) gives the same list. Without it the list is derived from the shape with the family's
+    defaults; either is used only when it reproduces the spec's counts exactly, else None.
     """
-    if spec in _TENSORS:
-        return list(_TENSORS[spec])
-    if spec.family not in FAMILIES:
-        return None
     try:
-        modules = _architecture(config_of(spec))[1]
+        return list(_arch_tensors(json.dumps(config_of(spec), sort_keys=True)))
     except ValueError:
         return None
-    if _counts(modules) != {"params": spec.params, "largest_layer_params": spec.largest_layer_params}:
-        return None
-    return list(_tensors(modules))
 
 
 def config_of(spec: ModelSpec) -> dict[str, Any]:
-    """The HF-style config a spec describes, with the family's defaults for what a spec does not record."""
+    """The HF-style config a spec describes: ``spec.arch`` when it has one, else the shape with the
+    family's defaults for what a spec does not record. ValueError when it does not reproduce the counts."""
+    cfg = json.loads(spec.arch) if spec.arch else _config_from_shape(spec)
+    counts = _counts(_architecture(cfg)[1])
+    if counts != {"params": spec.params, "largest_layer_params": spec.largest_layer_params}:
+        raise ValueError(
+            f"model: {spec.name!r}: its {'arch' if spec.arch else 'shape'} gives {counts['params']:,} "
+            f"parameters (largest layer {counts['largest_layer_params']:,}), not {spec.params:,} "
+            f"({spec.largest_layer_params:,})"
+        )
+    return cfg
+
+
+def _config_from_shape(spec: ModelSpec) -> dict[str, Any]:
     missing = [
         f for f in ("layers", "hidden", "heads", "ffn", "vocab", "max_seq_len") if getattr(spec, f) is None
     ]
@@ -205,6 +213,17 @@ def config_of(spec: ModelSpec) -> dict[str, Any]:
         "max_position_embeddings": spec.max_seq_len,
         "tie_word_embeddings": spec.tied_embeddings,
     }
+
+
+def _arch(**settings: Any) -> str:
+    """``ModelSpec.arch``: the resolved settings a count used, as canonical JSON (a config again)."""
+    return json.dumps(settings, sort_keys=True)
+
+
+@cache
+def _arch_tensors(config: str) -> tuple[int, ...]:
+    """The tensor list of a config (canonical JSON, so that it can be cached)."""
+    return _tensors(_architecture(json.loads(config))[1])
 
 
 def _spec(**fields: Any) -> ModelSpec:
@@ -292,6 +311,10 @@ def _gpt2(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
     modules.append(_lm_head(h, vocab, tied))
     fields = {"family": "gpt2", "layers": layers, "hidden": h, "heads": heads, "kv_heads": heads}
     fields.update(ffn=ffn, vocab=vocab, max_seq_len=positions, tied_embeddings=tied)
+    fields["arch"] = _arch(
+        model_type="gpt2", n_embd=h, n_layer=layers, n_head=heads, vocab_size=vocab, n_positions=positions,
+        n_inner=ffn, tie_word_embeddings=tied,
+    )  # fmt: skip
     return fields, modules
 
 
@@ -319,8 +342,15 @@ def _llama(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
     mlp = [_linear(h, ffn, mlp_bias), _linear(h, ffn, mlp_bias), _linear(ffn, h, mlp_bias)]
     block = [*attention, *mlp, _norm(h, False), _norm(h, False)]
     modules = [((vocab * h,), True), *block * layers, _norm(h, False), _lm_head(h, vocab, tied)]
+    positions = cfg.get("max_position_embeddings")
     fields = {"family": family, "layers": layers, "hidden": h, "heads": heads, "kv_heads": kv, "ffn": ffn}
-    fields.update(vocab=vocab, max_seq_len=cfg.get("max_position_embeddings"), tied_embeddings=tied)
+    fields.update(vocab=vocab, max_seq_len=positions, tied_embeddings=tied)
+    biases = {"attention_bias": o_bias, "mlp_bias": mlp_bias} if family == "llama" else {}
+    fields["arch"] = _arch(
+        model_type=family, hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv, head_dim=head_dim, intermediate_size=ffn, vocab_size=vocab,
+        max_position_embeddings=positions, tie_word_embeddings=tied, **biases,
+    )  # fmt: skip
     return fields, modules
 
 
@@ -342,19 +372,25 @@ def _gpt_neox(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
         "kv_heads": heads,
         "ffn": ffn,
     }
-    fields.update(vocab=vocab, max_seq_len=cfg.get("max_position_embeddings"), tied_embeddings=tied)
+    positions = cfg.get("max_position_embeddings")
+    fields.update(vocab=vocab, max_seq_len=positions, tied_embeddings=tied)
+    fields["arch"] = _arch(
+        model_type="gpt_neox", hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=ffn, vocab_size=vocab, max_position_embeddings=positions, attention_bias=bias,
+        tie_word_embeddings=tied,
+    )  # fmt: skip
     return fields, modules
 
 
 def _dit(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
-    """DiT (Peebles & Xie 2023) as kit.toymodels.DiT builds it: patch embed, timestep and label embedders,
-    adaLN-Zero blocks (qkv, proj, fc1, fc2, adaLN modulation), final layer. The fixed sin-cos position
-    table is a buffer, not a parameter (the reference code keeps it as a frozen Parameter).
+    """DiT (Peebles & Xie 2023) as kit.ranks.toymodels.DiT builds it: patch embed, timestep and label
+    embedders, adaLN-Zero blocks (qkv, proj, fc1, fc2, adaLN modulation), final layer. The fixed sin-cos
+    position table is a buffer, not a parameter (the reference code keeps it as a frozen Parameter).
     """
     h, layers, heads, input_size, classes = _require(
         cfg, "hidden_size", "depth", "num_heads", "input_size", "num_classes"
     )
-    opts = {**DIT_DEFAULTS, **cfg}
+    opts = {key: cfg.get(key, default) for key, default in DIT_DEFAULTS.items()}
     patch, channels = opts["patch_size"], opts["in_channels"]
     if input_size % patch:
         raise ValueError(f"model: dit input_size ({input_size}) must be a multiple of patch_size ({patch})")
@@ -370,4 +406,33 @@ def _dit(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
     modules = [*embedders, *block * layers, *final]
     fields = {"family": "dit", "layers": layers, "hidden": h, "heads": heads, "kv_heads": heads, "ffn": ffn}
     fields.update(vocab=classes, max_seq_len=(input_size // patch) ** 2)
+    fields["arch"] = _arch(
+        model_type="dit", hidden_size=h, depth=layers, num_heads=heads, input_size=input_size,
+        num_classes=classes, mlp_ratio=ffn / h, **opts,
+    )  # fmt: skip
     return fields, modules
+
+
+def toy_spec(
+    family: str = "gpt2",
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    vocab: int = 512,
+    seq_len: int = 64,
+) -> ModelSpec:
+    """A tiny spec for CPU runs. For "dit", ``vocab`` is the class count and ``seq_len`` the token count
+    (a square: 64 tokens = a 16x16x4 latent in 2x2 patches).
+    """
+    if family == "gpt2":
+        cfg = {"model_type": "gpt2", "n_embd": hidden, "n_layer": layers, "n_head": heads}
+        cfg.update(vocab_size=vocab, n_positions=seq_len)
+    elif family == "dit":
+        side = math.isqrt(seq_len)
+        if side * side != seq_len:
+            raise ValueError(f"seq_len: a DiT's token count must be a square (e.g. 64, 256), got {seq_len}")
+        cfg = {"model_type": "dit", "hidden_size": hidden, "depth": layers, "num_heads": heads}
+        cfg.update(input_size=side * DIT_DEFAULTS["patch_size"], num_classes=vocab)
+    else:
+        raise ValueError(f"family: toy models are gpt2 or dit, got {family!r}")
+    return from_hf_config(cfg, name=f"toy-{family}-{layers}x{hidden}")

@@ -1,9 +1,11 @@
-"""Where the kit's files live, resolved from the package (never from the working directory)."""
+"""Where the kit's data lives: inside the installed package (``kit/data``, the wheel's package data) or,
+in a source checkout, the repository's top-level ``data/`` folder. Never the working directory."""
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "data"
+PACKAGE = Path(__file__).resolve().parent
+#: the folder holding the ``kit`` package: what ranks need on PYTHONPATH
+PACKAGE_PARENT = PACKAGE.parent
+DATA = PACKAGE / "data" if (PACKAGE / "data").is_dir() else PACKAGE_PARENT / "data"
 MODELS = DATA / "models"
 REFERENCE = DATA / "reference"
-NOTEBOOKS = ROOT / "notebooks"

@@ -1,6 +1,6 @@
 """Activation estimates against what autograd saves for Hugging Face's own models (one CPU process).
 
-The estimator's per-family formulas (kit/estimate.py ``activations``) are compared with the bytes
+The estimator's per-family formulas (``kit.estimate.activations``) are compared with the bytes
 of every distinct storage ``torch.autograd.graph.saved_tensors_hooks`` sees during a forward and
 loss, parameters excluded. Left out by the formulas are O(s^2 + bs + bh) tensors (masks, norm
 statistics, token ids, rotary tables): at most 1.4 % at these tiny sizes. GPT-2-style estimates
@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from kit.estimate import estimate
 from kit.models import from_hf_config
-from kit.setup import Setup
+from kit.schema import Setup
 
 TOLERANCE = 0.015
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -6,7 +6,7 @@ from pydantic import ValidationError
 from kit import BatchError, Setup, decompositions
 from kit.batch import resolve
 from kit.models import preset
-from kit.setup import explain
+from kit.schema import explain
 
 
 def test_any_two_determine_the_third():
@@ -56,7 +56,7 @@ def make(**sections):
 @pytest.mark.parametrize(
     "sections, message",
     [
-        ({"zero": {"stage": 2, "offload_param": "cpu"}}, "zero.offload_param: only ZeRO stage 3"),
+        ({"zero": {"stage": 2, "offload_param": "cpu"}}, "zero.offload_param: needs ZeRO stage 3"),
         (
             {"zero": {"stage": 0, "offload_optimizer": "cpu"}},
             "zero.offload_optimizer: needs ZeRO stage 1, 2 or 3",

@@ -10,13 +10,15 @@ import pytest
 import torch
 
 from kit import models
-from kit.checkpoints import checkpoint_bytes, checkpoint_layout, consolidate, run_roundtrip, unique_numel
 from kit.cli import main
-from kit.setup import Setup
-from kit.toymodels import toy_spec
+from kit.estimate.checkpoint_size import checkpoint_bytes
+from kit.models import toy_spec
+from kit.run.sweep import toy_setup
+from kit.scaleout.checkpoints import checkpoint_layout, consolidate, run_roundtrip, unique_numel
+from kit.schema import Setup
 
 SPEC = toy_spec()  # 136,960 parameters in 28 tensors (lm_head tied to wte)
-BASE = Setup(model=SPEC, cluster={"nodes": 1, "gpus_per_node": 2}, batch={"micro_batch": 2, "grad_accum": 1})
+BASE = toy_setup(2)  # what `zerokit checkpoint roundtrip` runs: the toy GPT, micro batch 2, small buckets
 SETUPS = {2: BASE.replace(zero={"stage": 2}), 3: BASE.replace(zero={"stage": 3})}
 #: non-tensor bytes (pickled metadata, zip entries) are estimated; tensors are exact
 META_TOLERANCE = 2048

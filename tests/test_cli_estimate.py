@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from kit.checkpoints import checkpoint_bytes
 from kit.cli import main
-from kit.setup import Setup
+from kit.estimate.checkpoint_size import checkpoint_bytes
+from kit.schema import Setup
 
 
 def run_cli(capsys, *argv):
@@ -72,7 +72,7 @@ def test_estimate_table_shows_formulas(capsys):
         (["--model", "gpt5"], "model: 'gpt5' is neither a preset"),
         (
             ["--model", "gpt2", "--stage", "2", "--offload-param", "cpu"],
-            "zero.offload_param: only ZeRO stage 3",
+            "zero.offload_param: needs ZeRO stage 3",
         ),
         (["--model", "gpt2", "--train-batch", "100", "--micro-batch", "3"], "100 != 3 * 4 * 8"),
         (["--model", "gpt2", "--gpu", "TPU"], "cluster.gpu: unknown GPU 'TPU'"),

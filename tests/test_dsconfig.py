@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from kit.cli import add_setup_args, setup_from_args
-from kit.dsconfig import (
+from kit.cli.args import add_setup_args, setup_from_args
+from kit.ds_config import (
     from_ds_config,
     read_ds_config,
     to_ds_config,
     validate_ds_config,
     write_ds_config,
 )
-from kit.setup import ModelSpec, Setup, explain
+from kit.schema import ModelSpec, Setup, explain
 
 MODEL = ModelSpec(name="t", params=10**9, largest_layer_params=10**8, layers=32, hidden=4096, heads=32)
 BARE = ModelSpec(params=10**9, largest_layer_params=10**8)
@@ -224,7 +224,10 @@ def test_import_follows_deepspeed_semantics():
     )
     assert s.zero.optimizer == "adamw"  # DeepSpeed runs "Adam" as AdamW unless adam_w_mode is false
     assert s.zero.offload_param == "none"  # stage 2 ignores it, as DeepSpeed does
-    assert notes == ["zero_optimization.offload_param: ignored, stage 2 does not partition parameters"]
+    assert notes == [
+        "zero_optimization.offload_param: ignored, it needs ZeRO stage 3: only stage 3 partitions the "
+        "parameters (got stage 2); use offload_optimizer for stages 1-2"
+    ]
     assert (s.zero.precision, s.batch.micro_batch, s.batch.grad_accum) == ("fp32", 2, 1)
     adam = {**base, "optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}}
     assert from_ds_config(adam, model=BARE, cluster=CLUSTER).zero.optimizer == "adam"

@@ -1,13 +1,16 @@
 """The estimator: ZeRO paper figures, DeepSpeed's own estimators, exact per-rank formulas."""
 
 import pytest
+import torch
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
 from kit import Setup
-from kit.estimate import COMPONENTS, PROCESS_BASE_BYTES, estimate, rank_states
-from kit.models import from_count, preset, tensor_numels
-from kit.toymodels import toy_spec
+from kit.components import COMPONENTS
+from kit.estimate import estimate, rank_states
+from kit.estimate.memory import PROCESS_BASE_BYTES
+from kit.models import from_count, preset, tensor_numels, toy_spec
+from kit.ranks import toymodels
 
 GB = 1e9  # the ZeRO paper's GB
 
@@ -50,7 +53,8 @@ def test_paper_stage0_is_16_bytes_per_param():
     assert e.model_states_bytes == 16_000_000
 
 
-# DeepSpeed's example (REFERENCE.md): 2851M parameters, largest layer 32M, one node of 8 GPUs.
+# The example of DeepSpeed's memory-estimator docs (estimate_zero{2,3}_model_states_mem_needs_all_cold):
+# 2851M parameters, largest layer 32M, one node of 8 GPUs.
 PSI, LARGEST = 2_851_000_000, 32_000_000
 
 
@@ -120,12 +124,22 @@ def test_stage1_and_2_padding_and_touched_partitions_are_exact():
     flat = -(-spec.params // 6) * 6
     assert rank_states(s, 0)["device"]["parameters"] == 2 * flat
     grads = [rank_states(s, r)["device"]["gradients"] for r in range(3)]
-    assert len(set(grads)) > 1  # ranks differ: whole tensors touching each partition
+    # DeepSpeed's params_in_partition: every tensor (module order, counted on meta) that overlaps a
+    # rank's range [r P, (r+1) P) of the flat buffer; the last rank also holds the padding
+    with torch.device("meta"):
+        numels = [p.numel() for p in toymodels.build(spec).parameters()]
+    part, starts = flat // 3, [sum(numels[:i]) for i in range(len(numels))]
+    expected = [
+        2 * sum(n for n, a in zip(numels, starts, strict=True) if a < (r + 1) * part and a + n > r * part)
+        for r in range(3)
+    ]
+    expected[2] += 2 * (flat - spec.params)
+    assert grads == expected and len(set(grads)) == 3  # ranks differ
     assert estimate(s).components["gradients"] == max(grads)
 
 
 def test_measured_reference_numbers_for_linear_stack():
-    # REFERENCE.md, measured with DeepSpeed 0.19.8 on 2 CPU ranks: 4 x Linear(1024, 1024) with bias.
+    # measured with DeepSpeed 0.19.8 on 2 CPU ranks (docs/architecture.md): 4 x Linear(1024, 1024), bias.
     import torch
 
     from kit.models import from_module

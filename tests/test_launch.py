@@ -10,12 +10,14 @@ import json
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from kit import cli, launch
-from kit.hostfile import (
+from kit import cli
+from kit.scaleout import commands, network
+from kit.scaleout.hostfile import (
     Host,
     HostfileError,
     check_cluster,
@@ -26,8 +28,9 @@ from kit.hostfile import (
     read_hostfile,
     write_hostfile,
 )
-from kit.paths import ROOT
-from kit.setup import ModelSpec, Setup
+from kit.schema import ModelSpec, Setup
+
+REPO = Path(__file__).resolve().parent.parent
 
 MODEL = ModelSpec(params=10**9, largest_layer_params=10**8)
 ONE_NODE = Setup(model=MODEL, cluster={"nodes": 1, "gpus_per_node": 8}, batch={"micro_batch": 2})
@@ -97,9 +100,9 @@ def test_hostfile_checks_and_files(tmp_path):
 def test_single_node_deepspeed_command_exact_and_parsed():
     from deepspeed.launcher.runner import parse_args
 
-    argv = launch.deepspeed_command(ONE_NODE, "train.py", ["--tag", "a b"])
+    argv = commands.deepspeed_command(ONE_NODE, "train.py", ["--tag", "a b"])
     assert (
-        launch.shell_line(argv)
+        commands.shell_line(argv)
         == "deepspeed --num_gpus 8 train.py --tag 'a b' --deepspeed_config ds_config.json"
     )
     args = parse_args(argv[1:])
@@ -110,12 +113,12 @@ def test_single_node_deepspeed_command_exact_and_parsed():
 def test_multi_node_deepspeed_command(launcher):
     from deepspeed.launcher.runner import parse_args
 
-    argv = launch.deepspeed_command(
+    argv = commands.deepspeed_command(
         TWO_NODES, "train.py", hostfile="hostfile", master_addr="node-1", master_port=29600, launcher=launcher
     )
     expected = "deepspeed --hostfile hostfile --master_addr node-1 --master_port 29600"
     expected += "" if launcher == "pdsh" else f" --launcher {launcher}"
-    assert launch.shell_line(argv) == expected + " train.py --deepspeed_config ds_config.json"
+    assert commands.shell_line(argv) == expected + " train.py --deepspeed_config ds_config.json"
     args = parse_args(argv[1:])
     assert (args.hostfile, args.master_addr, args.master_port, args.launcher) == (
         "hostfile",
@@ -128,16 +131,16 @@ def test_multi_node_deepspeed_command(launcher):
 
 def test_multi_node_command_errors():
     with pytest.raises(ValueError, match="launcher: choose one of pdsh, openmpi, slurm, got 'mpich'"):
-        launch.deepspeed_command(TWO_NODES, "t.py", hostfile="h", master_addr="a", launcher="mpich")
+        commands.deepspeed_command(TWO_NODES, "t.py", hostfile="h", master_addr="a", launcher="mpich")
     with pytest.raises(ValueError, match="hostfile: a 2-node launch needs a hostfile and a master address"):
-        launch.deepspeed_command(TWO_NODES, "t.py")
+        commands.deepspeed_command(TWO_NODES, "t.py")
 
 
 def test_torchrun_command_exact_and_parsed():
     from torch.distributed.run import get_args_parser
 
-    argv = launch.torchrun_command(TWO_NODES, "train.py", ["--x", "1"], master_addr="node-1", node_rank=1)
-    assert launch.shell_line(argv) == (
+    argv = commands.torchrun_command(TWO_NODES, "train.py", ["--x", "1"], master_addr="node-1", node_rank=1)
+    assert commands.shell_line(argv) == (
         "torchrun --nnodes 2 --nproc_per_node 8 --node_rank 1 --rdzv_backend c10d "
         "--rdzv_endpoint node-1:29500 train.py --x 1 --deepspeed_config ds_config.json"
     )
@@ -152,7 +155,7 @@ def test_torchrun_command_exact_and_parsed():
 
 
 def test_sbatch_script_exact():
-    assert launch.sbatch_script(TWO_NODES, "train.py", interface="ib0") == (
+    assert commands.sbatch_script(TWO_NODES, "train.py", interface="ib0") == (
         "#!/bin/bash\n"
         "#SBATCH --job-name=zerokit\n"
         "#SBATCH --nodes=2\n"
@@ -175,13 +178,13 @@ def test_sbatch_script_exact():
 
 def test_shell_line_quotes_but_keeps_variables():
     argv = ["echo", "a b", "it's", "$HOME", "--volume=$PWD:$PWD", "$(rm -rf x)", "x;y"]
-    line = launch.shell_line(argv)
+    line = commands.shell_line(argv)
     assert line == """echo 'a b' 'it'"'"'s' "$HOME" "--volume=$PWD:$PWD" '$(rm -rf x)' 'x;y'"""
     assert shlex.split(line) == argv
 
 
 def test_network_presets():
-    ib = launch.network(TWO_NODES)
+    ib = network.network(TWO_NODES)
     assert {k: s.value for k, s in ib.env.items()} == {
         "NCCL_SOCKET_IFNAME": "^docker0,lo",
         "NCCL_IB_DISABLE": "0",
@@ -195,14 +198,14 @@ def test_network_presets():
         "--device=/dev/infiniband",
     ]
     assert ib.warning is None and all(s.reason for s in ib.docker)
-    efa = launch.network(TWO_NODES.replace(cluster={"interconnect": "efa"}), interface="ens5")
+    efa = network.network(TWO_NODES.replace(cluster={"interconnect": "efa"}), interface="ens5")
     assert {k: s.value for k, s in efa.env.items()} == {
         "NCCL_SOCKET_IFNAME": "ens5",
         "FI_PROVIDER": "efa",
         "FI_EFA_USE_DEVICE_RDMA": "1",
         "NCCL_PROTO": "simple",
     }
-    eth = launch.network(TWO_NODES.replace(cluster={"interconnect": "ethernet"}))
+    eth = network.network(TWO_NODES.replace(cluster={"interconnect": "ethernet"}))
     assert eth.env["NCCL_IB_DISABLE"].value == "1"
     assert eth.warning.startswith("plain Ethernet: NCCL over TCP")
     assert "--cap-add=IPC_LOCK" not in [s.value for s in eth.docker]
@@ -211,7 +214,7 @@ def test_network_presets():
 def test_deepspeed_env_reads_back_through_deepspeeds_launcher():
     from deepspeed.launcher.multinode_runner import MultiNodeRunner
 
-    text = launch.deepspeed_env(TWO_NODES.replace(cluster={"interconnect": "efa"}))
+    text = network.deepspeed_env(TWO_NODES.replace(cluster={"interconnect": "efa"}))
     assert (
         text
         == "NCCL_SOCKET_IFNAME=^docker0,lo\nFI_PROVIDER=efa\nFI_EFA_USE_DEVICE_RDMA=1\nNCCL_PROTO=simple\n"
@@ -229,20 +232,20 @@ def test_deepspeed_env_reads_back_through_deepspeeds_launcher():
 
 
 def test_docker_command_and_launch_script():
-    cmd = launch.docker_command(ONE_NODE, "img:1", ["deepspeed", "--num_gpus", "8", "t.py"])
-    assert launch.shell_line(cmd) == (
+    cmd = commands.docker_command(ONE_NODE, "img:1", ["deepspeed", "--num_gpus", "8", "t.py"])
+    assert commands.shell_line(cmd) == (
         "docker run --rm --gpus=all --network=host --shm-size=64g --ulimit=memlock=-1:-1 --cap-add=IPC_LOCK "
         '--device=/dev/infiniband "--volume=$PWD:$PWD" "--workdir=$PWD" img:1 deepspeed --num_gpus 8 t.py'
     )
-    assert launch.launch_script(["deepspeed", "t.py"]) == (
+    assert commands.launch_script(["deepspeed", "t.py"]) == (
         '#!/bin/bash\nset -euo pipefail\ncd "$(dirname "$0")"\ndeepspeed t.py\n'
     )
 
 
 @pytest.fixture
 def zerokit(monkeypatch, capsys):
-    """Run ``zerokit`` in-process with only this module's subcommands; returns (rc, stdout, stderr)."""
-    monkeypatch.setattr(cli, "COMMANDS", ["kit.launch_cli"])
+    """Run ``zerokit`` in-process with only this module's command group; returns (rc, stdout, stderr)."""
+    monkeypatch.setattr(cli, "GROUPS", (cli.launch,))
 
     def run(*argv: str) -> tuple[int, str, str]:
         rc = cli.main(list(argv))
@@ -347,7 +350,7 @@ def test_cli_launch_cmd_subprocess_prints_one_json_object():
         [sys.executable, "-m", "kit", "launch-cmd", "--params", "7e9", "--gpus-per-node", "2", "--json"],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=REPO,
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr

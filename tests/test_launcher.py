@@ -1,4 +1,4 @@
-"""kit.launcher: argument lists, rank environment, and process-group cleanup (no DeepSpeed launch here)."""
+"""kit.run.launcher: argument lists, rank environment, process-group cleanup (no DeepSpeed launch here)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kit import launcher
-from kit.paths import ROOT
+from kit.paths import PACKAGE_PARENT
+from kit.run import launcher
 
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 
@@ -24,10 +24,10 @@ PARENT_WITH_CHILD = (
 
 
 def test_deepspeed_single_node_argv():
-    argv = launcher.launch_argv("kit.worker", ["--spec", "s.json"], 2, master_port=29512)
+    argv = launcher.launch_argv("kit.ranks.worker", ["--spec", "s.json"], 2, master_port=29512)
     assert argv == [
         DEEPSPEED, "--num_gpus", "2", "--master_addr", "127.0.0.1", "--master_port", "29512",
-        "--module", "kit.worker", "--spec", "s.json",
+        "--module", "kit.ranks.worker", "--spec", "s.json",
     ]  # fmt: skip
 
 
@@ -44,11 +44,12 @@ def test_deepspeed_multi_node_argv_runs_one_node_without_ssh(tmp_path):
 
 def test_torchrun_argv():
     argv = launcher.launch_argv(
-        "kit.worker", ["--x"], 4, launcher="torchrun", nnodes=2, node_rank=0, master_port=1
+        "kit.ranks.worker", ["--x"], 4, launcher="torchrun", nnodes=2, node_rank=0, master_port=1
     )
     assert argv == [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--nnodes", "2",
-        "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port", "1", "-m", "kit.worker", "--x",
+        "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port", "1",
+        "-m", "kit.ranks.worker", "--x",
     ]  # fmt: skip
 
 
@@ -63,7 +64,7 @@ def test_torchrun_argv():
 )
 def test_invalid_launch_is_one_clear_error(kwargs, message):
     with pytest.raises(ValueError) as error:
-        launcher.launch_argv("kit.worker", [], **kwargs)
+        launcher.launch_argv("kit.ranks.worker", [], **kwargs)
     assert str(error.value) == message
 
 
@@ -80,7 +81,7 @@ def test_worker_env_splits_cores_and_selects_cpu_without_cuda(monkeypatch):
     env = launcher.worker_env(2)
     assert env["OMP_NUM_THREADS"] == str(max(1, cores // 2))
     assert launcher.worker_env(10 * cores)["OMP_NUM_THREADS"] == "1"
-    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(PACKAGE_PARENT)
     import torch
 
     assert env.get("DS_ACCELERATOR") == (None if torch.cuda.is_available() else "cpu")

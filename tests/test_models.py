@@ -3,12 +3,16 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from kit import models, toymodels
-from kit.paths import MODELS, ROOT
+from kit import models
+from kit.paths import MODELS
+from kit.ranks import toymodels
+
+REPO = Path(__file__).resolve().parent.parent
 
 REQUIRED_PRESETS = [
     "gpt2",
@@ -116,16 +120,26 @@ def test_config_variants_equal_the_hf_model(variant):
     assert models.tensor_numels(spec) == numels(model)
 
 
-def test_tensor_numels_derived_from_the_shape_alone(monkeypatch):
-    """A spec read back from JSON in another process (not built here): presets and toy models derive
-    their tensors from the shape; a model with biases a ModelSpec does not record gets None."""
+def test_tensor_numels_follow_the_spec_not_the_process():
+    """A spec re-validated from JSON in a fresh process (as a rank does) gives the same tensor list;
+    without ``arch``, presets and toy models derive theirs from the shape, while a model with biases a
+    shape does not record gets None instead of a wrong list."""
     specs = [models.preset(name) for name in models.preset_names()]
-    specs += [toymodels.toy_spec("gpt2"), toymodels.toy_spec("dit")]
-    expected = [models.tensor_numels(spec) for spec in specs]
+    specs += [models.toy_spec("gpt2"), models.toy_spec("dit")]
     biased = models.from_hf_config(VARIANTS["llama-biases-tied"])
-    monkeypatch.setattr(models, "_TENSORS", {})
-    assert [models.tensor_numels(spec) for spec in specs] == expected
-    assert models.tensor_numels(biased) is None
+    code = (
+        "import json, sys; from kit.models import tensor_numels; from kit.schema import ModelSpec; "
+        "print(json.dumps([tensor_numels(ModelSpec.model_validate_json(s)) for s in json.load(sys.stdin)]))"
+    )
+    dumped = json.dumps([spec.model_dump_json() for spec in [*specs, biased]])
+    fresh = subprocess.run(
+        [sys.executable, "-c", code], input=dumped, capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert json.loads(fresh.stdout) == [models.tensor_numels(spec) for spec in [*specs, biased]]
+    assert models.tensor_numels(biased) == numels(hf_model(VARIANTS["llama-biases-tied"]))
+    shape_only = [spec.model_copy(update={"arch": None}) for spec in specs]
+    assert [models.tensor_numels(spec) for spec in shape_only] == [models.tensor_numels(s) for s in specs]
+    assert models.tensor_numels(biased.model_copy(update={"arch": None})) is None
 
 
 def test_dit_preset_equals_the_toy_dit_on_meta():
@@ -149,7 +163,7 @@ def test_dit_xl_2_matches_the_published_count():
 
 @pytest.mark.parametrize("family", ["gpt2", "dit"])
 def test_toy_spec_equals_the_module_counted_on_meta(family):
-    spec = toymodels.toy_spec(family, layers=3, hidden=32, heads=2, vocab=100, seq_len=16)
+    spec = models.toy_spec(family, layers=3, hidden=32, heads=2, vocab=100, seq_len=16)
     assert models.from_module(lambda: toymodels.build(spec)) == spec
     assert models.tensor_numels(spec) == numels(toymodels.build(spec))
     assert (spec.layers, spec.hidden, spec.heads, spec.vocab, spec.max_seq_len) == (3, 32, 2, 100, 16)
@@ -160,7 +174,7 @@ def test_toy_gpt_is_hf_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    spec = toymodels.toy_spec()
+    spec = models.toy_spec()
     toy = toymodels.build(spec)
     hf = GPT2LMHeadModel(GPT2Config(**models.config_of(spec), attn_implementation="eager")).eval()
     hf.load_state_dict(toy.state_dict(), strict=True)
@@ -174,7 +188,7 @@ def test_toy_gpt_is_hf_gpt2():
 
 def test_toy_dit_forward_and_loss():
     torch.manual_seed(0)
-    spec = toymodels.toy_spec("dit")  # 64 tokens: 16x16x4 latents in 2x2 patches, 512 classes
+    spec = models.toy_spec("dit")  # 64 tokens: 16x16x4 latents in 2x2 patches, 512 classes
     model = toymodels.build(spec)
     x, t, y = torch.randn(2, 4, 16, 16), torch.tensor([3, 900]), torch.tensor([0, 511])
     out = model(x, t, y)
@@ -236,8 +250,8 @@ def test_resolve_preset_path_and_folder(tmp_path):
         (lambda: models.from_module(42), "model: expected a torch.nn.Module or a factory, got int"),
         (lambda: models.from_module(lambda: 42), "model: the factory returned int, not a torch.nn.Module"),
         (lambda: toymodels.build(models.preset("llama-2-7b")), "model: no toy model for family 'llama'"),
-        (lambda: toymodels.toy_spec("dit", seq_len=60), "seq_len: a DiT's token count must be a square"),
-        (lambda: toymodels.toy_spec("vit"), "family: toy models are gpt2 or dit, got 'vit'"),
+        (lambda: models.toy_spec("dit", seq_len=60), "seq_len: a DiT's token count must be a square"),
+        (lambda: models.toy_spec("vit"), "family: toy models are gpt2 or dit, got 'vit'"),
     ],
 )
 def test_errors_are_one_line_naming_the_field(call, message):
@@ -256,5 +270,5 @@ def test_invalid_json_is_reported(tmp_path):
 
 def test_models_does_not_import_torch():
     code = "import sys, kit.models as m; m.preset('llama-3-70b'); print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "False"

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import nbformat
 import pytest
 
-from kit.paths import NOTEBOOKS
-
-NOTEBOOK_FILES = sorted(NOTEBOOKS.glob("*.ipynb"))
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOK_FILES = sorted((REPO / "notebooks").glob("*.ipynb"))
 #: a relative path into the repository's data/ (the kit resolves data/ from the package instead)
 RELATIVE_DATA = re.compile(r"""(\.\./|\./|["'])data(/|["'])""")
 
@@ -21,15 +21,11 @@ def test_relative_data_pattern():
         assert not RELATIVE_DATA.search(good), good
 
 
-def test_notebooks_exist():
-    names = {p.name for p in NOTEBOOK_FILES}
-    assert {
-        "00_onboarding.ipynb",
-        "01_memory_before_booking.ipynb",
-        "02_zero_stage_comparison.ipynb",
-        "03_offload_and_buckets.ipynb",
-        "04_batch_decomposition.ipynb",
-    } <= names
+def test_notebooks_are_numbered_without_gaps_and_each_is_in_the_readme():
+    numbers = [int(p.name[:2]) for p in NOTEBOOK_FILES]
+    assert len(numbers) >= 7 and numbers == list(range(len(numbers))), [p.name for p in NOTEBOOK_FILES]
+    readme = (REPO / "README.md").read_text()
+    assert [p.stem for p in NOTEBOOK_FILES if f"`{p.stem}`" not in readme] == []
 
 
 @pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.name)

@@ -1,4 +1,4 @@
-"""kit.results and kit.plots on a small hand-written records.jsonl (no launch): what is drawn is what
+"""kit.run.results and kit.lab.plots on a small hand-written records.jsonl (no launch): what is drawn is what
 was recorded."""
 
 from __future__ import annotations
@@ -6,13 +6,15 @@ from __future__ import annotations
 import pytest
 from matplotlib.figure import Figure
 
-from kit import models, plots
+from kit import models
+from kit.components import MEASURED as COMPONENTS
 from kit.estimate import estimate
-from kit.gpus import GIB
-from kit.measure import wire_bytes
-from kit.results import COMPONENTS, Results, load_records
-from kit.setup import Setup
-from kit.worker import append_record
+from kit.lab import plots
+from kit.records import append_record, load_records
+from kit.rules import wire_bytes
+from kit.run.results import Results
+from kit.schema import Setup
+from kit.units import GIB
 
 MB = 1e6
 

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from kit import estimate, runner
-from kit.results import Results, load_records
-from kit.setup import Setup
-from kit.toymodels import toy_spec
+from kit import estimate
+from kit.models import toy_spec
+from kit.records import load_records
+from kit.run import sweep as runner
+from kit.run.results import Results
+from kit.schema import Setup
 
 pytestmark = pytest.mark.distributed
 
@@ -64,7 +66,7 @@ Z = [
 SETUPS = [BASE.replace(zero=z) for z in Z]
 SETUPS.append(BASE.replace(batch={"grad_accum": 2}))
 SETUPS.append(Setup(model=toy_spec("dit"), zero={"stage": 2, "precision": "bf16"}, batch={"micro_batch": 2}))
-#: test-only faults (kit/worker.py): a config that raises, one whose rank 0 dies (forcing a relaunch),
+#: test-only faults (kit/ranks/worker.py): a config that raises, one whose rank 0 dies (forcing a relaunch),
 #: and one that hangs (last, so that nothing is left to relaunch after its timeout)
 RAISE, DIE, HANG = (BASE.replace(batch={"micro_batch": m}) for m in (3, 5, 6))
 ALL = [*SETUPS[:3], RAISE, *SETUPS[3:8], DIE, *SETUPS[8:], HANG]
@@ -323,7 +325,7 @@ def test_cli_rejects_bad_flags_with_one_line():
 def test_saved_activations_count_each_storage_once_and_skip_parameters():
     import torch
 
-    from kit.measure import SavedActivations
+    from kit.ranks.measure import SavedActivations
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     x = torch.randn(3, 8)
@@ -335,7 +337,7 @@ def test_saved_activations_count_each_storage_once_and_skip_parameters():
 
 
 def test_wire_bytes_per_collective():
-    from kit.measure import wire_bytes
+    from kit.rules import wire_bytes
 
     logged = {"all_reduce": 1000, "reduce_scatter": 1000, "all_gather": 100, "broadcast": 10}
     assert wire_bytes(logged, 4) == 1500 + 750 + 300 + 10

@@ -2,10 +2,12 @@
 
 import pytest
 
-from kit import models, teach
-from kit.setup import Setup
+from kit import models
+from kit.components import MODEL_STATES
+from kit.lab import teach
+from kit.schema import Setup
 
-#: ZeRO paper (arXiv 1910.02054) Table 1, GB per device for 7.5B parameters (REFERENCE.md)
+#: ZeRO paper (arXiv 1910.02054) Table 1, GB per device for 7.5B parameters
 PAPER_TABLE_1 = {
     "P_os (ZeRO-1)": [120, 52.5, 35.6, 31.4, 30.4, 30.1],
     "P_os+g (ZeRO-2)": [120, 41.3, 21.6, 16.6, 15.4, 15.1],
@@ -59,7 +61,7 @@ def test_shards_held_add_up_to_the_paper_formula(stage, per_param):
     held = teach.shards_held(stage, 4)
     widths = {"parameters": 2, "gradients": 2, "optimizer_states": 12}
     for rank in range(4):
-        total = sum(widths[s] * len(held.loc[rank, s]) / 4 for s in teach.STATES)
+        total = sum(widths[s] * len(held.loc[rank, s]) / 4 for s in MODEL_STATES)
         assert total == per_param
     if stage:
         assert held.loc[2, "optimizer_states"] == [2]
@@ -105,7 +107,7 @@ def _record(setup: Setup, config_id: str, rank: int, step: int, **fields) -> dic
 
 def test_states_check_compares_every_rank_with_rank_states():
     from kit.estimate import rank_states
-    from kit.results import Results
+    from kit.run.results import Results
 
     setup = _toy(stage=2)
     records = []
@@ -130,7 +132,7 @@ def test_states_check_compares_every_rank_with_rank_states():
 
 
 def test_sweep_table_medians_per_configuration():
-    from kit.results import Results
+    from kit.run.results import Results
 
     small, large = _toy(stage=3, reduce_bucket_size=10_000), _toy(stage=3, reduce_bucket_size=1_000_000)
     records = [

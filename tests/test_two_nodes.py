@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from kit import commtest
-from kit.commtest import run_commtest, run_local_nodes
-from kit.hostfile import make_hosts, write_hostfile
-from kit.launcher import launch_argv, run_launch, worker_env
-from kit.setup import Setup
-from kit.toymodels import toy_spec
+from kit.models import toy_spec
+from kit.run.launcher import launch_argv, run_launch, worker_env
+from kit.scaleout import commtest
+from kit.scaleout.commtest import run_commtest, run_local_nodes
+from kit.scaleout.hostfile import make_hosts, write_hostfile
+from kit.schema import Setup
 
 pytestmark = pytest.mark.distributed
 
@@ -53,7 +53,9 @@ def test_zero2_run_across_two_nodes(tmp_path):
     }
     launch["configs"] = [{"config_id": "z2", "label": setup.label, "setup": setup.model_dump()}]
     (tmp_path / "spec.json").write_text(json.dumps(launch))
-    rcs, outputs = run_local_nodes("kit.worker", ["--spec", str(tmp_path / "spec.json")], 2, 2, timeout_s=240)
+    rcs, outputs = run_local_nodes(
+        "kit.ranks.worker", ["--spec", str(tmp_path / "spec.json")], 2, 2, timeout_s=240
+    )
     assert rcs == [0, 0], outputs[0][-3000:]
     rows = [json.loads(line) for line in records.read_text().splitlines()]
     assert sorted((r["rank"], r["step"]) for r in rows) == [(rank, s) for rank in range(4) for s in (1, 2)]

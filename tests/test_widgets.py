@@ -4,11 +4,12 @@ import json
 
 import pytest
 
-from kit import models, teach
+from kit import models
 from kit.estimate import estimate
+from kit.lab import teach
+from kit.lab.widgets import ComparisonPanel, MemoryPanel, comparison_panel, memory_panel
 from kit.paths import MODELS
-from kit.setup import Setup
-from kit.widgets import ComparisonPanel, MemoryPanel, comparison_panel, memory_panel
+from kit.schema import Setup
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def test_stage_change_reestimates(panel, llama):
 
 def test_parameter_offload_only_at_stage_3(panel, llama):
     assert panel.offload_param.disabled
-    assert "parameter offload needs ZeRO stage 3" in panel.offload_reason.value
+    assert "offload_param: needs ZeRO stage 3" in panel.offload_reason.value
     panel.stage.value = 3
     assert not panel.offload_param.disabled and panel.offload_reason.value == ""
     panel.offload_optimizer.value = "cpu"
@@ -58,7 +59,7 @@ def test_stage_0_disables_optimizer_offload(panel):
     panel.offload_optimizer.value = "cpu"
     panel.stage.value = 0
     assert panel.offload_optimizer.value == "none" and panel.offload_optimizer.disabled
-    assert "optimizer offload needs ZeRO stage 1-3" in panel.offload_reason.value
+    assert "offload_optimizer: needs ZeRO stage 1, 2 or 3" in panel.offload_reason.value
     assert panel.error is None and panel.setup.zero.offload_optimizer == "none"
 
 

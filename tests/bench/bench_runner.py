@@ -12,9 +12,9 @@ import statistics
 import tempfile
 import time
 
-from kit.runner import run_sweep
-from kit.setup import Setup
-from kit.toymodels import toy_spec
+from kit.models import toy_spec
+from kit.run.sweep import run_sweep
+from kit.schema import Setup
 
 NPROCS = 2
 PAIRS = 3

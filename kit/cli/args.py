@@ -1,0 +1,94 @@
+"""What the subcommands share: the flags that build a Setup, the Setup they describe, JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from kit.units import parse_count
+
+
+class UsageError(ValueError):
+    """Invalid input detected by a subcommand: printed as one line, exit 2."""
+
+
+def add_setup_args(p: argparse.ArgumentParser) -> None:
+    """Flags that build a Setup (model, cluster, ZeRO settings, batch), shared by subcommands."""
+    m = p.add_argument_group("model")
+    m.add_argument(
+        "--model", help="preset name (see `zerokit estimate --list-models`) or path to a config.json"
+    )
+    m.add_argument("--params", type=_count, help="bare parameter count, e.g. 7e9 (instead of --model)")
+    m.add_argument("--largest-layer", type=_count, help="largest layer's parameter count (with --params)")
+    c = p.add_argument_group("cluster")
+    c.add_argument("--nodes", type=int, default=1)
+    c.add_argument("--gpus-per-node", type=int, default=8)
+    c.add_argument("--gpu", default="H100-SXM-80GB", help="a name in data/gpus.csv")
+    c.add_argument("--cpu-ram-gb", type=float, help="CPU RAM per node, GiB (for the offload fit check)")
+    z = p.add_argument_group("ZeRO")
+    z.add_argument("--stage", type=int, default=2)
+    z.add_argument("--offload-optimizer", default="none", help="none or cpu")
+    z.add_argument("--offload-param", default="none", help="none or cpu (stage 3 only)")
+    z.add_argument("--precision", default="bf16", help="fp32, fp16 or bf16")
+    z.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd")
+    z.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
+    z.add_argument("--activation-checkpointing", action="store_true")
+    z.add_argument("--ds-config", help="read ZeRO and batch settings from an existing ds_config.json")
+    b = p.add_argument_group("batch (any two of micro/grad-accum/train determine the third)")
+    b.add_argument("--micro-batch", type=int)
+    b.add_argument("--grad-accum", type=int)
+    b.add_argument("--train-batch", type=int)
+    b.add_argument("--seq-len", type=int)
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def setup_from_args(args: argparse.Namespace):
+    """The Setup the flags describe (a --ds-config file supplies ZeRO and batch settings)."""
+    from kit import models
+    from kit.schema import Setup
+
+    if args.model and args.params:
+        raise UsageError("model: give --model or --params, not both")
+    if args.model:
+        spec = models.resolve(args.model)
+    elif args.params:
+        spec = models.from_count(args.params, args.largest_layer)
+    else:
+        raise UsageError("model: give --model PRESET|config.json or --params N")
+    cluster = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gpu": args.gpu}
+    if args.cpu_ram_gb:
+        cluster["cpu_ram_per_node_bytes"] = int(args.cpu_ram_gb * 1024**3)
+    batch = {"micro_batch": args.micro_batch, "grad_accum": args.grad_accum, "train_batch": args.train_batch}
+    batch["seq_len"] = args.seq_len
+    if args.ds_config:
+        from kit.ds_config import read_ds_config
+
+        setup, notes = read_ds_config(args.ds_config, model=spec, cluster=cluster, **batch)
+        for note in notes:  # how each "auto" was resolved: stderr, so --json stays one object
+            print(f"note: {note}", file=sys.stderr)
+        return setup
+    zero = {
+        "stage": args.stage,
+        "offload_optimizer": args.offload_optimizer,
+        "offload_param": args.offload_param,
+        "precision": args.precision,
+        "optimizer": args.optimizer,
+        "momentum": args.momentum,
+        "activation_checkpointing": args.activation_checkpointing,
+    }
+    return Setup(model=spec, cluster=cluster, zero=zero, batch=batch)
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, default=str)
+    sys.stdout.write("\n")
+
+
+def _count(text: str) -> int:
+    """argparse type for counts: 7e9, 7B, 350M."""
+    try:
+        return parse_count(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None

@@ -1,0 +1,207 @@
+"""``zerokit hostfile`` and ``zerokit launch-cmd``: parse, call ``kit.scaleout``, print.
+
+zerokit hostfile --hosts node1,node2 --slots 8 --out hostfile
+zerokit hostfile --check hostfile --master-addr node1
+zerokit launch-cmd --model llama2-7b --nodes 2 --stage 3 --hosts node1,node2 --script train.py --out launch/
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from kit.cli.args import UsageError, add_setup_args, print_json, setup_from_args
+from kit.rules import DEFAULT_MASTER_PORT
+from kit.scaleout import commands, network
+from kit.scaleout import hostfile as hf
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("hostfile", help="write or check a DeepSpeed hostfile")
+    p.add_argument("--hosts", help="comma-separated host names ([user@]host) to write a hostfile for")
+    p.add_argument("--slots", type=int, default=8, help="GPUs per host (with --hosts)")
+    p.add_argument("--user", help="ssh user for every host (with --hosts)")
+    p.add_argument("--out", help="write the hostfile here (with --hosts)")
+    p.add_argument("--check", metavar="FILE", help="validate an existing hostfile")
+    p.add_argument("--master-addr", help="must be one of the hosts (default: the first)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(func=hostfile_command)
+
+    p = subparsers.add_parser(
+        "launch-cmd", help="launch commands, ds_config.json, hostfile and network settings"
+    )
+    add_setup_args(p)
+    g = p.add_argument_group("launch")
+    g.add_argument(
+        "--script", default="train.py", help="the training script (relative to --out, or absolute)"
+    )
+    g.add_argument("--script-args", default="", help="arguments for the script, one quoted string")
+    g.add_argument("--hostfile", help="an existing hostfile (multi-node)")
+    g.add_argument("--hosts", help="comma-separated host names instead of --hostfile (multi-node)")
+    g.add_argument("--master-addr", help="rank 0's host (default: the first host)")
+    g.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT)
+    g.add_argument(
+        "--launcher", default="pdsh", help="DeepSpeed's multi-node backend: pdsh, openmpi or slurm"
+    )
+    g.add_argument("--interconnect", help="infiniband, efa or ethernet (picks the network preset)")
+    g.add_argument("--interface", help="NIC for NCCL_SOCKET_IFNAME, e.g. ib0 (default: all but docker0, lo)")
+    g.add_argument("--image", help="container image for the docker run command")
+    g.add_argument("--out", help="write ds_config.json, hostfile, .deepspeed_env, launch.sh, sbatch.sh here")
+    p.set_defaults(func=launch_command)
+
+
+def hostfile_command(args: argparse.Namespace) -> int:
+    if bool(args.hosts) == bool(args.check):
+        raise UsageError("hostfile: give --hosts NAMES (to write one) or --check FILE (to validate one)")
+    if args.check:
+        hosts = hf.read_hostfile(args.check)
+    else:
+        if args.slots < 1:
+            raise UsageError(f"slots: must be >= 1 (GPUs per host), got {args.slots}")
+        hosts = hf.make_hosts(_names(args.hosts), args.slots, args.user)
+    master = args.master_addr or hosts[0].host
+    hf.check_master(hosts, master)
+    path = hf.write_hostfile(hosts, args.out) if args.hosts and args.out else None
+    result = {
+        "hostfile": str(path or args.check or ""),
+        "hosts": [{"host": h.host, "slots": h.slots, "user": h.user} for h in hosts],
+        "nodes": len(hosts),
+        "world_size": sum(h.slots for h in hosts),
+        "master_addr": master,
+        "text": hf.format_hostfile(hosts),
+    }
+    if args.json:
+        print_json(result)
+    else:
+        print(result["text"], end="")
+        print(f"# {result['nodes']} nodes, {result['world_size']} ranks, master {master}")
+        if path:
+            print(f"# wrote {path}")
+    return 0
+
+
+def launch_command(args: argparse.Namespace) -> int:
+    from kit.ds_config import to_ds_config, write_ds_config
+
+    setup = setup_from_args(args)
+    if args.interconnect:
+        setup = setup.replace(cluster={"interconnect": args.interconnect})
+    if args.launcher not in commands.LAUNCHERS:
+        raise UsageError(f"launcher: choose one of {', '.join(commands.LAUNCHERS)}, got {args.launcher!r}")
+    out = Path(args.out) if args.out else None
+    hosts, hostfile_path = _hosts(args, setup, out)
+    master = args.master_addr or (hosts[0].host if hosts else "127.0.0.1")
+    if hosts:
+        hf.check_master(hosts, master)
+    script_args = shlex.split(args.script_args)
+    net = network.network(setup, args.interface)
+    deepspeed = commands.deepspeed_command(
+        setup,
+        args.script,
+        script_args,
+        hostfile=hostfile_path,
+        master_addr=master,
+        master_port=args.master_port,
+        launcher=args.launcher,
+    )
+    torchrun = [
+        commands.torchrun_command(
+            setup, args.script, script_args, master_addr=master, master_port=args.master_port, node_rank=rank
+        )
+        for rank in range(setup.cluster.nodes)
+    ]
+    sbatch = commands.sbatch_script(
+        setup, args.script, script_args, master_port=args.master_port, interface=args.interface
+    )
+    env_file = network.deepspeed_env(setup, args.interface)
+    ds_config = to_ds_config(setup)
+    files = {}
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        files["ds_config.json"] = str(write_ds_config(setup, out / "ds_config.json"))
+        files["launch.sh"] = _write(out / "launch.sh", commands.launch_script(deepspeed), executable=True)
+        files["sbatch.sh"] = _write(out / "sbatch.sh", sbatch)
+        if hosts:
+            files["hostfile"] = str(hf.write_hostfile(hosts, out / "hostfile"))
+            files[".deepspeed_env"] = _write(out / ".deepspeed_env", env_file)
+    result = {
+        "label": setup.label,
+        "setup": setup.model_dump(),
+        "ds_config": ds_config,
+        "commands": {
+            "deepspeed": commands.shell_line(deepspeed),
+            "torchrun": [commands.shell_line(c) for c in torchrun],
+        },
+        "argv": {"deepspeed": deepspeed, "torchrun": torchrun},
+        "master_addr": master,
+        "hosts": [h.line for h in hosts],
+        "network": {
+            "name": net.name,
+            "env": {k: {"value": s.value, "reason": s.reason} for k, s in net.env.items()},
+            "docker": [{"flag": s.value, "reason": s.reason} for s in net.docker],
+            "warning": net.warning,
+        },
+        "deepspeed_env": env_file,
+        "sbatch": sbatch,
+        "files": files,
+    }
+    if args.image:
+        docker = commands.docker_command(setup, args.image, deepspeed, args.interface)
+        result["commands"]["docker"] = commands.shell_line(docker)
+        result["argv"]["docker"] = docker
+    if args.json:
+        print_json(result)
+    else:
+        _print_launch(result)
+    return 0
+
+
+def _hosts(args: argparse.Namespace, setup, out: Path | None) -> tuple[list[hf.Host], str | None]:
+    """The validated hosts for a multi-node setup, and the hostfile path the command should name."""
+    c = setup.cluster
+    if args.hostfile and args.hosts:
+        raise UsageError("hostfile: give --hostfile FILE or --hosts NAMES, not both")
+    if c.nodes == 1 and not (args.hostfile or args.hosts):
+        return [], None
+    if not (args.hostfile or args.hosts):
+        raise UsageError(f"hostfile: a {c.nodes}-node launch needs --hostfile FILE or --hosts h1,h2,...")
+    hosts = (
+        hf.read_hostfile(args.hostfile)
+        if args.hostfile
+        else hf.make_hosts(_names(args.hosts), c.gpus_per_node)
+    )
+    hf.check_cluster(hosts, c.nodes, c.gpus_per_node)
+    return hosts, "hostfile" if out or not args.hostfile else args.hostfile
+
+
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def _write(path: Path, text: str, executable: bool = False) -> str:
+    path.write_text(text)
+    if executable:
+        path.chmod(0o755)
+    return str(path)
+
+
+def _print_launch(r: dict) -> None:
+    print(f"# {r['label']}")
+    print("# DeepSpeed launcher:")
+    print(r["commands"]["deepspeed"])
+    print("# or torchrun, one per node:")
+    print(*r["commands"]["torchrun"], sep="\n")
+    if "docker" in r["commands"]:
+        print("# in docker:")
+        print(r["commands"]["docker"])
+    net = r["network"]
+    print(f"# network preset: {net['name']}")
+    for key, s in net["env"].items():
+        print(f"{key}={s['value']}  # {s['reason']}")
+    for d in net["docker"]:
+        print(f"docker {d['flag']}  # {d['reason']}")
+    if net["warning"]:
+        print(f"# warning: {net['warning']}")
+    for name, path in r["files"].items():
+        print(f"# wrote {name}: {path}")

@@ -1,0 +1,166 @@
+"""``zerokit run``: short real DeepSpeed runs of several ZeRO configurations, one launch, resumable.
+
+    zerokit run --stages 0,1,2,3 --offload-optimizer none,cpu --nprocs 2 --steps 5 --json
+
+Configurations are every valid combination of the list flags (stage 0 cannot offload, only stage 3
+offloads parameters), or one per ``--ds-config`` file. Records go to ``RUNS_DIR/SWEEP/records.jsonl``;
+re-running the same ``--sweep`` skips what is already measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import os
+import sys
+
+from kit.cli.args import UsageError, print_json
+from kit.units import MB
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="short real multi-process DeepSpeed runs of several ZeRO configurations",
+        description="Run ZeRO configurations for a few steps on N local ranks (CPU without CUDA), "
+        "measure them, and compare with the estimate.",
+    )
+    p.add_argument("--sweep", default="sweep", help="sweep name: folder under --runs-dir; re-running resumes")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--model", default="toy", help="toy (tiny GPT), toy-dit, a preset name or a config.json")
+    p.add_argument("--stages", default="0,1,2,3", help="comma-separated ZeRO stages")
+    p.add_argument("--offload-optimizer", default="none", help="comma-separated: none,cpu")
+    p.add_argument("--offload-param", default="none", help="comma-separated: none,cpu (stage 3 only)")
+    p.add_argument("--precision", default="bf16", help="comma-separated: fp32,bf16,fp16")
+    p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument(
+        "--ds-config",
+        action="append",
+        help="a ds_config.json to run (repeatable; instead of --stages/--offload-*/--precision)",
+    )
+    p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--nprocs", type=int, default=2, help="ranks on this machine")
+    p.add_argument("--steps", type=int, default=5, help="measured steps per configuration")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured steps first")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds without progress before a configuration counts as hung",
+    )
+    p.add_argument("--launcher", default="deepspeed", help="deepspeed or torchrun")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (on stderr)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kit.run.sweep import run_sweep
+
+    setups = setups_from_args(args)
+    with _stdout_to_stderr() if args.json else contextlib.nullcontext():
+        results = run_sweep(
+            setups,
+            sweep=args.sweep,
+            runs_dir=args.runs_dir,
+            nprocs=args.nprocs,
+            steps=args.steps,
+            warmup=args.warmup,
+            timeout_s=args.timeout,
+            launcher_name=args.launcher,
+            progress=not args.no_progress,
+        )
+    if args.json:
+        print_json({"sweep": args.sweep, "records": str(results.path), "configs": results.configs()})
+    else:
+        print(render(results))
+    return 0
+
+
+def setups_from_args(args: argparse.Namespace) -> list:
+    """The Setups the flags describe, on one node of ``--nprocs`` ranks."""
+    from kit import models
+    from kit.ds_config import from_ds_config
+    from kit.rules import offload_problem
+    from kit.schema import Setup
+
+    spec = models.resolve(args.model)
+    cluster = {"nodes": 1, "gpus_per_node": args.nprocs}
+    batch = {"micro_batch": args.micro_batch, "grad_accum": args.grad_accum, "seq_len": args.seq_len}
+    if args.ds_config:
+        return [
+            from_ds_config(path, model=spec, cluster=cluster, seq_len=args.seq_len) for path in args.ds_config
+        ]
+    lists = {
+        "stage": [_int("stages", s) for s in _items(args.stages)],
+        "offload_optimizer": _items(args.offload_optimizer),
+        "offload_param": _items(args.offload_param),
+        "precision": _items(args.precision),
+    }
+    setups = []
+    for values in itertools.product(*lists.values()):
+        zero = dict(zip(lists, values, strict=True), activation_checkpointing=args.activation_checkpointing)
+        if offload_problem(zero["stage"], zero["offload_optimizer"], zero["offload_param"]):
+            continue  # combinations of the lists that no stage can run are left out
+        setups.append(Setup(model=spec, cluster=cluster, zero=zero, batch=batch))
+    if not setups:
+        raise UsageError(
+            "stages: no valid configuration (offload needs stage >= 1, parameter offload stage 3)"
+        )
+    return setups
+
+
+def render(results) -> str:
+    """The summary table: throughput and rank 0's model states, measured beside the estimate (MB)."""
+    table = results.summary()
+    lines = [
+        f"records: {results.path}",
+        "measured: rank 0's bytes; estimated: kit.estimate's prediction for rank 0",
+        "",
+    ]
+    lines.append(
+        f"{'configuration':28}{'status':>8}{'samples/s':>11}{'step ms':>9}{'loss':>8}"
+        f"  {'MB measured / estimated: params  grads  optim  activations'}"
+    )
+    for _, row in table.iterrows():
+        line = f"{row['label']:28}{row['status']:>8}"
+        if row["status"] == "ok":
+            line += f"{row['samples_per_s']:11.1f}{row['step_time_s'] * 1e3:9.1f}{row['loss']:8.3f}  "
+            line += "  ".join(
+                f"{row[f'measured_{c}'] / MB:.2f}/{row[f'estimate_{c}'] / MB:.2f}"
+                for c in ("parameters", "gradients", "optimizer_states", "activations")
+            )
+        else:
+            line += f"  {str(row['error']).splitlines()[0]}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Send everything written to stdout meanwhile (DeepSpeed logs there) to stderr, so that
+    ``--json`` prints one JSON object and nothing else on stdout."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _items(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _int(flag: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"{flag}: comma-separated integers 0-3, got {text!r}") from None

@@ -1,0 +1,376 @@
+"""Setup <-> DeepSpeed config (``ds_config.json``): export, import and validation.
+
+Export and import are plain functions over dicts (no torch/deepspeed import, so ``zerokit estimate
+--ds-config`` stays instant). ``validate_ds_config`` runs DeepSpeed's own parser on a config.
+Import follows what DeepSpeed itself does with a config (``deepspeed/runtime/config.py``,
+``deepspeed/runtime/zero/config.py``) and resolves HF Trainer ``"auto"`` values the way
+``transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig`` does.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from kit.gpus import gpu
+from kit.rules import offload_problem
+from kit.schema import Cluster, ModelSpec, Setup, ZeroSettings
+
+#: DeepSpeed's default is 10; every 100 steps keeps short runs quiet and long runs informative.
+STEPS_PER_PRINT = 100
+#: The common choice in DeepSpeed's and HF's example configs (HF Trainer's max_grad_norm default).
+GRADIENT_CLIPPING = 1.0
+
+_OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}
+_ACTIVATION_CHECKPOINTING = {
+    "partition_activations": False,
+    "cpu_checkpointing": False,
+    "contiguous_memory_optimization": False,
+    "synchronize_checkpoint_boundary": False,
+}
+_BATCH_KEYS = {
+    "train_micro_batch_size_per_gpu": "micro_batch",
+    "gradient_accumulation_steps": "grad_accum",
+    "train_batch_size": "train_batch",
+}
+#: ds_config zero_optimization key -> ZeroSettings field (DeepSpeed accepts the stage3_ alias or the name).
+_ZERO_KEYS = {
+    "stage": "stage",
+    "reduce_bucket_size": "reduce_bucket_size",
+    "allgather_bucket_size": "allgather_bucket_size",
+    "overlap_comm": "overlap_comm",
+    "contiguous_gradients": "contiguous_gradients",
+    "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+    "prefetch_bucket_size": "prefetch_bucket_size",
+    "stage3_max_live_parameters": "max_live_parameters",
+    "max_live_parameters": "max_live_parameters",
+    "stage3_max_reuse_distance": "max_reuse_distance",
+    "max_reuse_distance": "max_reuse_distance",
+    "stage3_param_persistence_threshold": "param_persistence_threshold",
+    "param_persistence_threshold": "param_persistence_threshold",
+}
+#: HF Trainer's "auto" for these keys, from the model's hidden size (HfTrainerDeepSpeedConfig).
+_HIDDEN_AUTO = {
+    "reduce_bucket_size": ("hidden^2", lambda h: h * h),
+    "stage3_prefetch_bucket_size": ("0.9 hidden^2", lambda h: int(0.9 * h * h)),
+    "prefetch_bucket_size": ("0.9 hidden^2", lambda h: int(0.9 * h * h)),
+    "stage3_param_persistence_threshold": ("10 hidden", lambda h: 10 * h),
+    "param_persistence_threshold": ("10 hidden", lambda h: 10 * h),
+}
+#: Settings that change what DeepSpeed allocates in ways zero-kit does not model:
+#: (section, key, value meaning unused, what it is).
+_UNSUPPORTED = [
+    ("zero_optimization", "zero_hpz_partition_size", 1, "ZeRO++ hierarchical partitioning"),
+    ("zero_optimization", "zero_quantized_weights", False, "ZeRO++ quantized weights"),
+    ("zero_optimization", "zero_quantized_nontrainable_weights", False, "ZeRO++ quantized weights"),
+    ("zero_optimization", "zero_quantized_gradients", False, "ZeRO++ quantized gradients"),
+    ("zero_optimization", "zenflow", None, "ZenFlow"),
+    ("bf16", "bf16_master_weights_and_grads", False, "bf16 master weights"),
+    ("bf16", "bf16_optimizer_states", False, "bf16 optimizer states"),
+    ("fp16", "fp16_master_weights_and_grads", False, "fp16 master weights"),
+    ("data_types", "grad_accum_dtype", None, "a custom gradient accumulation dtype"),
+    ("torch_autocast", "enabled", False, "torch autocast"),
+    ("tensor_parallel", "autotp_size", 0, "tensor parallelism"),
+    (None, "sequence_parallel_size", 1, "sequence parallelism"),
+]
+
+
+def to_ds_config(setup: Setup, *, torch_adam: bool = False, lr: float = 1e-4) -> dict:
+    """The ds_config dict for a Setup, valid for DeepSpeed's parser.
+
+    ``torch_adam=True`` makes DeepSpeed use ``torch.optim.Adam(W)`` instead of JIT-building its fused
+    or CPU Adam (the runner's choice on CPU machines).
+    """
+    z, b = setup.zero, setup.batch
+    config: dict[str, Any] = {
+        "train_batch_size": b.train_batch,
+        "train_micro_batch_size_per_gpu": b.micro_batch,
+        "gradient_accumulation_steps": b.grad_accum,
+        "steps_per_print": STEPS_PER_PRINT,
+        "gradient_clipping": GRADIENT_CLIPPING,
+        "optimizer": _optimizer_section(z, torch_adam, lr),
+        "zero_optimization": _zero_section(z),
+    }
+    if z.mixed_precision:
+        config[z.precision] = {"enabled": True}
+    if z.optimizer == "sgd" and z.stage > 0:
+        # ZeRO refuses optimizers outside deepspeed/runtime/zero/utils.py ZERO_SUPPORTED_OPTIMIZERS.
+        config["zero_allow_untested_optimizer"] = True
+    if z.activation_checkpointing:
+        config["activation_checkpointing"] = dict(_ACTIVATION_CHECKPOINTING)
+    return config
+
+
+def _optimizer_section(z: ZeroSettings, torch_adam: bool, lr: float) -> dict:
+    params: dict[str, Any] = {"lr": lr}
+    if z.optimizer == "sgd":
+        params["momentum"] = z.momentum
+    else:
+        if z.optimizer == "adam":
+            params["adam_w_mode"] = False  # DeepSpeed's "Adam" is AdamW unless this is false
+        if torch_adam:
+            params["torch_adam"] = True
+    return {"type": _OPTIMIZER_TYPES[z.optimizer], "params": params}
+
+
+def _zero_section(z: ZeroSettings) -> dict:
+    section: dict[str, Any] = {"stage": z.stage}
+    if z.stage == 0:
+        return section
+    section["reduce_bucket_size"] = z.reduce_bucket_size
+    section["contiguous_gradients"] = z.contiguous_gradients
+    if z.overlap_comm is not None:
+        section["overlap_comm"] = z.overlap_comm
+    if z.stage < 3:
+        section["allgather_bucket_size"] = z.allgather_bucket_size
+    else:
+        section["stage3_prefetch_bucket_size"] = z.prefetch_bucket_size
+        section["stage3_max_live_parameters"] = z.max_live_parameters
+        section["stage3_max_reuse_distance"] = z.max_reuse_distance
+        section["stage3_param_persistence_threshold"] = z.param_persistence_threshold
+    if z.offload_optimizer == "cpu":
+        section["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if z.offload_param == "cpu":
+        section["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return section
+
+
+def write_ds_config(setup: Setup, path: str | Path, **options: Any) -> Path:
+    """Write ``to_ds_config(setup, **options)`` as indented JSON; returns the path."""
+    path = Path(path)
+    path.write_text(json.dumps(to_ds_config(setup, **options), indent=2) + "\n")
+    return path
+
+
+#: DeepSpeed config class (pydantic model title) -> the ds_config section it parses.
+_SECTIONS = {
+    "DeepSpeedZeroConfig": "zero_optimization",
+    "DeepSpeedBF16Config": "bf16",
+    "DeepSpeedFP16Config": "fp16",
+    "DeepSpeedCommsConfig": "comms_logger",
+    "CompileConfig": "compile",
+}
+
+
+def validate_ds_config(config: dict, world_size: int):
+    """Parse ``config`` with DeepSpeed's own ``DeepSpeedConfig`` for ``world_size`` data-parallel ranks
+    and return the parsed config. No process group is needed. Raises ValueError, one line naming the field.
+    """
+    from deepspeed.runtime.config import DeepSpeedConfigError
+    from pydantic import ValidationError
+
+    from kit.batch import resolve
+    from kit.schema import explain
+
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size: must be a whole number >= 1, got {world_size!r}")
+    if not isinstance(config, dict):
+        raise ValueError(f"ds_config: must be a JSON object, got {type(config).__name__}")
+    batch = {name: config.get(key) for key, name in _BATCH_KEYS.items()}
+    numbers = all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in batch.values())
+    if numbers and (batch["micro_batch"] is not None or batch["train_batch"] is not None):
+        resolve(world_size, **batch)  # DeepSpeed's equation, with valid alternatives
+    try:
+        return _sized_config_class()(copy.deepcopy(config), world_size)
+    except ValidationError as error:
+        raise ValueError(explain(error, prefix=_SECTIONS.get(error.title, error.title))) from None
+    except (DeepSpeedConfigError, AssertionError, ValueError, TypeError, AttributeError, KeyError) as error:
+        raise ValueError(f"ds_config: {_first_line(error)}") from None
+
+
+@cache
+def _sized_config_class() -> type:
+    """DeepSpeedConfig with the data-parallel size given, not read from an initialised process group."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    class SizedDeepSpeedConfig(DeepSpeedConfig):
+        def __init__(self, config: dict, world_size: int):
+            self._data_parallel_size = world_size
+            super().__init__(config)
+
+        def _configure_train_batch_size(self) -> None:
+            # DeepSpeedConfig.__init__ falls back to world_size = 1 without a process group.
+            self.world_size = self._data_parallel_size
+            super()._configure_train_batch_size()
+
+    return SizedDeepSpeedConfig
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0]
+
+
+def read_ds_config(
+    config: dict | str | Path,
+    *,
+    model: ModelSpec,
+    cluster: Cluster | dict | None = None,
+    seq_len: int | None = None,
+    micro_batch: int | None = None,
+    grad_accum: int | None = None,
+    train_batch: int | None = None,
+    zero_init: bool = True,
+) -> tuple[Setup, list[str]]:
+    """The Setup a user's ds_config describes, and one note per value resolved or ignored on the way.
+
+    ``"auto"`` values are resolved as HF Trainer does: batch sizes from the given ``micro_batch`` /
+    ``grad_accum`` / ``train_batch``, bucket sizes from the model's hidden size. A batch value given
+    here must agree with a number in the file (HF Trainer's rule). ``zero_init`` is not part of a
+    ds_config (the training script decides whether to build the model under ``deepspeed.zero.Init``).
+    """
+    if isinstance(config, (str, Path)):
+        config = _read_json(Path(config))
+    if not isinstance(config, dict):
+        raise ValueError(f"ds_config: must be a JSON object, got {type(config).__name__}")
+    cluster = cluster if isinstance(cluster, Cluster) else Cluster.model_validate(cluster or {})
+    notes: list[str] = []
+    _reject_unsupported(config)
+    flags = {"micro_batch": micro_batch, "grad_accum": grad_accum, "train_batch": train_batch}
+    batch = {**_batch(config, flags, notes), "seq_len": seq_len}
+    zero = {**_zero(config, model, notes), "zero_init": zero_init}
+    zero["precision"] = _precision(config, cluster, notes)
+    zero.update(_optimizer(config, notes))
+    zero["activation_checkpointing"] = isinstance(config.get("activation_checkpointing"), dict)
+    setup = Setup(model=model, cluster=cluster, zero=zero, batch=batch)
+    for key, name in _BATCH_KEYS.items():
+        if config.get(key) == "auto" and batch[name] is None:
+            notes.append(f"{key}: 'auto' -> {getattr(setup.batch, name)} (from the other batch values)")
+    return setup, notes
+
+
+def from_ds_config(config: dict | str | Path, **options: Any) -> Setup:
+    """The Setup a ds_config (dict or path) describes; ``read_ds_config``'s options, without the notes."""
+    return read_ds_config(config, **options)[0]
+
+
+def _read_json(path: Path) -> dict:
+    def no_duplicates(pairs: list) -> dict:
+        keys = [k for k, _ in pairs]
+        for k in keys:
+            if keys.count(k) > 1:
+                raise ValueError(f"ds_config: {path}: duplicate key {k!r}")
+        return dict(pairs)
+
+    try:
+        return json.loads(path.read_text(), object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"ds_config: {path}: not valid JSON (line {error.lineno}: {error.msg})") from None
+
+
+def _section(config: dict, name: str) -> dict:
+    value = config.get(name, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}: must be a JSON object, got {value!r}")
+    return value
+
+
+def _reject_unsupported(config: dict) -> None:
+    for section, key, unused, what in _UNSUPPORTED:
+        value = (config if section is None else _section(config, section)).get(key, unused)
+        if value not in (unused, "auto"):
+            name = key if section is None else f"{section}.{key}"
+            raise ValueError(f"{name}: {what} is not modelled by zero-kit (got {value!r}; use {unused!r})")
+    zero = _section(config, "zero_optimization")
+    for kind in ("offload_optimizer", "offload_param"):
+        offload = _section(zero, kind)
+        if offload.get("device", "none") not in ("none", "cpu"):
+            raise ValueError(
+                f"zero_optimization.{kind}.device: zero-kit models 'none' or 'cpu', got {offload['device']!r}"
+            )
+        if offload.get("ratio", 1.0) != 1.0:
+            raise ValueError(f"zero_optimization.{kind}.ratio: partial offload is not modelled; use 1.0")
+
+
+def _batch(config: dict, flags: dict, notes: list[str]) -> dict:
+    """Batch values from the file, "auto" ones from the flags (None lets the Setup resolve them)."""
+    batch = {}
+    for key, name in _BATCH_KEYS.items():
+        value, flag = config.get(key), flags[name]
+        if value == "auto":
+            if flag is not None:
+                notes.append(f"{key}: 'auto' -> {flag} (given {name})")
+            value = flag
+        elif value is None:
+            value = flag
+        elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f'{key}: must be a whole number >= 1 or "auto", got {value!r}')
+        elif flag is not None and flag != value:
+            raise ValueError(f'{key}: ds_config has {value} but {name}={flag} was given; set it to "auto"')
+        batch[name] = value
+    return batch
+
+
+def _zero(config: dict, model: ModelSpec, notes: list[str]) -> dict:
+    section = _section(config, "zero_optimization")
+    zero: dict[str, Any] = {}
+    for key, field in _ZERO_KEYS.items():
+        value = section.get(key)
+        if value == "auto" and key in _HIDDEN_AUTO and model.hidden:
+            formula, rule = _HIDDEN_AUTO[key]
+            value = rule(model.hidden)
+            notes.append(f"zero_optimization.{key}: 'auto' -> {formula} = {value:,} (hidden {model.hidden})")
+        elif value == "auto":
+            notes.append(
+                f"zero_optimization.{key}: 'auto' -> DeepSpeed's default (the model has no hidden size)"
+            )
+            continue
+        if value is not None:
+            zero[field] = value
+    # Deprecated spellings DeepSpeed still honours (deepspeed/runtime/zero/config.py).
+    if section.get("cpu_offload"):
+        zero["offload_optimizer"] = "cpu"
+    if section.get("cpu_offload_param"):
+        zero["offload_param"] = "cpu"
+    for kind in ("offload_optimizer", "offload_param"):
+        if _section(section, kind).get("device") == "cpu":
+            zero[kind] = "cpu"
+    stage = zero.get("stage", 0)
+    # DeepSpeed ignores offload settings a stage cannot use; so does the import, and says so.
+    for kind in ("offload_optimizer", "offload_param"):
+        asked = {"offload_optimizer": "none", "offload_param": "none", kind: zero.get(kind, "none")}
+        problem = offload_problem(stage, **asked)
+        if problem:
+            notes.append(f"zero_optimization.{kind}: ignored, it {problem[1]}")
+            del zero[kind]
+    return zero
+
+
+def _precision(config: dict, cluster: Cluster, notes: list[str]) -> str:
+    bf16 = _section(config, "bf16") or _section(config, "bfloat16")
+    enabled = {"bf16": bf16.get("enabled", False), "fp16": _section(config, "fp16").get("enabled", False)}
+    for name, value in enabled.items():
+        if value not in (True, False, "auto"):
+            raise ValueError(f'{name}.enabled: must be true, false or "auto", got {value!r}')
+    on = [name for name, value in enabled.items() if value is True]
+    if len(on) == 2:
+        raise ValueError("bf16.enabled: bf16 and fp16 cannot both be enabled (DeepSpeed asserts the same)")
+    if on:
+        return on[0]
+    auto = [name for name, value in enabled.items() if value == "auto"]
+    if not auto:
+        return "fp32"
+    has_bf16 = gpu(cluster.gpu).bf16_dense_tflops > 0
+    choice = "bf16" if "bf16" in auto and has_bf16 else "fp16" if "fp16" in auto else "fp32"
+    why = f"the {cluster.gpu} {'supports' if has_bf16 else 'lacks'} bf16"
+    notes.append(f"{'/'.join(auto)}.enabled: 'auto' -> {choice} ({why}; HF Trainer reads --bf16/--fp16)")
+    return choice
+
+
+def _optimizer(config: dict, notes: list[str]) -> dict:
+    section = _section(config, "optimizer")
+    if not section:
+        notes.append("optimizer: none in ds_config -> adamw (HF Trainer's default optimizer)")
+        return {"optimizer": "adamw"}
+    kind = section.get("type")
+    params = _section(section, "params")
+    if isinstance(kind, str) and kind.lower() in ("adam", "adamw"):
+        # DeepSpeed runs "Adam" as AdamW unless adam_w_mode is false (engine._configure_basic_optimizer).
+        adamw = kind.lower() == "adamw" or params.get("adam_w_mode", True) is not False
+        return {"optimizer": "adamw" if adamw else "adam"}
+    if kind == "SGD":
+        return {"optimizer": "sgd", "momentum": params.get("momentum", 0.0)}
+    raise ValueError(f"optimizer.type: zero-kit models Adam, AdamW and SGD, got {kind!r}")

@@ -1,0 +1,71 @@
+"""How DeepSpeed splits a model's elements across data-parallel ranks (the shapes behind every byte count).
+
+Stages 1-2 flatten the 16-bit parameters into one buffer padded to a multiple of ``2 x dp`` elements
+and give rank ``r`` the range ``[r P, (r+1) P)``; stage 3 partitions every tensor separately,
+``ceil(numel / dp)`` each. Both need the model's tensor list (``kit.models.tensor_numels``); a bare
+parameter count is approximated as its largest layer plus one tensor for the rest.
+"""
+
+from __future__ import annotations
+
+from kit.models import tensor_numels
+from kit.rules import NCCL_ALIGNMENT
+from kit.schema import Setup
+
+
+def partition_numel(setup: Setup) -> int:
+    """Elements of the fp32 master partition one rank holds (what its optimizer-state file stores):
+    stages 1-2, the 16-bit flat buffer padded to a multiple of ``2 x dp`` divided by dp; stage 3, the
+    sum over tensors of ``ceil(numel / dp)``; stage 0, every parameter."""
+    n = setup.dp
+    if setup.zero.stage == 3:
+        return sum(-(-t // n) for t in numels(setup))
+    if setup.zero.stage in (1, 2):
+        return -(-setup.model.params // (NCCL_ALIGNMENT * n)) * NCCL_ALIGNMENT
+    return setup.model.params
+
+
+def numels(setup: Setup) -> list[int]:
+    """Every parameter tensor's numel; for a bare count, the largest layer and one tensor for the rest."""
+    exact = tensor_numels(setup.model)
+    if exact is not None:
+        return exact
+    m = setup.model
+    rest = m.params - m.largest_layer_params
+    return [m.largest_layer_params] + ([rest] if rest else [])
+
+
+def is_exact(setup: Setup) -> bool:
+    """Whether the tensor list is known (not approximated from a bare count)."""
+    return tensor_numels(setup.model) is not None
+
+
+def touched(setup: Setup) -> list[int]:
+    """Per rank, the elements of every tensor overlapping its flat range (stage 1/2's gradient buffer,
+    ``params_in_partition``); the last rank's range also carries the alignment padding. Without a
+    tensor list every rank counts exactly its partition."""
+    n, part = setup.dp, partition_numel(setup)
+    if not is_exact(setup):
+        return [part] * n
+    out = [0] * n
+    start = 0
+    for t in numels(setup):
+        first, last = start // part, min((start + t - 1) // part, n - 1)
+        for r in range(first, last + 1):
+            out[r] += t
+        start += t
+    out[-1] += part * n - start
+    return out
+
+
+def worst_rank(setup: Setup) -> int:
+    """The rank whose stage 1/2 gradient buffer is largest (ranks differ only there)."""
+    if setup.zero.stage not in (1, 2) or setup.zero.offload_optimizer == "cpu":
+        return 0
+    per_rank = touched(setup)
+    return max(range(setup.dp), key=per_rank.__getitem__)
+
+
+def largest_tensor(setup: Setup) -> int:
+    """The largest single parameter tensor (the largest layer when the tensor list is unknown)."""
+    return max(numels(setup)) if is_exact(setup) else setup.model.largest_layer_params

@@ -1,0 +1,122 @@
+"""What an estimate is: ``Term`` (a number and its formula) and ``Estimate`` (bytes per GPU by component)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from kit.components import COMPONENTS, HELD
+from kit.gpus import catalogue
+from kit.schema import Setup
+from kit.units import GIB
+
+
+@dataclass(frozen=True)
+class Term:
+    """One number of the estimate and how it was computed (shown by the CLI table and the notebooks)."""
+
+    bytes: int
+    formula: str
+
+    def __add__(self, other: Term | None) -> Term:
+        """The sum, formulas joined with ``+``; a zero term (or None) leaves the other unchanged."""
+        if other is None or not other.bytes:
+            return self
+        if not self.bytes:
+            return other
+        return Term(self.bytes + other.bytes, f"{self.formula} + {other.formula}")
+
+
+NONE = Term(0, "none")
+
+
+def total(terms: list[Term]) -> Term:
+    """All ``terms`` added up (``NONE`` for an empty list)."""
+    out = NONE
+    for t in terms:
+        out = out + t
+    return out
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes per GPU by component, CPU RAM per node, and the fit per GPU type."""
+
+    setup: Setup
+    formula: str
+    terms: dict[str, Term]
+    host_terms: dict[str, Term]
+    cpu_term: Term
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def components(self) -> dict[str, int]:
+        return {k: self.terms[k].bytes for k in COMPONENTS}
+
+    @property
+    def host(self) -> dict[str, int]:
+        """Bytes per rank kept in CPU RAM by offload."""
+        return {k: self.host_terms[k].bytes for k in HELD}
+
+    @property
+    def formulas(self) -> dict[str, str]:
+        out = {k: t.formula for k, t in self.terms.items()}
+        out.update({f"host.{k}": t.formula for k, t in self.host_terms.items() if t.bytes})
+        out["cpu_per_node"] = self.cpu_term.formula
+        return out
+
+    @property
+    def per_gpu_bytes(self) -> int:
+        return sum(self.components.values())
+
+    @property
+    def model_states_bytes(self) -> int:
+        c = self.components
+        return c["parameters"] + c["gradients"] + c["optimizer_states"]
+
+    @property
+    def cpu_bytes_per_node(self) -> int:
+        return self.cpu_term.bytes
+
+    @cached_property
+    def fits(self) -> dict[str, bool]:
+        """Whether the per-GPU bytes fit each GPU in data/gpus.csv (and the node's CPU RAM, if given)."""
+        ram = self.setup.cluster.cpu_ram_per_node_bytes
+        cpu_ok = ram is None or self.cpu_bytes_per_node <= ram
+        return {name: cpu_ok and self.per_gpu_bytes <= g.memory_bytes for name, g in catalogue().items()}
+
+    @cached_property
+    def checkpoint_bytes(self) -> int:
+        """Size on disk of one saved checkpoint tag, all ranks (``kit.estimate.checkpoint_size``)."""
+        from kit.estimate.checkpoint_size import checkpoint_bytes
+
+        return checkpoint_bytes(self.setup)["total_bytes"]
+
+    def to_dict(self) -> dict:
+        """The ``zerokit estimate --json`` object (docs/architecture.md, "CLI and JSON")."""
+        s = self.setup
+        return {
+            "formula": self.formula,
+            "params": s.model.params,
+            "largest_layer_params": s.model.largest_layer_params,
+            "per_gpu_bytes": self.per_gpu_bytes,
+            "model_states_bytes": self.model_states_bytes,
+            "components": self.components,
+            "host_bytes_per_rank": self.host,
+            "cpu_bytes_per_node": self.cpu_bytes_per_node,
+            "checkpoint_bytes": self.checkpoint_bytes,
+            "fits": self.fits,
+            "formulas": self.formulas,
+            "notes": list(self.notes),
+            "setup": s.model_dump(mode="json"),
+        }
+
+    def table(self):
+        """Components as a pandas DataFrame: bytes, GiB and the formula, one row each."""
+        import pandas as pd
+
+        rows = [(k, t.bytes, t.bytes / GIB, t.formula) for k, t in self.terms.items()]
+        rows.append(("total per GPU", self.per_gpu_bytes, self.per_gpu_bytes / GIB, "sum of the above"))
+        cpu = self.cpu_bytes_per_node
+        rows.append(("CPU RAM per node", cpu, cpu / GIB, self.cpu_term.formula))
+        return pd.DataFrame(rows, columns=["component", "bytes", "GiB", "formula"]).set_index("component")

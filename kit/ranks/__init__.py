@@ -1,0 +1,7 @@
+"""What runs inside a launched rank (torch and deepspeed imported): never imported by the notebook kernel.
+
+``worker`` runs a launch spec's configurations back to back; ``engine`` builds, feeds, steps and tears
+down one DeepSpeed engine; ``measure`` times steps and counts activations, peaks and communication;
+``state_walk`` reads model-state bytes from DeepSpeed's own structures; ``toymodels`` are the small
+models CPU runs train; ``checkpoint_worker`` and ``commtest_worker`` serve ``kit.scaleout``.
+"""

@@ -1,0 +1,261 @@
+"""One DeepSpeed engine for one Setup, inside a launched rank: build, feed, step, tear down.
+
+``build_engine`` makes the toy model the Setup's ModelSpec describes (``kit.ranks.toymodels``), builds it
+partitioned under ``deepspeed.zero.Init`` for stage 3, and hands it to ``deepspeed.initialize`` with
+the ds_config ``kit.ds_config`` exports. Data is synthetic and deterministic: sample ``i`` of the
+global stream depends only on (seed, i), and rank ``r`` of ``w`` takes samples ``r, r + w, ...`` of
+each global batch, as ``DistributedSampler`` does, so every stage sees exactly the same data.
+``teardown`` frees everything so several engines can be built one after another in one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import inspect
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kit.schema import Setup
+
+#: token stream of a synthetic sample: ``(start + stride * t) % vocab``, learnable by a small decoder.
+MAX_STRIDE = 7
+
+
+@dataclass
+class Built:
+    """One rank's engine, the module it wraps, and its activation checkpointing (None when off)."""
+
+    engine: Any
+    model: Any
+    checkpointing: Checkpointing | None = None
+
+
+def build_engine(setup: Setup, seed: int = 0, *, comms_logger: bool = False) -> Built:
+    """The engine for ``setup`` on this rank; weights depend only on ``seed``.
+
+    ``comms_logger`` turns on DeepSpeed's communication logger for every collective
+    (``"comms_logger": {"enabled": true, "prof_all": true}``), which ``kit.ranks.measure`` reads.
+    """
+    import deepspeed
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    from kit.ds_config import to_ds_config
+    from kit.ranks import toymodels
+
+    config = to_ds_config(setup, torch_adam=True)
+    if comms_logger:
+        config["comms_logger"] = {"enabled": True, "prof_all": True}
+    init_distributed()
+    if get_accelerator().device_name() != "cpu":
+        get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    torch.manual_seed(seed)
+    zero_init = setup.zero.stage == 3 and setup.zero.zero_init
+    with deepspeed.zero.Init(config_dict_or_path=config) if zero_init else contextlib.nullcontext():
+        model = toymodels.build(setup.model)
+    checkpointing = Checkpointing(model) if setup.zero.activation_checkpointing else None
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    return Built(engine, model, checkpointing)
+
+
+def init_distributed() -> None:
+    """Join the process group (NCCL on GPUs, gloo on the CPU accelerator) once per process.
+
+    DeepSpeed's shared-memory all-reduce op only serves inference; it is marked incompatible first so
+    that a fresh machine does not JIT-build it (~25 s).
+    """
+    import deepspeed
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed()
+
+
+def join(argv: list[str] | None, description: str) -> tuple[dict, int, int]:
+    """A per-rank script's start: parse ``--spec FILE`` (and the deepspeed launcher's ``--local_rank``),
+    read the spec, join the process group. Returns ``(spec, rank, world_size)``."""
+    import argparse
+    import json
+
+    import deepspeed.comm as dist
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--spec", required=True, help="spec JSON written by the kit")
+    parser.add_argument("--local_rank", type=int, help="set by the deepspeed launcher (LOCAL_RANK is used)")
+    args = parser.parse_args(argv)
+    with open(args.spec) as f:
+        spec = json.load(f)
+    init_distributed()
+    return spec, dist.get_rank(), dist.get_world_size()
+
+
+def synthetic_batch(setup: Setup, step: int, rank: int, world: int, micro: int = 0, seed: int = 0):
+    """``(inputs, target)`` of micro-batch ``micro`` of training step ``step`` on ``rank`` of ``world``.
+
+    Global sample indices of a step run over ``train_batch`` samples; this rank takes every
+    ``world``-th one of its micro-batch's slice. ``inputs`` is the tuple of positional arguments of
+    the model's forward before the target (on CPU, floats in fp32: the caller moves and casts them).
+    """
+    mb = setup.batch.micro_batch
+    first = step * setup.batch.train_batch + micro * mb * world
+    indices = [first + rank + world * k for k in range(mb)]
+    if setup.model.family == "gpt2":
+        return _token_batch(setup, indices, seed)
+    if setup.model.family == "dit":
+        return _latent_batch(setup, indices, seed)
+    raise ValueError(f"model.family: runs support 'gpt2' and 'dit' toy models, got {setup.model.family!r}")
+
+
+def train_step(
+    engine,
+    setup: Setup,
+    step: int,
+    rank: int,
+    world: int,
+    *,
+    seed: int = 0,
+    around_micro_step: Callable | None = None,
+    after_backward: Callable | None = None,
+) -> float:
+    """One optimizer step (``grad_accum`` micro-steps); returns this rank's mean micro-batch loss
+    (next-token cross entropy for gpt2, MSE to the target for dit).
+
+    ``around_micro_step(micro)`` may return a context manager wrapped around forward, loss and backward
+    of each micro-step (``kit.ranks.measure`` counts saved activations there); ``after_backward(micro)``
+    is called between backward and ``engine.step()``, while the gradients are held (model states are
+    read there).
+    """
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.zero.precision, torch.float32)
+    total = 0.0
+    for micro in range(setup.batch.grad_accum):
+        inputs, target = synthetic_batch(setup, step, rank, world, micro, seed)
+        inputs = tuple(_to(x, engine.device, dtype) for x in inputs)
+        target = target.to(engine.device)
+        with around_micro_step(micro) if around_micro_step else contextlib.nullcontext():
+            loss = engine(*inputs, target)  # the toy models return the loss when given the target
+            engine.backward(loss)
+        if after_backward is not None:
+            after_backward(micro)
+        engine.step()
+        total += loss.item()
+        del loss, inputs, target
+    return total / setup.batch.grad_accum
+
+
+def teardown(engine) -> None:
+    """Free an engine so the next one starts clean (drop your own references to it and its tensors first).
+
+    Calls ``engine.destroy()``, clears ZeRO-3's global forward-module stack and the parameter
+    coordinator's release cache (an ``lru_cache`` holding the engine), then collects garbage.
+    """
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.runtime.zero import parameter_offload, partitioned_param_coordinator
+
+    engine.destroy()
+    parameter_offload.FWD_MODULE_STACK.clear()
+    coordinator = partitioned_param_coordinator.PartitionedParameterCoordinator
+    _lru_cache_of(coordinator._PartitionedParameterCoordinator__params_to_release).cache_clear()
+    del engine
+    gc.collect()
+    get_accelerator().empty_cache()
+
+
+def _lru_cache_of(function):
+    """The ``functools.lru_cache`` wrapper of ``function``, also under DeepSpeed's ``instrument_w_nvtx``."""
+    while not hasattr(function, "cache_clear"):
+        function = inspect.getclosurevars(function).nonlocals["func"]
+    return function
+
+
+def _to(x, device, dtype):
+    if x.is_floating_point():
+        return x.to(device=device, dtype=dtype)
+    return x.to(device)
+
+
+def _token_batch(setup: Setup, indices: list[int], seed: int):
+    import torch
+
+    vocab, seq = setup.model.vocab, setup.batch.seq_len
+    rows = []
+    for i in indices:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + i)
+        start = torch.randint(0, vocab, (1,), generator=g)
+        stride = torch.randint(1, MAX_STRIDE + 1, (1,), generator=g)
+        rows.append((start + stride * torch.arange(seq + 1)) % vocab)
+    tokens = torch.stack(rows)
+    return (tokens[:, :-1],), tokens[:, 1:]
+
+
+def _latent_batch(setup: Setup, indices: list[int], seed: int):
+    """DiT inputs (latent x, integer timestep t, class y) and a target that is a fixed function of x."""
+    import torch
+
+    from kit import models
+
+    cfg = models.config_of(setup.model)
+    channels, side = cfg["in_channels"], cfg["input_size"]
+    out_channels = 2 * channels if cfg["learn_sigma"] else channels
+    xs, ts, ys = [], [], []
+    for i in indices:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + i)
+        xs.append(torch.randn(channels, side, side, generator=g))
+        ts.append(torch.randint(0, 1000, (), generator=g))
+        ys.append(torch.randint(0, setup.model.vocab, (), generator=g))
+    x = torch.stack(xs)
+    target = 0.5 * x.repeat(1, out_channels // channels, 1, 1)
+    return (x, torch.stack(ts), torch.stack(ys)), target
+
+
+class Checkpointing:
+    """Activation checkpointing of a model's blocks (``deepspeed.checkpointing``), and who watches it.
+
+    Each block of the model's largest ModuleList runs under ``deepspeed.checkpointing.checkpoint``.
+    Within ``with checkpointing.observed_by(observer):`` the observer gets ``checkpoint_inputs(tensors)``,
+    the inputs each block keeps for recomputation (DeepSpeed holds them on its autograd context, out of
+    sight of ``saved_tensors_hooks``), and enters ``observer.recomputing()`` while a block is recomputed
+    in backward. ``kit.ranks.measure.SavedActivations`` is such an observer.
+    """
+
+    def __init__(self, model):
+        import deepspeed
+        import torch
+
+        self.observers: list = []
+        lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+        if not lists:
+            raise ValueError("activation_checkpointing: the model has no list of blocks to checkpoint")
+        deepspeed.checkpointing.configure(None, partition_activations=False)
+        for block in max(lists, key=len):
+            block.forward = self._checkpointed(block.forward, deepspeed.checkpointing.checkpoint)
+
+    @contextlib.contextmanager
+    def observed_by(self, observer):
+        self.observers.append(observer)
+        try:
+            yield
+        finally:
+            self.observers.remove(observer)
+
+    def _checkpointed(self, forward: Callable, checkpoint: Callable) -> Callable:
+        import torch
+
+        def block(*args):
+            if not torch.is_grad_enabled():  # the first forward: checkpoint runs it without a graph
+                return forward(*args)
+            with contextlib.ExitStack() as stack:  # the recomputation in backward
+                for observer in self.observers:
+                    stack.enter_context(observer.recomputing())
+                return forward(*args)
+
+        def run(*args):
+            for observer in self.observers:
+                observer.checkpoint_inputs([a for a in args if isinstance(a, torch.Tensor)])
+            return checkpoint(block, *args)
+
+        return run

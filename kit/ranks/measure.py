@@ -1,0 +1,181 @@
+"""What a rank measures about a training step: time, throughput, activations, peak memory, communication.
+
+Model-state bytes come from ``kit.ranks.state_walk`` (DeepSpeed's own partitioned structures); everything
+else is here. All functions run inside a launched rank, on GPU or on the CPU accelerator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterator
+
+from kit.schema import Setup
+
+
+def model_flops(setup: Setup, tokens: int) -> float:
+    """Training FLOPs of ``tokens`` tokens for a dense model: 6 x params x tokens (Kaplan et al. 2020:
+    2 for the forward matmuls, 4 for the backward), ignoring attention scores and recomputation."""
+    return 6.0 * setup.model.params * tokens
+
+
+def throughput(setup: Setup, step_time_s: float) -> dict[str, float]:
+    """Global samples/s, tokens/s and achieved TFLOP/s (``model_flops``) of one optimizer step."""
+    samples = setup.batch.train_batch
+    tokens = setup.tokens_per_step
+    return {
+        "samples_per_s": samples / step_time_s,
+        "tokens_per_s": tokens / step_time_s,
+        "tflops": model_flops(setup, tokens) / step_time_s / 1e12,
+    }
+
+
+@contextlib.contextmanager
+def timed() -> Iterator[dict[str, float]]:
+    """``with timed() as t: ...`` then ``t["s"]``: wall seconds, the device synchronized at both ends."""
+    from deepspeed.accelerator import get_accelerator
+
+    result = {}
+    get_accelerator().synchronize()
+    start = time.perf_counter()
+    yield result
+    get_accelerator().synchronize()
+    result["s"] = time.perf_counter() - start
+
+
+class SavedActivations:
+    """Peak bytes of tensors autograd saves for backward, in ``with counter.watch(model):`` around the
+    forward, loss and backward of one micro-step.
+
+    Each storage is counted once, at its full size; parameters (and views of them, also ZeRO-3's
+    gathered ones) are excluded. Everything is saved by the end of the forward, so that is the peak,
+    except with activation checkpointing (pass its ``Checkpointing`` to ``watch``): then the inputs kept
+    per block plus the other saved tensors, plus the largest block's recomputation in backward.
+    """
+
+    def __init__(self) -> None:
+        self.saved: dict[tuple[str, int], int] = {}
+        self.recompute_peak = 0
+        self._recomputed: dict[tuple[str, int], int] | None = None
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.saved.values()) + self.recompute_peak
+
+    def checkpoint_inputs(self, tensors) -> None:
+        for t in tensors:
+            self.saved.setdefault(_storage_key(t), t.untyped_storage().nbytes())
+
+    @contextlib.contextmanager
+    def recomputing(self) -> Iterator[None]:
+        self._recomputed = {}
+        try:
+            yield
+        finally:
+            self.recompute_peak = max(self.recompute_peak, sum(self._recomputed.values()))
+            self._recomputed = None
+
+    @contextlib.contextmanager
+    def watch(self, model, checkpointing=None) -> Iterator[SavedActivations]:
+        """Count what autograd saves within the block; ``checkpointing`` (``kit.ranks.engine.Checkpointing``)
+        lets it see the inputs checkpointed blocks keep and their recomputation."""
+        import torch
+
+        params = [p for p in model.parameters()]
+        # storage sizes a parameter can have (ZeRO-3 gathers into a buffer padded to a multiple of
+        # the world size): only a saved tensor of such a size is compared with every parameter
+        sizes = {p.untyped_storage().nbytes() for p in params} | {_gathered_bytes(p) for p in params}
+
+        def pack(t):
+            if isinstance(t, torch.nn.Parameter) or not t.numel():
+                return t
+            into = self.saved if self._recomputed is None else self._recomputed
+            key = _storage_key(t)
+            if key in into:
+                return t
+            nbytes = t.untyped_storage().nbytes()
+            if nbytes in sizes and key in {_storage_key(p) for p in params if p.numel()}:
+                return t  # a parameter's storage (a view of it, or ZeRO-3's gathered copy)
+            into[key] = nbytes
+            return t
+
+        watching = checkpointing.observed_by(self) if checkpointing else contextlib.nullcontext()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), watching:
+            yield self
+
+
+def _gathered_bytes(p) -> int:
+    """Bytes of the buffer ZeRO-3 gathers parameter ``p`` into (0 for an ordinary parameter)."""
+    if not hasattr(p, "ds_numel"):
+        return 0
+    import deepspeed.comm as dist
+
+    world = dist.get_world_size()
+    return -(-p.ds_numel // world) * world * p.element_size()
+
+
+def _storage_key(t) -> tuple[str, int]:
+    return str(t.device), t.untyped_storage().data_ptr()
+
+
+def reset_peaks() -> None:
+    """Start new peak-memory windows: the device's max_memory_* and the process's RSS high-water mark."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    if acc.device_name() != "cpu":
+        acc.reset_peak_memory_stats()
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS (Linux proc(5))
+
+
+def peaks() -> dict[str, int | None]:
+    """Peak device bytes since ``reset_peaks`` (None on the CPU accelerator) and peak process RSS."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    on_gpu = acc.device_name() != "cpu"
+    return {
+        "peak_allocated_bytes": acc.max_memory_allocated() if on_gpu else None,
+        "peak_reserved_bytes": acc.max_memory_reserved() if on_gpu else None,
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's resident-set high-water mark (VmHWM in /proc/self/status), None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            match = re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) * 1024 if match else None
+
+
+def comm_bytes() -> dict[str, int]:
+    """Bytes DeepSpeed's comms logger recorded since the last ``reset_comm``, per collective type.
+
+    Op names are folded to their family (``all_gather_into_tensor`` -> ``all_gather``).
+    """
+    from deepspeed.comm import comm
+
+    totals: dict[str, int] = {}
+    for name, sizes in comm.comms_logger.comms_dict.items():
+        op = _collective(name)
+        totals[op] = totals.get(op, 0) + sum(size * entry[0] for size, entry in sizes.items())
+    return totals
+
+
+def reset_comm() -> None:
+    """Forget what the comms logger recorded (call before the step to be measured)."""
+    from deepspeed.comm import comm
+
+    comm.comms_logger.reset_data()
+
+
+def _collective(name: str) -> str:
+    for family in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier"):
+        if name.startswith(family):
+            return family
+    return name

@@ -1,0 +1,106 @@
+"""Model-state bytes one rank really holds, read from DeepSpeed's own structures.
+
+Walks the engine's module (parameters, their ``.grad`` and ZeRO-3 ``ds_tensor`` partitions) and the
+ZeRO optimizer's attributes (lists, dicts, the wrapped torch optimizer and its ``state``), counts
+each storage once (by storage pointer and device) and sorts it into parameters, gradients,
+optimizer states or buffers by the structure it was found in. Scalars (step counters, norms, flags)
+are left out. This is the measured side of ``kit.estimate.rank_states``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from kit.components import HELD
+
+#: (pattern on the path where a storage is first found, component); first match wins.
+RULES = [
+    (r"\.grad$|averaged_gradients|grads_in_partition|grad_partitions_flat_buffer", "gradients"),
+    (r"all_grad_tensors|fp32_groups_gradient", "gradients"),
+    (r"ipg_|temp_grad_buffer|param_buffer_of_bit16", "buffers"),
+    (r"\.state\[|single_partition_of_fp32|fp32_partitioned_groups_flat|fp32_groups", "optimizer_states"),
+    (r"param_groups", "optimizer_states"),
+    (r"^module\.|bit16_groups_flat|fp16_partitioned_groups_flat|ds_tensor", "parameters"),
+]
+#: Structures DeepSpeed puts in CPU RAM when offloading (used when the accelerator itself is the CPU).
+OFFLOADED_WITH_OPTIMIZER = r"\.state\[|single_partition_of_fp32|fp32_partitioned_groups_flat|param_groups|"
+OFFLOADED_WITH_OPTIMIZER += r"grad_partitions_flat_buffer|temp_grad_buffer_for_cpu|param_buffer_of_bit16"
+OFFLOADED_WITH_PARAMS = r"ds_tensor|fp16_partitioned_groups_flat"
+MAX_DEPTH = 8
+
+
+def model_state_bytes(engine, setup) -> dict[str, dict[str, int]]:
+    """``{"device": {parameters, gradients, optimizer_states, buffers}, "host": {...}}`` for this rank."""
+    out = {"device": dict.fromkeys(HELD, 0), "host": dict.fromkeys(HELD, 0)}
+    for path, tensor, nbytes in storages(engine):
+        out[_location(path, tensor, setup)][classify(path)] += nbytes
+    return out
+
+
+def storages(engine) -> list[tuple[str, object, int]]:
+    """(path, tensor, storage bytes) for every distinct non-scalar storage the engine holds."""
+    import torch
+
+    seen: dict[tuple[int, str], tuple[str, object, int]] = {}
+    visited: set[int] = set()
+
+    def visit(obj, path: str, depth: int) -> None:
+        if depth > MAX_DEPTH or id(obj) in visited:
+            return
+        visited.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            if obj.device.type != "meta" and obj.numel() > 1:
+                storage = obj.untyped_storage()
+                key = (storage.data_ptr(), obj.device.type)
+                if storage.nbytes() and key not in seen:
+                    seen[key] = (path, obj, storage.nbytes())
+            if obj.grad is not None:
+                visit(obj.grad, path + ".grad", depth + 1)
+            if getattr(obj, "ds_tensor", None) is not None:
+                visit(obj.ds_tensor, path + ".ds_tensor", depth + 1)
+        elif isinstance(obj, torch.nn.Module):
+            for name, p in obj.named_parameters():
+                visit(p, f"{path}.{name}", depth + 1)
+        elif isinstance(obj, (list, tuple)):
+            for i, item in enumerate(obj):
+                visit(item, f"{path}[{i}]", depth + 1)
+        elif isinstance(obj, dict):
+            for key, item in obj.items():
+                visit(item, f"{path}[{key if isinstance(key, str) else '.'}]", depth + 1)
+        elif type(obj).__module__.startswith(("deepspeed", "torch.optim")) and hasattr(obj, "__dict__"):
+            for name, item in vars(obj).items():
+                visit(item, f"{path}.{name}", depth + 1)
+
+    visit(engine.module, "module", 0)
+    visit(engine.optimizer, "optimizer", 0)
+    return list(seen.values())
+
+
+def classify(path: str) -> str:
+    for pattern, component in RULES:
+        if re.search(pattern, path):
+            return component
+    return "buffers"
+
+
+def _location(path: str, tensor, setup) -> str:
+    """host (CPU RAM) or device; on the CPU accelerator, by the structures offload moves to CPU."""
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() != "cpu":
+        return "host" if tensor.device.type == "cpu" else "device"
+    z = setup.zero
+    if z.offload_optimizer == "cpu" and re.search(OFFLOADED_WITH_OPTIMIZER, path):
+        return "host"
+    if z.offload_param == "cpu" and re.search(OFFLOADED_WITH_PARAMS, path):
+        return "host"
+    return "device"
+
+
+def summary(engine) -> dict[str, int]:
+    """Bytes per first-seen structure path (indices folded): for debugging a mismatch."""
+    out: dict[str, int] = defaultdict(int)
+    for path, _, nbytes in storages(engine):
+        out[re.sub(r"\[\d+\]", "[]", path)] += nbytes
+    return dict(out)

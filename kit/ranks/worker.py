@@ -1,0 +1,170 @@
+"""The script each rank runs: every configuration of a launch spec back to back, one records line per step.
+
+By hand (``kit.run.sweep`` writes the spec and runs exactly this)::
+
+    DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 PYTHONPATH=. \\
+        deepspeed --num_gpus 2 --module kit.ranks.worker --spec runs/demo/launch-<run_id>.json
+
+(drop ``DS_ACCELERATOR=cpu`` on a CUDA machine; ``torchrun --nproc_per_node 2 -m kit.ranks.worker --spec ...``
+works too). The spec is JSON: ``sweep``, ``run_id``, ``records`` (path of records.jsonl), ``steps``,
+``warmup``, ``seed``, ``instrument`` (false: time the bare loop only) and ``configs``, a list of
+``{config_id, label, setup}``. Per configuration each rank builds the engine, warms up, measures
+``steps`` steps (appending one record per step to records.jsonl, flushed per line), tears the engine
+down and meets the others at a barrier. A configuration that raises becomes a record with status
+``error`` (``oom`` for out-of-memory) and the next configuration runs. Rank 0 prints one
+``ZEROKIT {...}`` line per event on stdout, which the runner parses for progress and its watchdog.
+
+Test-only hook: a config may carry ``"fault"``: ``"raise"`` (every rank raises in the build),
+``"hang"`` (rank 0 sleeps instead of building) or ``"die"`` (rank 0 exits with status 3). The runner
+sets it only through ``run_sweep(..., faults=...)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import traceback
+
+from kit.records import append_record, emit
+from kit.rules import wire_bytes
+
+
+def main(argv: list[str] | None = None) -> int:
+    import deepspeed.comm as dist
+
+    from kit.ranks import engine
+
+    spec, rank, world = engine.join(argv, "Run a zero-kit launch spec on this rank.")
+    for config in spec["configs"]:
+        if rank == 0:
+            emit({"event": "start", "config_id": config["config_id"], "label": config["label"]})
+        status = run_config(spec, config, rank, world)
+        dist.barrier()
+        if rank == 0:
+            emit({"event": "done", "config_id": config["config_id"], "status": status})
+    return 0
+
+
+def run_config(spec: dict, config: dict, rank: int, world: int) -> str:
+    """Run one configuration, turning an exception into an ``error``/``oom`` record; returns its status."""
+    import torch
+
+    from kit.ranks import engine
+    from kit.schema import Setup
+
+    setup = Setup.model_validate(config["setup"])
+    base = _base_record(spec, config, setup, rank, world)
+    built: list = []  # the engine, so that it is torn down even after an exception
+    try:
+        _inject(config.get("fault"), rank)
+        measure_config(spec, setup, base, rank, world, built)
+        return "ok"
+    except Exception as error:  # a failed configuration is a record; the sweep goes on
+        oom = isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+        text = "".join(traceback.format_exception_only(type(error), error)).strip()
+        append_record(spec["records"], {**base, "status": "oom" if oom else "error", "error": text})
+        if rank == 0:
+            print(traceback.format_exc(), file=sys.stderr, flush=True)
+        return "oom" if oom else "error"
+    finally:
+        if built:
+            engine.teardown(built.pop())
+
+
+def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: list) -> None:
+    """Build the engine (kept in ``built``), warm up, then measure and record ``spec["steps"]`` steps.
+
+    With ``spec["instrument"]`` false only step time, throughput and loss are recorded (no comms
+    logger, no saved-tensor hooks, no state walk, no memory reads): the bare loop benchmarks compare to.
+    """
+    from kit import estimate
+    from kit.ranks import engine, measure, state_walk
+
+    instrument = spec.get("instrument", True)
+    measure.reset_peaks()
+    run = engine.build_engine(setup, spec["seed"], comms_logger=instrument)
+    eng = run.engine
+    built.append(eng)
+    whole_gpu = estimate.estimate(setup)
+    # what this rank holds once a step's gradients are in place: the like-for-like prediction
+    resident = estimate.rank_states(setup, rank)
+    predicted = {**resident["device"], "activations": whole_gpu.components["activations"]}
+    for step in range(spec["warmup"]):
+        engine.train_step(eng, setup, step, rank, world, seed=spec["seed"])
+    held: dict = {}  # model-state bytes, read once while the last micro-step's gradients are held
+
+    def read_states(micro: int) -> None:
+        if micro == setup.batch.grad_accum - 1 and not held:
+            held.update(state_walk.model_state_bytes(eng, setup))
+
+    for step in range(spec["warmup"], spec["warmup"] + spec["steps"]):
+        counter = measure.SavedActivations()
+        measure.reset_comm()
+
+        def watch(micro: int, counter=counter):
+            return counter.watch(run.model, run.checkpointing) if micro == 0 else contextlib.nullcontext()
+
+        hooks = {"around_micro_step": watch, "after_backward": read_states} if instrument else {}
+        with measure.timed() as t:
+            loss = engine.train_step(eng, setup, step, rank, world, seed=spec["seed"], **hooks)
+        record = {
+            **base,
+            "step": step,
+            "step_time_s": t["s"],
+            **measure.throughput(setup, t["s"]),
+            "loss": loss,
+        }
+        if instrument:
+            comm = measure.comm_bytes()
+            record.update(measure.peaks())
+            record["measured"] = {**held["device"], "activations": counter.bytes}
+            record["measured_host"] = held["host"]
+            record.update(estimate=predicted, estimate_host=resident["host"])
+            record["estimate_peak_bytes"] = whole_gpu.per_gpu_bytes
+            record.update(comm_bytes=comm, comm_wire_bytes=wire_bytes(comm, world))
+        append_record(spec["records"], {**record, "status": "ok", "error": None})
+        if rank == 0:
+            emit({"event": "step", **_progress(record)})
+
+
+def _base_record(spec: dict, config: dict, setup, rank: int, world: int) -> dict:
+    import deepspeed
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else get_accelerator().device_name()
+    return {
+        "sweep": spec["sweep"],
+        "run_id": spec["run_id"],
+        "config_id": config["config_id"],
+        "label": config["label"],
+        "setup": setup.model_dump(),
+        "rank": rank,
+        "world_size": world,
+        "device": device,
+        "step": None,
+        "time": time.time(),
+        "torch": torch.__version__,
+        "deepspeed": deepspeed.__version__,
+    }
+
+
+def _progress(record: dict) -> dict:
+    memory = record.get("peak_allocated_bytes") or record.get("peak_rss_bytes")
+    keys = ("config_id", "label", "step", "samples_per_s", "loss")
+    return {**{k: record[k] for k in keys}, "memory_bytes": memory}
+
+
+def _inject(fault: str | None, rank: int) -> None:
+    if fault == "raise":
+        raise RuntimeError("injected fault: raise (test hook)")
+    if fault == "hang" and rank == 0:
+        time.sleep(3600)
+    if fault == "die" and rank == 0:
+        os._exit(3)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""The contract between launched ranks and the parent: ``records.jsonl`` lines and event lines.
+
+Ranks append one JSON record per line (schema in docs/architecture.md, "Records"), each with a single
+``O_APPEND`` write, so ranks never interleave and a crash loses nothing already written. Rank 0 also
+prints one ``ZEROKIT {...}`` event line per configuration start, step and end on stdout; the parent
+(``kit.run.sweep``) reads them for its progress bar and watchdog.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+#: stdout prefix of the worker's event lines
+EVENT = "ZEROKIT "
+
+
+def append_record(path: str | os.PathLike, record: dict) -> None:
+    """Append one JSON line with a single O_APPEND write."""
+    line = (json.dumps(record, default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def load_records(path: str | os.PathLike) -> list[dict]:
+    """Every record of a records.jsonl (none if it does not exist); a torn last line is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    with open(path) as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut short by a killed rank
+    return records
+
+
+def emit(event: dict) -> None:
+    """Print one event line (rank 0)."""
+    print(EVENT + json.dumps(event, default=str), flush=True)
+
+
+def parse_event(line: str) -> dict | None:
+    """The event of an output line, or None for any other line."""
+    return json.loads(line[len(EVENT) :]) if line.startswith(EVENT) else None

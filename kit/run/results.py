@@ -1,0 +1,104 @@
+"""What real runs measured: a sweep's records.jsonl as pandas DataFrames.
+
+``Results.df`` has one row per record (nested fields flattened with ``_``: ``measured_parameters``,
+``estimate_activations``, ``setup_zero_stage``, ``comm_bytes_all_gather``...). ``summary()`` has one
+row per configuration. When a configuration was attempted more than once (a resumed sweep), only its
+latest launch counts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from kit.components import MEASURED
+from kit.records import load_records
+
+#: a configuration's status is its worst record's: error > oom > timeout > ok
+SEVERITY = {"error": 3, "oom": 2, "timeout": 1, "ok": 0}
+
+
+class Results:
+    """A sweep's records: ``df`` (one row per record) and ``summary()`` (one row per configuration)."""
+
+    def __init__(self, records: list[dict], path: Path | None = None):
+        self.path = path
+        self.records = _latest_attempts(records)
+        self.df = pd.json_normalize(self.records, sep="_") if self.records else pd.DataFrame()
+
+    @classmethod
+    def load(cls, path: str | Path) -> Results:
+        """Results of a sweep folder (``runs/<sweep>``) or of a records.jsonl file."""
+        path = Path(path)
+        file = path / "records.jsonl" if path.is_dir() else path
+        if not file.exists():
+            raise FileNotFoundError(2, "no records.jsonl", str(file))
+        return cls(load_records(file), file)
+
+    def steps(self) -> pd.DataFrame:
+        """The ok step records of rank 0, in configuration order."""
+        if self.df.empty:
+            return self.df
+        ok = self.df[(self.df["status"] == "ok") & (self.df["rank"] == 0)]
+        return ok.sort_values(["order", "step"])
+
+    def summary(self) -> pd.DataFrame:
+        """One row per configuration: label, status, error, median step time and throughput over the
+        measured steps, last loss, peak memory, bytes on the wire per step, and each model-state
+        component as measured on rank 0 beside the estimator's prediction for that rank (and the
+        whole-GPU peak estimate beside the measured peak)."""
+        if self.df.empty:
+            return pd.DataFrame(columns=["config_id", "label", "status", "error"])
+        rows = []
+        for cid, group in self.df.groupby("config_id", sort=False):
+            status = max(group["status"], key=lambda s: SEVERITY.get(s, 3))
+            # the runner's own record (no rank) says why a launch failed; rank errors follow from it
+            errors = group.sort_values("rank", na_position="first")["error"].dropna()
+            row = {"config_id": cid, "label": group["label"].iloc[0], "status": status}
+            row["error"] = errors.iloc[0] if len(errors) else None
+            steps = group[(group["status"] == "ok") & (group["rank"] == 0)].sort_values("step")
+            if len(steps):
+                for key in ("step_time_s", "samples_per_s", "tokens_per_s", "tflops", "comm_wire_bytes"):
+                    if key in steps:
+                        row[key] = float(steps[key].median())
+                row["loss"] = float(steps["loss"].iloc[-1])
+                for key in ("peak_allocated_bytes", "peak_rss_bytes", "estimate_peak_bytes"):
+                    if key in steps:
+                        row[key] = steps[key].max()
+                for part in MEASURED:
+                    for side in ("measured", "estimate"):
+                        if f"{side}_{part}" in steps:  # not in a bare (uninstrumented) run
+                            row[f"{side}_{part}"] = int(steps[f"{side}_{part}"].iloc[-1])
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def configs(self) -> list[dict]:
+        """Per configuration, the fields of ``zerokit run --json``: label, setup, status, error,
+        samples_per_s (median), estimate (the estimator's components) and measured (rank 0's), bytes."""
+        out = []
+        for cid, row in self.summary().set_index("config_id").iterrows():
+            mine = [r for r in self.records if r["config_id"] == cid]
+            ok = [r for r in mine if r.get("rank") == 0 and r.get("status") == "ok"]
+            item = {"config_id": cid, "label": mine[0]["label"], "setup": mine[0]["setup"]}
+            item.update(status=row["status"], error=row["error"])
+            item["samples_per_s"] = float(row["samples_per_s"]) if ok else None
+            item["estimate"] = ok[-1]["estimate"] if ok else None
+            item["measured"] = ok[-1]["measured"] if ok else None
+            out.append(item)
+        return out
+
+
+def _latest_attempts(records: list[dict]) -> list[dict]:
+    """Keep, per configuration, the records of its latest launch (``run_id``), in first-seen order."""
+    latest: dict[str, str] = {}
+    order: dict[str, int] = {}
+    for r in records:
+        cid = r["config_id"]
+        order.setdefault(cid, len(order))
+        latest[cid] = max(latest.get(cid, ""), r.get("run_id") or "")
+    return [
+        {**r, "order": order[r["config_id"]]}
+        for r in records
+        if (r.get("run_id") or "") == latest[r["config_id"]]
+    ]

@@ -1,0 +1,213 @@
+"""Run a sweep of Setups for real: one launch of ``kit.ranks.worker`` for all, resumable, failure-proof.
+
+``run_sweep`` validates every Setup before anything starts, skips the ones the sweep's records.jsonl
+already holds, writes a launch spec and starts DeepSpeed's launcher once. Rank 0's event lines drive a
+tqdm bar and a per-configuration watchdog: a configuration that runs past ``timeout_s`` gets a
+``timeout`` record, one that kills a rank an ``error`` record, the process group is killed and the
+remaining configurations are relaunched. Ctrl-C kills the group and re-raises; re-run to resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+from kit.records import append_record, load_records, parse_event
+from kit.run import launcher
+from kit.run.results import Results
+from kit.schema import Setup
+
+#: bucket sizes (elements) for runs of the toy models: DeepSpeed's 5e8-element defaults would make
+#: stage 3 allocate a 1 GB bf16 reduce bucket per rank for a model of 0.14M parameters
+TOY_ZERO = {"reduce_bucket_size": 500_000, "allgather_bucket_size": 500_000, "prefetch_bucket_size": 250_000}
+#: test-only faults the worker understands (see kit/ranks/worker.py)
+FAULTS = ("raise", "hang", "die")
+
+
+def toy_setup(nprocs: int = 2) -> Setup:
+    """The tiny GPT-2 (``kit.models.toy_spec``) on one node of ``nprocs`` ranks, micro batch 2, with the
+    ``TOY_ZERO`` buckets: what the demo, the comparison panel and the checkpoint round trip run."""
+    from kit.models import toy_spec
+
+    return Setup(
+        model=toy_spec(),
+        cluster={"nodes": 1, "gpus_per_node": nprocs},
+        zero=TOY_ZERO,
+        batch={"micro_batch": 2},
+    )
+
+
+def config_id(setup: Setup) -> str:
+    """Stable id of a configuration: a hash of its Setup (so a re-run finds it in records.jsonl)."""
+    text = json.dumps(setup.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def on_ranks(setup: Setup, nprocs: int) -> Setup:
+    """``setup`` on one node of ``nprocs`` ranks (micro batch and grad accumulation kept)."""
+    return setup.replace(cluster={"nodes": 1, "gpus_per_node": nprocs}, batch={})
+
+
+def check(setup: Setup) -> None:
+    """Refuse, before launch, what cannot run: a model without a toy implementation, a batch or ZeRO
+    combination the estimator or DeepSpeed's own config parser rejects. Raises ValueError naming it."""
+    from kit import estimate, models
+    from kit.ds_config import to_ds_config, validate_ds_config
+
+    if setup.model.family not in ("gpt2", "dit"):
+        raise ValueError(f"model.family: runs train toy gpt2 or dit models, got {setup.model.family!r}")
+    models.config_of(setup.model)
+    estimate.estimate(setup)
+    validate_ds_config(to_ds_config(setup, torch_adam=True), setup.dp)
+
+
+def run_sweep(
+    setups: list[Setup],
+    *,
+    sweep: str = "sweep",
+    runs_dir: str | Path = "runs",
+    nprocs: int = 2,
+    steps: int = 5,
+    warmup: int = 2,
+    seed: int = 0,
+    timeout_s: float = 300.0,
+    startup_s: float = 120.0,
+    launcher_name: str = "deepspeed",
+    progress: bool = True,
+    instrument: bool = True,
+    faults: dict[int, str] | None = None,
+) -> Results:
+    """Run every Setup (on one node of ``nprocs`` ranks) and return the sweep's Results.
+
+    Records go to ``runs_dir/sweep/records.jsonl``; configurations already measured there are
+    skipped (the others, failed ones included, run again). ``timeout_s`` is the watchdog: the longest
+    time without progress (a configuration starting, a step, a configuration ending; the first
+    configuration also gets ``startup_s`` for the launch and imports) before the configuration counts
+    as hung. ``instrument=False`` records only step time and loss (the bare loop, for benchmarks).
+    ``faults`` maps an index of ``setups`` to a test-only fault (``FAULTS``).
+    """
+    if not setups:
+        raise ValueError("setups: give at least one Setup to run")
+    if nprocs < 1:
+        raise ValueError(f"nprocs: must be >= 1, got {nprocs}")
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps: must be >= 1 (got {steps}) and warmup >= 0 (got {warmup})")
+    faults = faults or {}
+    configs, seen = [], set()
+    for i, setup in enumerate(setups):
+        setup = on_ranks(setup, nprocs)
+        try:
+            check(setup)
+        except ValueError as error:
+            raise ValueError(f"config {i} ({setup.label}): {error}") from None
+        cid = config_id(setup)
+        if faults.get(i) not in (None, *FAULTS):
+            raise ValueError(f"faults: choose one of {', '.join(FAULTS)}, got {faults[i]!r}")
+        if cid not in seen:
+            seen.add(cid)
+            configs.append({"config_id": cid, "label": setup.label, "setup": setup.model_dump(mode="json")})
+            if faults.get(i):
+                configs[-1]["fault"] = faults[i]
+    folder = Path(runs_dir) / sweep
+    folder.mkdir(parents=True, exist_ok=True)
+    records = folder / "records.jsonl"
+    done = measured_ids(records, warmup + steps - 1)
+    pending = [c for c in configs if c["config_id"] not in done]
+    bar = _bar(len(configs), len(configs) - len(pending), sweep, progress)
+    base = {"sweep": sweep, "records": str(records.resolve()), "steps": steps, "warmup": warmup, "seed": seed}
+    base["instrument"] = instrument
+    limits = {
+        "nprocs": nprocs,
+        "timeout_s": timeout_s,
+        "startup_s": startup_s,
+        "launcher_name": launcher_name,
+    }
+    try:
+        while pending:
+            pending = _launch(base, pending, folder, bar, **limits)
+    finally:
+        bar.close()
+    return Results.load(folder)
+
+
+def measured_ids(records: Path, last_step: int) -> set[str]:
+    """Configurations whose rank 0 recorded an ok measurement of the last step."""
+    return {
+        r["config_id"]
+        for r in load_records(records)
+        if r.get("status") == "ok" and r.get("rank") == 0 and r.get("step") == last_step
+    }
+
+
+def _launch(base, pending, folder, bar, *, nprocs, timeout_s, startup_s, launcher_name) -> list[dict]:
+    """One launch over ``pending``; returns the configurations still to run (empty when all ran)."""
+    run_id = time.strftime("%Y%m%dT%H%M%S") + f".{time.time_ns() % 1_000_000_000:09d}"
+    spec = {**base, "run_id": run_id, "configs": pending}
+    records = Path(spec["records"])
+    spec_path = folder / f"launch-{run_id}.json"
+    spec_path.write_text(json.dumps(spec, indent=1))
+    state = {"current": None, "finished": [], "deadline": time.monotonic() + startup_s + timeout_s}
+
+    def on_line(line: str) -> None:
+        event = parse_event(line)
+        if event is None:
+            return
+        state["deadline"] = time.monotonic() + timeout_s
+        if event["event"] == "start":
+            state["current"] = event["config_id"]
+            bar.set_postfix_str(event["label"])
+        elif event["event"] == "step":
+            bar.set_postfix_str(_postfix(event))
+        elif event["event"] == "done":
+            state["finished"].append(event["config_id"])
+            state["current"] = None
+            bar.update(1)
+
+    argv = launcher.launch_argv(
+        "kit.ranks.worker", ["--spec", str(spec_path)], nprocs, launcher=launcher_name
+    )
+    rc, output = launcher.run_launch(
+        argv,
+        launcher.worker_env(nprocs),
+        startup_s + timeout_s * (len(pending) + 1),
+        on_line,
+        deadline=lambda: state["deadline"],
+    )
+    left = [c for c in pending if c["config_id"] not in state["finished"]]
+    if not left:
+        return []
+    failed = next((c for c in left if c["config_id"] == state["current"]), left[0])
+    status = "timeout" if rc == launcher.TIMEOUT_RC else "error"
+    tail = "\n".join(output.splitlines()[-20:])
+    reason = f"no progress for {timeout_s:g} s" if status == "timeout" else f"launch exited with status {rc}"
+    _append_failure(records, spec, failed, status, f"{reason}; last output:\n{tail}")
+    bar.update(1)
+    if state["current"] is None and not state["finished"]:
+        # the launch never reached a configuration (e.g. the ranks could not start): do not loop
+        for c in left[1:]:
+            _append_failure(records, spec, c, "error", f"not run: the launch failed before it ({reason})")
+            bar.update(1)
+        return []
+    return [c for c in left if c is not failed]
+
+
+def _append_failure(records: Path, spec: dict, config: dict, status: str, error: str) -> None:
+    """A record the parent writes for a configuration the ranks could not report on."""
+    record = {"sweep": spec["sweep"], "run_id": spec["run_id"], "config_id": config["config_id"]}
+    record.update(label=config["label"], setup=config["setup"], rank=None, step=None, time=time.time())
+    record.update(status=status, error=error)
+    append_record(str(records), record)
+
+
+def _postfix(event: dict) -> str:
+    memory = event.get("memory_bytes")
+    mem = f" {memory / 2**20:,.0f} MiB" if memory else ""
+    return f"{event['label']} step {event['step']} {event['samples_per_s']:.1f} samples/s{mem}"
+
+
+def _bar(total: int, done: int, sweep: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=done, desc=f"sweep {sweep}", unit="config", disable=not enabled)

@@ -1,0 +1,218 @@
+"""``zerokit commtest``: are the collectives right, and how fast are they, on N ranks?
+
+Starts ``kit.ranks.commtest_worker`` on N ranks (gloo on CPU, NCCL on GPUs), which checks ``all_reduce``
+SUM, ``all_gather``, ``reduce_scatter``, ``broadcast`` and a barrier that names late ranks, then times
+each collective over message sizes. Bandwidths follow nccl-tests (doc/PERFORMANCE.md):
+algbw = size / time; busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather and
+reduce_scatter, x 1 for broadcast, where size is the full buffer (all_gather's output, reduce_scatter's
+input). GB/s are 1e9 bytes per second.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+#: the per-rank script, run as a module (``-m``) so that kit/ itself is not put on sys.path
+WORKER = "kit.ranks.commtest_worker"
+#: 8 KiB to 32 MiB in steps of 4x: small enough for CPU ranks, large enough to show the bandwidth knee.
+DEFAULT_SIZES = tuple(1 << k for k in range(13, 26, 2))
+#: output line tags of the worker: one RANK line per rank, one BW line per (collective, size) from rank 0.
+RANK_TAG = "ZEROKIT_COMMTEST_RANK"
+BW_TAG = "ZEROKIT_COMMTEST_BW"
+TIMED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+
+def bus_factor(op: str, world: int) -> float:
+    """nccl-tests' busbw / algbw: the share of the data each rank's link carries."""
+    if op == "all_reduce":
+        return 2 * (world - 1) / world
+    if op in ("all_gather", "reduce_scatter"):
+        return (world - 1) / world
+    if op == "broadcast":
+        return 1.0
+    raise ValueError(f"op: choose one of {', '.join(TIMED)}, got {op!r}")
+
+
+@dataclass(frozen=True)
+class CommtestResult:
+    """What the ranks reported: identities, collective checks, timings, and the first error."""
+
+    world_size: int
+    ranks: list[dict] = field(default_factory=list)
+    checks: list[dict] = field(default_factory=list)
+    timings: list[dict] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.checks) and all(c["ok"] for c in self.checks)
+
+    def bandwidth(self):
+        """DataFrame: op, size_bytes, time_s, algbw_gbps, busbw_gbps (one row per collective and size)."""
+        import pandas as pd
+
+        rows = []
+        for t in self.timings:
+            algbw = t["size_bytes"] / t["time_s"] / 1e9
+            rows.append(
+                {**t, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(t["op"], self.world_size)}
+            )
+        return pd.DataFrame(rows, columns=["op", "size_bytes", "time_s", "algbw_gbps", "busbw_gbps"])
+
+    def to_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "world_size": self.world_size,
+            "error": self.error,
+            "ranks": self.ranks,
+            "checks": self.checks,
+            "bandwidth": self.bandwidth().to_dict(orient="records"),
+        }
+
+    def plot(self, ax=None):
+        """Bus bandwidth vs message size, one line per collective (log-log); returns the Figure (a new
+        one, outside pyplot's state, unless ``ax`` is given)."""
+        from matplotlib.figure import Figure
+
+        if ax is None:
+            ax = Figure(figsize=(6, 3.5)).subplots()
+        fig = ax.figure
+        df = self.bandwidth()
+        for op, rows in df.groupby("op", sort=False):
+            ax.plot(rows["size_bytes"], rows["busbw_gbps"], marker="o", label=op)
+        ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)")
+        backend = self.ranks[0]["backend"] if self.ranks else "?"
+        ax.set_title(f"commtest: {self.world_size} ranks, {backend}")
+        ax.legend()
+        ax.grid(True, which="both", alpha=0.3)
+        fig.tight_layout()
+        return fig
+
+
+def worker_args(
+    sizes=DEFAULT_SIZES,
+    iters: int = 5,
+    arrive_s: float = 60.0,
+    late_rank: int = -1,
+    late_s: float = 0.0,
+    wrong_rank: int = -1,
+) -> list[str]:
+    """The worker's arguments; ``late_rank`` / ``wrong_rank`` inject a late or wrong rank (a failure demo)."""
+    if not sizes or any(s < 4 for s in sizes):
+        raise ValueError(f"sizes: give message sizes of at least 4 bytes, got {list(sizes)}")
+    if iters < 1:
+        raise ValueError(f"iters: must be >= 1, got {iters}")
+    args = ["--sizes", *map(str, sizes), "--iters", str(iters), "--arrive-s", str(arrive_s)]
+    return args + ["--late-rank", str(late_rank), "--late-s", str(late_s), "--wrong-rank", str(wrong_rank)]
+
+
+def parse_output(text: str, world_size: int, rc: int = 0) -> CommtestResult:
+    """The result from the launch output (of one node, or several nodes' outputs joined; a prefix
+    such as pdsh's ``node1: `` before a tag is fine)."""
+    from kit.run.launcher import TIMEOUT_RC
+
+    ranks, timings = [], []
+    for line in text.splitlines():
+        for tag, found in ((RANK_TAG, ranks), (BW_TAG, timings)):
+            at = line.find(tag + " ")
+            if at >= 0:
+                found.append(json.loads(line[at + len(tag) + 1 :]))
+    ranks.sort(key=lambda r: r["rank"])
+    checks = _merge_checks(ranks)
+    errors = [f"rank {r['rank']}: {r['error']}" for r in ranks if r.get("error")]
+    wrong = [c for c in checks if not c["ok"]]
+    missing = sorted(set(range(world_size)) - {r["rank"] for r in ranks})
+    if errors:
+        error = errors[0]
+    elif wrong:
+        error = "; ".join(f"{c['op']} is wrong: {c['detail']}" for c in wrong)
+    elif missing:
+        why = "timed out" if rc == TIMEOUT_RC else f"exit status {rc}"
+        error = f"ranks {missing} of {world_size} did not report ({why}); last output: {_tail(text)}"
+    elif rc != 0:
+        error = f"launch failed with exit status {rc}: {_tail(text)}"
+    else:
+        error = None
+    identities = [{k: v for k, v in r.items() if k != "checks"} for r in ranks]
+    return CommtestResult(world_size, identities, checks, timings, error)
+
+
+def _merge_checks(ranks: list[dict]) -> list[dict]:
+    """One row per collective: ok only if every rank saw the expected value; detail of the first bad rank."""
+    merged: dict[str, dict] = {}
+    for r in ranks:
+        for c in r.get("checks", []):
+            if c["op"] not in merged or (merged[c["op"]]["ok"] and not c["ok"]):
+                merged[c["op"]] = {**c, "rank": r["rank"]}
+            merged[c["op"]]["ok"] = merged[c["op"]]["ok"] and c["ok"]
+    return list(merged.values())
+
+
+def _tail(text: str, lines: int = 3) -> str:
+    kept = [line.strip() for line in text.splitlines() if line.strip()]
+    return " | ".join(kept[-lines:]) or "no output"
+
+
+def run_commtest(
+    nprocs: int = 2,
+    sizes=DEFAULT_SIZES,
+    *,
+    nnodes: int = 1,
+    iters: int = 5,
+    timeout_s: float = 180.0,
+    arrive_s: float = 60.0,
+    launcher: str = "torchrun",
+    late_rank: int = -1,
+    late_s: float = 0.0,
+    wrong_rank: int = -1,
+) -> CommtestResult:
+    """Launch the communication test on ``nprocs`` ranks per node and return what they measured.
+
+    ``nnodes > 1`` rehearses a multi-node job on this machine (see ``run_local_nodes``).
+    ``arrive_s``: how long the ranks wait for each other (a barrier that names missing ranks);
+    ``timeout_s``: when the launch is killed. ``torchrun`` starts faster than ``deepspeed``.
+    """
+    from kit.run.launcher import launch_argv, run_launch, worker_env
+
+    if nprocs * nnodes < 2:
+        raise ValueError(f"nprocs: a communication test needs at least 2 ranks, got {nprocs * nnodes}")
+    script = worker_args(sizes, iters, arrive_s, late_rank, late_s, wrong_rank)
+    if nnodes > 1:
+        rcs, outputs = run_local_nodes(WORKER, script, nprocs, nnodes, timeout_s)
+        return parse_output("\n".join(outputs), nprocs * nnodes, max(rcs, key=abs))
+    argv = launch_argv(WORKER, script, nprocs, launcher=launcher)
+    rc, output = run_launch(argv, worker_env(nprocs), timeout_s)
+    return parse_output(output, nprocs, rc)
+
+
+def run_local_nodes(
+    script: str, script_args: list[str], nprocs: int, nnodes: int, timeout_s: float
+) -> tuple[list[int], list[str]]:
+    """A multi-node job on this machine: one deepspeed launcher per node, as on a real cluster.
+
+    Writes a hostfile with ``nnodes`` loopback names (``localhost``, ``127.0.0.1``, ``127.0.0.2``...)
+    and starts ``deepspeed --hostfile H --no_ssh --node_rank i --master_addr 127.0.0.1`` for each
+    node at once; returns each node's exit status and output. The CI stand-in for a cluster.
+    """
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kit.run.launcher import free_port, launch_argv, run_launch, worker_env
+    from kit.scaleout.hostfile import make_hosts, write_hostfile
+
+    if not 2 <= nnodes <= 255:
+        raise ValueError(f"nnodes: must be in 2..255 for a local multi-node rehearsal, got {nnodes}")
+    names = ["localhost"] + [f"127.0.0.{i}" for i in range(1, nnodes)]
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="zerokit-nodes-") as folder:
+        hostfile = write_hostfile(make_hosts(names, nprocs), f"{folder}/hostfile")
+        argvs = [
+            launch_argv(
+                script, script_args, nprocs, nnodes=nnodes, node_rank=r, master_port=port, hostfile=hostfile
+            )
+            for r in range(nnodes)
+        ]
+        with ThreadPoolExecutor(nnodes) as pool:
+            done = list(pool.map(lambda argv: run_launch(argv, worker_env(nprocs), timeout_s), argvs))
+    return [rc for rc, _ in done], [out for _, out in done]

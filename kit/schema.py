@@ -1,0 +1,264 @@
+"""The Setup: everything a user chooses, validated once and frozen.
+
+Every consumer (estimator, ds_config exporter, runner, plots, widgets) takes a ``Setup`` and nothing
+else. Validation errors name the field and the allowed range; the batch is resolved here, once.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kit import batch as batch_math
+from kit.rules import (
+    DS_ALLGATHER_BUCKET,
+    DS_MAX_LIVE_PARAMETERS,
+    DS_MAX_REUSE_DISTANCE,
+    DS_PERSISTENCE_THRESHOLD,
+    DS_PREFETCH_BUCKET,
+    DS_REDUCE_BUCKET,
+    offload_problem,
+)
+
+Offload = Literal["none", "cpu"]
+Precision = Literal["fp32", "fp16", "bf16"]
+Optimizer = Literal["adamw", "adam", "sgd"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSpec(_Frozen):
+    """What is trained. Built by ``kit.models`` from a preset, an HF config, a module or a count."""
+
+    name: str = "custom"
+    params: int = Field(gt=0, description="exact trainable parameter count (tied weights once)")
+    largest_layer_params: int = Field(
+        gt=0, description="largest parameters(recurse=False) sum of one module (DeepSpeed's definition)"
+    )
+    family: str | None = Field(None, description="architecture family, e.g. gpt2, llama, dit")
+    layers: int | None = Field(None, gt=0)
+    hidden: int | None = Field(None, gt=0)
+    heads: int | None = Field(None, gt=0)
+    kv_heads: int | None = Field(None, gt=0)
+    ffn: int | None = Field(None, gt=0)
+    vocab: int | None = Field(None, gt=0)
+    max_seq_len: int | None = Field(None, gt=0)
+    tied_embeddings: bool = False
+    arch: str | None = Field(
+        None, description="canonical JSON of the config settings the counts were read from (exact tensors)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.largest_layer_params > self.params:
+            raise ValueError(
+                f"largest_layer_params: must be <= params ({self.params:,}), "
+                f"got {self.largest_layer_params:,}"
+            )
+        if self.heads and self.hidden and self.hidden % self.heads:
+            raise ValueError(f"heads: must divide hidden ({self.hidden}), got {self.heads}")
+        if self.kv_heads and self.heads and self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads: must divide heads ({self.heads}), got {self.kv_heads}")
+        return self
+
+    @property
+    def is_transformer(self) -> bool:
+        return all(v is not None for v in (self.layers, self.hidden, self.heads))
+
+
+class Cluster(_Frozen):
+    """Where it runs: nodes x GPUs per node of one GPU type (a name in data/gpus.csv)."""
+
+    nodes: int = Field(1, ge=1, le=4096)
+    gpus_per_node: int = Field(8, ge=1, le=64)
+    gpu: str = "H100-SXM-80GB"
+    cpu_ram_per_node_bytes: int | None = Field(None, gt=0)
+    interconnect: Literal["infiniband", "efa", "ethernet"] = "infiniband"
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, name: str) -> str:
+        from kit.gpus import gpu_names
+
+        names = gpu_names()
+        if name not in names:
+            raise ValueError(f"gpu: unknown GPU {name!r}; choose one of {', '.join(names)}")
+        return name
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class ZeroSettings(_Frozen):
+    """The ZeRO knobs. Bucket sizes count elements, as in DeepSpeed's config."""
+
+    stage: Literal[0, 1, 2, 3] = 2
+    offload_optimizer: Offload = "none"
+    offload_param: Offload = "none"
+    precision: Precision = "bf16"
+    optimizer: Optimizer = "adamw"
+    momentum: float = Field(0.0, ge=0.0, lt=1.0, description="SGD momentum; > 0 keeps one state per param")
+    reduce_bucket_size: int = Field(DS_REDUCE_BUCKET, gt=0)
+    allgather_bucket_size: int = Field(DS_ALLGATHER_BUCKET, gt=0)
+    prefetch_bucket_size: int = Field(DS_PREFETCH_BUCKET, ge=0)
+    max_live_parameters: int = Field(DS_MAX_LIVE_PARAMETERS, ge=0)
+    max_reuse_distance: int = Field(
+        DS_MAX_REUSE_DISTANCE, ge=0, description="stage 3: keep a gathered parameter if reused this soon"
+    )
+    param_persistence_threshold: int = Field(DS_PERSISTENCE_THRESHOLD, ge=0)
+    overlap_comm: bool | None = Field(None, description="None = DeepSpeed's default (True only for stage 3)")
+    contiguous_gradients: bool = True
+    activation_checkpointing: bool = False
+    zero_init: bool = Field(True, description="stage 3: build the model partitioned (deepspeed.zero.Init)")
+
+    @model_validator(mode="after")
+    def _check(self) -> ZeroSettings:
+        problem = offload_problem(self.stage, self.offload_optimizer, self.offload_param)
+        if problem:
+            raise ValueError(": ".join(problem))
+        if self.momentum and self.optimizer != "sgd":
+            raise ValueError(f"momentum: only applies to optimizer 'sgd', got optimizer {self.optimizer!r}")
+        return self
+
+    @property
+    def overlap(self) -> bool:
+        """overlap_comm as DeepSpeed resolves it (ZeRO config validator ``overlap_comm_valid``)."""
+        return self.stage == 3 if self.overlap_comm is None else self.overlap_comm
+
+    @property
+    def mixed_precision(self) -> bool:
+        return self.precision != "fp32"
+
+
+class Batch(_Frozen):
+    """Resolved batch; build it through Setup (which fills the missing one of the three)."""
+
+    micro_batch: int = Field(ge=1)
+    grad_accum: int = Field(ge=1)
+    train_batch: int = Field(ge=1)
+    seq_len: int = Field(ge=1, le=1_048_576)
+
+
+class Setup(_Frozen):
+    """One validated, immutable description of a training configuration."""
+
+    model: ModelSpec
+    cluster: Cluster = Cluster()
+    zero: ZeroSettings = ZeroSettings()
+    batch: Batch
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_batch(cls, data: Any) -> Any:
+        """Accept a partial batch (any two of micro/grad_accum/train) and fill in the rest."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        raw = data.get("batch") or {}
+        raw = raw.model_dump() if isinstance(raw, BaseModel) else dict(raw)
+        cluster = _section(Cluster, "cluster", data.get("cluster", Cluster()))
+        model = _section(ModelSpec, "model", data.get("model"))
+        seq_len = raw.get("seq_len") or (model.max_seq_len if model is not None else None) or 2048
+        if model is not None and model.max_seq_len and seq_len > model.max_seq_len:
+            raise ValueError(
+                f"seq_len: must be <= the model's max_seq_len ({model.max_seq_len}), got {seq_len}"
+            )
+        if raw.get("micro_batch") is None and raw.get("train_batch") is None:
+            raw["micro_batch"] = 1
+        micro, gas, train = batch_math.resolve(
+            cluster.world_size, raw.get("micro_batch"), raw.get("grad_accum"), raw.get("train_batch")
+        )
+        data["batch"] = Batch(micro_batch=micro, grad_accum=gas, train_batch=train, seq_len=seq_len)
+        data["cluster"], data["model"] = cluster, model
+        return data
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel size: every GPU is a data-parallel rank (no tensor/pipeline parallelism)."""
+        return self.cluster.world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch.train_batch * self.batch.seq_len
+
+    @property
+    def label(self) -> str:
+        """Short human name, e.g. ``z3 +opt-off +param-off bf16 mb4``."""
+        z = self.zero
+        parts = [f"z{z.stage}"]
+        if z.offload_optimizer != "none":
+            parts.append("opt-off")
+        if z.offload_param != "none":
+            parts.append("param-off")
+        parts += [z.precision, f"mb{self.batch.micro_batch}"]
+        if self.batch.grad_accum > 1:
+            parts.append(f"gas{self.batch.grad_accum}")
+        if z.activation_checkpointing:
+            parts.append("ckpt")
+        return " ".join(parts)
+
+    def replace(self, **changes: Any) -> Setup:
+        """A new Setup with some sections changed, e.g. ``s.replace(zero={"stage": 3})``.
+
+        Nested sections are merged. The batch is re-resolved keeping micro batch and gradient
+        accumulation, so ``train_batch`` follows a new cluster size; ``batch={"train_batch": 64}``
+        keeps the micro batch and derives gradient accumulation (or keeps whichever you pass).
+        """
+        data = self.model_dump()
+        old = data["batch"]
+        batch = {
+            "micro_batch": old["micro_batch"],
+            "grad_accum": old["grad_accum"],
+            "seq_len": old["seq_len"],
+        }
+        for section, value in changes.items():
+            if section not in data:
+                raise ValueError(f"{section}: not a Setup section; choose model, cluster, zero or batch")
+            value = value.model_dump() if isinstance(value, BaseModel) else value
+            if section == "batch":
+                if value.get("train_batch") is not None:
+                    batch.pop(
+                        "grad_accum" if "micro_batch" in value or "grad_accum" not in value else "micro_batch"
+                    )
+                batch.update(value)
+            elif isinstance(value, dict) and section != "model":
+                data[section] = {**data[section], **value}
+            else:
+                data[section] = value
+        data["batch"] = batch
+        return Setup.model_validate(data)
+
+
+def _section(kind: type[BaseModel], name: str, value: Any) -> Any:
+    """Validate a nested section early (the batch needs it), reporting errors under its name."""
+    if not isinstance(value, dict):
+        return value
+    try:
+        return kind.model_validate(value)
+    except ValidationError as error:
+        raise ValueError(explain(error, prefix=name)) from None
+
+
+def explain(error: ValidationError | ValueError, prefix: str = "") -> str:
+    """One line naming the field(s) and what is allowed, for CLIs and widgets."""
+    if not isinstance(error, ValidationError):
+        return str(error)
+    parts = []
+    for e in error.errors():
+        loc = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(e["loc"]))
+        msg = e["msg"].removeprefix("Value error, ")
+        field = re.match(r"(\w+): ", msg)
+        if not loc:
+            parts.append(msg)
+        elif field and field.group(1) == loc.split(".")[-1]:
+            parts.append(f"{loc}{msg[len(field.group(1)) :]}")
+        elif field:
+            parts.append(f"{loc}.{msg}")
+        else:
+            parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)

@@ -1,0 +1,34 @@
+"""Units and the whole-number checks every entry point uses, written once.
+
+Memory is counted in bytes; tables show GiB (2**30) for GPU and CPU memory, as vendors' datasheets and
+``nvidia-smi`` do, and MB (1e6) for the small models of CPU runs.
+"""
+
+from __future__ import annotations
+
+GIB = 1024**3
+MIB = 1024**2
+MB = 1e6
+
+
+def gib(nbytes: float) -> str:
+    """``"1.50 GiB"``: the form formula texts use."""
+    return f"{nbytes / GIB:.2f} GiB"
+
+
+def whole_number(name: str, value: object, low: int = 1) -> int:
+    """``value`` if it is an int >= ``low`` (not a bool); else ValueError naming the field and the range."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name}: must be a whole number >= {low}, got {value!r}")
+    return value
+
+
+def parse_count(text: str) -> int:
+    """``7e9``, ``7B``, ``350M``, ``1_000_000`` or ``6,738,415,616`` as an integer count."""
+    t = text.strip().replace("_", "").replace(",", "")
+    scale = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}.get(t[-1:].lower())
+    try:
+        value = float(t[:-1]) * scale if scale else float(t)
+    except ValueError:
+        raise ValueError(f"not a count: {text!r} (try 7e9, 7B or 350M)") from None
+    return int(value)
