@@ -1,7 +1,7 @@
 """Model specs: exact parameter counts and shapes from presets, HF ``config.json`` files, modules or counts.
 
 Counts come from the architecture's arithmetic (no torch): every parameter tensor of the family's
-Hugging Face implementation (or of ``kit.ranks.toymodels.DiT``), in module order. The largest layer is the
+Hugging Face implementation (or of ``kit.workloads.toymodels.DiT``), in module order. The largest layer is the
 largest ``sum(p.numel() for p in m.parameters(recurse=False))`` over modules, as DeepSpeed's ZeRO-3
 estimator defines it (``deepspeed/runtime/zero/stage3.py: model_to_params``); a tied ``lm_head`` counts
 there but not twice in the total. The tests build each preset on the meta device and compare.
@@ -18,14 +18,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kit import model_files
 from kit.paths import MODELS
 from kit.schema import ModelSpec, explain
 
 #: ``model_type`` values understood by :func:`from_hf_config`.
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox", "dit")
 
-#: DiT settings a ModelSpec does not record; :func:`config_of` and ``kit.ranks.toymodels.DiT`` assume these
-#: (those of DiT-XL/2 in facebookresearch/DiT). The sinusoidal timestep features have 256 channels.
+#: DiT settings a ModelSpec does not record; :func:`config_of` and ``kit.workloads.toymodels.DiT``
+#: assume these (those of DiT-XL/2 in facebookresearch/DiT). Sinusoidal timestep features: 256 channels.
 DIT_DEFAULTS = {"patch_size": 2, "in_channels": 4, "learn_sigma": True, "class_dropout_prob": 0.1}
 DIT_FREQUENCY_CHANNELS = 256
 
@@ -57,23 +58,38 @@ TOYS = {"toy": "gpt2", "toy-dit": "dit"}
 
 
 def resolve(text: str) -> ModelSpec:
-    """A preset name, a toy (``toy``, ``toy-dit``), or a path to an HF ``config.json`` (or its folder)."""
+    """A preset name, a toy (``toy``, ``toy-dit``), a path to an HF ``config.json`` (or its folder), or
+    a model file / module with ``model()`` and ``batch()`` (``kit.model_files``)."""
     if text in TOYS:
         return toy_spec(TOYS[text])
     if text in preset_names():
         return preset(text)
+    if model_files.is_source(text):
+        return from_file(text)
     path = Path(text).expanduser()
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():
         return from_hf_config(path)
+    if path.suffix == ".json":
+        raise ValueError(f"model: no such config file: {path}")
     raise ValueError(
-        f"model: {text!r} is neither a preset ({', '.join(preset_names())}) nor a config.json file"
+        f"model: {text!r} is neither a preset ({', '.join(preset_names())}), a config.json file nor a "
+        "model file (my_model.py with model() and batch())"
     )
 
 
+def from_file(source: str) -> ModelSpec:
+    """ModelSpec of a model file (``my_model.py``) or module (``pkg.module``) with ``model()`` and
+    ``batch(micro_batch)``: counted on the meta device; activations are traced (``kit.estimate.trace``)."""
+    return _spec(**model_files.spec_fields(source))
+
+
 def from_hf_config(path_or_dict: str | Path | dict[str, Any], name: str | None = None) -> ModelSpec:
-    """ModelSpec of an HF-style config (a dict or a ``config.json`` path) of a family in ``FAMILIES``."""
+    """ModelSpec of an HF-style config (a dict or a ``config.json`` path).
+
+    A family in ``FAMILIES`` is counted by arithmetic (no torch); any other ``model_type`` the installed
+    transformers knows is built on the meta device and counted (``kit.hf_models``)."""
     if isinstance(path_or_dict, dict):
         cfg = path_or_dict
         name = name or cfg.get("_name_or_path") or cfg.get("model_type") or "custom"
@@ -81,19 +97,29 @@ def from_hf_config(path_or_dict: str | Path | dict[str, Any], name: str | None =
         path = Path(path_or_dict)
         cfg = _read_json(path)
         name = name or (path.parent.name if path.name == "config.json" else path.stem) or "custom"
+    if cfg.get("model_type") not in FAMILIES:
+        from kit import hf_models
+
+        return _spec(name=name, **hf_models.spec_fields(cfg))
     fields, modules = _architecture(cfg)
     return _spec(name=name, **fields, **_counts(modules))
 
 
-def from_module(module_or_factory: Any, name: str | None = None) -> ModelSpec:
+def from_module(module_or_factory: Any, batch: Callable | None = None, name: str | None = None) -> ModelSpec:
     """ModelSpec of a ``torch.nn.Module``, or of a factory called under ``torch.device("meta")``.
+
+    With ``batch`` (the contract's ``batch(micro_batch)``), the factory and it must be the ``model`` and
+    ``batch`` functions of one model file, which the spec then names: ranks import it, the estimator
+    traces it (``from_file``). Without, the spec has counts only.
 
     A factory allocates nothing. Parameters are counted once each (tied weights once) and the largest
     layer is DeepSpeed's (the largest ``parameters(recurse=False)`` sum of one module). The shape is
-    taken from ``module.spec`` (kit.ranks.toymodels) or ``module.config`` (Hugging Face models) when present.
+    taken from ``module.spec`` (kit.workloads.toymodels) or ``module.config`` (Hugging Face models).
     """
     import torch
 
+    if batch is not None:
+        return from_file(_source_of(module_or_factory, batch))
     if isinstance(module_or_factory, torch.nn.Module):
         module = module_or_factory
     elif callable(module_or_factory):
@@ -118,6 +144,74 @@ def from_module(module_or_factory: Any, name: str | None = None) -> ModelSpec:
     if name:
         fields["name"] = name
     return _spec(**fields)
+
+
+#: ``override`` names -> the config attribute they set (transformers' attribute_map resolves aliases
+#: such as GPT-2's n_layer); a name that is none of these is a config key itself
+SHAPE_KEYS = {
+    "layers": ("num_hidden_layers",),
+    "hidden": ("hidden_size",),
+    "heads": ("num_attention_heads",),
+    "kv_heads": ("num_key_value_heads",),
+    "ffn": ("intermediate_size", "n_inner", "d_ff", "ffn_dim"),
+    "vocab": ("vocab_size",),
+    "experts": ("num_local_experts", "num_experts", "n_routed_experts"),
+}
+#: the same for the kit's DiT, which has no transformers config
+DIT_KEYS = {"layers": "depth", "hidden": "hidden_size", "heads": "num_heads", "vocab": "num_classes"}
+
+
+def override(spec: ModelSpec, changes: dict[str, Any]) -> ModelSpec:
+    """The spec with its architecture changed, e.g. ``override(spec, {"layers": 2, "hidden": 256})`` to
+    shrink a 7B config for CPU runs (names of ``SHAPE_KEYS`` or any config key). A ``head_dim`` the
+    config sets is kept equal to hidden / heads. Needs a spec read from a config (``spec.arch``)."""
+    if not changes:
+        return spec
+    if not spec.arch:
+        raise ValueError(
+            f"model: {spec.name!r} has no config to change (only presets and config.json files do)"
+        )
+    cfg = json.loads(spec.arch)
+    name = f"{spec.name}-" + "-".join(f"{k}{v}" for k, v in changes.items())
+    if spec.family == "dit":
+        cfg.update({DIT_KEYS.get(k, k): v for k, v in changes.items()})
+        return from_hf_config(cfg, name=name)
+    from kit import hf_models
+
+    config = hf_models.config(cfg)
+    for key, value in changes.items():
+        names = SHAPE_KEYS.get(key, (key,))
+        name = next((n for n in names if hasattr(config, n)), None)
+        if name is None:
+            raise ValueError(f"model: {spec.family} configs have no {key!r} ({' or '.join(names)})")
+        setattr(config, name, value)
+    kv = getattr(config, "num_key_value_heads", None)
+    if (
+        "heads" in changes
+        and "kv_heads" not in changes
+        and kv
+        and (kv > changes["heads"] or changes["heads"] % kv)
+    ):
+        config.num_key_value_heads = changes["heads"]  # fewer heads than kv heads: plain multi-head
+    if getattr(config, "head_dim", None) and ("hidden" in changes or "heads" in changes):
+        config.head_dim = config.hidden_size // config.num_attention_heads
+    changed = {k: v for k, v in config.to_diff_dict().items() if k not in hf_models.NOT_ARCHITECTURE}
+    return from_hf_config({**changed, "model_type": config.model_type}, name=name)
+
+
+def _source_of(factory: Any, batch: Callable) -> str:
+    """The model file that defines ``factory`` as ``model`` and ``batch`` as ``batch``."""
+    import inspect
+
+    files = {inspect.getsourcefile(f) if inspect.isfunction(f) else None for f in (factory, batch)}
+    names = (getattr(factory, "__name__", None), getattr(batch, "__name__", None))
+    (path,) = files if len(files) == 1 else (None,)
+    if path is None or names != ("model", "batch") or factory.__module__ == "__main__":
+        raise ValueError(
+            "model: with batch, give the model() and batch() functions of one model file (ranks import "
+            f"that file; {model_files.CONTRACT}); got {names[0]}() and {names[1]}()"
+        )
+    return path
 
 
 def from_count(params: int, largest_layer: int | None = None, *, name: str = "custom") -> ModelSpec:
@@ -147,6 +241,12 @@ def tensor_numels(spec: ModelSpec) -> list[int] | None:
     rank, say) gives the same list. Without it the list is derived from the shape with the family's
     defaults; either is used only when it reproduces the spec's counts exactly, else None.
     """
+    if spec.source:
+        return list(model_files.tensor_numels(spec.source))
+    if spec.family not in FAMILIES and spec.arch:
+        from kit import hf_models
+
+        return list(hf_models.tensor_numels(spec.arch))
     try:
         return list(_arch_tensors(json.dumps(config_of(spec), sort_keys=True)))
     except ValueError:
@@ -216,8 +316,9 @@ def _config_from_shape(spec: ModelSpec) -> dict[str, Any]:
 
 
 def _arch(**settings: Any) -> str:
-    """``ModelSpec.arch``: the resolved settings a count used, as canonical JSON (a config again)."""
-    return json.dumps(settings, sort_keys=True)
+    """``ModelSpec.arch``: the resolved settings a count used, as canonical JSON (a config again);
+    settings the config left unset (None) stay unset."""
+    return json.dumps({k: v for k, v in settings.items() if v is not None}, sort_keys=True)
 
 
 @cache
@@ -383,7 +484,7 @@ def _gpt_neox(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
 
 
 def _dit(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
-    """DiT (Peebles & Xie 2023) as kit.ranks.toymodels.DiT builds it: patch embed, timestep and label
+    """DiT (Peebles & Xie 2023) as kit.workloads.toymodels.DiT builds it: patch embed, timestep and label
     embedders, adaLN-Zero blocks (qkv, proj, fc1, fc2, adaLN modulation), final layer. The fixed sin-cos
     position table is a buffer, not a parameter (the reference code keeps it as a frozen Parameter).
     """

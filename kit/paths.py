@@ -9,3 +9,4 @@ PACKAGE_PARENT = PACKAGE.parent
 DATA = PACKAGE / "data" if (PACKAGE / "data").is_dir() else PACKAGE_PARENT / "data"
 MODELS = DATA / "models"
 REFERENCE = DATA / "reference"
+EXAMPLES = DATA / "examples"

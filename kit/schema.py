@@ -51,6 +51,10 @@ class ModelSpec(_Frozen):
     arch: str | None = Field(
         None, description="canonical JSON of the config settings the counts were read from (exact tensors)"
     )
+    source: str | None = Field(
+        None,
+        description="a model file's absolute path or a module with model() and batch() (kit.model_files)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

@@ -76,7 +76,7 @@ def test_estimate_table_shows_formulas(capsys):
         ),
         (["--model", "gpt2", "--train-batch", "100", "--micro-batch", "3"], "100 != 3 * 4 * 8"),
         (["--model", "gpt2", "--gpu", "TPU"], "cluster.gpu: unknown GPU 'TPU'"),
-        ([], "model: give --model PRESET|config.json or --params N"),
+        ([], "model: give --model PRESET|config.json|my_model.py or --params N"),
     ],
 )
 def test_invalid_input_exits_2_with_one_line(capsys, argv, message):

@@ -10,7 +10,7 @@ from kit.components import COMPONENTS
 from kit.estimate import estimate, rank_states
 from kit.estimate.memory import PROCESS_BASE_BYTES
 from kit.models import from_count, preset, tensor_numels, toy_spec
-from kit.ranks import toymodels
+from kit.workloads import toymodels
 
 GB = 1e9  # the ZeRO paper's GB
 

@@ -20,10 +20,11 @@ KIT = REPO / "kit"
 #: what each room may import (besides itself); "kit" is the torch-free core, kit/*.py
 ROOMS = {
     "kit": set(),
-    "kit.estimate": {"kit"},
-    "kit.run": {"kit", "kit.estimate"},
+    "kit.workloads": {"kit"},
+    "kit.estimate": {"kit", "kit.workloads"},
+    "kit.run": {"kit", "kit.estimate", "kit.workloads"},
     "kit.scaleout": {"kit", "kit.estimate", "kit.run"},
-    "kit.ranks": {"kit", "kit.estimate", "kit.scaleout"},
+    "kit.ranks": {"kit", "kit.workloads", "kit.estimate", "kit.scaleout"},
     "kit.lab": {"kit", "kit.estimate", "kit.run", "kit.scaleout"},
     "kit.cli": {"kit", "kit.estimate", "kit.run", "kit.scaleout", "kit.lab"},
 }

@@ -10,7 +10,7 @@ import torch
 
 from kit import models
 from kit.paths import MODELS
-from kit.ranks import toymodels
+from kit.workloads import toymodels
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -237,8 +237,8 @@ def test_resolve_preset_path_and_folder(tmp_path):
         (lambda: models.resolve("nope"), "model: 'nope' is neither a preset (dit-1.5b"),
         (lambda: models.from_hf_config("/no/such/config.json"), "model: no such config file: /no/such"),
         (
-            lambda: models.from_hf_config({"model_type": "bert", "hidden_size": 8}),
-            "model: unsupported model_type 'bert'; supported families: gpt2, llama, mistral, qwen2, gpt_neox",
+            lambda: models.from_hf_config({"model_type": "no-such-arch", "hidden_size": 8}),
+            "model: model_type 'no-such-arch' is unknown to transformers ",
         ),
         (
             lambda: models.from_hf_config({"model_type": "llama", "hidden_size": 64}),

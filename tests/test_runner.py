@@ -6,6 +6,7 @@ One module-scoped sweep runs every configuration below in as few launches as the
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 
 from kit import estimate
 from kit.models import toy_spec
+from kit.ranks import worker
 from kit.records import load_records
 from kit.run import sweep as runner
 from kit.run.results import Results
@@ -121,7 +123,10 @@ def test_a_raising_config_is_recorded_and_the_launch_goes_on(sweep):
     results, _ = sweep
     failed = records_of(results, RAISE)
     assert sorted(r["rank"] for r in failed) == [0, 1]
-    assert all(r["error"] == "RuntimeError: injected fault: raise (test hook)" for r in failed)
+    raised = inspect.getsourcelines(worker._inject)  # the error names the line that raised
+    line = raised[1] + next(i for i, text in enumerate(raised[0]) if "raise RuntimeError" in text)
+    expected = f"RuntimeError: injected fault: raise (test hook) (worker.py line {line}, in _inject)"
+    assert all(r["error"] == expected for r in failed)
     i = ALL.index(RAISE)
     before, after = records_of(results, ALL[i - 1]), records_of(results, ALL[i + 1])
     assert {r["run_id"] for r in before} == {r["run_id"] for r in after} == {failed[0]["run_id"]}
@@ -262,7 +267,7 @@ def test_resume_runs_only_what_is_missing(sweep):
 
 def test_invalid_setup_is_rejected_before_launch(tmp_path):
     bad = Setup(model=estimate_free_spec(), zero={"stage": 2}, batch={"micro_batch": 1})
-    with pytest.raises(ValueError, match=r"^config 0 \(z2 bf16 mb1\): model.family"):
+    with pytest.raises(ValueError, match=r"^config 0 \(z2 bf16 mb1\): model: 'custom' has no architecture"):
         runner.run_sweep([bad], sweep="bad", runs_dir=tmp_path, progress=False)
     assert not (tmp_path / "bad" / "records.jsonl").exists()
 

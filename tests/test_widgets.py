@@ -83,7 +83,7 @@ def test_model_sources(panel):
     assert panel.setup.model.params == 7_000_000_000
     assert panel.setup.model == models.from_count(7_000_000_000)
     panel.model_source.value = "config"
-    assert panel.error == "config.json: give the path to a Hugging Face config.json"
+    assert panel.error == "config.json: give the path to a Hugging Face config.json or a model file"
     panel.config_path.value = "/nonexistent/config.json"
     assert panel.error == "model: no such config file: /nonexistent/config.json"
     panel.config_path.value = str(MODELS / "gpt2.json")

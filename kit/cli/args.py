@@ -22,6 +22,7 @@ def add_setup_args(p: argparse.ArgumentParser) -> None:
     )
     m.add_argument("--params", type=_count, help="bare parameter count, e.g. 7e9 (instead of --model)")
     m.add_argument("--largest-layer", type=_count, help="largest layer's parameter count (with --params)")
+    add_model_overrides(m)
     c = p.add_argument_group("cluster")
     c.add_argument("--nodes", type=int, default=1)
     c.add_argument("--gpus-per-node", type=int, default=8)
@@ -44,19 +45,49 @@ def add_setup_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
+def add_model_overrides(group) -> None:
+    """``--layers --hidden --heads --kv-heads --ffn --vocab --experts`` and ``--set KEY=VALUE``: change a
+    preset's or config's architecture (``kit.models.override``), e.g. to shrink a 7B for CPU runs."""
+    for name in ("layers", "hidden", "heads", "kv-heads", "ffn", "vocab", "experts"):
+        group.add_argument(f"--{name}", type=int, help=f"override the config's {name.replace('-', ' ')}")
+    group.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key (repeatable)"
+    )
+
+
+def model_from_args(args: argparse.Namespace):
+    """The ModelSpec of ``--model`` / ``--params``, with the architecture overrides applied."""
+    from kit import models
+
+    if getattr(args, "params", None):
+        if args.model:
+            raise UsageError("model: give --model or --params, not both")
+        spec = models.from_count(args.params, args.largest_layer)
+    elif args.model:
+        spec = models.resolve(args.model)
+    else:
+        raise UsageError("model: give --model PRESET|config.json|my_model.py or --params N")
+    changes = {
+        name: getattr(args, name)
+        for name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts")
+        if getattr(args, name) is not None
+    }
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"set: expected KEY=VALUE, got {item!r}")
+        try:
+            changes[key] = json.loads(value)
+        except json.JSONDecodeError:
+            changes[key] = value
+    return models.override(spec, changes)
+
+
 def setup_from_args(args: argparse.Namespace):
     """The Setup the flags describe (a --ds-config file supplies ZeRO and batch settings)."""
-    from kit import models
     from kit.schema import Setup
 
-    if args.model and args.params:
-        raise UsageError("model: give --model or --params, not both")
-    if args.model:
-        spec = models.resolve(args.model)
-    elif args.params:
-        spec = models.from_count(args.params, args.largest_layer)
-    else:
-        raise UsageError("model: give --model PRESET|config.json or --params N")
+    spec = model_from_args(args)
     cluster = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gpu": args.gpu}
     if args.cpu_ram_gb:
         cluster["cpu_ram_per_node_bytes"] = int(args.cpu_ram_gb * 1024**3)

@@ -17,6 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_setup_args(p)
     p.add_argument("--formula", default="deepspeed", help="deepspeed (what it allocates) or zero-paper")
     p.add_argument("--list-models", action="store_true", help="list the model presets and exit")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="also trace the activations under FakeTensorMode (imports torch), beside the formula",
+    )
     p.set_defaults(func=run_estimate)
 
     p = sub.add_parser(
@@ -42,7 +47,7 @@ def run_estimate(args: argparse.Namespace) -> int:
             for name, params in rows.items():
                 print(f"{name:16} {params / 1e9:8.3f} B params")
         return 0
-    result = estimate(setup_from_args(args), formula=args.formula)
+    result = estimate(setup_from_args(args), formula=args.formula, trace=args.trace)
     if args.json:
         print_json(result.to_dict())
     else:
@@ -66,6 +71,13 @@ def render(result) -> str:
     for name, term in result.terms.items():
         lines.append(f"{name:18}{term.bytes / GIB:9.2f}  {term.formula}")
     lines.append(f"{'total':18}{result.per_gpu_bytes / GIB:9.2f}")
+    if result.trace:
+        t = result.trace
+        lines.append(
+            f"{'traced activations':18}{t.saved_bytes / GIB:9.2f}  saved for backward; "
+            f"{t.checkpointed_bytes / GIB:.2f} GiB with checkpointing of {t.blocks} blocks; peak live "
+            f"{t.peak_bytes / GIB:.2f} GiB ({t.transient_bytes / GIB:.2f} GiB transient), {t.seconds:.1f} s"
+        )
     lines.append(f"{'CPU RAM per node':18}{result.cpu_bytes_per_node / GIB:9.2f}  {result.cpu_term.formula}")
     lines.append(f"{'checkpoint on disk':18}{result.checkpoint_bytes / GIB:9.2f}  one saved tag, all ranks")
     lines += ["", "fits: " + ", ".join(f"{g} {'yes' if ok else 'no'}" for g, ok in result.fits.items())]

@@ -15,7 +15,7 @@ import itertools
 import os
 import sys
 
-from kit.cli.args import UsageError, print_json
+from kit.cli.args import UsageError, add_model_overrides, model_from_args, print_json
 from kit.units import MB
 
 
@@ -28,7 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--sweep", default="sweep", help="sweep name: folder under --runs-dir; re-running resumes")
     p.add_argument("--runs-dir", default="runs")
-    p.add_argument("--model", default="toy", help="toy (tiny GPT), toy-dit, a preset name or a config.json")
+    m = p.add_argument_group("model")
+    m.add_argument(
+        "--model",
+        default="toy",
+        help="toy (tiny GPT), toy-dit, a preset, a config.json or a model file (my_model.py)",
+    )
+    add_model_overrides(m)
     p.add_argument("--stages", default="0,1,2,3", help="comma-separated ZeRO stages")
     p.add_argument("--offload-optimizer", default="none", help="comma-separated: none,cpu")
     p.add_argument("--offload-param", default="none", help="comma-separated: none,cpu (stage 3 only)")
@@ -82,12 +88,11 @@ def run(args: argparse.Namespace) -> int:
 
 def setups_from_args(args: argparse.Namespace) -> list:
     """The Setups the flags describe, on one node of ``--nprocs`` ranks."""
-    from kit import models
     from kit.ds_config import from_ds_config
     from kit.rules import offload_problem
     from kit.schema import Setup
 
-    spec = models.resolve(args.model)
+    spec = model_from_args(args)
     cluster = {"nodes": 1, "gpus_per_node": args.nprocs}
     batch = {"micro_batch": args.micro_batch, "grad_accum": args.grad_accum, "seq_len": args.seq_len}
     if args.ds_config:

@@ -11,9 +11,30 @@ from kit.models import DIT_DEFAULTS
 from kit.rules import element_bytes
 from kit.schema import Setup
 
+#: families with a formula below (each checked against what autograd saves); others are traced
+FORMULA_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox", "dit")
+
 
 def activations(setup: Setup) -> Term:
-    """Bytes of activations saved for backward on one GPU at the micro batch.
+    """Bytes of activations saved for backward on one GPU at the micro batch: the family's formula
+    (``formula``), else a trace of the model (``kit.estimate.trace``), else not estimated (a bare count)."""
+    m = setup.model
+    if m.family in FORMULA_FAMILIES and m.is_transformer and not m.source:
+        return formula(setup)
+    if m.arch or m.source:
+        from kit.estimate import trace
+
+        try:
+            return trace.activations(setup)
+        except ValueError as error:
+            if not str(error).startswith("trace:"):
+                raise  # the user's code failed (kit.model_files says where): refuse, as a run would
+            return Term(0, f"activations not estimated: {error}")
+    return Term(0, "unknown architecture (bare parameter count): activations not estimated")
+
+
+def formula(setup: Setup) -> Term:
+    """Activations by the family's formula (Korthikanti et al. 2022, derived per family).
 
     Checked against what ``torch.autograd.graph.saved_tensors_hooks`` sees: the toy GPT-2 and DiT in
     real runs (``tests/test_runner.py``), Hugging Face's Llama / Qwen2 / GPT-2 in one process
@@ -22,8 +43,6 @@ def activations(setup: Setup) -> Term:
     real sizes. GPT-2-style models are assumed to train without dropout.
     """
     m, b, s = setup.model, setup.batch.micro_batch, setup.batch.seq_len
-    if not m.is_transformer:
-        return Term(0, "unknown architecture (bare parameter count): activations not estimated")
     scale = element_bytes(setup.zero.precision) // 2  # the formulas count 16-bit bytes
     h, a, layers = m.hidden, m.heads, m.layers
     kv = (m.kv_heads or a) * (h // a)

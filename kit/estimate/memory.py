@@ -46,8 +46,12 @@ ALLOCATOR_FRAGMENTATION = 0.05
 PROCESS_BASE_BYTES = 2 * GIB
 
 
-def estimate(setup: Setup, formula: Formula = "deepspeed") -> Estimate:
-    """Estimate memory for ``setup`` (see the module docstring for the two formulas)."""
+def estimate(setup: Setup, formula: Formula = "deepspeed", trace: bool = False) -> Estimate:
+    """Estimate memory for ``setup`` (see the module docstring for the two formulas).
+
+    Activations come from the family's formula where there is one, else from a trace of the model
+    (``kit.estimate.trace``, which imports torch); ``trace=True`` traces a formula family too and keeps
+    the trace beside the formula (``Estimate.trace``, ``activations_trace`` in the JSON)."""
     if formula == "zero-paper":
         return zero_paper(setup)
     if formula != "deepspeed":
@@ -71,7 +75,22 @@ def estimate(setup: Setup, formula: Formula = "deepspeed") -> Estimate:
         f"CUDA context {gib(CUDA_CONTEXT_BYTES)} + NCCL buffers {gib(nccl)} + allocator slack "
         f"{ALLOCATOR_FRAGMENTATION:.0%} x {gib(allocated)} = {gib(CUDA_CONTEXT_BYTES + nccl + slack)}",
     )
-    return Estimate(setup, "deepspeed", terms, host, _cpu_per_node(setup, host), _notes(setup))
+    side = _trace_beside(setup) if trace or act.formula.startswith("traced") else None
+    return Estimate(setup, "deepspeed", terms, host, _cpu_per_node(setup, host), _notes(setup), side)
+
+
+def _trace_beside(setup: Setup):
+    """The activations trace of ``setup`` (cached), or None where the model cannot be traced."""
+    from kit.estimate import trace
+
+    if not (setup.model.arch or setup.model.source):
+        return None
+    try:
+        return trace.traced(setup)
+    except ValueError as error:
+        if str(error).startswith("trace:"):
+            return None
+        raise
 
 
 def rank_states(setup: Setup, rank: int = 0) -> dict[str, dict[str, int]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from kit.components import COMPONENTS, HELD
 from kit.gpus import catalogue
@@ -48,6 +49,8 @@ class Estimate:
     host_terms: dict[str, Term]
     cpu_term: Term
     notes: tuple[str, ...] = field(default=())
+    #: the activations trace (``kit.estimate.trace.Trace``) when one was made, beside the formula
+    trace: Any = None
 
     @property
     def components(self) -> dict[str, int]:
@@ -108,6 +111,7 @@ class Estimate:
             "fits": self.fits,
             "formulas": self.formulas,
             "notes": list(self.notes),
+            "activations_trace": self.trace.to_dict() if self.trace else None,
             "setup": s.model_dump(mode="json"),
         }
 

@@ -48,7 +48,7 @@ class MemoryPanel:
         self._quiet = False
         base, z, b = self.base, self.base.zero, self.base.batch
         presets = models.preset_names()
-        sources = [("preset", "preset"), ("config.json", "config"), ("parameter count", "count")]
+        sources = [("preset", "preset"), ("config.json / model.py", "config"), ("parameter count", "count")]
         given = base.model.name not in presets
         if given:
             sources.insert(0, (f"{base.model.name} (given)", "given"))
@@ -58,7 +58,7 @@ class MemoryPanel:
         self.preset = w.Dropdown(
             options=presets, value=presets[0] if given else base.model.name, description="preset"
         )
-        self.config_path = w.Text(placeholder="path/to/config.json", description="config.json")
+        self.config_path = w.Text(placeholder="config.json or my_model.py", description="file")
         self.params = w.FloatText(value=float(base.model.params), description="parameters")
         self.largest_layer = w.FloatText(
             value=0.0, description="largest layer", tooltip="0 = derive from the count"
@@ -224,8 +224,8 @@ class MemoryPanel:
             return models.preset(self.preset.value)
         if source == "config":
             if not self.config_path.value.strip():
-                raise ValueError("config.json: give the path to a Hugging Face config.json")
-            return models.from_hf_config(self.config_path.value.strip())
+                raise ValueError("config.json: give the path to a Hugging Face config.json or a model file")
+            return models.resolve(self.config_path.value.strip())
         if not self.params.value >= 1:
             raise ValueError(f"parameters: must be a count >= 1, got {self.params.value:g}")
         largest = round(self.largest_layer.value) or None
@@ -357,8 +357,8 @@ class ComparisonPanel:
         self.estimates: list[Any] = []
         self.results: Any = None
         m, z, b = self.base.model, self.base.zero, self.base.batch
-        if m.family != "gpt2" or not m.is_transformer:
-            raise ValueError(f"model: the comparison panel trains toy gpt2 models, got family {m.family!r}")
+        #: the toy GPT's shape is edited here; any other model (an HF config, a model file) runs as given
+        self.toy = m.family == "gpt2" and m.name.startswith("toy-")
         self.stages = w.SelectMultiple(
             options=[0, 1, 2, 3], value=tuple(stages), description="stages", rows=4
         )
@@ -376,10 +376,12 @@ class ComparisonPanel:
         )
         self.reduce_bucket = _bucket_slider("reduce bucket", z.reduce_bucket_size)
         self.prefetch_bucket = _bucket_slider("s3 prefetch", z.prefetch_bucket_size)
-        self.layers = w.BoundedIntText(value=m.layers, min=1, max=256, description="layers")
-        self.hidden = w.BoundedIntText(value=m.hidden, min=8, max=16384, step=8, description="hidden")
-        self.heads = w.BoundedIntText(value=m.heads, min=1, max=256, description="heads")
-        self.vocab = w.BoundedIntText(value=m.vocab, min=2, max=1 << 20, description="vocab")
+        self.layers = w.BoundedIntText(value=m.layers or 1, min=1, max=256, description="layers")
+        self.hidden = w.BoundedIntText(value=m.hidden or 8, min=8, max=16384, step=8, description="hidden")
+        self.heads = w.BoundedIntText(value=m.heads or 1, min=1, max=256, description="heads")
+        self.vocab = w.BoundedIntText(value=m.vocab or 2, min=2, max=1 << 20, description="vocab")
+        for control in (self.layers, self.hidden, self.heads, self.vocab):
+            control.disabled = not self.toy
         self.seq_len = w.BoundedIntText(value=b.seq_len, min=2, max=1 << 16, description="seq len")
         self.nprocs = w.BoundedIntText(value=nprocs, min=1, max=64, description="ranks")
         self.steps = w.BoundedIntText(value=steps, min=1, max=10_000, description="steps")
@@ -469,13 +471,17 @@ class ComparisonPanel:
             raise ValueError("stages: choose at least one of 0, 1, 2, 3")
         if not self.micro_batches.value:
             raise ValueError("micro_batch: choose at least one micro batch")
-        spec = toy_spec(
-            "gpt2",
-            self.layers.value,
-            self.hidden.value,
-            self.heads.value,
-            self.vocab.value,
-            self.seq_len.value,
+        spec = (
+            toy_spec(
+                "gpt2",
+                self.layers.value,
+                self.hidden.value,
+                self.heads.value,
+                self.vocab.value,
+                self.seq_len.value,
+            )
+            if self.toy
+            else self.base.model
         )
         base = self.base.replace(
             model=spec,

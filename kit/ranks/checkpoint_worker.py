@@ -66,10 +66,11 @@ def roundtrip(spec: dict, config: dict, rank: int, world: int) -> dict | None:
     steps, k, seed = spec["steps"], spec["save_step"], spec["seed"]
     tag = f"global_step{k}"
 
-    engine = eng.build_engine(setup, seed).engine
+    built = eng.build_engine(setup, seed)
+    engine, workload = built.engine, built.workload
     losses, consolidated = [], None
     for step in range(steps):
-        losses.append(eng.train_step(engine, setup, step, rank, world, seed=seed))
+        losses.append(eng.train_step(engine, workload, setup, step, rank, world, seed=seed))
         if step + 1 == k:
             engine.save_checkpoint(ckpt_dir, tag=tag, client_state={"global_step": k})
             if setup.zero.stage > 0:  # zero_to_fp32 reads ZeRO optimizer partitions
@@ -78,13 +79,16 @@ def roundtrip(spec: dict, config: dict, rank: int, world: int) -> dict | None:
                     consolidated = compare_consolidated(ckpt_dir, tag, live)
             dist.barrier()
     eng.teardown(engine)
-    del engine
+    del engine, built
 
-    engine = eng.build_engine(setup, seed + 1).engine
+    built = eng.build_engine(setup, seed + 1)
+    engine = built.engine
     path, client = engine.load_checkpoint(ckpt_dir)
-    resumed = [eng.train_step(engine, setup, step, rank, world, seed=seed) for step in range(k, steps)]
+    resumed = [
+        eng.train_step(engine, workload, setup, step, rank, world, seed=seed) for step in range(k, steps)
+    ]
     eng.teardown(engine)
-    del engine
+    del engine, built
 
     import torch
     from deepspeed.accelerator import get_accelerator

@@ -1,16 +1,17 @@
 """One DeepSpeed engine for one Setup, inside a launched rank: build, feed, step, tear down.
 
-``build_engine`` makes the toy model the Setup's ModelSpec describes (``kit.ranks.toymodels``), builds it
-partitioned under ``deepspeed.zero.Init`` for stage 3, and hands it to ``deepspeed.initialize`` with
-the ds_config ``kit.ds_config`` exports. Data is synthetic and deterministic: sample ``i`` of the
-global stream depends only on (seed, i), and rank ``r`` of ``w`` takes samples ``r, r + w, ...`` of
-each global batch, as ``DistributedSampler`` does, so every stage sees exactly the same data.
+``build_engine`` builds what the Setup's ModelSpec trains (``kit.workloads``: a toy, a Hugging Face
+model or a model file), partitioned under ``deepspeed.zero.Init`` for stage 3, and hands it to
+``deepspeed.initialize`` with the ds_config ``kit.ds_config`` exports. Data is synthetic and
+deterministic: sample ``i`` depends only on (seed, i), and rank ``r`` of ``w`` takes samples
+``r, r + w, ...`` of each global batch, so every stage sees exactly the same data.
 ``teardown`` frees everything so several engines can be built one after another in one process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import inspect
 import os
@@ -20,16 +21,15 @@ from typing import Any
 
 from kit.schema import Setup
 
-#: token stream of a synthetic sample: ``(start + stride * t) % vocab``, learnable by a small decoder.
-MAX_STRIDE = 7
-
 
 @dataclass
 class Built:
-    """One rank's engine, the module it wraps, and its activation checkpointing (None when off)."""
+    """One rank's engine, the module it wraps, what it trains (``kit.workloads``) and its activation
+    checkpointing (None when off)."""
 
     engine: Any
     model: Any
+    workload: Any
     checkpointing: Checkpointing | None = None
 
 
@@ -43,8 +43,8 @@ def build_engine(setup: Setup, seed: int = 0, *, comms_logger: bool = False) -> 
     import torch
     from deepspeed.accelerator import get_accelerator
 
+    from kit import workloads
     from kit.ds_config import to_ds_config
-    from kit.ranks import toymodels
 
     config = to_ds_config(setup, torch_adam=True)
     if comms_logger:
@@ -52,13 +52,14 @@ def build_engine(setup: Setup, seed: int = 0, *, comms_logger: bool = False) -> 
     init_distributed()
     if get_accelerator().device_name() != "cpu":
         get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    workload = workloads.for_model(setup.model)
     torch.manual_seed(seed)
     zero_init = setup.zero.stage == 3 and setup.zero.zero_init
-    with deepspeed.zero.Init(config_dict_or_path=config) if zero_init else contextlib.nullcontext():
-        model = toymodels.build(setup.model)
+    with workload.partitioned(config) if zero_init else contextlib.nullcontext():
+        model = workload.build()
     checkpointing = Checkpointing(model) if setup.zero.activation_checkpointing else None
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    return Built(engine, model, checkpointing)
+    return Built(engine, model, workload, checkpointing)
 
 
 def init_distributed() -> None:
@@ -92,25 +93,22 @@ def join(argv: list[str] | None, description: str) -> tuple[dict, int, int]:
     return spec, dist.get_rank(), dist.get_world_size()
 
 
-def synthetic_batch(setup: Setup, step: int, rank: int, world: int, micro: int = 0, seed: int = 0):
-    """``(inputs, target)`` of micro-batch ``micro`` of training step ``step`` on ``rank`` of ``world``.
+def micro_batch(workload, setup: Setup, step: int, rank: int, world: int, micro: int = 0, seed: int = 0):
+    """``(args, kwargs)`` of micro-batch ``micro`` of training step ``step`` on ``rank`` of ``world``.
 
     Global sample indices of a step run over ``train_batch`` samples; this rank takes every
-    ``world``-th one of its micro-batch's slice. ``inputs`` is the tuple of positional arguments of
-    the model's forward before the target (on CPU, floats in fp32: the caller moves and casts them).
+    ``world``-th one of its micro-batch's slice (as ``DistributedSampler`` does). CPU tensors, floats
+    in fp32: ``train_step`` moves and casts them.
     """
     mb = setup.batch.micro_batch
     first = step * setup.batch.train_batch + micro * mb * world
     indices = [first + rank + world * k for k in range(mb)]
-    if setup.model.family == "gpt2":
-        return _token_batch(setup, indices, seed)
-    if setup.model.family == "dit":
-        return _latent_batch(setup, indices, seed)
-    raise ValueError(f"model.family: runs support 'gpt2' and 'dit' toy models, got {setup.model.family!r}")
+    return workload.micro_batch(indices, setup.batch.seq_len, seed)
 
 
 def train_step(
     engine,
+    workload,
     setup: Setup,
     step: int,
     rank: int,
@@ -120,8 +118,8 @@ def train_step(
     around_micro_step: Callable | None = None,
     after_backward: Callable | None = None,
 ) -> float:
-    """One optimizer step (``grad_accum`` micro-steps); returns this rank's mean micro-batch loss
-    (next-token cross entropy for gpt2, MSE to the target for dit).
+    """One optimizer step (``grad_accum`` micro-steps) of ``workload`` (``kit.workloads``); returns this
+    rank's mean micro-batch loss.
 
     ``around_micro_step(micro)`` may return a context manager wrapped around forward, loss and backward
     of each micro-step (``kit.ranks.measure`` counts saved activations there); ``after_backward(micro)``
@@ -133,17 +131,17 @@ def train_step(
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.zero.precision, torch.float32)
     total = 0.0
     for micro in range(setup.batch.grad_accum):
-        inputs, target = synthetic_batch(setup, step, rank, world, micro, seed)
-        inputs = tuple(_to(x, engine.device, dtype) for x in inputs)
-        target = target.to(engine.device)
+        args, kwargs = micro_batch(workload, setup, step, rank, world, micro, seed)
+        args = tuple(_to(x, engine.device, dtype) for x in args)
+        kwargs = {k: _to(x, engine.device, dtype) for k, x in kwargs.items()}
         with around_micro_step(micro) if around_micro_step else contextlib.nullcontext():
-            loss = engine(*inputs, target)  # the toy models return the loss when given the target
+            loss = workload.loss(engine(*args, **kwargs))
             engine.backward(loss)
         if after_backward is not None:
             after_backward(micro)
         engine.step()
         total += loss.item()
-        del loss, inputs, target
+        del loss, args, kwargs
     return total / setup.batch.grad_accum
 
 
@@ -173,43 +171,11 @@ def _lru_cache_of(function):
 
 
 def _to(x, device, dtype):
+    if not hasattr(x, "is_floating_point"):
+        return x  # a forward argument that is not a tensor
     if x.is_floating_point():
         return x.to(device=device, dtype=dtype)
     return x.to(device)
-
-
-def _token_batch(setup: Setup, indices: list[int], seed: int):
-    import torch
-
-    vocab, seq = setup.model.vocab, setup.batch.seq_len
-    rows = []
-    for i in indices:
-        g = torch.Generator().manual_seed(seed * 1_000_003 + i)
-        start = torch.randint(0, vocab, (1,), generator=g)
-        stride = torch.randint(1, MAX_STRIDE + 1, (1,), generator=g)
-        rows.append((start + stride * torch.arange(seq + 1)) % vocab)
-    tokens = torch.stack(rows)
-    return (tokens[:, :-1],), tokens[:, 1:]
-
-
-def _latent_batch(setup: Setup, indices: list[int], seed: int):
-    """DiT inputs (latent x, integer timestep t, class y) and a target that is a fixed function of x."""
-    import torch
-
-    from kit import models
-
-    cfg = models.config_of(setup.model)
-    channels, side = cfg["in_channels"], cfg["input_size"]
-    out_channels = 2 * channels if cfg["learn_sigma"] else channels
-    xs, ts, ys = [], [], []
-    for i in indices:
-        g = torch.Generator().manual_seed(seed * 1_000_003 + i)
-        xs.append(torch.randn(channels, side, side, generator=g))
-        ts.append(torch.randint(0, 1000, (), generator=g))
-        ys.append(torch.randint(0, setup.model.vocab, (), generator=g))
-    x = torch.stack(xs)
-    target = 0.5 * x.repeat(1, out_channels // channels, 1, 1)
-    return (x, torch.stack(ts), torch.stack(ys)), target
 
 
 class Checkpointing:
@@ -245,17 +211,19 @@ class Checkpointing:
     def _checkpointed(self, forward: Callable, checkpoint: Callable) -> Callable:
         import torch
 
-        def block(*args):
+        def block(*args, **kwargs):
             if not torch.is_grad_enabled():  # the first forward: checkpoint runs it without a graph
-                return forward(*args)
+                return forward(*args, **kwargs)
             with contextlib.ExitStack() as stack:  # the recomputation in backward
                 for observer in self.observers:
                     stack.enter_context(observer.recomputing())
-                return forward(*args)
+                return forward(*args, **kwargs)
 
-        def run(*args):
+        def run(*args, **kwargs):
+            # keyword arguments (Hugging Face layers get masks and rotary tables so) ride in a partial:
+            # they are alive for the whole step anyway; the positional inputs are what is kept
             for observer in self.observers:
                 observer.checkpoint_inputs([a for a in args if isinstance(a, torch.Tensor)])
-            return checkpoint(block, *args)
+            return checkpoint(functools.partial(block, **kwargs), *args)
 
         return run

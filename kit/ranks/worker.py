@@ -27,6 +27,7 @@ import sys
 import time
 import traceback
 
+from kit import model_files
 from kit.records import append_record, emit
 from kit.rules import wire_bytes
 
@@ -63,7 +64,9 @@ def run_config(spec: dict, config: dict, rank: int, world: int) -> str:
         return "ok"
     except Exception as error:  # a failed configuration is a record; the sweep goes on
         oom = isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
-        text = "".join(traceback.format_exception_only(type(error), error)).strip()
+        # the kit's one-line errors already say where; anything else gets its (user's) last frame
+        mine = isinstance(error, ValueError) and str(error).startswith("model: ")
+        text = str(error) if mine else model_files.where(error, setup.model.source)
         append_record(spec["records"], {**base, "status": "oom" if oom else "error", "error": text})
         if rank == 0:
             print(traceback.format_exc(), file=sys.stderr, flush=True)
@@ -92,7 +95,7 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
     resident = estimate.rank_states(setup, rank)
     predicted = {**resident["device"], "activations": whole_gpu.components["activations"]}
     for step in range(spec["warmup"]):
-        engine.train_step(eng, setup, step, rank, world, seed=spec["seed"])
+        engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec["seed"])
     held: dict = {}  # model-state bytes, read once while the last micro-step's gradients are held
 
     def read_states(micro: int) -> None:
@@ -108,7 +111,7 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
 
         hooks = {"around_micro_step": watch, "after_backward": read_states} if instrument else {}
         with measure.timed() as t:
-            loss = engine.train_step(eng, setup, step, rank, world, seed=spec["seed"], **hooks)
+            loss = engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec["seed"], **hooks)
         record = {
             **base,
             "step": step,

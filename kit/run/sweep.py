@@ -51,14 +51,13 @@ def on_ranks(setup: Setup, nprocs: int) -> Setup:
 
 
 def check(setup: Setup) -> None:
-    """Refuse, before launch, what cannot run: a model without a toy implementation, a batch or ZeRO
-    combination the estimator or DeepSpeed's own config parser rejects. Raises ValueError naming it."""
-    from kit import estimate, models
+    """Refuse, before launch, what cannot run: a model with nothing to build (a bare count), a user's
+    model file that fails (the estimate traces it: the error names the file and function), a batch or
+    ZeRO combination the estimator or DeepSpeed's own config parser rejects. ValueError, one line."""
+    from kit import estimate, workloads
     from kit.ds_config import to_ds_config, validate_ds_config
 
-    if setup.model.family not in ("gpt2", "dit"):
-        raise ValueError(f"model.family: runs train toy gpt2 or dit models, got {setup.model.family!r}")
-    models.config_of(setup.model)
+    workloads.for_model(setup.model)
     estimate.estimate(setup)
     validate_ds_config(to_ds_config(setup, torch_adam=True), setup.dp)
 

@@ -1,0 +1,197 @@
+"""What a run trains: the model, how to make a micro batch, the loss. Imports torch.
+
+``for_model(spec)`` gives the workload of a ModelSpec:
+- ``Toy``: the kit's GPT-2 and DiT (``toymodels``: explicit attention, no dropout), for the families
+  ``gpt2`` and ``dit`` (``kit.models.toy_spec``, the GPT-2 and DiT presets);
+- ``HuggingFace``: what transformers builds from ``spec.arch`` (``kit.hf_models``): the llama, mistral,
+  qwen2 and gpt_neox families and any other model_type, fed synthetic token streams or images by task;
+- ``ModelFile``: a user's ``model()`` and ``batch(micro_batch)`` (``kit.model_files``).
+
+Every workload is used the same way by the ranks (``kit.ranks.engine``, under ``deepspeed.zero.Init`` at
+stage 3) and by the estimator's trace (``kit.estimate.trace``, under ``FakeTensorMode``)::
+
+    model = workload.build()                 # (workload.shapes() for a trace: no weight initialisation)
+    args, kwargs = workload.micro_batch(sample_indices, seq_len, seed)   # CPU tensors, floats in fp32
+    loss = workload.loss(model(*args, **kwargs))                         # a scalar tensor
+
+Data is synthetic and deterministic: a sample depends only on (seed, its global index), so every ZeRO
+stage sees the same data (a model file's ``batch`` is called with the RNG seeded from both).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+
+from kit import hf_models, model_files
+from kit.schema import ModelSpec
+
+#: token stream of a synthetic sample: ``(start + stride * t) % vocab``, learnable by a small decoder
+MAX_STRIDE = 7
+
+
+def for_model(spec: ModelSpec):
+    """The workload that trains ``spec``; ValueError (one line) for a spec that cannot be built."""
+    if spec.source:
+        return ModelFile(spec)
+    if spec.family in ("gpt2", "dit"):
+        return Toy(spec)
+    if spec.arch:
+        return HuggingFace(spec)
+    raise ValueError(
+        f"model: {spec.name!r} has no architecture to build (a bare parameter count); give a preset, "
+        "a config.json or a model file"
+    )
+
+
+def generator(seed: int, index: int):
+    """The RNG of one sample (seed, global index)."""
+    import torch
+
+    return torch.Generator().manual_seed(seed * 1_000_003 + index)
+
+
+def tokens(indices: list[int], seq_len: int, vocab: int, seed: int):
+    """(len(indices), seq_len + 1) token ids: each sample an arithmetic stream mod ``vocab``."""
+    import torch
+
+    rows = []
+    for i in indices:
+        g = generator(seed, i)
+        start = torch.randint(0, vocab, (1,), generator=g)
+        stride = torch.randint(1, MAX_STRIDE + 1, (1,), generator=g)
+        rows.append((start + stride * torch.arange(seq_len + 1)) % vocab)
+    return torch.stack(rows)
+
+
+@dataclass(frozen=True)
+class Toy:
+    """The kit's GPT-2 (next-token cross entropy) or DiT (MSE to a fixed function of the latent)."""
+
+    spec: ModelSpec
+
+    def build(self):
+        from kit.workloads import toymodels
+
+        return toymodels.build(self.spec)
+
+    def partitioned(self, ds_config: dict):
+        """The context ZeRO-3 builds the model in: ``deepspeed.zero.Init`` (the toys initialise their
+        parameters in their constructors, before each module is partitioned)."""
+        import deepspeed
+
+        return deepspeed.zero.Init(config_dict_or_path=ds_config)
+
+    def micro_batch(self, indices: list[int], seq_len: int, seed: int = 0):
+        import torch
+
+        from kit import models
+
+        if self.spec.family == "gpt2":
+            stream = tokens(indices, seq_len, self.spec.vocab, seed)
+            return (stream[:, :-1], stream[:, 1:]), {}
+        cfg = models.config_of(self.spec)
+        channels, side = cfg["in_channels"], cfg["input_size"]
+        out_channels = 2 * channels if cfg["learn_sigma"] else channels
+        xs, ts, ys = [], [], []
+        for i in indices:
+            g = generator(seed, i)
+            xs.append(torch.randn(channels, side, side, generator=g))
+            ts.append(torch.randint(0, 1000, (), generator=g))
+            ys.append(torch.randint(0, self.spec.vocab, (), generator=g))
+        x = torch.stack(xs)
+        target = 0.5 * x.repeat(1, out_channels // channels, 1, 1)
+        return (x, torch.stack(ts), torch.stack(ys), target), {}
+
+    def shapes(self):
+        return self.build()
+
+    def loss(self, output):
+        return output  # the toy models return the loss when given the target
+
+
+@dataclass(frozen=True)
+class HuggingFace:
+    """A transformers model built from ``spec.arch``; its loss is the model's own (``output.loss``)."""
+
+    spec: ModelSpec
+
+    @property
+    def config(self):
+        return hf_models.config(json.loads(self.spec.arch))
+
+    def build(self):
+        cfg = self.config
+        if hf_models.task(cfg) == "base":
+            raise ValueError(
+                f"model: {self.spec.name!r} ({cfg.model_type}) builds only a bare model without a loss; "
+                "write a model file whose forward returns one"
+            )
+        return hf_models.build(cfg)
+
+    @contextlib.contextmanager
+    def partitioned(self, ds_config: dict):
+        """ZeRO-3 the way transformers does it: with an ``HfDeepSpeedConfig`` alive, ``from_config``
+        builds under ``deepspeed.zero.Init`` and initialises the weights gathered (a plain
+        ``zero.Init`` around it would leave parameters that ``_init_weights`` sets, such as
+        Mixtral's 3-D experts, uninitialised)."""
+        from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+        keep = HfDeepSpeedConfig(ds_config)  # transformers holds only a weak reference to it
+        try:
+            yield
+        finally:
+            unset_hf_deepspeed_config()
+            del keep
+
+    def shapes(self):
+        """The model without its weight initialisation (for a trace, where values do not matter and
+        some initialisers, such as a truncated normal, look at values)."""
+        from transformers.initialization import no_init_weights
+
+        with no_init_weights():
+            return self.build()
+
+    def micro_batch(self, indices: list[int], seq_len: int, seed: int = 0):
+        import torch
+
+        cfg = self.config
+        if hf_models.task(cfg) == "image-classification":
+            side, channels = cfg.image_size, cfg.num_channels
+            gens = [generator(seed, i) for i in indices]
+            pixels = torch.stack([torch.randn(channels, side, side, generator=g) for g in gens])
+            labels = torch.stack([torch.randint(0, cfg.num_labels, (), generator=g) for g in gens])
+            return (), {"pixel_values": pixels, "labels": labels}
+        stream = tokens(indices, seq_len - 1, cfg.get_text_config().vocab_size, seed)
+        return (), {"input_ids": stream, "labels": stream}  # the model shifts labels for causal LMs
+
+    def loss(self, output):
+        return output.loss
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A user's ``model()``; ``batch(micro_batch)`` called with the RNG seeded by (seed, first sample)."""
+
+    spec: ModelSpec
+
+    def build(self):
+        return model_files.build(self.spec.source)
+
+    partitioned = Toy.partitioned
+    shapes = build
+
+    def micro_batch(self, indices: list[int], seq_len: int, seed: int = 0):
+        import torch
+
+        state = torch.random.get_rng_state()
+        torch.manual_seed(seed * 1_000_003 + indices[0])
+        try:
+            return model_files.make_batch(self.spec.source, len(indices)), {}
+        finally:
+            torch.random.set_rng_state(state)
+
+    def loss(self, output):
+        model_files.check_loss(self.spec.source, output)
+        return output
