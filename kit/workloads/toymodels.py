@@ -73,7 +73,8 @@ class GPTMLP(nn.Module):
         self.c_proj = Conv1D(ffn, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's "gelu_new"
+        # the tanh approximation as one op (HF gelu_pytorch_tanh); GPT-2's gelu_new computes it in several
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
 
 class GPTBlock(nn.Module):
