@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kit.cli.args import UsageError, add_setup_args, print_json, setup_from_args
 from kit.rules import DEFAULT_MASTER_PORT
-from kit.scaleout import commands, network
+from kit.scaleout import commands, image, network
 from kit.scaleout import hostfile as hf
 
 
@@ -46,8 +46,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--interconnect", help="infiniband, efa or ethernet (picks the network preset)")
     g.add_argument("--interface", help="NIC for NCCL_SOCKET_IFNAME, e.g. ib0 (default: all but docker0, lo)")
-    g.add_argument("--image", help="container image for the docker run command")
+    g.add_argument("--hca", help="InfiniBand adapters for NCCL_IB_HCA, e.g. mlx5_0,mlx5_1 (InfiniBand only)")
     g.add_argument("--out", help="write ds_config.json, hostfile, .deepspeed_env, launch.sh, sbatch.sh here")
+    d = p.add_argument_group("one image for every node")
+    d.add_argument("--docker", action="store_true", help="also write a Dockerfile and run_container.sh")
+    d.add_argument("--image", help="image name (default zero-kit:latest with --docker)")
+    d.add_argument("--registry", help="registry host to push to and pull from (ECR hosts log in with aws)")
+    d.add_argument("--base-image", default=image.BASE_IMAGE, help="the CUDA base image (default %(default)s)")
+    d.add_argument(
+        "--efa-installer", help=f"AWS EFA installer version (EFA only; default {image.EFA_INSTALLER})"
+    )
     p.set_defaults(func=launch_command)
 
 
@@ -95,7 +103,15 @@ def launch_command(args: argparse.Namespace) -> int:
     if hosts:
         hf.check_master(hosts, master)
     script_args = shlex.split(args.script_args)
-    net = network.network(setup, args.interface)
+    net = network.network(setup, args.interface, args.hca)
+    if args.efa_installer and net.name != "efa":
+        raise UsageError(
+            f"efa-installer: the AWS EFA installer is for --interconnect efa, but the cluster's is {net.name}"
+        )
+    if (args.registry or args.base_image != image.BASE_IMAGE) and not args.docker:
+        raise UsageError("registry: --registry and --base-image describe the image of --docker; add --docker")
+    name = args.image or ("zero-kit:latest" if args.docker else None)
+    pulled = image.reference(name, args.registry) if name else None
     deepspeed = commands.deepspeed_command(
         setup,
         args.script,
@@ -114,7 +130,7 @@ def launch_command(args: argparse.Namespace) -> int:
     sbatch = commands.sbatch_script(
         setup, args.script, script_args, master_port=args.master_port, interface=args.interface
     )
-    env_file = network.deepspeed_env(setup, args.interface)
+    env_file = network.deepspeed_env(setup, args.interface, args.hca)
     ds_config = to_ds_config(setup)
     files = {}
     if out:
@@ -146,10 +162,23 @@ def launch_command(args: argparse.Namespace) -> int:
         "sbatch": sbatch,
         "files": files,
     }
-    if args.image:
-        docker = commands.docker_command(setup, args.image, deepspeed, args.interface)
+    if name:
+        docker = commands.docker_command(setup, pulled, deepspeed, args.interface)
         result["commands"]["docker"] = commands.shell_line(docker)
         result["argv"]["docker"] = docker
+    if args.docker:
+        options = {"interface": args.interface, "hca": args.hca}
+        installer = args.efa_installer or image.EFA_INSTALLER
+        result["dockerfile"] = image.dockerfile(
+            setup, base_image=args.base_image, efa_installer=installer, **options
+        )
+        result["run_container"] = image.run_container_script(setup, pulled, **options)
+        result["registry"] = image.registry_commands(name, args.registry)
+        if out:
+            files["Dockerfile"] = _write(out / "Dockerfile", result["dockerfile"])
+            files["run_container.sh"] = _write(
+                out / "run_container.sh", result["run_container"], executable=True
+            )
     if args.json:
         print_json(result)
     else:
@@ -203,5 +232,11 @@ def _print_launch(r: dict) -> None:
         print(f"docker {d['flag']}  # {d['reason']}")
     if net["warning"]:
         print(f"# warning: {net['warning']}")
+    if "registry" in r:
+        print("# the image, built once and pulled on every node:")
+        print(*r["registry"], sep="\n")
+        if "Dockerfile" not in r["files"]:
+            print(f"# Dockerfile (--out writes it):\n{r['dockerfile']}", end="")
+            print(f"# run_container.sh:\n{r['run_container']}", end="")
     for name, path in r["files"].items():
         print(f"# wrote {name}: {path}")

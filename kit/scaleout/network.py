@@ -36,9 +36,15 @@ class Network:
     warning: str | None = None
 
 
-def network(setup: Setup, interface: str | None = None) -> Network:
-    """The preset for ``setup.cluster.interconnect``; ``interface`` pins NCCL to one NIC (e.g. ib0)."""
+def network(setup: Setup, interface: str | None = None, hca: str | None = None) -> Network:
+    """The preset for ``setup.cluster.interconnect``; ``interface`` pins NCCL's bootstrap to one NIC
+    (e.g. ib0), ``hca`` names the InfiniBand adapters NCCL uses (``NCCL_IB_HCA``, InfiniBand only)."""
     kind = setup.cluster.interconnect
+    if hca and kind != "infiniband":
+        raise ValueError(
+            f"hca: NCCL_IB_HCA names InfiniBand adapters, but the cluster's interconnect is {kind}; "
+            "drop --hca or use --interconnect infiniband"
+        )
     ifname = Setting(
         interface or NOT_DOCKER_OR_LOOPBACK,
         f"NCCL's socket bootstrap uses {interface}"
@@ -60,6 +66,8 @@ def network(setup: Setup, interface: str | None = None) -> Network:
     ]
     if kind == "infiniband":
         env = {"NCCL_SOCKET_IFNAME": ifname, "NCCL_IB_DISABLE": Setting("0", "use InfiniBand verbs for NCCL")}
+        if hca:
+            env["NCCL_IB_HCA"] = Setting(hca, "NCCL's InfiniBand traffic uses these adapters (ports)")
         return Network("infiniband", env, tuple(docker + rdma))
     if kind == "efa":
         env = {
@@ -81,7 +89,7 @@ def network(setup: Setup, interface: str | None = None) -> Network:
     return Network("ethernet", env, tuple(docker), warning)
 
 
-def deepspeed_env(setup: Setup, interface: str | None = None) -> str:
+def deepspeed_env(setup: Setup, interface: str | None = None, hca: str | None = None) -> str:
     """Content of ``.deepspeed_env``: ``KEY=VALUE`` lines, unquoted (DeepSpeed's launcher splits each line
     at the first ``=`` and quotes values itself; it cannot read comments or blank lines)."""
-    return "".join(f"{k}={s.value}\n" for k, s in network(setup, interface).env.items())
+    return "".join(f"{k}={s.value}\n" for k, s in network(setup, interface, hca).env.items())
