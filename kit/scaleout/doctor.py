@@ -69,7 +69,14 @@ class Report:
 def doctor(hostfile: str | os.PathLike | None = None, master_port: int = DEFAULT_MASTER_PORT) -> Report:
     """Run every check; with a ``hostfile``, also what the deepspeed launcher needs to reach its hosts."""
     checks = [check_python(), *check_torch(), check_deepspeed()]
-    checks += [check_topology(), check_infiniband(), check_efa(), check_shm(), check_memlock()]
+    checks += [
+        check_topology(),
+        check_infiniband(),
+        check_efa(),
+        check_interface(),
+        check_shm(),
+        check_memlock(),
+    ]
     checks.append(check_master_port(master_port))
     if hostfile is not None:
         checks += check_hostfile(hostfile)
@@ -253,6 +260,32 @@ def check_efa() -> Check:
         return Check("efa", "info", "libfabric present, no EFA provider")
     fix = "set FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1 (the kit's EFA network preset)"
     return Check("efa", "ok", f"EFA provider on {len(domains)} domain(s): {', '.join(domains)}", fix)
+
+
+def check_interface() -> Check:
+    """The interface NCCL should bootstrap on and this node's address (``kit.scaleout.interfaces``)."""
+    from kit.scaleout import interfaces
+
+    ip = run_tool(["ip", "-j", "addr"])
+    if ip is None or ip[0] != 0:
+        return Check(
+            "nccl interface", "info", "ip -j addr unavailable", "install iproute2 to see the interfaces"
+        )
+    ibstat = run_tool(["ibstat"])
+    ports = (
+        interfaces.parse_ibstat(ibstat[1]) if ibstat and ibstat[0] == 0 else interfaces.read_sys_infiniband()
+    )
+    efa = run_tool(["fi_info", "-p", "efa"])
+    choice = interfaces.choose(interfaces.parse_ip_addr(ip[1]), ports, parse_fi_info(efa[1]) if efa else [])
+    values = f"NCCL_SOCKET_IFNAME={choice.socket_ifname}, MASTER_ADDR={choice.master_addr}"
+    if choice.ib_hca:
+        values += f", NCCL_IB_HCA={choice.ib_hca}"
+    fix = (
+        f"zerokit launch-cmd --interface {choice.socket_ifname}"
+        if not choice.socket_ifname.startswith("^")
+        else ""
+    )
+    return Check("nccl interface", "ok", f"{values}: {choice.reason}", fix)
 
 
 def check_shm(path: str = "/dev/shm") -> Check:
