@@ -124,3 +124,22 @@ def test_cli_json(tmp_path):
     image = matplotlib.image.imread(plot)
     assert image.shape[:2] == (3.5 * 120, 6 * 120)  # the 6 x 3.5 inch figure at the CLI's 120 dpi
     assert len(np.unique(image.reshape(-1, image.shape[-1]), axis=0)) > 10  # lines, labels: not blank
+
+
+def test_node_report_says_which_node_is_missing_slow_or_wrong():
+    from kit.scaleout.hostfile import make_hosts
+
+    hosts = make_hosts(["a", "b", "c"], 2)
+    late = CommtestResult(
+        6,
+        ranks=[{"rank": r} for r in range(4)],
+        error="rank 0: Ranks 3 failed to pass monitoredBarrier in 1000 ms",
+    )
+    assert [(n["host"], n["status"], n["late"], n["missing"]) for n in commtest.node_report(late, hosts)] == [
+        ("a", "ok", [], []),
+        ("b", "slow", [3], []),
+        ("c", "missing", [], [4, 5]),
+    ]
+    checks = [{"op": "all_reduce", "ok": False, "rank": 5, "detail": "got 4"}]
+    wrong = CommtestResult(6, ranks=[{"rank": r} for r in range(6)], checks=checks)
+    assert [n["status"] for n in commtest.node_report(wrong, hosts)] == ["ok", "ok", "wrong"]

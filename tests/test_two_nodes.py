@@ -76,3 +76,48 @@ def test_a_node_that_never_starts_is_reported(tmp_path):
     result = commtest.parse_output(output, 4, rc)
     assert rc != 0 and not result.ok
     assert "the 4 ranks did not all meet within 3 s (is every node started" in result.error
+    first, second = commtest.node_report(result, make_hosts(["localhost", "127.0.0.1"], 2))
+    assert (second["status"], second["joined"], second["missing"]) == ("missing", [], [2, 3])
+    # node 0 is there: a rank's last line may be cut when the launch ends, so at least one of its two
+    assert first["status"] in ("ok", "partial") and first["joined"] and set(first["joined"]) <= {0, 1}
+
+
+def test_zerokit_commtest_hostfile_reports_every_node(tmp_path):
+    """``zerokit commtest --hostfile`` on two simulated nodes (both hosts are this machine)."""
+    import subprocess
+    import sys
+
+    hostfile = write_hostfile(make_hosts(["localhost", "127.0.0.1"], 1), tmp_path / "hostfile")
+    argv = [
+        sys.executable,
+        "-m",
+        "kit",
+        "commtest",
+        "--hostfile",
+        str(hostfile),
+        "--sizes",
+        "4K",
+        "--iters",
+        "1",
+    ]
+    done = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["ok"] is True and out["world_size"] == 2
+    assert [(n["node_rank"], n["host"], n["status"], n["joined"]) for n in out["nodes"]] == [
+        (0, "localhost", "ok", [0]),
+        (1, "127.0.0.1", "ok", [1]),
+    ]
+    assert sorted(row["op"] for row in out["bandwidth"]) == sorted(commtest.TIMED)
+
+
+def test_a_slow_node_is_named(tmp_path):
+    hostfile = write_hostfile(make_hosts(["localhost", "127.0.0.1"], 1), tmp_path / "hostfile")
+    result, nodes = commtest.run_on_hostfile(
+        hostfile, (4096,), iters=1, arrive_s=1, late_rank=1, late_s=6, timeout_s=120
+    )
+    assert not result.ok
+    assert [(n["host"], n["status"], n["late"]) for n in nodes] == [
+        ("localhost", "ok", []),
+        ("127.0.0.1", "slow", [1]),
+    ]

@@ -31,6 +31,14 @@ def register(sub) -> None:
     p.add_argument("--arrive-s", type=float, default=60.0, help="seconds ranks wait for each other")
     p.add_argument("--timeout-s", type=float, default=300.0, help="seconds before the launch is killed")
     p.add_argument("--launcher", default="torchrun", help="torchrun (default, faster start) or deepspeed")
+    p.add_argument(
+        "--hostfile", help="run across the hosts of this hostfile (DeepSpeed's launcher reaches them)"
+    )
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="with --hostfile: start every host's ranks on this machine (a rehearsal)",
+    )
     p.add_argument("--plot", help="save the bandwidth plot to this file (.png, .svg)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=commtest_command)
@@ -65,23 +73,31 @@ def doctor_command(args: argparse.Namespace) -> int:
 
 
 def commtest_command(args: argparse.Namespace) -> int:
-    from kit.scaleout.commtest import DEFAULT_SIZES, run_commtest
+    from kit.scaleout.commtest import DEFAULT_SIZES, run_commtest, run_on_hostfile
 
-    if args.nprocs < 2:
-        raise UsageError(f"nprocs: a communication test needs at least 2 ranks, got {args.nprocs}")
-    result = run_commtest(
-        args.nprocs,
-        tuple(args.sizes or DEFAULT_SIZES),
-        iters=args.iters,
-        timeout_s=args.timeout_s,
-        arrive_s=args.arrive_s,
-        launcher=args.launcher,
-    )
+    sizes, nodes = tuple(args.sizes or DEFAULT_SIZES), None
+    timing = {"iters": args.iters, "timeout_s": args.timeout_s, "arrive_s": args.arrive_s}
+    if args.hostfile:
+        result, nodes = run_on_hostfile(args.hostfile, sizes, local=args.local or None, **timing)
+    elif args.local:
+        raise UsageError(
+            "local: --local rehearses the hosts of a --hostfile on this machine; give --hostfile"
+        )
+    else:
+        if args.nprocs < 2:
+            raise UsageError(f"nprocs: a communication test needs at least 2 ranks, got {args.nprocs}")
+        result = run_commtest(args.nprocs, sizes, launcher=args.launcher, **timing)
     if args.plot and result.timings:
         result.plot().savefig(args.plot, dpi=120)
     if args.json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), "nodes": nodes})
     else:
+        for n in nodes or []:
+            missing = f", missing {n['missing']}" if n["missing"] else ""
+            late = f", late {n['late']}" if n["late"] else ""
+            print(
+                f"node {n['node_rank']} {n['host']:<16} {n['status']:<8} ranks {n['joined']}{missing}{late}"
+            )
         for c in result.checks:
             print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['op']:<15} {c['detail']}")
         if result.timings:

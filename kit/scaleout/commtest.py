@@ -11,6 +11,7 @@ input). GB/s are 1e9 bytes per second.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 #: the per-rank script, run as a module (``-m``) so that kit/ itself is not put on sys.path
@@ -216,3 +217,86 @@ def run_local_nodes(
         with ThreadPoolExecutor(nnodes) as pool:
             done = list(pool.map(lambda argv: run_launch(argv, worker_env(nprocs), timeout_s), argvs))
     return [rc for rc, _ in done], [out for _, out in done]
+
+
+def run_on_hostfile(
+    hostfile,
+    sizes=DEFAULT_SIZES,
+    *,
+    iters: int = 5,
+    timeout_s: float = 180.0,
+    arrive_s: float = 60.0,
+    local: bool | None = None,
+    late_rank: int = -1,
+    late_s: float = 0.0,
+) -> tuple[CommtestResult, list[dict]]:
+    """The communication test across the hosts of a DeepSpeed hostfile, and a report per node.
+
+    DeepSpeed's launcher reaches the hosts itself (pdsh, from this node). When every host is this
+    machine (``localhost``, ``127.0.0.x``), or ``local=True``, each host's launcher is started here
+    instead (``--no_ssh --node_rank i``): the two-node rehearsal CI runs. Returns the result and
+    ``node_report``'s rows.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kit.run.launcher import free_port, launch_argv, run_launch, worker_env
+    from kit.scaleout.hostfile import is_local, read_hostfile
+
+    hosts = read_hostfile(hostfile)
+    world = sum(h.slots for h in hosts)
+    if world < 2:
+        raise ValueError(f"hostfile: a communication test needs at least 2 slots in all, got {world}")
+    script = worker_args(sizes, iters, arrive_s, late_rank, late_s)
+    simulate = local if local is not None else all(is_local(h.host) for h in hosts)
+    port = free_port()
+    if simulate:
+        argvs = [
+            launch_argv(
+                WORKER, script, h.slots, nnodes=len(hosts), node_rank=r, master_port=port, hostfile=hostfile
+            )
+            for r, h in enumerate(hosts)
+        ]
+        with ThreadPoolExecutor(len(hosts)) as pool:
+            done = list(
+                pool.map(lambda a: run_launch(a, worker_env(max(h.slots for h in hosts)), timeout_s), argvs)
+            )
+        rc, output = max((rc for rc, _ in done), key=abs), "\n".join(out for _, out in done)
+    else:
+        argv = launch_argv(WORKER, script, hosts[0].slots, master_addr=hosts[0].host, master_port=port)
+        argv = [argv[0], "--hostfile", str(hostfile), *argv[3:]]  # every host of the file, reached by pdsh
+        rc, output = run_launch(argv, worker_env(hosts[0].slots), timeout_s)
+    result = parse_output(output, world, rc)
+    return result, node_report(result, hosts)
+
+
+def node_report(result: CommtestResult, hosts) -> list[dict]:
+    """Per host of the hostfile: its ranks (node by node, in hostfile order, as DeepSpeed numbers them),
+    those that joined, those missing, those late at the barrier, and a verdict: ``ok``, ``missing`` (no
+    rank reported), ``slow`` (a rank arrived late), ``wrong`` (a collective's result) or ``partial``
+    (some of its ranks did not report)."""
+    joined = {r["rank"] for r in result.ranks}
+    late = {int(n) for n in re.findall(r"\d+", _late_ranks(result.error or ""))}
+    wrong = {c["rank"] for c in result.checks if not c["ok"]}
+    rows, first = [], 0
+    for node, host in enumerate(hosts):
+        ranks = list(range(first, first + host.slots))
+        first += host.slots
+        mine = {"joined": [r for r in ranks if r in joined], "late": [r for r in ranks if r in late]}
+        missing = [r for r in ranks if r not in joined]
+        if not mine["joined"]:
+            status = "missing"
+        elif mine["late"]:
+            status = "slow"
+        elif wrong & set(ranks):
+            status = "wrong"
+        else:
+            status = "partial" if missing else "ok"
+        rows.append({"node_rank": node, "host": host.host, "ranks": ranks, **mine, "missing": missing})
+        rows[-1]["status"] = status
+    return rows
+
+
+def _late_ranks(error: str) -> str:
+    """The rank list of a monitored barrier's message (``Ranks 1, 3 failed to pass monitoredBarrier``)."""
+    match = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", error)
+    return match.group(1) if match else ""

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from kit.rules import DEFAULT_MASTER_PORT
+from kit.scaleout.hostfile import is_local
 from kit.scaleout.network import SHM_SIZE
 from kit.units import GIB
 
@@ -31,7 +32,6 @@ STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "info")
 #: Docker's default /dev/shm is 64 MiB; NCCL and DataLoader workers need far more (NCCL docs, "Docker").
 MIN_SHM_BYTES = 1 * GIB
 INFINIBAND_DIR = Path("/dev/infiniband")
-LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 
 
 @dataclass(frozen=True)
@@ -346,7 +346,7 @@ def check_hostfile(path: str | os.PathLike) -> list[Check]:
         )
     else:
         checks.append(Check("pdsh", "ok", f"pdsh at {shutil.which('pdsh')}"))
-    remote = [f"{h.user}@{h.host}" if h.user else h.host for h in hosts if not _is_local(h.host)]
+    remote = [f"{h.user}@{h.host}" if h.user else h.host for h in hosts if not is_local(h.host)]
     with ThreadPoolExecutor(max_workers=16) as pool:  # each probe may wait out its timeout
         checks += list(pool.map(check_ssh, remote))
     return checks
@@ -364,10 +364,6 @@ def check_ssh(host: str, timeout_s: float = 5.0) -> Check:
     if rc != 0:
         return Check(name, "fail", f"unreachable: {_first_line(text)}", fix)
     return Check(name, "ok", "reachable without a password")
-
-
-def _is_local(host: str) -> bool:
-    return host in LOCAL_HOSTS or host.startswith("127.") or host == socket.gethostname()
 
 
 def _first_line(text: str) -> str:

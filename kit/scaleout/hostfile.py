@@ -8,6 +8,7 @@ in ``slots``); this module is stricter where DeepSpeed would fail later or silen
 from __future__ import annotations
 
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +76,11 @@ def write_hostfile(hosts: list[Host], path: str | Path) -> Path:
     path = Path(path)
     path.write_text(format_hostfile(hosts))
     return path
+
+
+def is_local(host: str) -> bool:
+    """Whether ``host`` is this machine (loopback names, or its own hostname)."""
+    return host in ("localhost", "::1") or host.startswith("127.") or host == socket.gethostname()
 
 
 def check_master(hosts: list[Host], master_addr: str) -> None:
