@@ -131,8 +131,9 @@ def from_module(module_or_factory: Any, batch: Callable | None = None, name: str
         )
     if not isinstance(module, torch.nn.Module):
         raise ValueError(f"model: the factory returned {type(module).__name__}, not a torch.nn.Module")
-    params = sum(p.numel() for p in module.parameters())  # parameters() yields each tensor once
-    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in module.modules())
+    from kit.hf_models import module_counts
+
+    counts = module_counts(module)  # parameters() yields each tensor once
     fields: dict[str, Any] = {"name": type(module).__name__}
     if isinstance(getattr(module, "spec", None), ModelSpec):
         fields = module.spec.model_dump()
@@ -140,7 +141,7 @@ def from_module(module_or_factory: Any, batch: Callable | None = None, name: str
         config = module.config.to_dict()
         if config.get("model_type") in FAMILIES:
             fields = from_hf_config(config).model_dump()
-    fields.update(params=params, largest_layer_params=largest)
+    fields.update(counts)
     if name:
         fields["name"] = name
     return _spec(**fields)

@@ -22,6 +22,7 @@ Traces are cached per (model, micro batch, sequence length, precision), so panel
 
 from __future__ import annotations
 
+import json
 import time
 import weakref
 from dataclasses import dataclass
@@ -76,7 +77,7 @@ def activations(setup: Setup) -> Term:
     )
     formula = f"{what}: {how}"
     if setup.model.arch and not setup.model.source:
-        moe = hf_models.experts(hf_models.config(_json(setup.model.arch)))
+        moe = hf_models.experts(hf_models.config(json.loads(setup.model.arch)))
         if moe:
             formula += (
                 f"; mixture of experts: activations follow the routed tokens (top-{moe[1]} of {moe[0]} "
@@ -278,9 +279,3 @@ def _fake(mode, x, dtype):
     if not hasattr(x, "is_floating_point") or not x.is_floating_point():
         return x
     return mode.from_tensor(x).to(dtype)
-
-
-def _json(text: str) -> dict:
-    import json
-
-    return json.loads(text)

@@ -190,32 +190,41 @@ def run_commtest(
 def run_local_nodes(
     script: str, script_args: list[str], nprocs: int, nnodes: int, timeout_s: float
 ) -> tuple[list[int], list[str]]:
-    """A multi-node job on this machine: one deepspeed launcher per node, as on a real cluster.
-
-    Writes a hostfile with ``nnodes`` loopback names (``localhost``, ``127.0.0.1``, ``127.0.0.2``...)
-    and starts ``deepspeed --hostfile H --no_ssh --node_rank i --master_addr 127.0.0.1`` for each
-    node at once; returns each node's exit status and output. The CI stand-in for a cluster.
-    """
+    """A multi-node job on this machine: a hostfile of ``nnodes`` loopback names (``localhost``,
+    ``127.0.0.1``, ``127.0.0.2``...) with ``nprocs`` slots each, started by ``run_hostfile_here``.
+    The CI stand-in for a cluster."""
     import tempfile
-    from concurrent.futures import ThreadPoolExecutor
 
-    from kit.run.launcher import free_port, launch_argv, run_launch, worker_env
     from kit.scaleout.hostfile import make_hosts, write_hostfile
 
     if not 2 <= nnodes <= 255:
         raise ValueError(f"nnodes: must be in 2..255 for a local multi-node rehearsal, got {nnodes}")
     names = ["localhost"] + [f"127.0.0.{i}" for i in range(1, nnodes)]
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="zerokit-nodes-") as folder:
         hostfile = write_hostfile(make_hosts(names, nprocs), f"{folder}/hostfile")
-        argvs = [
-            launch_argv(
-                script, script_args, nprocs, nnodes=nnodes, node_rank=r, master_port=port, hostfile=hostfile
-            )
-            for r in range(nnodes)
-        ]
-        with ThreadPoolExecutor(nnodes) as pool:
-            done = list(pool.map(lambda argv: run_launch(argv, worker_env(nprocs), timeout_s), argvs))
+        return run_hostfile_here(script, script_args, hostfile, timeout_s)
+
+
+def run_hostfile_here(script: str, script_args: list[str], hostfile, timeout_s: float):
+    """Every host of ``hostfile`` started on this machine at once, one deepspeed launcher per host
+    (``--hostfile H --no_ssh --node_rank i --master_addr 127.0.0.1``), as each node of a cluster
+    starts its own; returns each node's exit status and output, in hostfile order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kit.run.launcher import free_port, launch_argv, run_launch, worker_env
+    from kit.scaleout.hostfile import read_hostfile
+
+    hosts = read_hostfile(hostfile)
+    port, nodes = free_port(), len(hosts)
+    argvs = [
+        launch_argv(
+            script, script_args, h.slots, nnodes=nodes, node_rank=r, master_port=port, hostfile=hostfile
+        )
+        for r, h in enumerate(hosts)
+    ]
+    env = worker_env(max(h.slots for h in hosts))
+    with ThreadPoolExecutor(nodes) as pool:
+        done = list(pool.map(lambda argv: run_launch(argv, env, timeout_s), argvs))
     return [rc for rc, _ in done], [out for _, out in done]
 
 
@@ -237,8 +246,6 @@ def run_on_hostfile(
     instead (``--no_ssh --node_rank i``): the two-node rehearsal CI runs. Returns the result and
     ``node_report``'s rows.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     from kit.run.launcher import free_port, launch_argv, run_launch, worker_env
     from kit.scaleout.hostfile import is_local, read_hostfile
 
@@ -248,21 +255,11 @@ def run_on_hostfile(
         raise ValueError(f"hostfile: a communication test needs at least 2 slots in all, got {world}")
     script = worker_args(sizes, iters, arrive_s, late_rank, late_s)
     simulate = local if local is not None else all(is_local(h.host) for h in hosts)
-    port = free_port()
     if simulate:
-        argvs = [
-            launch_argv(
-                WORKER, script, h.slots, nnodes=len(hosts), node_rank=r, master_port=port, hostfile=hostfile
-            )
-            for r, h in enumerate(hosts)
-        ]
-        with ThreadPoolExecutor(len(hosts)) as pool:
-            done = list(
-                pool.map(lambda a: run_launch(a, worker_env(max(h.slots for h in hosts)), timeout_s), argvs)
-            )
-        rc, output = max((rc for rc, _ in done), key=abs), "\n".join(out for _, out in done)
+        rcs, outputs = run_hostfile_here(WORKER, script, hostfile, timeout_s)
+        rc, output = max(rcs, key=abs), "\n".join(outputs)
     else:
-        argv = launch_argv(WORKER, script, hosts[0].slots, master_addr=hosts[0].host, master_port=port)
+        argv = launch_argv(WORKER, script, hosts[0].slots, master_addr=hosts[0].host, master_port=free_port())
         argv = [argv[0], "--hostfile", str(hostfile), *argv[3:]]  # every host of the file, reached by pdsh
         rc, output = run_launch(argv, worker_env(hosts[0].slots), timeout_s)
     result = parse_output(output, world, rc)
