@@ -64,7 +64,8 @@ def render(result) -> str:
         f"{c.nodes} node(s) x {c.gpus_per_node} GPU(s), ZeRO stage {z.stage}, {z.precision}, {z.optimizer}, "
         f"offload optimizer={z.offload_optimizer} param={z.offload_param}",
         f"batch: {b.train_batch} = {b.micro_batch} (micro) x {s.dp} (GPUs) x {b.grad_accum} (grad accum), "
-        f"seq {b.seq_len}   formula: {result.formula}",
+        + ("" if s.model.source else f"seq {b.seq_len}   ")  # a model file's batch() sets its own shapes
+        + f"formula: {result.formula}",
         "",
         f"{'per GPU':18}{'GiB':>9}  formula",
     ]
