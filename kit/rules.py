@@ -80,6 +80,11 @@ WIRE_FACTORS = {
 }
 
 
+def wire_factor(op: str, world: int) -> float:
+    """Bytes on the wire per byte the comms logger records for ``op`` (``WIRE_FACTORS``; others once)."""
+    return WIRE_FACTORS.get(op, lambda _: 1.0)(world)
+
+
 def wire_bytes(comm: dict[str, int], world: int) -> int:
     """Bytes one rank sends for the logged collectives (``WIRE_FACTORS``; unknown ops count once).
 
@@ -87,4 +92,4 @@ def wire_bytes(comm: dict[str, int], world: int) -> int:
     """
     if world < 2:
         return 0
-    return round(sum(n * WIRE_FACTORS.get(op, lambda _: 1.0)(world) for op, n in comm.items()))
+    return round(sum(n * wire_factor(op, world) for op, n in comm.items()))

@@ -50,6 +50,9 @@ FAMILIES = {
     "gpt_neox": {**SMALL, "vocab_size": 256},
     "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 64},
 }
+#: the trace equals what autograd saves to the byte, except for these (measured: t5 +512 B of 1.79 MB,
+#: bart +8.7 KB of 0.67 MB, both unexplained), held to the issue's 3 %
+NOT_EXACT = {"t5", "bart"}
 TRACE_RTOL = 0.03
 
 
@@ -188,7 +191,10 @@ def test_traced_activations_equal_what_autograd_saves_on_cpu(case):
     seq = 64 if spec.family == "dit" else 32
     traced = trace.trace(spec, 2, seq, precision)
     measured = real_saved(spec, 2, seq, precision)
-    assert traced.saved_bytes == pytest.approx(measured, rel=TRACE_RTOL), (traced, measured)
+    if case in NOT_EXACT:
+        assert traced.saved_bytes == pytest.approx(measured, rel=TRACE_RTOL), (traced, measured)
+    else:
+        assert traced.saved_bytes == measured
     assert 0 < traced.checkpointed_bytes < traced.saved_bytes
     assert traced.peak_bytes >= traced.saved_bytes - measured * TRACE_RTOL
 

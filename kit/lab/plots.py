@@ -63,9 +63,9 @@ def memory(results: Results) -> Figure:
 def comm_volume(results: Results) -> Figure:
     """Bytes one rank sends per step, stacked by collective (all-reduce, reduce-scatter, all-gather...).
 
-    From DeepSpeed's comms logger, scaled to wire bytes (``kit.rules.WIRE_FACTORS``).
+    From DeepSpeed's comms logger, scaled to wire bytes (``kit.rules.wire_factor``).
     """
-    from kit.rules import WIRE_FACTORS
+    from kit.rules import wire_factor
 
     steps = results.steps()
     last = steps.groupby("config_id", sort=False).tail(1)
@@ -74,7 +74,7 @@ def comm_volume(results: Results) -> Figure:
     ax = fig.subplots()
     series = {
         op.replace("_", "-"): [
-            0.0 if v != v else v * WIRE_FACTORS.get(op, lambda _: 1.0)(n) / MB  # NaN: op did not run
+            0.0 if v != v else v * wire_factor(op, n) / MB  # NaN: op did not run
             for v, n in zip(last[f"comm_bytes_{op}"], last["world_size"], strict=True)
         ]
         for op in ops
