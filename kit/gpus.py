@@ -1,4 +1,10 @@
-"""GPU catalogue from data/gpus.csv (vendor datasheet figures; the source column cites each row)."""
+"""The hardware tables: GPUs (data/gpus.csv, vendor datasheets), inter-node networks (data/networks.csv)
+and indicative prices (data/prices.csv); every row cites its source.
+
+Units: memory in GiB; peak dense TFLOP/s per precision (``fp32_tflops`` without tensor cores' TF32);
+``interconnect_gbps`` GB/s between GPUs of a node, both directions together (NVLink's datasheet figure;
+one PCIe x16 link for PCIe cards); ``host_link_gbps`` GB/s to the host, one direction (theoretical).
+"""
 
 from __future__ import annotations
 
@@ -17,21 +23,33 @@ class Gpu:
     memory_gib: float
     bf16_dense_tflops: float
     fp16_dense_tflops: float
+    fp32_tflops: float
     memory_bw_gbps: float
     interconnect: str
     interconnect_gbps: float
+    host_link: str
+    host_link_gbps: float
     source: str
 
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gib * GIB)
 
+    def peak_tflops(self, precision: str) -> float:
+        """Peak dense TFLOP/s at a training precision (0 where the GPU lacks it, e.g. bf16 on a V100)."""
+        return {"bf16": self.bf16_dense_tflops, "fp16": self.fp16_dense_tflops}.get(
+            precision, self.fp32_tflops
+        )
+
 
 @cache
 def catalogue() -> dict[str, Gpu]:
     with open(DATA / "gpus.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    numeric = ("memory_gib", "bf16_dense_tflops", "fp16_dense_tflops", "memory_bw_gbps", "interconnect_gbps")
+    numeric = (
+        "memory_gib", "bf16_dense_tflops", "fp16_dense_tflops", "fp32_tflops", "memory_bw_gbps",
+        "interconnect_gbps", "host_link_gbps",
+    )  # fmt: skip
     return {r["name"]: Gpu(**{k: float(v) if k in numeric else v for k, v in r.items()}) for r in rows}
 
 
@@ -44,3 +62,47 @@ def gpu(name: str) -> Gpu:
         return catalogue()[name]
     except KeyError:
         raise ValueError(f"gpu: unknown GPU {name!r}; choose one of {', '.join(catalogue())}") from None
+
+
+@dataclass(frozen=True)
+class Network:
+    """An inter-node fabric from data/networks.csv: bandwidth per node, all NICs together."""
+
+    name: str
+    kind: str
+    gbits_per_node: float
+    source: str
+
+    @property
+    def gbytes_per_node(self) -> float:
+        return self.gbits_per_node / 8
+
+
+#: the fabric the planner assumes for each ``Cluster.interconnect`` unless told otherwise
+DEFAULT_NETWORK = {"infiniband": "ib-ndr-8x400", "efa": "efa-p5-3200", "ethernet": "ethernet-100g"}
+
+
+@cache
+def networks() -> dict[str, Network]:
+    with open(DATA / "networks.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {r["name"]: Network(**{**r, "gbits_per_node": float(r["gbits_per_node"])}) for r in rows}
+
+
+def network(name: str) -> Network:
+    """A fabric by name (``ib-ndr-8x400``...) or by kind (``infiniband``: its ``DEFAULT_NETWORK``)."""
+    name = DEFAULT_NETWORK.get(name, name)
+    try:
+        return networks()[name]
+    except KeyError:
+        raise ValueError(
+            f"network: unknown network {name!r}; choose one of {', '.join(networks())} "
+            f"or a kind ({', '.join(DEFAULT_NETWORK)})"
+        ) from None
+
+
+@cache
+def prices() -> dict[str, tuple[float, str]]:
+    """Indicative on-demand USD per GPU-hour and its source, per GPU (data/prices.csv)."""
+    with open(DATA / "prices.csv", newline="") as f:
+        return {r["gpu"]: (float(r["usd_per_gpu_hour"]), r["source"]) for r in csv.DictReader(f)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -242,14 +242,21 @@ def tensor_numels(spec: ModelSpec) -> list[int] | None:
     rank, say) gives the same list. Without it the list is derived from the shape with the family's
     defaults; either is used only when it reproduces the spec's counts exactly, else None.
     """
+    numels = spec_tensors(spec)
+    return None if numels is None else list(numels)
+
+
+@lru_cache(maxsize=512)
+def spec_tensors(spec: ModelSpec) -> tuple[int, ...] | None:
+    """``tensor_numels`` as a tuple, cached per spec (an estimate asks several times, a plan thousands)."""
     if spec.source:
-        return list(model_files.tensor_numels(spec.source))
+        return tuple(model_files.tensor_numels(spec.source))
     if spec.family not in FAMILIES and spec.arch:
         from kit import hf_models
 
-        return list(hf_models.tensor_numels(spec.arch))
+        return tuple(hf_models.tensor_numels(spec.arch))
     try:
-        return list(_arch_tensors(json.dumps(config_of(spec), sort_keys=True)))
+        return tuple(_arch_tensors(json.dumps(config_of(spec), sort_keys=True)))
     except ValueError:
         return None
 

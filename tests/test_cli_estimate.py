@@ -95,6 +95,46 @@ def test_plan_lists_smallest_cluster_and_batches(capsys):
     assert [b["micro_batch"] for b in data["batch_options"]] == [8, 4, 2, 1]
     stage3 = next(r for r in data["smallest_cluster"] if r["variant"].startswith("z3 bf16"))
     assert stage3["gpus"] == 2  # one A100-80GB is too small for ZeRO-3 without offload; two suffice
+    assert data["train_batch"] == 64 and data["evaluated"] > 1000 and data["fitting"] > 0
+    cheapest = data["setups"]
+    assert len(cheapest) == 10 and [r["cost_usd"] for r in cheapest] == sorted(
+        r["cost_usd"] for r in cheapest
+    )
+    assert all(r["fits"] and r["hours"] > 0 for r in cheapest + data["pareto"])
+    assert {r["pick"] for r in data["best_per_gpu"]} == {"cheapest", "fastest"}
+    assert data["make_it_fit"] == []  # the given setup fits
+    assert data["assumptions"] == {
+        "efficiency": 0.4,
+        "link_efficiency": 0.8,
+        "overlap": 0.5,
+        "host_memory_gbps": 300,
+    }
+
+
+def test_plan_text_shows_the_front_and_how_to_make_it_fit(capsys):
+    code, out, _ = run_cli(
+        capsys, "plan", "--model", "llama-2-7b", "--stage", "0", "--micro-batch", "8", "--seq-len", "4096",
+        "--gpus", "H100-SXM-80GB,A100-SXM-80GB", "--price", "H100-SXM-80GB=4", "--efficiency", "0.5",
+    )  # fmt: skip
+    assert code == 0
+    assert "Pareto front" in out and "efficiency 0.5" in out and "$" in out
+    assert "does not fit; the smallest changes that make it fit" in out and "(global 64 kept)" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--price", "H100=3"], "price: unknown GPU 'H100'"),
+        (["--price", "cheap"], "price: expected USD or GPU=USD"),
+        (["--efficiency", "0"], "efficiency: must be in (0, 1]"),
+        (["--network", "wifi"], "network: unknown network 'wifi'"),
+        (["--headroom", "1"], "headroom: must be in [0, 1)"),
+    ],
+)
+def test_plan_bad_search_input_exits_2_with_one_line(capsys, argv, message):
+    code, out, err = run_cli(capsys, "plan", "--model", "llama-2-7b", *argv, "--json")
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and message in err
 
 
 def test_module_entry_point_answers_without_torch():

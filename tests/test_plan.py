@@ -1,10 +1,12 @@
-"""Planning: the smallest cluster per ZeRO variant, the largest micro batch, a global batch's choices."""
+"""Planning: every setup with its time and cost, the Pareto front, make-it-fit, the smallest cluster per ZeRO
+variant, the largest micro batch, a global batch's choices."""
 
 import pandas as pd
 import pytest
 
 from kit import models
-from kit.estimate import estimate, plan
+from kit.estimate import estimate, perf, plan
+from kit.gpus import gpu, prices
 from kit.schema import Setup
 from kit.units import GIB
 
@@ -61,3 +63,60 @@ def test_batch_options_for_a_global_batch(llama7b):
         ValueError, match=r"^train_batch: must be a multiple of the data-parallel size 8, got 60"
     ):
         plan.batch_options(llama7b, 60)
+
+
+@pytest.fixture(scope="module")
+def searched():
+    s = Setup(model=models.preset("llama-2-7b"), batch={"micro_batch": 1, "seq_len": 4096})
+    return plan.search(s, train_batch=256, max_nodes=8, tokens=1e11, price={"H100-SXM-80GB": 5.0})
+
+
+def test_search_rows_are_what_estimate_and_perf_say_of_their_setup(searched):
+    table = searched.table
+    assert len(table) > 1000 and searched.skipped == [
+        "V100-SXM2-16GB: no bf16 support", "V100-SXM2-32GB: no bf16 support"
+    ]  # fmt: skip
+    assert ((table.micro_batch * table.gpus * table.grad_accum) == 256).all()  # the global batch is kept
+    one_gpu = table[table.gpus == 1]
+    assert ((one_gpu.stage == 0) | (one_gpu.offload_optimizer == "cpu")).all()
+    for i in table.index[::53]:
+        s = searched.setup(i)
+        row = table.loc[i]
+        est = estimate(s)
+        t = perf.step_time(s)
+        assert row.per_gpu_gib == est.per_gpu_bytes / GIB and row.step_s == pytest.approx(t.step_s, rel=1e-12)
+        assert row.fits == (est.per_gpu_bytes <= gpu(s.cluster.gpu).memory_bytes * 0.9)
+        usd = 5.0 if s.cluster.gpu == "H100-SXM-80GB" else prices()[s.cluster.gpu][0]
+        assert row.cost_usd == pytest.approx(t.run(1e11, usd)["cost_usd"], rel=1e-12)
+
+
+def test_pareto_front_and_picks_per_gpu(searched):
+    fit = searched.fitting()
+    assert fit.fits.all() and fit.cost_usd.is_monotonic_increasing
+    front = searched.pareto()
+    assert front.hours.is_monotonic_increasing and front.cost_usd.is_monotonic_decreasing
+    for _, row in front.iterrows():  # nothing that fits beats a front point on both time and cost
+        assert not ((fit.hours < row.hours) & (fit.cost_usd < row.cost_usd)).any()
+    picks = searched.best_per_gpu()
+    for (name, pick), row in picks.set_index(["gpu", "pick"]).iterrows():
+        mine = fit[fit.gpu == name]
+        column = "cost_usd" if pick == "cheapest" else "hours"
+        assert row[column] == mine[column].min()
+    assert searched.fitting(max_hours=100).hours.max() <= 100
+    options = searched.options()
+    variant = ["gpu", "gpus", "stage", "offload_optimizer", "offload_param", "checkpointing"]
+    assert len(options) < len(fit) and not options.duplicated(variant).any()
+
+
+def test_make_it_fit_lists_changes_that_fit(llama7b):
+    big = llama7b.replace(zero={"stage": 0}, batch={"micro_batch": 8, "grad_accum": 1, "seq_len": 4096})
+    capacity = gpu(big.cluster.gpu).memory_bytes * 0.9
+    assert estimate(big).per_gpu_bytes > capacity
+    table = plan.make_it_fit(big)
+    assert len(table) >= 3 and table.fits.all()
+    assert table.changes.is_monotonic_increasing  # the fewest changes first
+    assert all(row.per_gpu_gib * GIB <= capacity for row in table.itertuples())
+    assert any("global 64 kept" in change for change in table.change)
+    single = plan.make_it_fit(big.replace(zero={"stage": 3}))  # one knob suffices: no pairs are tried
+    assert (single.changes == 1).all() and "activation checkpointing on" in set(single.change)
+    assert plan.make_it_fit(llama7b.replace(zero={"stage": 3})).empty  # it already fits

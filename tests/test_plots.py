@@ -138,3 +138,17 @@ def test_estimated_memory_stacks_components():
         tops[x] = max(tops.get(x, 0.0), bar.get_y() + bar.get_height())
     assert sorted(tops.values()) == pytest.approx(sorted(e.per_gpu_bytes / GIB for e in estimates), rel=1e-9)
     assert ax.lines[0].get_ydata()[0] == pytest.approx(79.65)
+
+
+def test_pareto_plot_draws_every_fitting_setup_and_the_front():
+    from kit.estimate import plan as planning
+    from kit.schema import Setup
+
+    found = planning.search(Setup(model=models.preset("llama-2-7b"), batch={}), train_batch=64, max_nodes=2)
+    fig = plots.pareto(found)
+    ax = fig.axes[0]
+    points = sum(len(c.get_offsets()) for c in ax.collections)
+    assert points == len(found.fitting())
+    (front,) = ax.lines
+    assert list(front.get_xdata()) == list(found.pareto().hours)
+    assert ax.get_xscale() == "log" and "USD" in ax.get_ylabel()

@@ -19,7 +19,7 @@ EXAMPLES = [
 
 
 def test_the_readme_has_examples():
-    assert [command.split()[0] for command, _ in EXAMPLES] == ["estimate"]
+    assert [command.split()[0] for command, _ in EXAMPLES] == ["estimate", "explain"]
 
 
 @pytest.mark.parametrize(("command", "shown"), EXAMPLES, ids=[c for c, _ in EXAMPLES])

@@ -198,3 +198,27 @@ def test_comparison_panel_run_button(tmp_path):
     assert len(check) == 2 * 2 * 8  # configurations x ranks x (4 device + 4 host components)
     assert (check["difference"] == 0).all()
     assert (tmp_path / "panel" / "records.jsonl").exists()
+
+
+def test_plan_panel_shows_what_the_planner_says():
+    from kit.estimate import plan
+    from kit.lab.widgets import plan_panel
+
+    start = Setup(
+        model=models.preset("llama-2-7b"), zero={"stage": 0}, batch={"micro_batch": 8, "seq_len": 4096}
+    )
+    p = plan_panel(start, train_batch=256, max_nodes=4)
+    assert (
+        p.error is None
+        and f"{len(p.plan.fitting()):,} of {len(p.plan.table):,} setups fit" in p.verdict.value
+    )
+    again = plan.search(start, train_batch=256, max_nodes=4, tokens=p.tokens.value * 1e9)
+    assert p.plan.table.cost_usd.tolist() == again.table.cost_usd.tolist()
+    assert not p.fixes.empty and p.fixes.fits.all()  # z0 with micro batch 8 does not fit an H100
+    fast = p.plan.fitting().hours.min()
+    p.efficiency.value = 0.8  # twice the default: compute takes half as long
+    assert p.plan.assumptions.efficiency == 0.8 and p.plan.fitting().hours.min() < fast
+    p.gpus.value = ("H100-SXM-80GB",)
+    assert set(p.plan.table.gpu) == {"H100-SXM-80GB"}
+    p.max_hours.value = 0.001
+    assert "none of" in p.verdict.value and "in time" in p.verdict.value

@@ -16,18 +16,8 @@ class UsageError(ValueError):
 
 def add_setup_args(p: argparse.ArgumentParser) -> None:
     """Flags that build a Setup (model, cluster, ZeRO settings, batch), shared by subcommands."""
-    m = p.add_argument_group("model")
-    m.add_argument(
-        "--model", help="preset name (see `zerokit estimate --list-models`) or path to a config.json"
-    )
-    m.add_argument("--params", type=_count, help="bare parameter count, e.g. 7e9 (instead of --model)")
-    m.add_argument("--largest-layer", type=_count, help="largest layer's parameter count (with --params)")
-    add_model_overrides(m)
-    c = p.add_argument_group("cluster")
-    c.add_argument("--nodes", type=int, default=1)
-    c.add_argument("--gpus-per-node", type=int, default=8)
-    c.add_argument("--gpu", default="H100-SXM-80GB", help="a name in data/gpus.csv")
-    c.add_argument("--cpu-ram-gb", type=float, help="CPU RAM per node, GiB (for the offload fit check)")
+    add_model_args(p)
+    add_cluster_args(p)
     z = p.add_argument_group("ZeRO")
     z.add_argument("--stage", type=int, default=2)
     z.add_argument("--offload-optimizer", default="none", help="none or cpu")
@@ -37,12 +27,45 @@ def add_setup_args(p: argparse.ArgumentParser) -> None:
     z.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
     z.add_argument("--activation-checkpointing", action="store_true")
     z.add_argument("--ds-config", help="read ZeRO and batch settings from an existing ds_config.json")
+    add_batch_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """``--model`` / ``--params [--largest-layer]`` and the architecture overrides."""
+    m = p.add_argument_group("model")
+    m.add_argument(
+        "--model", help="preset name (see `zerokit estimate --list-models`) or path to a config.json"
+    )
+    m.add_argument("--params", type=_count, help="bare parameter count, e.g. 7e9 (instead of --model)")
+    m.add_argument("--largest-layer", type=_count, help="largest layer's parameter count (with --params)")
+    add_model_overrides(m)
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """``--nodes --gpus-per-node --gpu --cpu-ram-gb`` (read back by ``cluster_from_args``)."""
+    c = p.add_argument_group("cluster")
+    c.add_argument("--nodes", type=int, default=1)
+    c.add_argument("--gpus-per-node", type=int, default=8)
+    c.add_argument("--gpu", default="H100-SXM-80GB", help="a name in data/gpus.csv")
+    c.add_argument("--cpu-ram-gb", type=float, help="CPU RAM per node, GiB (for the offload fit check)")
+
+
+def add_batch_args(p: argparse.ArgumentParser) -> None:
+    """``--micro-batch --grad-accum --train-batch --seq-len``."""
     b = p.add_argument_group("batch (any two of micro/grad-accum/train determine the third)")
     b.add_argument("--micro-batch", type=int)
     b.add_argument("--grad-accum", type=int)
     b.add_argument("--train-batch", type=int)
     b.add_argument("--seq-len", type=int)
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def cluster_from_args(args: argparse.Namespace) -> dict:
+    """The Cluster fields the cluster flags give."""
+    cluster = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gpu": args.gpu}
+    if args.cpu_ram_gb:
+        cluster["cpu_ram_per_node_bytes"] = int(args.cpu_ram_gb * 1024**3)
+    return cluster
 
 
 def add_model_overrides(group) -> None:
@@ -88,15 +111,15 @@ def setup_from_args(args: argparse.Namespace):
     from kit.schema import Setup
 
     spec = model_from_args(args)
-    cluster = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gpu": args.gpu}
-    if args.cpu_ram_gb:
-        cluster["cpu_ram_per_node_bytes"] = int(args.cpu_ram_gb * 1024**3)
+    cluster = cluster_from_args(args)
     batch = {"micro_batch": args.micro_batch, "grad_accum": args.grad_accum, "train_batch": args.train_batch}
     batch["seq_len"] = args.seq_len
     if args.ds_config:
-        from kit.ds_config import read_ds_config
+        # A config DeepSpeed would refuse is refused here, in the words of `zerokit explain`'s first error
+        # (this runs DeepSpeed's own parser, so it imports deepspeed).
+        from kit.estimate.explain import checked_setup
 
-        setup, notes = read_ds_config(args.ds_config, model=spec, cluster=cluster, **batch)
+        setup, notes = checked_setup(args.ds_config, model=spec, cluster=cluster, **batch)
         for note in notes:  # how each "auto" was resolved: stderr, so --json stays one object
             print(f"note: {note}", file=sys.stderr)
         return setup

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from kit.cli.args import add_setup_args, print_json, setup_from_args
+from kit.cli.args import UsageError, _count, add_setup_args, print_json, setup_from_args
+from kit.estimate.perf import Assumptions
 from kit.units import GIB
 
 
@@ -26,12 +27,35 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "plan",
-        help="smallest cluster per ZeRO stage, and the batch decompositions of a global batch",
-        description="For a model and GPU type: the fewest GPUs each ZeRO variant fits on, and every "
-        "(micro batch, gradient accumulation) pair that makes --train-batch on the chosen cluster.",
+        help="every setup that fits, with predicted time and cost; what makes yours fit",
+        description="For a model: every GPU type x cluster size x ZeRO variant x checkpointing x batch "
+        "decomposition of the global batch, estimated and timed; the Pareto front of time vs cost, the "
+        "cheapest and fastest per GPU, the smallest changes that make the given setup fit, the fewest GPUs "
+        "each ZeRO variant fits on, and the batch decompositions on the given cluster.",
     )
     add_setup_args(p)
     p.add_argument("--max-nodes", type=int, default=64)
+    s = p.add_argument_group("search")
+    s.add_argument(
+        "--gpus", help="GPU types to consider, comma-separated (default: every row of data/gpus.csv)"
+    )
+    s.add_argument("--tokens", type=_count, help="tokens to train on, e.g. 2T (default: 20 x params)")
+    s.add_argument(
+        "--price",
+        action="append",
+        default=[],
+        metavar="[GPU=]USD",
+        help="USD per GPU-hour, for every GPU or one (repeatable); default: data/prices.csv",
+    )
+    s.add_argument("--headroom", type=float, help="share of GPU memory kept free (default 0.1)")
+    s.add_argument("--max-hours", type=float, help="only setups that finish within this wall-clock time")
+    s.add_argument(
+        "--network", help="inter-node fabric in data/networks.csv (default: per --interconnect kind)"
+    )
+    s.add_argument("--top", type=int, default=10, help="fitting setups listed, cheapest first (0: all)")
+    a = p.add_argument_group("performance-model assumptions (kit.estimate.perf.Assumptions)")
+    for name, value in vars(Assumptions()).items():
+        a.add_argument(f"--{name.replace('_', '-')}", type=float, default=value, help=f"default {value:g}")
     p.set_defaults(func=run_plan)
 
 
@@ -86,23 +110,101 @@ def render(result) -> str:
     return "\n".join(lines)
 
 
+#: columns of the plan's text tables
+PLAN_COLUMNS = ["label", "per_gpu_gib", "step_s", "tokens_per_s", "hours", "cost_usd"]
+
+
 def run_plan(args: argparse.Namespace) -> int:
     from kit.estimate import plan
 
     setup = setup_from_args(args)
+    assume = Assumptions(**{name: getattr(args, name) for name in vars(Assumptions())})
+    train_batch = args.train_batch or plan.DEFAULT_TRAIN_BATCH
+    headroom = plan.DEFAULT_HEADROOM if args.headroom is None else args.headroom
+    found = plan.search(
+        setup,
+        train_batch=train_batch,
+        gpus=_items(args.gpus),
+        max_nodes=args.max_nodes,
+        headroom=headroom,
+        tokens=args.tokens,
+        price=_prices(args.price, _items(args.gpus)),
+        assumptions=assume,
+        fabric=args.network,
+    )
+    fix = plan.make_it_fit(setup, headroom=headroom, assumptions=assume, fabric=args.network)
     clusters = plan.smallest_cluster(setup, max_nodes=args.max_nodes)
     batches = plan.batch_options(setup, setup.batch.train_batch)
+    fitting = found.options(args.max_hours)
+    top = fitting if args.top == 0 else fitting.head(args.top)
     if args.json:
         print_json(
             {
                 "setup": setup.model_dump(mode="json"),
+                **found.to_dict(),
+                "train_batch": train_batch,
+                "setups": plan.records(top),
+                "make_it_fit": plan.records(fix),
                 "smallest_cluster": clusters.to_dict(orient="records"),
                 "batch_options": batches.to_dict(orient="records"),
             }
         )
         return 0
-    print(f"Smallest cluster of {setup.cluster.gpu} per ZeRO variant ({setup.model.name}):")
+    print(
+        f"{setup.model.name}: global batch {train_batch} x seq {setup.batch.seq_len}, "
+        f"{found.tokens:.3g} tokens, {setup.zero.precision}, headroom {headroom:.0%}; "
+        f"{len(found.table):,} setups in {found.seconds:.2f} s ({found.setups_per_s:,.0f}/s), "
+        f"{int(found.table.fits.sum()):,} fit"
+    )
+    print("assumptions: " + ", ".join(f"{k} {v:g}" for k, v in vars(assume).items()))
+    for line in found.skipped:
+        print(f"skipped {line}")
+    print("\nPareto front, wall-clock time vs cost (fastest first):")
+    print(_table(found.pareto()))
+    print("\nCheapest and fastest per GPU type:")
+    print(_table(found.best_per_gpu(), ["pick", *PLAN_COLUMNS]))
+    print(f"\nCheapest fitting setups, the best batch of each ({len(top)} of {len(fitting):,}):")
+    print(_table(top))
+    here = f"{setup.label} on {setup.cluster.nodes}x{setup.cluster.gpus_per_node} {setup.cluster.gpu}"
+    if fix.empty:
+        print(f"\n{here}: fits with {headroom:.0%} headroom.")
+    else:
+        print(f"\n{here} does not fit; the smallest changes that make it fit:")
+        print(_table(fix, ["change", "per_gpu_gib", "step_s", "tokens_per_s"]))
+    print(f"\nSmallest cluster of {setup.cluster.gpu} per ZeRO variant ({setup.model.name}):")
     print(clusters.to_string(index=False))
     print(f"\nDecompositions of train_batch {setup.batch.train_batch} on {setup.dp} GPUs:")
     print(batches.to_string(index=False))
     return 0
+
+
+def _table(frame, columns: list[str] = PLAN_COLUMNS) -> str:
+    if frame.empty:
+        return "  (none)"
+    from kit.estimate.plan import readable
+
+    return readable(frame[columns]).to_string(index=False)
+
+
+def _items(text: str | None) -> list[str] | None:
+    return [item.strip() for item in text.split(",") if item.strip()] if text else None
+
+
+def _prices(items: list[str], gpus: list[str] | None) -> dict[str, float]:
+    """``--price 2.5`` (every GPU) and ``--price H100-SXM-80GB=6.9`` (one) as {gpu: USD per GPU-hour}."""
+    from kit.gpus import gpu_names
+
+    out: dict[str, float] = {}
+    for item in items:
+        name, _, value = item.rpartition("=")
+        try:
+            usd = float(value)
+        except ValueError:
+            raise UsageError(f"price: expected USD or GPU=USD, got {item!r}") from None
+        if usd <= 0:
+            raise UsageError(f"price: must be > 0 USD per GPU-hour, got {item!r}")
+        for target in [name] if name else gpus or gpu_names():
+            if target not in gpu_names():
+                raise UsageError(f"price: unknown GPU {target!r}; choose one of {', '.join(gpu_names())}")
+            out[target] = usd
+    return out

@@ -1,7 +1,8 @@
-"""``zerokit doctor`` and ``zerokit commtest``: preflight checks before a (multi-node) run.
+"""``zerokit doctor``, ``zerokit commtest`` and ``zerokit calibrate``: preflight checks before a
+(multi-node) run, and how far the step-time model is from what a sweep measured.
 
-Parse, call kit.scaleout, print. Both exit 1 when a check fails (0 otherwise), so a job script can stop
-before it books nodes for nothing.
+Parse, call kit.scaleout, print. doctor and commtest exit 1 when a check fails (0 otherwise), so a job
+script can stop before it books nodes for nothing.
 """
 
 from __future__ import annotations
@@ -42,6 +43,54 @@ def register(sub) -> None:
     p.add_argument("--plot", help="save the bandwidth plot to this file (.png, .svg)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=commtest_command)
+
+    p = sub.add_parser(
+        "calibrate",
+        help="the step-time model's predictions beside a sweep's measured step times, and its error",
+        description="Predict each configuration of a sweep with kit.estimate.perf and compare with its "
+        "measured median step time. CPU records use this machine's measured matmul rate and gloo bandwidth.",
+    )
+    p.add_argument("sweep", help="a sweep folder (runs/<sweep>) or its records.jsonl")
+    p.add_argument("--nprocs", type=int, default=2, help="ranks the sweep ran on (for the CPU measurement)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(func=calibrate_command)
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    from kit.run.results import Results
+    from kit.scaleout import calibrate as cal
+    from kit.schema import Setup
+
+    results = Results.load(args.sweep)
+    ok = [r for r in results.records if r.get("status") == "ok" and "device" in r]
+    if not ok:
+        raise UsageError(f"sweep: {args.sweep} has no measured configuration to compare with")
+    machine = None
+    if any(r["device"] == "cpu" for r in ok):
+        setup = Setup.model_validate(ok[0]["setup"])
+        precisions = tuple(sorted({r["setup"]["zero"]["precision"] for r in ok}))
+        machine = cal.cpu_machine(args.nprocs, precisions, cal.matmul_shape(setup))
+    table = cal.calibrate(results, machine)
+    error = cal.median_abs_error(table)
+    if args.json:
+        print_json(
+            {
+                "configs": table.to_dict(orient="records"),
+                "median_abs_error": error,
+                "machine": vars(machine) if machine else None,
+            }
+        )
+        return 0
+    if machine:
+        rates = ", ".join(f"{k} {v * 1e3:.1f} GFLOP/s" for k, v in machine.tflops.items())
+        print(
+            f"this machine: {machine.threads} thread(s) per rank, matmul {rates}, gloo all-reduce "
+            f"{machine.bus_gbps:.2f} GB/s, memory copy {machine.copy_gbps:.1f} GB/s"
+        )
+    shown = table.assign(error=table.error.map("{:+.0%}".format))
+    print(shown.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    print(f"median |predicted / measured - 1| = {error:.0%} over {len(table)} configurations")
+    return 0
 
 
 def byte_size(text: str) -> int:

@@ -26,15 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run ZeRO configurations for a few steps on N local ranks (CPU without CUDA), "
         "measure them, and compare with the estimate.",
     )
-    p.add_argument("--sweep", default="sweep", help="sweep name: folder under --runs-dir; re-running resumes")
-    p.add_argument("--runs-dir", default="runs")
-    m = p.add_argument_group("model")
-    m.add_argument(
-        "--model",
-        default="toy",
-        help="toy (tiny GPT), toy-dit, a preset, a config.json or a model file (my_model.py)",
-    )
-    add_model_overrides(m)
+    add_launch_args(p, sweep="sweep")
     p.add_argument("--stages", default="0,1,2,3", help="comma-separated ZeRO stages")
     p.add_argument("--offload-optimizer", default="none", help="comma-separated: none,cpu")
     p.add_argument("--offload-param", default="none", help="comma-separated: none,cpu (stage 3 only)")
@@ -48,6 +40,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--seq-len", type=int)
+    p.set_defaults(func=run)
+
+
+def add_launch_args(p: argparse.ArgumentParser, *, sweep: str) -> None:
+    """The flags of a command that runs Setups for real (``run``, ``tune``): the sweep and its folder,
+    the model (as ``--model`` plus the architecture overrides), the ranks, steps, watchdog, launcher,
+    progress bar and ``--json``."""
+    p.add_argument("--sweep", default=sweep, help="sweep name: folder under --runs-dir; re-running resumes")
+    p.add_argument("--runs-dir", default="runs")
+    m = p.add_argument_group("model")
+    m.add_argument(
+        "--model",
+        default="toy",
+        help="toy (tiny GPT), toy-dit, a preset, a config.json or a model file (my_model.py)",
+    )
+    add_model_overrides(m)
     p.add_argument("--nprocs", type=int, default=2, help="ranks on this machine")
     p.add_argument("--steps", type=int, default=5, help="measured steps per configuration")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps first")
@@ -60,7 +68,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--launcher", default="deepspeed", help="deepspeed or torchrun")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (on stderr)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(func=run)
+
+
+def launch_options(args: argparse.Namespace) -> dict:
+    """``run_sweep``'s keyword arguments from ``add_launch_args``' flags."""
+    return {
+        "sweep": args.sweep,
+        "runs_dir": args.runs_dir,
+        "nprocs": args.nprocs,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "timeout_s": args.timeout,
+        "launcher_name": args.launcher,
+        "progress": not args.no_progress,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,17 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     setups = setups_from_args(args)
     with _stdout_to_stderr() if args.json else contextlib.nullcontext():
-        results = run_sweep(
-            setups,
-            sweep=args.sweep,
-            runs_dir=args.runs_dir,
-            nprocs=args.nprocs,
-            steps=args.steps,
-            warmup=args.warmup,
-            timeout_s=args.timeout,
-            launcher_name=args.launcher,
-            progress=not args.no_progress,
-        )
+        results = run_sweep(setups, **launch_options(args))
     if args.json:
         print_json({"sweep": args.sweep, "records": str(results.path), "configs": results.configs()})
     else:
@@ -164,8 +175,8 @@ def _items(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def _int(flag: str, text: str) -> int:
+def _int(flag: str, text: str, allowed: str = "0-3") -> int:
     try:
         return int(text)
     except ValueError:
-        raise UsageError(f"{flag}: comma-separated integers 0-3, got {text!r}") from None
+        raise UsageError(f"{flag}: comma-separated integers {allowed}, got {text!r}") from None

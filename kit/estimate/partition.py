@@ -8,9 +8,11 @@ parameter count is approximated as its largest layer plus one tensor for the res
 
 from __future__ import annotations
 
-from kit.models import tensor_numels
+from functools import lru_cache
+
+from kit.models import spec_tensors
 from kit.rules import NCCL_ALIGNMENT
-from kit.schema import Setup
+from kit.schema import ModelSpec, Setup
 
 
 def partition_numel(setup: Setup) -> int:
@@ -19,43 +21,52 @@ def partition_numel(setup: Setup) -> int:
     sum over tensors of ``ceil(numel / dp)``; stage 0, every parameter."""
     n = setup.dp
     if setup.zero.stage == 3:
-        return sum(-(-t // n) for t in numels(setup))
+        return _stage3_partition(setup.model, n)
     if setup.zero.stage in (1, 2):
         return -(-setup.model.params // (NCCL_ALIGNMENT * n)) * NCCL_ALIGNMENT
     return setup.model.params
 
 
-def numels(setup: Setup) -> list[int]:
+@lru_cache(maxsize=512)
+def _stage3_partition(model: ModelSpec, n: int) -> int:
+    return sum(-(-t // n) for t in numels(Setup(model=model)))
+
+
+def numels(setup: Setup) -> tuple[int, ...]:
     """Every parameter tensor's numel; for a bare count, the largest layer and one tensor for the rest."""
-    exact = tensor_numels(setup.model)
+    exact = spec_tensors(setup.model)
     if exact is not None:
         return exact
     m = setup.model
     rest = m.params - m.largest_layer_params
-    return [m.largest_layer_params] + ([rest] if rest else [])
+    return (m.largest_layer_params,) + ((rest,) if rest else ())
 
 
 def is_exact(setup: Setup) -> bool:
     """Whether the tensor list is known (not approximated from a bare count)."""
-    return tensor_numels(setup.model) is not None
+    return spec_tensors(setup.model) is not None
 
 
 def touched(setup: Setup) -> list[int]:
     """Per rank, the elements of every tensor overlapping its flat range (stage 1/2's gradient buffer,
     ``params_in_partition``); the last rank's range also carries the alignment padding. Without a
     tensor list every rank counts exactly its partition."""
-    n, part = setup.dp, partition_numel(setup)
-    if not is_exact(setup):
-        return [part] * n
+    return list(_touched(setup.model, setup.dp, partition_numel(setup)))
+
+
+@lru_cache(maxsize=512)
+def _touched(model: ModelSpec, n: int, part: int) -> tuple[int, ...]:
+    if spec_tensors(model) is None:
+        return (part,) * n
     out = [0] * n
     start = 0
-    for t in numels(setup):
+    for t in spec_tensors(model):
         first, last = start // part, min((start + t - 1) // part, n - 1)
         for r in range(first, last + 1):
             out[r] += t
         start += t
     out[-1] += part * n - start
-    return out
+    return tuple(out)
 
 
 def worst_rank(setup: Setup) -> int:

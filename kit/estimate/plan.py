@@ -1,16 +1,33 @@
-"""Planning before booking: the smallest cluster each ZeRO variant fits on, and the batch choices.
+"""Planning before booking: every setup that fits, its time and cost, and what makes a setup fit.
 
-Every verdict is ``kit.estimate``'s; these functions search over Setups and arrange the answers as
-pandas tables (used by ``zerokit plan``, the notebooks and the widgets).
+Every memory verdict is ``kit.estimate``'s and every time ``kit.estimate.perf``'s; these functions search
+over Setups and arrange the answers as pandas tables (used by ``zerokit plan``, the notebooks and the
+widgets). ``search`` enumerates GPU types x cluster sizes x ZeRO variants x checkpointing x every
+(micro batch, grad accum) pair of a global batch; ``make_it_fit`` lists the smallest changes that make
+one setup fit; ``smallest_cluster`` and ``batch_options`` answer the two narrower questions.
 """
 
 from __future__ import annotations
 
+import itertools
+import time
+from dataclasses import dataclass, field
+
 import pandas as pd
 
 from kit import batch as batch_math
+from kit.estimate import perf
+from kit.gpus import catalogue, gpu, prices
 from kit.schema import Setup
 from kit.units import GIB, whole_number
+
+#: the share of GPU memory a plan keeps free unless told otherwise (fragmentation, spikes, the unknown)
+DEFAULT_HEADROOM = 0.1
+#: the global batch ``zerokit plan`` searches when none is given: Llama 2's 4M tokens at seq 4096
+#: (Touvron et al. 2023), 1024 sequences
+DEFAULT_TRAIN_BATCH = 1024
+#: tokens per parameter when no run length is given: Chinchilla's compute-optimal ratio (Hoffmann et al. 2022)
+TOKENS_PER_PARAM = 20
 
 #: the common ZeRO variants ``smallest_cluster`` (and ``zerokit demo``) compare
 DEFAULT_VARIANTS = [
@@ -20,6 +37,12 @@ DEFAULT_VARIANTS = [
     {"stage": 2, "offload_optimizer": "cpu", "offload_param": "none"},
     {"stage": 3, "offload_optimizer": "none", "offload_param": "none"},
     {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+]
+#: what ``search`` tries: the above plus stage 3 with only the optimizer offloaded
+SEARCH_VARIANTS = [
+    *DEFAULT_VARIANTS[:5],
+    {**DEFAULT_VARIANTS[4], "offload_optimizer": "cpu"},
+    DEFAULT_VARIANTS[5],
 ]
 
 
@@ -115,3 +138,287 @@ def _powers_of_two_up_to(n: int) -> list[int]:
     while sizes[-1] * 2 <= n:
         sizes.append(sizes[-1] * 2)
     return sizes if sizes[-1] == n else [*sizes, n]
+
+
+@dataclass
+class Plan:
+    """Every setup ``search`` evaluated (``table``, one row each) and how fast it went.
+
+    Rows share their memory estimate across GPU types (bytes do not depend on the GPU; only the verdict,
+    the time and the price do); ``setup(i)`` rebuilds row ``i``'s Setup exactly.
+    """
+
+    base: Setup
+    table: pd.DataFrame
+    tokens: float
+    headroom: float
+    assumptions: perf.Assumptions
+    seconds: float
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def setups_per_s(self) -> float:
+        return len(self.table) / self.seconds if self.seconds else float("inf")
+
+    def setup(self, i: int) -> Setup:
+        row = self.table.loc[i]
+        return self.base.replace(
+            cluster={"nodes": int(row.nodes), "gpus_per_node": int(row.gpus_per_node), "gpu": row.gpu},
+            zero={
+                "stage": int(row.stage),
+                "offload_optimizer": row.offload_optimizer,
+                "offload_param": row.offload_param,
+                "activation_checkpointing": bool(row.checkpointing),
+            },
+            batch={"micro_batch": int(row.micro_batch), "grad_accum": int(row.grad_accum)},
+        )
+
+    def fitting(self, max_hours: float | None = None) -> pd.DataFrame:
+        """The setups that fit with the headroom (and finish within ``max_hours``), cheapest first."""
+        fit = self.table[self.table.fits]
+        if max_hours is not None:
+            fit = fit[fit.hours <= max_hours]
+        return fit.sort_values(["cost_usd", "hours"])
+
+    def options(self, max_hours: float | None = None) -> pd.DataFrame:
+        """``fitting``, keeping only the cheapest batch choice of each GPU type, cluster and ZeRO variant."""
+        variant = ["gpu", "gpus", "stage", "offload_optimizer", "offload_param", "checkpointing"]
+        return self.fitting(max_hours).drop_duplicates(variant)
+
+    def pareto(self) -> pd.DataFrame:
+        """The fitting setups no other beats on both wall-clock time and cost, fastest first."""
+        front, best = [], float("inf")
+        for i, row in self.table[self.table.fits].sort_values(["hours", "cost_usd"]).iterrows():
+            if row.cost_usd < best:
+                front.append(i)
+                best = row.cost_usd
+        return self.table.loc[front]
+
+    def best_per_gpu(self) -> pd.DataFrame:
+        """Per GPU type, the cheapest and the fastest fitting setup."""
+        fit = self.fitting()
+        rows = []
+        for name, group in fit.groupby("gpu", sort=False):
+            for pick, i in (("cheapest", group.cost_usd.idxmin()), ("fastest", group.hours.idxmin())):
+                rows.append({"gpu": name, "pick": pick, **self.table.loc[i].drop("gpu").to_dict()})
+        return pd.DataFrame(rows)
+
+    def to_dict(self, limit: int | None = None) -> dict:
+        fit = self.fitting()
+        return {
+            "evaluated": len(self.table),
+            "fitting": len(fit),
+            "seconds": self.seconds,
+            "setups_per_s": self.setups_per_s,
+            "tokens": self.tokens,
+            "headroom": self.headroom,
+            "assumptions": self.assumptions.__dict__,
+            "skipped": self.skipped,
+            "setups": records(fit if limit is None else fit.head(limit)),
+            "pareto": records(self.pareto()),
+            "best_per_gpu": records(self.best_per_gpu()),
+        }
+
+
+def search(
+    setup: Setup,
+    *,
+    train_batch: int | None = None,
+    gpus: list[str] | None = None,
+    max_nodes: int = 64,
+    variants: list[dict] | None = None,
+    checkpointing: tuple[bool, ...] = (False, True),
+    headroom: float = DEFAULT_HEADROOM,
+    tokens: float | None = None,
+    price: dict[str, float] | None = None,
+    assumptions: perf.Assumptions | None = None,
+    fabric: str | None = None,
+) -> Plan:
+    """Every setup of ``setup``'s model and precision: GPU types x cluster sizes x ZeRO variants x
+    checkpointing x every (micro batch, grad accum) pair making ``train_batch`` (default: setup's).
+
+    Cluster sizes: 1, 2, 4 ... GPUs in one node, then 2, 4, 8 ... ``max_nodes`` nodes of
+    ``setup.cluster.gpus_per_node``; sizes the global batch does not divide are skipped. A setup fits when
+    its estimate leaves ``headroom`` of the GPU's memory free. Time and cost are for a run of ``tokens``
+    (default ``TOKENS_PER_PARAM`` x params) at ``price`` USD per GPU-hour (default: data/prices.csv).
+    """
+    start = time.perf_counter()
+    from kit.estimate import estimate
+
+    whole_number("max_nodes", max_nodes, 1)
+    if not 0 <= headroom < 1:
+        raise ValueError(f"headroom: must be in [0, 1), got {headroom!r}")
+    train_batch = train_batch or setup.batch.train_batch
+    whole_number("train_batch", train_batch, 1)
+    tokens = tokens or TOKENS_PER_PARAM * setup.model.params
+    assume = assumptions or perf.Assumptions()
+    names = gpus or list(catalogue())
+    rates = {**{name: usd for name, (usd, _) in prices().items()}, **(price or {})}
+    skipped, hardware = [], {}
+    for name in names:
+        g = gpu(name)
+        if not g.peak_tflops(setup.zero.precision):
+            skipped.append(f"{name}: no {setup.zero.precision} support")
+        elif name not in rates:
+            skipped.append(f"{name}: no price; pass one")
+        else:
+            hardware[name] = perf.hardware(setup.replace(cluster={"gpu": name}), fabric)
+    per_node = setup.cluster.gpus_per_node
+    sizes = [(1, g) for g in _powers_of_two_up_to(per_node)]
+    sizes += [(n, per_node) for n in _powers_of_two_up_to(max_nodes)[1:]]
+    rows = []
+    for (nodes, per), change, ckpt in itertools.product(sizes, variants or SEARCH_VARIANTS, checkpointing):
+        if nodes * per == 1 and change["stage"] and change["offload_optimizer"] == "none":
+            continue  # one GPU has nothing to partition: stages 1-3 only matter there for offload
+        for d in batch_math.decompositions(train_batch, nodes * per):
+            candidate = setup.replace(
+                cluster={"nodes": nodes, "gpus_per_node": per},
+                zero={**change, "activation_checkpointing": ckpt},
+                batch={"micro_batch": d.micro_batch, "grad_accum": d.grad_accum},
+            )
+            est = estimate(candidate)
+            for name, hw in hardware.items():
+                t = perf.step_time(candidate, hw, assume)  # the GPU enters only through hw
+                run = t.run(tokens, rates[name])
+                capacity = gpu(name).memory_bytes
+                rows.append(
+                    {
+                        "gpu": name,
+                        "nodes": nodes,
+                        "gpus_per_node": per,
+                        "gpus": nodes * per,
+                        "stage": change["stage"],
+                        "offload_optimizer": change["offload_optimizer"],
+                        "offload_param": change["offload_param"],
+                        "checkpointing": ckpt,
+                        "micro_batch": d.micro_batch,
+                        "grad_accum": d.grad_accum,
+                        "per_gpu_gib": est.per_gpu_bytes / GIB,
+                        "capacity_gib": capacity / GIB,
+                        "fits": est.per_gpu_bytes <= capacity * (1 - headroom),
+                        "cpu_gib_per_node": est.cpu_bytes_per_node / GIB,
+                        "step_s": t.step_s,
+                        "tokens_per_s": t.tokens_per_s,
+                        "hours": run["hours"],
+                        "cost_usd": run["cost_usd"],
+                        "label": f"{name} {nodes}x{per} {candidate.label}",
+                    }
+                )
+    table = pd.DataFrame(rows)
+    return Plan(setup, table, tokens, headroom, assume, time.perf_counter() - start, skipped)
+
+
+def make_it_fit(
+    setup: Setup,
+    *,
+    headroom: float = DEFAULT_HEADROOM,
+    max_nodes: int = 64,
+    assumptions: perf.Assumptions | None = None,
+    fabric: str | None = None,
+) -> pd.DataFrame:
+    """The smallest changes that make ``setup`` fit its GPU with ``headroom``, each with its new memory
+    and predicted step time, fastest first: checkpointing, a smaller micro batch with more gradient
+    accumulation (the global batch kept), offload, a higher stage, more nodes. When no single change
+    fits, pairs of them. Empty when ``setup`` already fits.
+    """
+    from kit.estimate import estimate
+
+    capacity = gpu(setup.cluster.gpu).memory_bytes * (1 - headroom)
+    if estimate(setup).per_gpu_bytes <= capacity:
+        return pd.DataFrame()
+    singles = _single_changes(setup, max_nodes)
+    rows = [r for r in (_tried(setup, [c], capacity, assumptions, fabric) for c in singles) if r]
+    if not any(r["fits"] for r in rows):
+        pairs = itertools.combinations(singles, 2)
+        rows += [r for r in (_tried(setup, list(p), capacity, assumptions, fabric) for p in pairs) if r]
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    table = table[table.fits].drop_duplicates("label")
+    return table.sort_values(["changes", "step_s"]).reset_index(drop=True)
+
+
+def _single_changes(setup: Setup, max_nodes: int) -> list[tuple[str, dict]]:
+    """(what, Setup.replace changes) for each one-knob change that could lower memory per GPU."""
+    z, b, c = setup.zero, setup.batch, setup.cluster
+    out = []
+    if not z.activation_checkpointing:
+        out.append(("activation checkpointing on", {"zero": {"activation_checkpointing": True}}))
+    for d in batch_math.decompositions(b.train_batch, setup.dp):
+        if d.micro_batch < b.micro_batch:
+            out.append(
+                (
+                    f"micro batch {d.micro_batch} x grad accum {d.grad_accum} (global {b.train_batch} kept)",
+                    {"batch": {"micro_batch": d.micro_batch, "grad_accum": d.grad_accum}},
+                )
+            )
+    if z.stage > 0 and z.offload_optimizer == "none":
+        out.append(("offload the optimizer to CPU", {"zero": {"offload_optimizer": "cpu"}}))
+    if z.stage == 3 and z.offload_param == "none":
+        out.append(("offload the parameters to CPU", {"zero": {"offload_param": "cpu"}}))
+    for stage in range(z.stage + 1, 4):
+        out.append((f"ZeRO stage {stage}", {"zero": {"stage": stage}}))
+    for nodes in range(c.nodes + 1, max_nodes + 1):
+        dp = nodes * c.gpus_per_node
+        if b.train_batch % (b.micro_batch * dp) == 0:  # keep the global batch
+            change = {
+                "cluster": {"nodes": nodes},
+                "batch": {"grad_accum": b.train_batch // (b.micro_batch * dp)},
+            }
+            out.append((f"{nodes} nodes ({dp} GPUs, global batch {b.train_batch} kept)", change))
+            break
+    return out
+
+
+def _tried(setup, changes, capacity, assumptions, fabric) -> dict | None:
+    """The row for ``setup`` with ``changes`` applied (None when they conflict, e.g. offload at stage 0)."""
+    from kit.estimate import estimate
+
+    merged: dict[str, dict] = {}
+    for _, change in changes:
+        for section, values in change.items():
+            merged[section] = {**merged.get(section, {}), **values}
+    try:
+        candidate = setup.replace(**merged)
+        t = perf.step_time(candidate, perf.hardware(candidate, fabric), assumptions)
+    except ValueError:
+        return None
+    est = estimate(candidate)
+    return {
+        "change": " + ".join(what for what, _ in changes),
+        "changes": len(changes),
+        "per_gpu_gib": est.per_gpu_bytes / GIB,
+        "fits": est.per_gpu_bytes <= capacity,
+        "step_s": t.step_s,
+        "tokens_per_s": t.tokens_per_s,
+        "label": candidate.label + f" {candidate.cluster.nodes}x{candidate.cluster.gpus_per_node}",
+    }
+
+
+def records(frame: pd.DataFrame) -> list[dict]:
+    """A table's rows as plain JSON-ready dicts (numpy scalars unwrapped)."""
+    return [
+        {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+        for row in frame.to_dict("records")
+    ]
+
+
+#: how ``readable`` shows each column a plan's tables may have
+_FORMATS = {
+    "per_gpu_gib": "{:,.1f} GiB",
+    "capacity_gib": "{:,.1f} GiB",
+    "cpu_gib_per_node": "{:,.0f} GiB",
+    "step_s": "{:,.3g} s",
+    "tokens_per_s": "{:,.0f}",
+    "hours": "{:,.1f} h",
+    "cost_usd": "${:,.0f}",
+}
+
+
+def readable(frame: pd.DataFrame) -> pd.DataFrame:
+    """The table with units and thousands separators (strings), for printing and notebooks."""
+    out = frame.copy()
+    for column, form in _FORMATS.items():
+        if column in out:
+            out[column] = out[column].map(form.format)
+    return out

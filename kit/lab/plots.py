@@ -148,3 +148,27 @@ def _rotate(ax) -> None:
     for label in ax.get_xticklabels():
         label.set_rotation(30)
         label.set_horizontalalignment("right")
+
+
+def pareto(plan, max_points: int = 4000) -> Figure:
+    """Wall-clock time vs cost of every fitting setup of a ``kit.estimate.plan.Plan``, one colour per GPU
+    type, log-log, with the Pareto front (nothing both faster and cheaper) drawn as a line."""
+    fit = plan.fitting()
+    shown = fit if len(fit) <= max_points else fit.sample(max_points, random_state=0)
+    fig = Figure(figsize=(8, 4.8), layout="constrained")
+    ax = fig.subplots()
+    for name, group in shown.groupby("gpu", sort=True):
+        ax.scatter(group.hours, group.cost_usd, s=10, alpha=0.45, label=name)
+    front = plan.pareto()
+    ax.plot(front.hours, front.cost_usd, color="black", marker="o", ms=4, lw=1.2, label="Pareto front")
+    for _, row in front.iloc[[0, -1]].iterrows() if len(front) else ():  # name the fastest and cheapest
+        ax.annotate(f"{row.gpus} x {row.gpu}\nz{row.stage}", (row.hours, row.cost_usd), fontsize=8,
+                    xytext=(6, 6), textcoords="offset points")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"wall-clock hours for {plan.tokens:.3g} tokens")
+    ax.set_ylabel("cost, USD")
+    ax.set_title(f"{plan.base.model.name}: {len(fit):,} fitting setups of {len(plan.table):,}")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize="small", ncols=2, loc="upper right")
+    return fig

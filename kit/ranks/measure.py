@@ -11,13 +11,8 @@ import re
 import time
 from collections.abc import Iterator
 
+from kit.estimate.perf import model_flops
 from kit.schema import Setup
-
-
-def model_flops(setup: Setup, tokens: int) -> float:
-    """Training FLOPs of ``tokens`` tokens for a dense model: 6 x params x tokens (Kaplan et al. 2020:
-    2 for the forward matmuls, 4 for the backward), ignoring attention scores and recomputation."""
-    return 6.0 * setup.model.params * tokens
 
 
 def throughput(setup: Setup, step_time_s: float) -> dict[str, float]:

@@ -83,8 +83,8 @@ class Results:
             item = {"config_id": cid, "label": mine[0]["label"], "setup": mine[0]["setup"]}
             item.update(status=row["status"], error=row["error"])
             item["samples_per_s"] = float(row["samples_per_s"]) if ok else None
-            item["estimate"] = ok[-1]["estimate"] if ok else None
-            item["measured"] = ok[-1]["measured"] if ok else None
+            item["estimate"] = ok[-1].get("estimate") if ok else None  # a bare run measures only time
+            item["measured"] = ok[-1].get("measured") if ok else None
             out.append(item)
         return out
 

@@ -1,0 +1,149 @@
+"""``zerokit tune``: search stage x offload x micro batch by real runs, in one launch, under a memory budget.
+
+    zerokit tune --stages 0,1,2,3 --offload none,cpu --micro-batches 1,2,4,8 --budget-gib 0.76 \\
+        --nprocs 2 --steps 3 --out ds_config.json
+
+Candidates the estimate says exceed ``--budget-gib`` per GPU (default: the ``--gpu``'s memory) are listed
+as pruned and never run; the rest run in one launch (``zerokit run``'s runner, resumable by
+``--sweep``) and are ranked by median samples/s. ``--out`` writes the best one's ds_config.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+
+from kit.cli.args import UsageError, model_from_args, print_json
+from kit.cli.run import _int, _items, _stdout_to_stderr, add_launch_args, launch_options
+from kit.units import GIB
+
+#: the API's argument names, as ``--flags`` in this command's error lines
+FLAGS = {
+    "stages": "--stages",
+    "offloads": "--offload",
+    "micro_batches": "--micro-batches",
+    "budget": "--budget-gib",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="search ZeRO stage x offload x micro batch by short real runs under a memory budget",
+        description="Prune by the estimate what cannot fit the budget per GPU, run the rest for a few "
+        "steps in one launch on N local ranks, rank by measured throughput, write the best ds_config.",
+    )
+    add_launch_args(p, sweep="tune")
+    p.add_argument("--stages", default="0,1,2,3", help="comma-separated ZeRO stages")
+    p.add_argument(
+        "--offload",
+        default="none,cpu",
+        help="comma-separated: none,cpu (cpu = optimizer at stages 1-2, optimizer + parameters at stage 3)",
+    )
+    p.add_argument("--micro-batches", default="1,2,4,8", help="comma-separated micro batches per GPU")
+    p.add_argument(
+        "--keep",
+        default="train_batch",
+        choices=("train_batch", "grad_accum"),
+        help="train_batch: global batch fixed at max micro batch x grad accum x ranks (as DeepSpeed's "
+        "autotuner); grad_accum: --grad-accum at every micro batch",
+    )
+    p.add_argument(
+        "--budget-gib", type=float, help="memory budget per GPU, GiB (default: the --gpu's memory)"
+    )
+    p.add_argument("--gpu", default="H100-SXM-80GB", help="a name in data/gpus.csv (the default budget)")
+    p.add_argument("--precision", default="bf16", help="fp32, bf16 or fp16")
+    p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--out", help="write the best configuration's ds_config.json here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kit.run.tune import tune
+
+    setup, options = plan_from_args(args)
+    options.update(launch_options(args))
+    with _stdout_to_stderr() if args.json else contextlib.nullcontext(), _flag_names():
+        tuned = tune(setup, **options)
+    if args.out and tuned.best is not None:
+        tuned.write_ds_config(args.out)
+    if args.json:
+        print_json({**tuned.to_dict(), "sweep": args.sweep, "ds_config": args.out if tuned.best else None})
+    else:
+        print(render(tuned, args.out))
+    return 0 if tuned.best is not None else 1
+
+
+def plan_from_args(args: argparse.Namespace) -> tuple:
+    """The base Setup and ``tune``'s search arguments from the flags; UsageError (exit 2) naming the flag."""
+    from kit.schema import Setup
+
+    if args.budget_gib is not None and not (math.isfinite(args.budget_gib) and args.budget_gib > 0):
+        raise UsageError(f"budget-gib: must be a number of GiB > 0, got {args.budget_gib:g}")
+    for flag in ("nprocs", "steps", "grad_accum"):
+        if getattr(args, flag) < 1:
+            raise UsageError(
+                f"{flag.replace('_', '-')}: must be a whole number >= 1, got {getattr(args, flag)}"
+            )
+    if args.warmup < 0:
+        raise UsageError(f"warmup: must be a whole number >= 0, got {args.warmup}")
+    spec = model_from_args(args)
+    zero = {"precision": args.precision, "activation_checkpointing": args.activation_checkpointing}
+    setup = Setup(
+        model=spec,
+        cluster={"nodes": 1, "gpus_per_node": args.nprocs, "gpu": args.gpu},
+        zero=zero,
+        batch={"micro_batch": 1, "grad_accum": args.grad_accum, "seq_len": args.seq_len},
+    )
+    options = {
+        "stages": [_int("stages", s) for s in _items(args.stages)],
+        "offloads": _items(args.offload),
+        "micro_batches": [_int("micro-batches", s, ">= 1") for s in _items(args.micro_batches)],
+        "budget_bytes": None if args.budget_gib is None else int(args.budget_gib * GIB),
+        "keep": args.keep,
+        "nprocs": args.nprocs,
+    }
+    return setup, options
+
+
+def render(tuned, out: str | None) -> str:
+    """The ranking table, the pruned candidates and the best configuration."""
+    import pandas as pd
+
+    lines = [f"records: {tuned.records}", f"budget per GPU: {tuned.budget_bytes / GIB:.3f} GiB", ""]
+    lines.append(
+        f"{'rank':>4}  {'configuration':36}{'offload':>8}{'micro':>6}{'accum':>6}{'est GiB':>9}"
+        f"{'samples/s':>11}  status"
+    )
+    for _, row in tuned.table.iterrows():
+        rank = "" if pd.isna(row["rank"]) else int(row["rank"])
+        speed = "" if math.isnan(row["samples_per_s"]) else f"{row['samples_per_s']:.1f}"
+        lines.append(
+            f"{rank!s:>4}  {row['label']:36}{row['offload']:>8}{row['micro_batch']:>6}{row['grad_accum']:>6}"
+            f"{row['estimated_gib']:9.3f}{speed:>11}  {row['status']}"
+        )
+    for label, _, reason in tuned.pruned:
+        lines.append(f"pruned: {label}: {reason}")
+    lines.append("")
+    if tuned.best is None:
+        lines.append("best: none (no candidate ran successfully; see the status column and the records)")
+    else:
+        lines.append(f"best: {tuned.best.label}")
+        if out:
+            lines.append(f"ds_config: {out}")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _flag_names():
+    """Errors of ``kit.run.tune`` name its arguments; say the flags instead."""
+    try:
+        yield
+    except ValueError as error:
+        name, sep, rest = str(error).partition(": ")
+        if sep and name in FLAGS:
+            raise UsageError(f"{FLAGS[name].lstrip('-')}: {rest}") from None
+        raise

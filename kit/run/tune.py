@@ -1,0 +1,238 @@
+"""Tune by measuring: search ZeRO stage x offload x micro batch by real runs, in one launch.
+
+``tune(setup)`` builds the candidates, prunes by ``kit.estimate`` what cannot fit the memory budget per
+GPU (those are reported with their estimate and never run), runs the rest with ``run_sweep`` (one
+launch, resumable: re-running the same ``sweep`` measures only what is missing) and ranks them by
+measured throughput, the median samples/s over the measured steps of rank 0.
+
+What a candidate is:
+
+- ``offload="none"`` keeps everything on the GPU; ``offload="cpu"`` offloads whatever the stage can:
+  the optimizer at stages 1-2, the optimizer **and** the parameters at stage 3 (ZeRO-Infinity's CPU
+  variant, the most memory a stage can give back); stage 0 cannot offload and gets no "cpu" candidate
+  (``kit.rules.offload_problem``).
+- the batch: ``keep="train_batch"`` (the default, as DeepSpeed's autotuner does with a list of micro
+  batches) fixes the global batch at ``max(micro_batches) x grad_accum x ranks`` (grad_accum the
+  setup's) and gives each micro batch the gradient accumulation that keeps it, so every candidate
+  takes the same optimizer step; ``keep="grad_accum"`` keeps the setup's gradient accumulation and
+  lets the global batch grow with the micro batch.
+- the candidates run on one node of ``nprocs`` ranks (as ``run_sweep`` runs them) and are estimated as
+  such; the budget defaults to the setup's GPU memory (on CPU ranks give the budget you want to hold).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kit.rules import offload_problem
+from kit.run.results import Results
+from kit.run.sweep import config_id, on_ranks, run_sweep
+from kit.schema import Setup
+from kit.units import GIB
+
+OFFLOADS = ("none", "cpu")
+KEEPS = ("train_batch", "grad_accum")
+COLUMNS = [
+    "label", "stage", "offload", "micro_batch", "grad_accum", "train_batch", "estimated_gib",
+    "samples_per_s", "status", "rank",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search: its Setup (on the run's ranks), offload choice and estimated bytes."""
+
+    setup: Setup
+    offload: str
+    estimated_bytes: int
+
+    @property
+    def label(self) -> str:
+        return self.setup.label
+
+
+@dataclass
+class Tuned:
+    """What ``tune`` found: ``best`` (the Setup that measured fastest, None if none ran), ``table`` (every
+    candidate, pruned ones included, by rank), ``pruned`` ((label, estimated bytes, reason)), the records
+    path and the sweep's ``results``."""
+
+    best: Setup | None
+    table: pd.DataFrame
+    pruned: list[tuple[str, int, str]]
+    records: Path
+    budget_bytes: int
+    results: Results = field(repr=False)
+
+    def write_ds_config(self, path: str | Path, **options: Any) -> Path:
+        """Write the best configuration's ds_config.json (``kit.ds_config.write_ds_config``)."""
+        from kit.ds_config import write_ds_config
+
+        if self.best is None:
+            raise ValueError("best: no candidate ran successfully; see the table's status column")
+        return write_ds_config(self.best, path, **options)
+
+    def to_dict(self) -> dict:
+        """The JSON of ``zerokit tune --json``."""
+        best = None
+        if self.best is not None:
+            row = self.table[self.table["rank"] == 1].iloc[0]
+            best = {"label": self.best.label, "samples_per_s": float(row["samples_per_s"])}
+            best["setup"] = self.best.model_dump(mode="json")
+        rows = self.table.astype(object).where(self.table.notna(), None).to_dict(orient="records")
+        return {
+            "records": str(self.records),
+            "budget_bytes": self.budget_bytes,
+            "best": best,
+            "candidates": rows,
+            "pruned": [{"label": lab, "estimated_bytes": b, "reason": r} for lab, b, r in self.pruned],
+        }
+
+
+def candidates(
+    setup: Setup,
+    *,
+    stages: tuple[int, ...] | list[int] = (0, 1, 2, 3),
+    offloads: tuple[str, ...] | list[str] = OFFLOADS,
+    micro_batches: tuple[int, ...] | list[int] = (1, 2, 4, 8),
+    nprocs: int = 2,
+    keep: str = "train_batch",
+) -> list[Candidate]:
+    """Every valid stage x offload x micro batch of ``setup`` on one node of ``nprocs`` ranks, estimated.
+
+    ValueError (one line naming the argument and the valid range) for an empty or invalid list.
+    """
+    from kit.estimate import estimate
+
+    stages = _choices("stages", stages, (0, 1, 2, 3))
+    offloads = _choices("offloads", offloads, OFFLOADS)
+    if keep not in KEEPS:
+        raise ValueError(f"keep: choose one of {', '.join(KEEPS)}, got {keep!r}")
+    if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
+        raise ValueError(f"nprocs: must be a whole number >= 1, got {nprocs!r}")
+    micros = list(dict.fromkeys(micro_batches))
+    if not micros or any(not isinstance(m, int) or isinstance(m, bool) or m < 1 for m in micros):
+        raise ValueError(f"micro_batches: whole numbers >= 1, at least one, got {list(micro_batches)!r}")
+    base = on_ranks(setup, nprocs)
+    per_gpu = max(micros) * base.batch.grad_accum  # samples per rank per optimizer step (train_batch)
+    if keep == "train_batch" and (odd := [m for m in micros if per_gpu % m]):
+        raise ValueError(
+            f"micro_batches: with keep='train_batch' each must divide max(micro_batches) x grad_accum = "
+            f"{per_gpu}, got {odd}"
+        )
+    out = []
+    for stage, offload, micro in itertools.product(stages, offloads, micros):
+        zero = {
+            "stage": stage,
+            "offload_optimizer": offload,
+            "offload_param": offload if stage == 3 else "none",
+        }
+        if offload_problem(stage, zero["offload_optimizer"], zero["offload_param"]):
+            continue  # stage 0 cannot offload
+        accum = per_gpu // micro if keep == "train_batch" else base.batch.grad_accum
+        candidate = base.replace(zero=zero, batch={"micro_batch": micro, "grad_accum": accum})
+        out.append(Candidate(candidate, offload, estimate(candidate).per_gpu_bytes))
+    return out
+
+
+def tune(
+    setup: Setup,
+    *,
+    stages: tuple[int, ...] | list[int] = (0, 1, 2, 3),
+    offloads: tuple[str, ...] | list[str] = OFFLOADS,
+    micro_batches: tuple[int, ...] | list[int] = (1, 2, 4, 8),
+    budget_bytes: int | None = None,
+    keep: str = "train_batch",
+    steps: int = 5,
+    sweep: str = "tune",
+    runs_dir: str | Path = "runs",
+    nprocs: int = 2,
+    progress: bool = True,
+    **options: Any,
+) -> Tuned:
+    """Measure every candidate that the estimate says fits ``budget_bytes`` per GPU, in one launch, and
+    rank them by median samples/s. ``options`` go to ``run_sweep`` (``warmup``, ``timeout_s``,
+    ``launcher_name``, ``instrument``...). ValueError before anything launches when an argument is
+    invalid or nothing fits the budget."""
+    from kit.gpus import gpu
+
+    if budget_bytes is None:
+        budget_bytes = gpu(setup.cluster.gpu).memory_bytes
+    if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 1:
+        raise ValueError(f"budget_bytes: must be a whole number of bytes >= 1, got {budget_bytes!r}")
+    found = candidates(
+        setup, stages=stages, offloads=offloads, micro_batches=micro_batches, nprocs=nprocs, keep=keep
+    )
+    if not found:
+        raise ValueError("stages: no valid candidate (offload needs stage >= 1); add a stage or offload none")
+    kept = [c for c in found if c.estimated_bytes <= budget_bytes]
+    pruned = [
+        (
+            c.label,
+            c.estimated_bytes,
+            f"estimate {c.estimated_bytes / GIB:.3f} GiB > budget {budget_bytes / GIB:.3f} GiB",
+        )
+        for c in found
+        if c.estimated_bytes > budget_bytes
+    ]
+    if not kept:
+        smallest = min(found, key=lambda c: c.estimated_bytes)
+        raise ValueError(
+            f"budget: no candidate fits {budget_bytes / GIB:.3f} GiB per GPU; the smallest estimate is "
+            f"{smallest.estimated_bytes / GIB:.3f} GiB ({smallest.label})"
+        )
+    results = run_sweep(
+        [c.setup for c in kept], sweep=sweep, runs_dir=runs_dir, nprocs=nprocs, steps=steps,
+        progress=progress, **options,
+    )  # fmt: skip
+    table = _table(found, kept, results)
+    best = None
+    if (table["rank"] == 1).any():
+        label = table.loc[table["rank"] == 1, "label"].iloc[0]
+        best = next(c.setup for c in kept if c.label == label)
+    return Tuned(best, table, pruned, results.path, budget_bytes, results)
+
+
+def _table(found: list[Candidate], kept: list[Candidate], results: Results) -> pd.DataFrame:
+    """One row per candidate: measured ones ranked by median samples/s (1 = fastest), then the failed,
+    then the pruned."""
+    summary = results.summary().set_index("config_id")
+    ran = {id(c) for c in kept}
+    rows = []
+    for c in found:
+        s = c.setup
+        row = {
+            "label": c.label,
+            "stage": s.zero.stage,
+            "offload": c.offload,
+            "micro_batch": s.batch.micro_batch,
+        }
+        row.update(grad_accum=s.batch.grad_accum, train_batch=s.batch.train_batch)
+        row["estimated_gib"] = round(c.estimated_bytes / GIB, 4)
+        row["samples_per_s"], row["status"] = float("nan"), "pruned"
+        if id(c) in ran:
+            cid = config_id(s)
+            row["status"] = summary.loc[cid, "status"] if cid in summary.index else "missing"
+            if row["status"] == "ok":
+                row["samples_per_s"] = float(summary.loc[cid, "samples_per_s"])
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    ok = table["status"] == "ok"
+    table["rank"] = pd.Series(pd.NA, index=table.index, dtype="Int64")
+    table.loc[ok, "rank"] = table.loc[ok, "samples_per_s"].rank(ascending=False, method="first").astype(int)
+    order = table["rank"].fillna(len(table) + 1).astype(int) + (table["status"] == "pruned").astype(int)
+    return table.iloc[order.argsort(kind="stable")].reset_index(drop=True)[COLUMNS]
+
+
+def _choices(name: str, values, allowed: tuple) -> list:
+    values = list(dict.fromkeys(values))
+    wrong = [v for v in values if v not in allowed or isinstance(v, bool)]
+    if not values or wrong:
+        valid = ", ".join(map(str, allowed))
+        raise ValueError(f"{name}: choose from {valid} (at least one), got {values!r}")
+    return values
