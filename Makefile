@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed
 
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install demo test lint bench lab gpu-reference clean
+.PHONY: install demo test e2e chromium lint bench lab gpu-reference clean
 
 install: $(STAMP)
 
@@ -36,6 +36,17 @@ lint: install
 test: lint
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q tests
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q --nbmake notebooks
+
+# The notebooks as a user meets them: JupyterLab in headless Chromium (tests/e2e), every notebook run,
+# both panels clicked, a run stopped; screenshots to docs/screenshots/. The browser is Debian's chromium
+# package (Playwright's own browser downloads are never used).
+CHROMIUM ?= /usr/bin/chromium
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+e2e: install chromium
+	ZEROKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -m e2e tests/e2e
+
+chromium:
+	@test -x $(CHROMIUM) || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
 
 bench: install
 	$(PY) -m tests.bench

@@ -73,15 +73,14 @@ def resolve(
 def nearest_valid(train_batch: int, dp: int, micro_batch: int | None = None, limit: int = 6) -> str:
     """A readable list of valid alternatives near the request, on the same number of GPUs.
 
-    The global batch itself when it divides by dp (its decompositions nearest the requested micro
-    batch first), otherwise the nearest global batches that do: multiples of micro x dp when the
-    micro batch is fixed, multiples of dp otherwise.
+    The global batch is what the user fixed, so when it divides by dp only its own decompositions are
+    offered (nearest the requested micro batch first); otherwise no micro batch keeps it and the
+    nearest global batches that work are: multiples of micro x dp when the micro batch is given,
+    multiples of dp otherwise.
     """
     step = micro_batch * dp if micro_batch else dp
     below = max(step, train_batch - train_batch % step)
-    targets = {below, below + step} if train_batch % step else set()
-    if train_batch % dp == 0:
-        targets.add(train_batch)
+    targets = {train_batch} if train_batch % dp == 0 else {below, below + step}
     options = [d for t in sorted(targets) for d in decompositions(t, dp)]
     if micro_batch:
         options.sort(key=lambda d: (abs(d.micro_batch - micro_batch), abs(d.train_batch - train_batch)))
@@ -92,10 +91,15 @@ def nearest_valid(train_batch: int, dp: int, micro_batch: int | None = None, lim
 def _mismatch(
     train_batch: int, micro: int, gas: int, dp: int, requested_micro: int | None = None
 ) -> BatchError:
-    """DeepSpeed's own assertion text (``DeepSpeedConfig._batch_assertion``) plus the alternatives."""
+    """DeepSpeed's own assertion text (``DeepSpeedConfig._batch_assertion``) plus the alternatives; where
+    DeepSpeed would floor gradient accumulation to 0 (a global batch below micro x dp), the minimum."""
+    equation = f"{train_batch} != {micro} * {gas} * {dp}"
+    if gas == 0:
+        smallest = f"{micro * dp} (the smallest global batch for micro {micro})"
+        equation = f"{train_batch} < {micro} * 1 * {dp} = {smallest}"
     return BatchError(
         "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size "
-        f"{train_batch} != {micro} * {gas} * {dp}; " + nearest_valid(train_batch, dp, requested_micro)
+        f"{equation}; " + nearest_valid(train_batch, dp, requested_micro)
     )
 
 
@@ -104,3 +108,83 @@ def _positive(name: str, value: int) -> None:
         whole_number(name, value)
     except ValueError as error:
         raise BatchError(str(error)) from None
+
+
+def schedule(dp: int, start: Decomposition, changes) -> list[tuple[int, Decomposition]]:
+    """A batch schedule resolved against DeepSpeed's setters, or BatchError naming the first bad step.
+
+    ``changes``: ``{step: train_batch}``, a ``"2=16,4=32"`` string, or a list of ``{"step": s, ...}``
+    with ``train_batch``, ``grad_accum`` and/or ``micro_batch``. Each applies from its step on
+    (steps >= 1, increasing; step 0 is ``start``). A new global batch keeps the micro batch and changes
+    gradient accumulation (``engine.set_train_batch_size``, which raises unless the batch divides by
+    micro x dp); a new micro batch keeps gradient accumulation (``set_train_micro_batch_size``).
+    """
+    out, now, last = [], start, 0
+    for entry in schedule_entries(changes):
+        step = entry.pop("step", None)
+        if not isinstance(step, int) or isinstance(step, bool) or step <= last:
+            raise BatchError(
+                f"batch.schedule: steps must be whole numbers >= 1, increasing; got {step!r} after {last}"
+            )
+        unknown = set(entry) - {"micro_batch", "grad_accum", "train_batch"}
+        if unknown or not entry:
+            raise BatchError(
+                f"batch.schedule: step {step}: give train_batch, grad_accum and/or micro_batch"
+                + (f", not {sorted(unknown)[0]!r}" if unknown else "")
+            )
+        micro, gas, train = (entry.get(k) for k in ("micro_batch", "grad_accum", "train_batch"))
+        if micro is None and (gas is None or train is None):
+            micro = now.micro_batch  # a new global batch or grad accum keeps the micro batch
+        if gas is None and train is None:
+            gas = now.grad_accum  # a new micro batch keeps grad accum
+        unit = micro * dp if micro else 0
+        if gas is None and unit and isinstance(train, int) and train % unit:
+            near = sorted({max(unit, train // unit * unit), train // unit * unit + unit})
+            raise BatchError(
+                f"batch.schedule: step {step}: train_batch {train} is not a multiple of micro_batch {micro} "
+                f"x {dp} GPUs = {unit} (DeepSpeed's set_train_batch_size raises); nearest: "
+                + ", ".join(map(str, near))
+            )
+        try:
+            now = resolve(dp, micro, gas, train)
+        except BatchError as error:
+            raise BatchError(f"batch.schedule: step {step}: {error}") from None
+        out.append((step, now))
+        last = step
+    return out
+
+
+def ramp(start: int, end: int, steps: int, unit: int) -> dict[int, int]:
+    """``{step: train_batch}`` growing linearly from ``start`` at step 0 to ``end`` at step ``steps``, each
+    rounded down to a multiple of ``unit`` (micro batch x dp, so that only gradient accumulation changes),
+    one entry per change."""
+    for name, value in (("start", start), ("end", end), ("steps", steps), ("unit", unit)):
+        _positive(f"ramp {name}", value)
+    if start % unit or end % unit:
+        raise BatchError(f"batch.ramp: start {start} and end {end} must be multiples of micro x dp = {unit}")
+    out, last = {}, start
+    for step in range(1, steps + 1):
+        value = max(unit, (start + (end - start) * step // steps) // unit * unit)
+        if value != last:
+            out[step] = last = value
+    return out
+
+
+def schedule_entries(changes) -> list[dict]:
+    """A schedule's entries as ``{"step": s, ...}`` dicts, from a dict, a ``"2=16,4=32"`` string or a list."""
+    if isinstance(changes, str):
+        pairs = [item.partition("=") for item in changes.split(",") if item.strip()]
+        if not pairs or any(
+            not sep or not a.strip().isdigit() or not b.strip().isdigit() for a, sep, b in pairs
+        ):
+            raise BatchError(
+                f"batch.schedule: expected STEP=TRAIN_BATCH pairs like 2=16,4=32, got {changes!r}"
+            )
+        return [{"step": int(a), "train_batch": int(b)} for a, _, b in pairs]
+    if isinstance(changes, dict):
+        return [
+            {"step": int(k), "train_batch": v} for k, v in sorted(changes.items(), key=lambda kv: int(kv[0]))
+        ]
+    return [
+        dict(e) if isinstance(e, dict) else dict(e._asdict() if hasattr(e, "_asdict") else e) for e in changes
+    ]

@@ -139,13 +139,31 @@ class ZeroSettings(_Frozen):
         return self.precision != "fp32"
 
 
+class BatchChange(_Frozen):
+    """From ``step`` on, the batch is this (resolved by ``kit.batch.schedule``)."""
+
+    step: int = Field(ge=1)
+    micro_batch: int = Field(ge=1)
+    grad_accum: int = Field(ge=1)
+    train_batch: int = Field(ge=1)
+
+
 class Batch(_Frozen):
-    """Resolved batch; build it through Setup (which fills the missing one of the three)."""
+    """Resolved batch; build it through Setup (which fills the missing one of the three).
+
+    ``micro_batch``, ``grad_accum`` and ``train_batch`` hold from step 0; ``schedule`` changes them at
+    later steps (dynamic batch: DeepSpeed's ``set_train_batch_size`` / ``set_train_micro_batch_size``).
+    ``max_tokens``: variable-length data (sequences of at most ``seq_len`` tokens) packed into micro
+    batches of at most this many tokens (DeepSpeed's ``batch_by_seqlens``); the micro batch is then the
+    nominal one, ``max_tokens // seq_len`` full-length sequences, and memory follows the tokens.
+    """
 
     micro_batch: int = Field(ge=1)
     grad_accum: int = Field(ge=1)
     train_batch: int = Field(ge=1)
     seq_len: int = Field(ge=1, le=1_048_576)
+    schedule: tuple[BatchChange, ...] = ()
+    max_tokens: int | None = Field(None, ge=1)
 
 
 class Setup(_Frozen):
@@ -172,12 +190,30 @@ class Setup(_Frozen):
             raise ValueError(
                 f"seq_len: must be <= the model's max_seq_len ({model.max_seq_len}), got {seq_len}"
             )
+        max_tokens = raw.get("max_tokens")
+        if max_tokens is not None:
+            if raw.get("schedule"):
+                raise ValueError(
+                    "batch.max_tokens: a token budget decides the batch; drop the batch schedule"
+                )
+            if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < seq_len:
+                raise ValueError(
+                    f"batch.max_tokens: must be a whole number >= seq_len ({seq_len}), got {max_tokens!r}: "
+                    "DeepSpeed's batch_by_seqlens drops sequences longer than the budget"
+                )
+            raw["micro_batch"], raw["train_batch"] = max_tokens // seq_len, None
         if raw.get("micro_batch") is None and raw.get("train_batch") is None:
             raw["micro_batch"] = 1
-        micro, gas, train = batch_math.resolve(
+        start = batch_math.resolve(
             cluster.world_size, raw.get("micro_batch"), raw.get("grad_accum"), raw.get("train_batch")
         )
-        data["batch"] = Batch(micro_batch=micro, grad_accum=gas, train_batch=train, seq_len=seq_len)
+        changes = [
+            BatchChange(step=step, **d._asdict())
+            for step, d in batch_math.schedule(cluster.world_size, start, raw.get("schedule") or ())
+        ]
+        data["batch"] = Batch(
+            **start._asdict(), seq_len=seq_len, schedule=tuple(changes), max_tokens=max_tokens
+        )
         data["cluster"], data["model"] = cluster, model
         return data
 
@@ -189,6 +225,32 @@ class Setup(_Frozen):
     @property
     def tokens_per_step(self) -> int:
         return self.batch.train_batch * self.batch.seq_len
+
+    def at_step(self, step: int) -> Setup:
+        """The Setup as it trains at ``step`` (its batch schedule applied; no schedule left)."""
+        now = None
+        for change in self.batch.schedule:
+            if change.step <= step:
+                now = change
+        if now is None and not self.batch.schedule:
+            return self
+        batch = self.batch if now is None else now
+        fields = {k: getattr(batch, k) for k in ("micro_batch", "grad_accum", "train_batch")}
+        return self.model_copy(update={"batch": self.batch.model_copy(update={**fields, "schedule": ()})})
+
+    def batch_states(self) -> list[tuple[int, Setup]]:
+        """``(first step, Setup at that step)`` for step 0 and each change of the batch schedule."""
+        return [(0, self.at_step(0))] + [(c.step, self.at_step(c.step)) for c in self.batch.schedule]
+
+    def samples_before(self, step: int) -> int:
+        """Global samples the steps before ``step`` consume (the data offset of ``step``)."""
+        bounds = [*self.batch_states(), (step, None)]
+        total = 0
+        for (first, state), (nxt, _) in zip(bounds, bounds[1:], strict=False):
+            if first >= step:
+                break
+            total += (min(nxt, step) - first) * state.batch.train_batch
+        return total
 
     @property
     def label(self) -> str:
@@ -202,6 +264,11 @@ class Setup(_Frozen):
         parts += [z.precision, f"mb{self.batch.micro_batch}"]
         if self.batch.grad_accum > 1:
             parts.append(f"gas{self.batch.grad_accum}")
+        if self.batch.max_tokens:
+            parts.append(f"tok{self.batch.max_tokens}")
+        if self.batch.schedule:
+            last = self.batch.schedule[-1]
+            parts.append(f"-> mb{last.micro_batch} gas{last.grad_accum} @{last.step}")
         if z.activation_checkpointing:
             parts.append("ckpt")
         return " ".join(parts)
@@ -210,8 +277,9 @@ class Setup(_Frozen):
         """A new Setup with some sections changed, e.g. ``s.replace(zero={"stage": 3})``.
 
         Nested sections are merged. The batch is re-resolved keeping micro batch and gradient
-        accumulation, so ``train_batch`` follows a new cluster size; ``batch={"train_batch": 64}``
-        keeps the micro batch and derives gradient accumulation (or keeps whichever you pass).
+        accumulation (also those of a batch schedule), so ``train_batch`` follows a new cluster size;
+        ``batch={"train_batch": 64}`` keeps the micro batch and derives gradient accumulation (or keeps
+        whichever you pass); ``batch={"schedule": ()}`` drops a schedule.
         """
         data = self.model_dump()
         old = data["batch"]
@@ -219,6 +287,9 @@ class Setup(_Frozen):
             "micro_batch": old["micro_batch"],
             "grad_accum": old["grad_accum"],
             "seq_len": old["seq_len"],
+            # a schedule keeps its micro batches and grad accum; global batches follow the cluster
+            "schedule": [{k: c[k] for k in ("step", "micro_batch", "grad_accum")} for c in old["schedule"]],
+            "max_tokens": old["max_tokens"],
         }
         for section, value in changes.items():
             if section not in data:

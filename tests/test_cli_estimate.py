@@ -36,7 +36,14 @@ def test_estimate_json_contract(capsys):
         "parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead"
     }  # fmt: skip
     assert data["per_gpu_bytes"] == sum(data["components"].values())
-    assert data["setup"]["batch"] == {"micro_batch": 1, "grad_accum": 4, "train_batch": 32, "seq_len": 4096}
+    assert data["setup"]["batch"] == {
+        "micro_batch": 1,
+        "grad_accum": 4,
+        "train_batch": 32,
+        "seq_len": 4096,
+        "schedule": [],
+        "max_tokens": None,
+    }
     assert data["params"] == 6_738_415_616 and data["fits"]["H100-SXM-80GB"] is True
     setup = Setup.model_validate(data["setup"])
     assert data["checkpoint_bytes"] == checkpoint_bytes(setup)["total_bytes"]
@@ -129,6 +136,10 @@ def test_plan_text_shows_the_front_and_how_to_make_it_fit(capsys):
         (["--efficiency", "0"], "efficiency: must be in (0, 1]"),
         (["--network", "wifi"], "network: unknown network 'wifi'"),
         (["--headroom", "1"], "headroom: must be in [0, 1)"),
+        (
+            ["--gpus", "V100-SXM2-16GB"],
+            "gpus: none of them can be planned for (V100-SXM2-16GB: no bf16 support)",
+        ),
     ],
 )
 def test_plan_bad_search_input_exits_2_with_one_line(capsys, argv, message):

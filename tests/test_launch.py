@@ -358,7 +358,14 @@ def test_cli_launch_cmd_subprocess_prints_one_json_object():
     assert (
         result["commands"]["deepspeed"] == "deepspeed --num_gpus 2 train.py --deepspeed_config ds_config.json"
     )
-    assert result["setup"]["batch"] == {"micro_batch": 1, "grad_accum": 1, "train_batch": 2, "seq_len": 2048}
+    assert result["setup"]["batch"] == {
+        "micro_batch": 1,
+        "grad_accum": 1,
+        "train_batch": 2,
+        "seq_len": 2048,
+        "schedule": [],
+        "max_tokens": None,
+    }
     assert result["files"] == {}
 
 

@@ -139,3 +139,21 @@ def test_keyboard_interrupt_kills_the_group_and_propagates():
     with pytest.raises(KeyboardInterrupt):
         launcher.run_launch([sys.executable, "-c", PARENT_WITH_CHILD], dict(os.environ), 600, interrupt)
     assert _gone(pids[0])
+
+
+def test_cancel_kills_the_whole_process_group_and_returns():
+    stop = {"now": False}
+    groups = []
+
+    def on_line(line: str) -> None:
+        groups.append(os.getpgid(_child_pid(line)))  # the launch's group: the child did not leave it
+        stop["now"] = True  # as a Stop button would, once the launch is under way
+
+    start = time.monotonic()
+    rc, _ = launcher.run_launch(
+        [sys.executable, "-c", PARENT_WITH_CHILD], dict(os.environ), 600, on_line, cancel=lambda: stop["now"]
+    )
+    assert rc == launcher.CANCEL_RC
+    assert time.monotonic() - start < 2 * launcher.GRACE_S
+    with pytest.raises(ProcessLookupError):  # kill_launch returns once the whole group is gone
+        os.killpg(groups[0], 0)

@@ -61,3 +61,10 @@ def test_data_resolved_from_the_package(path):
             assert not RELATIVE_DATA.search(cell.source), (
                 f"{path.name}: relative data/ path in {cell.source!r}"
             )
+
+
+def test_onboarding_points_to_every_other_notebook():
+    nb = nbformat.read(NOTEBOOK_FILES[0], as_version=4)
+    (what_next,) = [c.source for c in nb.cells if c.source.startswith("## What next")]
+    for path in NOTEBOOK_FILES[1:]:
+        assert f"**{path.name[:2]} · " in what_next, f"00's 'What next' does not list {path.name}"

@@ -4,6 +4,7 @@ was recorded."""
 from __future__ import annotations
 
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from kit import models
@@ -152,3 +153,84 @@ def test_pareto_plot_draws_every_fitting_setup_and_the_front():
     (front,) = ax.lines
     assert list(front.get_xdata()) == list(found.pareto().hours)
     assert ax.get_xscale() == "log" and "USD" in ax.get_ylabel()
+
+
+def test_batch_schedule_plot_follows_the_records():
+    rows = [
+        record(
+            cid,
+            label,
+            step,
+            train_batch=batch,
+            micro_batch=2,
+            grad_accum=batch // 4,
+            tokens=batch * 64,
+            order=i,
+        )
+        for i, (cid, label) in enumerate((("c1", "ramp by grad accum"), ("c2", "ramp by micro batch")))
+        for step, batch in ((1, 4), (2, 8), (3, 16))
+    ]
+    fig = plots.batch_schedule(Results(rows))
+    batch_ax, memory_ax, speed_ax = fig.axes
+    assert [list(line.get_ydata()) for line in batch_ax.lines] == [[4, 8, 16], [4, 8, 16]]
+    states = sum((i + 1) * 10**6 for i, _ in enumerate(COMPONENTS[:3]))  # parameters, gradients, optimizer
+    assert list(memory_ax.lines[0].get_ydata()) == [states / MB] * 3
+    assert [list(line.get_ydata()) for line in speed_ax.lines] == [
+        [101.0, 102.0, 103.0],
+        [201.0, 202.0, 203.0],
+    ]
+    assert "x 64" in speed_ax.get_ylabel()
+
+
+def test_bars_never_touch_the_top_edge(results):
+    for draw in (plots.throughput, plots.memory, plots.comm_volume):
+        ax = draw(results).axes[0]
+        top = max(p.get_y() + p.get_height() for p in ax.patches)
+        assert ax.get_ylim()[1] >= 1.1 * top, draw.__name__
+
+
+def test_loss_curves_can_be_told_apart(results):
+    lines = plots.loss_curves(results).axes[0].get_lines()
+    assert len({(line.get_marker(), line.get_linestyle()) for line in lines}) == len(lines)
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_estimated_memory_labels_do_not_overlap_the_bars(stage):
+    # stage 0 of a 7B model is over an H100's capacity: the capacity line crosses the bar
+    setup = Setup(model=models.preset("llama-2-7b"), zero={"stage": stage}, batch={"micro_batch": 1})
+    est = estimate(setup)
+    fig = plots.estimated_memory([est])
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    ax = fig.axes[0]
+    bars = [p.get_window_extent(renderer) for p in ax.patches if p.get_height() > 0]
+    texts = [t for t in ax.texts if t.get_text()]
+    assert [t.get_text() for t in texts] == [f"{est.per_gpu_bytes / GIB:,.1f} GiB"]  # the total above its bar
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        assert not any(box.overlaps(bar) for bar in bars)
+        assert box.y1 <= ax.get_window_extent(renderer).y1  # inside the axes: room above the bar
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "H100-SXM-80GB: 79.65 GiB" in legend  # the capacity is named in the legend
+    assert fig.get_size_inches()[0] >= 4.8 and min(t.get_fontsize() for t in ax.get_legend().get_texts()) >= 9
+
+
+def test_brief_is_a_few_columns_in_units_and_cancelled_outranks_ok(tmp_path):
+    path = tmp_path / "records.jsonl"
+    for step in (1, 2):
+        append_record(str(path), record("c1", "z0 bf16 mb2", step))
+    append_record(str(path), record("c2", "z3 bf16 mb2", 1))
+    append_record(str(path), record("c2", "z3", 1, rank=None) | {"status": "cancelled", "error": "stopped"})
+    results = Results.load(path)
+    brief = results.brief()
+    assert list(brief.columns) == [
+        "configuration", "status", "step ms", "samples/s", "loss", "model states MB", "estimate MB",
+        "peak RSS MiB", "wire MB/step", "error",
+    ]  # fmt: skip
+    first = brief.iloc[0]
+    assert first["step ms"] == pytest.approx(115.0)  # median of 110 ms and 120 ms
+    assert first["model states MB"] == pytest.approx(1 + 2 + 3)  # parameters, gradients, optimizer states
+    assert first["estimate MB"] == pytest.approx(2 + 3 + 4)
+    assert first["peak RSS MiB"] == pytest.approx(1e8 / 2**20)
+    assert brief["status"].tolist() == ["ok", "cancelled"]
+    assert brief["error"].isna().tolist() == [True, False] and brief["error"].iloc[1] == "stopped"

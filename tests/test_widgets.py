@@ -1,15 +1,33 @@
 """Notebook panels driven like a user would: set ``.value``, ``.click()``, assert the Setup and estimate."""
 
+import contextlib
 import json
+import os
+import re
+import time
+from pathlib import Path
 
+import ipywidgets as w
 import pytest
 
 from kit import models
+from kit.components import MEASURED
 from kit.estimate import estimate
+from kit.gpus import gpu
 from kit.lab import teach
-from kit.lab.widgets import ComparisonPanel, MemoryPanel, comparison_panel, memory_panel
+from kit.lab.widgets import (
+    DESCRIPTION_WIDTH,
+    WARMUP,
+    ComparisonPanel,
+    MemoryPanel,
+    comparison_panel,
+    memory_panel,
+)
 from kit.paths import MODELS
+from kit.records import append_record, load_records
+from kit.run.sweep import config_id, on_ranks
 from kit.schema import Setup
+from kit.units import GIB
 
 
 @pytest.fixture
@@ -70,16 +88,42 @@ def test_impossible_global_batch_shows_one_line(panel):
     assert panel.setup is None and panel.estimate is None
     assert panel.error.startswith("train_batch_size is not equal to micro_batch_per_gpu")
     assert "100 != 1 * 12 * 8" in panel.error and "\n" not in panel.error
-    assert "train_batch_size is not equal" in panel.message.value
+    assert "train_batch_size is not equal" in panel.verdict.value
     panel.train_batch.value = 64
-    assert panel.error is None and panel.message.value == ""
+    assert panel.error is None and "fits" in panel.verdict.value
     assert (panel.setup.batch.micro_batch, panel.setup.batch.grad_accum) == (1, 8)
     assert panel.grad_accum.value == 8
 
 
+def test_a_fixed_global_batch_is_kept_by_every_suggestion(panel):
+    # global 8 on 8 GPUs with micro 3: DeepSpeed would floor grad accum to 0; the panel says the minimum
+    panel.batch_by.value = "train_batch"
+    panel.micro_batch.value = 3
+    assert panel.error.startswith("train_batch_size is not equal")
+    assert "* 0 *" not in panel.error and "8 < 3 * 1 * 8 = 24" in panel.error
+    suggestions = panel.error.split("valid (micro x dp x grad_accum = train): ")[1].split("; ")
+    assert suggestions == ["1 x 8 x 1 = 8"]  # the global batch the user fixed, never 24 or 48
+    panel.nodes.value = 2  # 16 GPUs: 8 does not divide; the nearest global batches that work
+    assert "8 < 3 * 1 * 16 = 48" in panel.error and "3 x 16 x 1 = 48" in panel.error
+
+
+def test_the_count_boxes_follow_the_model_in_use(panel):
+    assert panel.params.value == "6,738,415,616" and panel.params.disabled
+    panel.preset.value = "gpt2"
+    assert panel.params.value == f"{models.preset('gpt2').params:,}" == "124,439,808"
+    assert panel.largest_layer.value == f"{models.preset('gpt2').largest_layer_params:,}"
+    panel.model_source.value = "count"
+    panel.params.value = "7B"
+    panel.largest_layer.value = ""
+    assert panel.setup.model == models.from_count(7_000_000_000)
+    assert panel.params.value == "7,000,000,000"
+    panel.params.value = "lots"
+    assert panel.error == "parameters: not a count: 'lots' (try 7e9, 7B or 350M)"
+
+
 def test_model_sources(panel):
     panel.model_source.value = "count"
-    panel.params.value = 7e9
+    panel.params.value = "7e9"
     assert panel.setup.model.params == 7_000_000_000
     assert panel.setup.model == models.from_count(7_000_000_000)
     panel.model_source.value = "config"
@@ -111,22 +155,60 @@ def test_bucket_slider_moves_stage_3_buffers(panel, llama):
     assert panel.estimate.components["buffers"] == expected.components["buffers"] < before
 
 
-def test_verdict_for_plain_data_parallelism(panel):
+def test_verdict_says_whether_it_fits_and_by_how_much(panel):
     panel.stage.value = 0
-    assert not panel.estimate.fits["H100-SXM-80GB"]
-    assert "does NOT fit" in panel.summary.value
+    est, capacity = panel.estimate, gpu("H100-SXM-80GB").memory_gib * GIB
+    assert not est.fits["H100-SXM-80GB"]
+    over = (est.per_gpu_bytes - capacity) / GIB
+    assert f"does not fit: {est.per_gpu_bytes / GIB:,.2f} GiB per GPU of the H100-SXM-80GB's 79.65 GiB" in (
+        panel.verdict.value
+    )
+    assert f"{over:,.2f} GiB over" in panel.verdict.value
     panel.stage.value = 3
-    assert panel.estimate.fits["H100-SXM-80GB"] and "<b>fits</b>" in panel.summary.value
+    est = panel.estimate
+    assert est.fits["H100-SXM-80GB"] and "fits: " in panel.verdict.value
+    assert f"{(capacity - est.per_gpu_bytes) / GIB:,.2f} GiB free" in panel.verdict.value
+    assert f"<b class='zk-per-gpu'>{est.per_gpu_bytes / GIB:,.2f} GiB</b>" in panel.summary.value
 
 
-def test_write_config_button(panel, tmp_path):
+def test_formula_table_has_units_and_separators(panel):
+    table = panel.formulas.value
+    for term in panel.estimate.terms.values():
+        assert f">{term.bytes:,}<" in table
+    assert f">{panel.estimate.per_gpu_bytes:,}<" in table and ">optimizer states<" in table
+    assert [t.bytes for t in panel.estimate.terms.values() if f">{t.bytes}<" in table] == []  # raw counts
+    assert ">component<" in table and table.count("<tr>") == len(panel.estimate.terms) + 3  # no empty row
+
+
+def test_labels_line_up_and_buttons_fit_their_labels(panel):
+    comparison = ComparisonPanel(stages=(2,))
+    for p in (panel, comparison):
+        controls = p._inputs()
+        assert {c.style.description_width for c in controls} == {DESCRIPTION_WIDTH}
+        for toggle in (c for c in controls if isinstance(c, w.ToggleButtons)):
+            assert "widget-inline-hbox" in toggle._dom_classes  # label beside the buttons, as elsewhere
+    for button in (panel.write_button, panel.command_button, comparison.run_button, comparison.stop_button):
+        assert button.layout.width == "auto"
+
+
+def test_write_config_button(panel, tmp_path, monkeypatch):
     panel.stage.value = 3
-    panel.config_file.value = str(tmp_path / "ds.json")
+    monkeypatch.chdir(tmp_path)
+    panel.config_file.value = "ds.json"  # relative: the message names the absolute path
     panel.write_button.click()
     config = json.loads((tmp_path / "ds.json").read_text())
     assert config["zero_optimization"]["stage"] == 3
     assert config["train_batch_size"] == 8 and config["train_micro_batch_size_per_gpu"] == 1
-    assert panel.message.value == f"wrote {tmp_path / 'ds.json'}"
+    assert f"wrote {tmp_path / 'ds.json'} (z3 bf16 mb1: fits the H100-SXM-80GB)" in panel.message.value
+
+
+def test_writing_a_setting_that_does_not_fit_says_so(panel, tmp_path):
+    panel.stage.value = 0
+    panel.config_file.value = str(tmp_path / "ds.json")
+    panel.write_button.click()
+    assert (tmp_path / "ds.json").exists()
+    assert f"wrote {tmp_path / 'ds.json'}, but warning: " in panel.message.value
+    assert "does not fit" in panel.message.value and "GiB over" in panel.message.value
 
 
 def test_write_config_refuses_an_invalid_setup(panel, tmp_path):
@@ -138,6 +220,7 @@ def test_write_config_refuses_an_invalid_setup(panel, tmp_path):
     panel.write_button.click()
     assert not (tmp_path / "ds.json").exists()
     assert "train_batch_size is not equal" in panel.message.value
+    assert panel.command.layout.display == "none"  # the command box shows only once asked for
 
 
 def test_launch_command_button(panel):
@@ -186,11 +269,112 @@ def test_comparison_panel_invalid_model():
     assert panel.error == "stages: choose at least one of 0, 1, 2, 3"
 
 
+def finished_sweep(panel: ComparisonPanel, folder) -> None:
+    """records.jsonl as if every configuration of ``panel`` had run (rank 0 and 1, every measured step)."""
+    path = folder / panel.sweep.value / "records.jsonl"
+    path.parent.mkdir(parents=True)
+    for n, setup in enumerate(panel.setups, start=1):
+        setup = on_ranks(setup, panel.nprocs.value)
+        for step in range(WARMUP, WARMUP + panel.steps.value):
+            for rank in (0, 1):
+                record = {"sweep": panel.sweep.value, "run_id": "r1", "config_id": config_id(setup)}
+                record.update(label=setup.label, setup={}, rank=rank, world_size=2, step=step, status="ok")
+                record.update(error=None, step_time_s=0.01234 * n, samples_per_s=4 / 0.01234 / n, loss=5.5)
+                record.update(
+                    tokens_per_s=1.0, tflops=1e-4, peak_allocated_bytes=None, peak_rss_bytes=2**29 * n
+                )
+                record["measured"] = record["estimate"] = {c: 1_234_567 * n for c in MEASURED}
+                record.update(comm_bytes={"all_reduce": 4_000_000}, comm_wire_bytes=4_000_000)
+                append_record(str(path), record)
+
+
+def test_rerunning_a_finished_sweep_says_it_reused_everything(tmp_path):
+    panel = comparison_panel(stages=(0, 2), nprocs=2, runs_dir=tmp_path, sweep="done")
+    finished_sweep(panel, tmp_path)
+    results = panel.run()  # nothing to launch: every configuration is in records.jsonl
+    records = tmp_path / "done" / "records.jsonl"
+    assert panel.message.value.startswith(f"2 of 2 configurations reused from {records}, nothing run")
+    assert results.summary()["status"].tolist() == ["ok", "ok"] and not panel.busy
+    assert len(panel.plots.children) == 4 and all(isinstance(i, w.Image) for i in panel.plots.children)
+
+
+def test_the_results_table_is_short_and_formatted(tmp_path):
+    panel = comparison_panel(stages=(0, 2), nprocs=2, runs_dir=tmp_path, sweep="done")
+    finished_sweep(panel, tmp_path)
+    panel.run()
+    table = panel.table.value
+    header = re.findall(r"<th[^>]*>([^<]*)</th>", table)
+    assert header == [
+        "configuration", "status", "step ms", "samples/s", "loss", "model states MB", "estimate MB",
+        "peak RSS MiB", "wire MB/step",
+    ]  # fmt: skip
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", table)
+    assert cells[:9] == ["z0 bf16 mb2", "ok", "12.3", "324.1", "5.5000", "3.704", "3.704", "512", "4.000"]
+    assert "white-space:nowrap'>z2 bf16 mb2<" in table  # a label stays on one line
+    assert len(panel.results.summary().columns) > 20  # the full frame, one call away
+
+
+def test_busy_state_while_a_sweep_runs(tmp_path):
+    panel = comparison_panel(stages=(0,), nprocs=2, runs_dir=tmp_path, sweep="busy")
+    seen = []
+    panel.run_button.observe(lambda _: seen.append((panel.busy, panel.run_button.disabled)), "disabled")
+    finished_sweep(panel, tmp_path)
+    panel.run()
+    assert seen == [(True, True), (False, False)]  # Run off while busy, back on after
+    panel.start()
+    assert panel.wait(60) and not panel.busy and "reused" in panel.message.value
+
+
+def group_of(text: str) -> set[int]:
+    """Process groups of the processes whose command line contains ``text``."""
+    groups = set()
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                groups.add(os.getpgid(int(proc.name)))
+    return groups
+
+
+@pytest.mark.distributed
+def test_stop_kills_the_process_group_and_keeps_the_records(tmp_path):
+    panel = comparison_panel(stages=(0, 2), nprocs=2, steps=500, runs_dir=tmp_path, sweep="stop")
+    panel.run_button.click()
+    assert panel.busy and panel.run_button.disabled and not panel.stop_button.disabled
+    assert panel.stages.disabled and panel.sweep.disabled and "zk-busy" in panel.widget._dom_classes
+    deadline, step = time.monotonic() + 240, 0
+    while step < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        shown = re.search(
+            r"^running 1 of 2: z0 bf16 mb2, step (\d+) of 500, [\d,.]+ samples/s", panel.message.value
+        )
+        step = int(shown.group(1)) if shown else 0
+    assert step >= 3, panel.message.value
+    groups = group_of(str(tmp_path / "stop"))
+    assert len(groups) == 1
+    started = time.monotonic()
+    panel.stop_button.click()
+    assert panel.wait(30) and time.monotonic() - started < 10
+    (pgid,) = groups
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+    assert not panel.busy and not panel.run_button.disabled and panel.stop_button.disabled
+    assert panel.message.value.startswith("<b>stopped</b> after")
+    assert "z0 bf16 mb2 cancelled; 0 of 2 configurations measured; records kept in" in panel.message.value
+    records = load_records(tmp_path / "stop" / "records.jsonl")
+    steps = [r for r in records if r["rank"] == 0 and r["status"] == "ok"]
+    assert len(steps) >= 2  # the steps measured before Stop are kept
+    (cancelled,) = [r for r in records if r["status"] == "cancelled"]
+    assert cancelled["label"] == "z0 bf16 mb2" and cancelled["rank"] is None
+    assert panel.results.summary()["status"].tolist() == ["cancelled"]
+    assert "cancelled" in panel.table.value
+
+
 @pytest.mark.distributed
 def test_comparison_panel_run_button(tmp_path):
     panel = comparison_panel(stages=(0, 2), nprocs=2, steps=1, runs_dir=tmp_path, sweep="panel")
     panel.run_button.click()
-    assert panel.message.value.startswith("2 configurations")  # no error replaced it
+    assert panel.wait(600)
+    assert panel.message.value.startswith("ran 2 configurations in")  # no error replaced it
     summary = panel.results.summary()
     assert summary["label"].tolist() == ["z0 bf16 mb2", "z2 bf16 mb2"]
     assert summary["status"].tolist() == ["ok", "ok"]
@@ -222,3 +406,18 @@ def test_plan_panel_shows_what_the_planner_says():
     assert set(p.plan.table.gpu) == {"H100-SXM-80GB"}
     p.max_hours.value = 0.001
     assert "none of" in p.verdict.value and "in time" in p.verdict.value
+
+
+def test_comparison_panel_takes_a_batch_schedule():
+    panel = comparison_panel(stages=(2, 3))
+    panel.micro_batches.value = (1, 2)
+    panel.batch_schedule.value = "2=8,4=16"
+    assert panel.error is None and len(panel.setups) == 4
+    for setup in panel.setups:  # each keeps its own micro batch; grad accum makes the global batch
+        assert [c.train_batch for c in setup.batch.schedule] == [8, 16]
+        assert {c.micro_batch for c in setup.batch.schedule} == {setup.batch.micro_batch}
+    panel.batch_schedule.value = "2=8,4=10"
+    assert panel.setups == [] and panel.error.startswith(
+        "batch.schedule: step 4: train_batch 10 is not a multiple"
+    )
+    assert "batch.schedule: step 4" in panel.message.value

@@ -40,6 +40,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--seq-len", type=int)
+    s = p.add_mutually_exclusive_group()
+    s.add_argument(
+        "--max-tokens",
+        type=int,
+        help="token budget per micro batch: variable-length data (up to --seq-len) packed by DeepSpeed's "
+        "batch_by_seqlens, the learning rate scaled with each step's samples (toy GPT)",
+    )
+    s.add_argument(
+        "--batch-schedule",
+        metavar="STEP=BATCH,...",
+        help="global batch by step, e.g. 0=8,2=16,4=32 (the micro batch stays, grad accum follows; "
+        "warm-up steps count)",
+    )
+    s.add_argument(
+        "--batch-ramp",
+        metavar="START:END:STEPS",
+        help="global batch growing linearly from START to END over STEPS steps (multiples of micro x ranks)",
+    )
     p.set_defaults(func=run)
 
 
@@ -106,6 +124,7 @@ def setups_from_args(args: argparse.Namespace) -> list:
     spec = model_from_args(args)
     cluster = {"nodes": 1, "gpus_per_node": args.nprocs}
     batch = {"micro_batch": args.micro_batch, "grad_accum": args.grad_accum, "seq_len": args.seq_len}
+    batch.update(_batch_schedule(args))
     if args.ds_config:
         return [
             from_ds_config(path, model=spec, cluster=cluster, seq_len=args.seq_len) for path in args.ds_config
@@ -127,6 +146,27 @@ def setups_from_args(args: argparse.Namespace) -> list:
             "stages: no valid configuration (offload needs stage >= 1, parameter offload stage 3)"
         )
     return setups
+
+
+def _batch_schedule(args: argparse.Namespace) -> dict:
+    """The batch fields ``--max-tokens``, ``--batch-schedule`` or ``--batch-ramp`` give: a token budget, or
+    the global batch of step 0 (grad accum then follows from it) and the later changes."""
+    from kit import batch as batch_math
+
+    if args.max_tokens is not None:
+        return {"max_tokens": args.max_tokens}
+    if args.batch_ramp:
+        parts = args.batch_ramp.split(":")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise UsageError(f"batch-ramp: expected START:END:STEPS like 8:64:10, got {args.batch_ramp!r}")
+        start, end, steps = map(int, parts)
+        changes = batch_math.ramp(start, end, steps, args.micro_batch * args.nprocs)
+        return {"train_batch": start, "grad_accum": None, "schedule": changes}
+    if args.batch_schedule:
+        changes = {c["step"]: c["train_batch"] for c in batch_math.schedule_entries(args.batch_schedule)}
+        first = changes.pop(0, None)
+        return {"schedule": changes, **({"train_batch": first, "grad_accum": None} if first else {})}
+    return {}
 
 
 def render(results) -> str:

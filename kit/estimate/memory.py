@@ -20,6 +20,7 @@ Activations: ``kit.estimate.activations``; the tensor partitioning: ``kit.estima
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 from kit.components import HELD
@@ -51,14 +52,19 @@ def estimate(setup: Setup, formula: Formula = "deepspeed", trace: bool = False) 
 
     Activations come from the family's formula where there is one, else from a trace of the model
     (``kit.estimate.trace``, which imports torch); ``trace=True`` traces a formula family too and keeps
-    the trace beside the formula (``Estimate.trace``, ``activations_trace`` in the JSON)."""
+    the trace beside the formula (``Estimate.trace``, ``activations_trace`` in the JSON).
+
+    A batch schedule is estimated at each of its batches and the largest is returned (with a note), so
+    that "fits" holds for the whole run."""
+    if setup.batch.schedule:
+        return _largest_over_schedule(setup, formula, trace)
     if formula == "zero-paper":
         return zero_paper(setup)
     if formula != "deepspeed":
         raise ValueError(f"formula: must be one of {', '.join(FORMULAS)}, got {formula!r}")
     states = _faithful_states(setup, rank=partition.worst_rank(setup))
     device, host = states["device"], states["host"]
-    act = activations(setup)
+    act = _activations(setup)
     transient = _transient(setup)
     terms = {
         "parameters": device["parameters"],
@@ -77,6 +83,33 @@ def estimate(setup: Setup, formula: Formula = "deepspeed", trace: bool = False) 
     )
     side = _trace_beside(setup) if trace or act.formula.startswith("traced") else None
     return Estimate(setup, "deepspeed", terms, host, _cpu_per_node(setup, host), _notes(setup), side)
+
+
+def _activations(setup: Setup) -> Term:
+    """Activations at the micro batch; with a token budget T for sequences of at most S tokens, those of
+    ceil(T / S) full-length sequences: T tokens for the terms linear in tokens, and the most any packing
+    of T tokens can cost in the terms quadratic in sequence length (sum of s_i^2 <= T x S). Padding each
+    micro batch to its longest sequence (as DeepSpeed's variable-batch collate does) adds to it in
+    proportion; runs record it (``padded_tokens``)."""
+    b = setup.batch
+    if b.max_tokens is None:
+        return activations(setup)
+    worst = -(-b.max_tokens // b.seq_len)
+    view = setup.model_copy(update={"batch": b.model_copy(update={"micro_batch": worst})})
+    term = activations(view)
+    budget = f"token budget {b.max_tokens:,}: {worst} sequences of {b.seq_len} tokens at most, before padding"
+    return Term(term.bytes, f"{term.formula} ({budget})")
+
+
+def _largest_over_schedule(setup: Setup, formula: Formula, trace: bool) -> Estimate:
+    states = [(step, estimate(state, formula, trace)) for step, state in setup.batch_states()]
+    step, worst = max(states, key=lambda item: item[1].per_gpu_bytes)
+    b = worst.setup.batch
+    note = (
+        f"batch schedule: memory at step {step} (micro batch {b.micro_batch}, grad accum {b.grad_accum}), "
+        f"the largest of its {len(states)} batches"
+    )
+    return dataclasses.replace(worst, setup=setup, notes=(*worst.notes, note))
 
 
 def _trace_beside(setup: Setup):

@@ -263,6 +263,8 @@ def search(
             skipped.append(f"{name}: no price; pass one")
         else:
             hardware[name] = perf.hardware(setup.replace(cluster={"gpu": name}), fabric)
+    if not hardware:
+        raise ValueError(f"gpus: none of them can be planned for ({'; '.join(skipped)}); choose others")
     per_node = setup.cluster.gpus_per_node
     sizes = [(1, g) for g in _powers_of_two_up_to(per_node)]
     sizes += [(n, per_node) for n in _powers_of_two_up_to(max_nodes)[1:]]

@@ -32,9 +32,11 @@ def throughput(results: Results) -> Figure:
     table = _ok(results)
     fig = Figure(figsize=(max(5, 0.9 * len(table) + 2), 3.5), layout="constrained")
     ax = fig.subplots()
-    ax.bar(table["label"], table["samples_per_s"], color="#4C72B0")
+    bars = ax.bar(table["label"], table["samples_per_s"], color="#4C72B0")
+    ax.bar_label(bars, fmt="{:,.1f}", fontsize=8, padding=2)
     ax.set_ylabel("samples / s")
     ax.set_title("Throughput per configuration")
+    _headroom(ax, table["samples_per_s"])
     _rotate(ax)
     return fig
 
@@ -42,7 +44,7 @@ def throughput(results: Results) -> Figure:
 def memory(results: Results) -> Figure:
     """Per configuration two stacked bars, estimate (hatched) and measured on rank 0, MB per GPU."""
     table = _ok(results)
-    fig = Figure(figsize=(max(6, 1.3 * len(table) + 2), 4), layout="constrained")
+    fig = Figure(figsize=(max(6, 0.8 * len(table) + 2.5), 4), layout="constrained")
     ax = fig.subplots()
     positions = range(len(table))
     width = 0.38
@@ -55,7 +57,12 @@ def memory(results: Results) -> Figure:
     ax.set_xticks(list(positions), table["label"])
     ax.set_ylabel("MB per GPU (rank 0)")
     ax.set_title("Memory per configuration: estimate (hatched, left) vs measured (right)")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    sides = ("estimate", "measured")
+    tops = [
+        sum(table[f"{side}_{part}"].iloc[i] for part in MEASURED) / MB for side in sides for i in positions
+    ]
+    _headroom(ax, tops)
     _rotate(ax)
     return fig
 
@@ -82,7 +89,8 @@ def comm_volume(results: Results) -> Figure:
     _stack(ax, list(last["label"]), series)
     ax.set_ylabel("MB sent per rank per step")
     ax.set_title("Communication volume per configuration")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    _headroom(ax, [sum(values) for values in zip(*series.values(), strict=True)] if series else [])
     _rotate(ax)
     return fig
 
@@ -92,13 +100,16 @@ def loss_curves(results: Results) -> Figure:
     steps = results.steps()
     fig = Figure(figsize=(6, 3.5), layout="constrained")
     ax = fig.subplots()
-    for (_, label), group in steps.groupby(["order", "label"], sort=True):
-        ax.plot(group["step"], group["loss"], marker="o", label=label)
+    markers = "osD^vP*X"
+    for i, ((_, label), group) in enumerate(steps.groupby(["order", "label"], sort=True)):
+        # ZeRO stages give the same loss, so the lines lie on one another: markers and dashes tell them apart
+        ax.plot(group["step"], group["loss"], marker=markers[i % len(markers)], markersize=5,
+                linestyle=("-", "--", ":", "-.")[i % 4], label=label, alpha=0.85)  # fmt: skip
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("loss (rank 0)")
-    ax.set_title("Loss per step")
-    ax.legend(fontsize="small")
+    ax.set_title("Loss per step (measured steps, after warm-up)")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
 
 
@@ -107,24 +118,27 @@ def estimated_memory(estimates, title: str = "") -> Figure:
     GPU's capacity (a dashed line per GPU type)."""
     from kit.gpus import gpu
 
-    fig = Figure(figsize=(max(4.0, 1.3 * len(estimates) + 2), 3.6), layout="constrained")
+    fig = Figure(figsize=(max(4.8, 1.0 * len(estimates) + 3.5), 3.8), layout="constrained")
     ax = fig.subplots()
     series = {c: [e.components[c] / GIB for e in estimates] for c in COLORS}
-    _stack(ax, [e.setup.label for e in estimates], series, colors=COLORS)
-    for name in sorted({e.setup.cluster.gpu for e in estimates}):
-        capacity = gpu(name).memory_gib
-        ax.axhline(capacity, color="black", linestyle="--", linewidth=1)
-        ax.text(
-            0.99,
-            capacity,
-            f"{name}: {capacity:g} GiB",
-            transform=ax.get_yaxis_transform(),
-            ha="right",
-            va="bottom",
+    labels = [e.setup.label for e in estimates]
+    _stack(ax, labels, series, colors=COLORS, width=0.6)
+    totals = [e.per_gpu_bytes / GIB for e in estimates]
+    capacities = {name: gpu(name).memory_gib for name in sorted({e.setup.cluster.gpu for e in estimates})}
+    for x, (total, e) in enumerate(zip(totals, estimates, strict=True)):
+        over = total > capacities[e.setup.cluster.gpu]
+        ax.annotate(f"{total:,.1f} GiB", (x, total), xytext=(0, 3), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=9, fontweight="bold",
+                    color="#b00" if over else "black")  # fmt: skip
+    for name, capacity in capacities.items():
+        # the capacity is named in the legend, not on the plot, where a bar over it would hide the text
+        ax.axhline(
+            capacity, color="black", linestyle="--", linewidth=1.2, label=f"{name}: {capacity:,.2f} GiB"
         )
     ax.set_ylabel("GiB per GPU")
     ax.set_title(title or "estimated memory per GPU")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    _headroom(ax, totals + list(capacities.values()), 1.18)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     _rotate(ax)
     return fig
 
@@ -137,6 +151,13 @@ def _stack(ax, x, series: dict[str, list[float]], colors=None, labelled: bool = 
         label = name.replace("_", " ") if labelled else None
         ax.bar(x, values, bottom=bottom, color=color, label=label, **bar)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+
+
+def _headroom(ax, tops, factor: float = 1.12) -> None:
+    """Room above the highest bar (its label, the legend): bars never touch the top edge."""
+    top = max([float(t) for t in tops if t == t] or [0.0])
+    if top > 0:
+        ax.set_ylim(0, top * factor)
 
 
 def _ok(results: Results):
@@ -171,4 +192,43 @@ def pareto(plan, max_points: int = 4000) -> Figure:
     ax.set_title(f"{plan.base.model.name}: {len(fit):,} fitting setups of {len(plan.table):,}")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize="small", ncols=2, loc="upper right")
+    return fig
+
+
+def batch_schedule(results: Results) -> Figure:
+    """Per step of each configuration (rank 0): the global batch; model states (solid) and activations
+    (dashed) measured, with the estimate for that step's batch (dotted); samples/s. A batch schedule moves
+    the first and the last; model states stay put, activations follow the micro batch."""
+    steps = results.steps()
+    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    batch_ax, memory_ax, speed_ax = fig.subplots(1, 3, sharex=True)
+    groups = list(steps.groupby(["order", "label"], sort=True))
+    for i, ((_, label), group) in enumerate(groups):
+        style = {"marker": "os^v"[i % 4], "ms": 9 - 2 * (i % 4), "ls": "-" if i % 2 == 0 else "--"}
+        line = batch_ax.step(group["step"], group["train_batch"], where="post", label=label, **style)[0]
+        color = line.get_color()
+        held = sum(group[f"measured_{part}"] for part in ("parameters", "gradients", "optimizer_states"))
+        predicted = sum(group[f"estimate_{part}"] for part in ("parameters", "gradients", "optimizer_states"))
+        memory_ax.plot(
+            group["step"], held / MB, color=color, marker=style["marker"], label=f"{label}: model states"
+        )
+        memory_ax.plot(group["step"], predicted / MB, color="black", ls=":", lw=1)
+        memory_ax.plot(
+            group["step"], group["measured_activations"] / MB, color=color, ls="--", marker=style["marker"],
+            alpha=0.7, label=f"{label}: activations",
+        )  # fmt: skip
+        speed_ax.plot(group["step"], group["samples_per_s"], color=color, **style)
+    seq = int(steps["tokens"].iloc[0] // steps["train_batch"].iloc[0]) if len(steps) else 0
+    batch_ax.set_title("Global batch per step")
+    batch_ax.set_ylabel("samples per optimizer step")
+    batch_ax.legend(fontsize="small")
+    memory_ax.set_title("Memory per GPU, rank 0 (estimate dotted)")
+    memory_ax.set_ylabel("MB")
+    memory_ax.set_ylim(bottom=0)
+    memory_ax.legend(fontsize="x-small")
+    speed_ax.set_title("Throughput per step")
+    speed_ax.set_ylabel(f"samples / s (tokens / s = x {seq})")
+    for ax in (batch_ax, memory_ax, speed_ax):
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return fig

@@ -96,12 +96,20 @@ def join(argv: list[str] | None, description: str) -> tuple[dict, int, int]:
 def micro_batch(workload, setup: Setup, step: int, rank: int, world: int, micro: int = 0, seed: int = 0):
     """``(args, kwargs)`` of micro-batch ``micro`` of training step ``step`` on ``rank`` of ``world``.
 
-    Global sample indices of a step run over ``train_batch`` samples; this rank takes every
-    ``world``-th one of its micro-batch's slice (as ``DistributedSampler`` does). CPU tensors, floats
-    in fp32: ``train_step`` moves and casts them.
+    Global sample indices of a step run over its ``train_batch`` samples, after those of the steps
+    before it (``Setup.samples_before``: a batch schedule changes how many); this rank takes every
+    ``world``-th one of its micro-batch's slice (as ``DistributedSampler`` does). CPU tensors, floats in
+    fp32: ``train_step`` moves and casts them.
     """
-    mb = setup.batch.micro_batch
-    first = step * setup.batch.train_batch + micro * mb * world
+    b = setup.batch
+    if b.max_tokens:
+        from kit.workloads import packed_step, sequence_length
+
+        ids = list(packed_step(b, step, world, seed)[micro * world + rank])
+        lengths = [sequence_length(i, b.seq_len, seed) for i in ids]
+        return workload.micro_batch(ids, b.seq_len, seed, lengths=lengths)
+    mb = setup.at_step(step).batch.micro_batch
+    first = setup.samples_before(step) + micro * mb * world
     indices = [first + rank + world * k for k in range(mb)]
     return workload.micro_batch(indices, setup.batch.seq_len, seed)
 
@@ -124,16 +132,26 @@ def train_step(
     ``around_micro_step(micro)`` may return a context manager wrapped around forward, loss and backward
     of each micro-step (``kit.ranks.measure`` counts saved activations there); ``after_backward(micro)``
     is called between backward and ``engine.step()``, while the gradients are held (model states are
-    read there).
+    read there). With a batch schedule the batch of ``step`` is set first (``set_batch``).
     """
     import torch
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.zero.precision, torch.float32)
+    scheduled = bool(setup.batch.schedule)
+    gas = setup.at_step(step).batch.grad_accum
+    if scheduled:
+        set_batch(engine, setup.at_step(step))
+    if setup.batch.max_tokens:
+        scale_lr(engine, setup, step, world, seed)
     total = 0.0
-    for micro in range(setup.batch.grad_accum):
+    for micro in range(gas):
         args, kwargs = micro_batch(workload, setup, step, rank, world, micro, seed)
         args = tuple(_to(x, engine.device, dtype) for x in args)
         kwargs = {k: _to(x, engine.device, dtype) for k, x in kwargs.items()}
+        if scheduled:
+            # DeepSpeed's boundary is (micro_steps + 1) % grad_accum == 0 over *all* micro-steps so far:
+            # after a change of grad accum it would fall mid-step, so say where it is
+            engine.set_gradient_accumulation_boundary(micro == gas - 1)
         with around_micro_step(micro) if around_micro_step else contextlib.nullcontext():
             loss = workload.loss(engine(*args, **kwargs))
             engine.backward(loss)
@@ -142,7 +160,34 @@ def train_step(
         engine.step()
         total += loss.item()
         del loss, args, kwargs
-    return total / setup.batch.grad_accum
+    return total / gas
+
+
+def scale_lr(engine, setup: Setup, step: int, world: int, seed: int) -> None:
+    """Under a token budget each step holds a different number of samples: scale the learning rate
+    linearly with it, against the nominal global batch (DeepSpeed's ``variable_batch_size_and_lr.scale_lr``,
+    the rule its ``VariableBatchSizeLR`` applies)."""
+    from deepspeed.runtime.data_pipeline.data_sampling.variable_batch_size_and_lr import scale_lr as rule
+
+    from kit.workloads import packed_sizes
+
+    samples = packed_sizes(setup.batch, step, world, seed)["train_batch"]
+    lr = rule(
+        setup.batch.train_batch, samples, base_lr=engine._config.optimizer_params["lr"], method="linear"
+    )
+    for group in engine.optimizer.param_groups:
+        group["lr"] = lr
+
+
+def set_batch(engine, setup: Setup) -> None:
+    """Give the engine ``setup``'s batch with DeepSpeed's own setters: ``set_train_micro_batch_size``
+    (keeps grad accum) for a new micro batch, then ``set_train_batch_size`` (keeps the micro batch,
+    changes grad accum) for a new global batch. No-op when they already agree."""
+    b = setup.batch
+    if engine.train_micro_batch_size_per_gpu() != b.micro_batch:
+        engine.set_train_micro_batch_size(b.micro_batch)
+    if engine.train_batch_size() != b.train_batch:
+        engine.set_train_batch_size(b.train_batch)
 
 
 def teardown(engine) -> None:

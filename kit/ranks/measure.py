@@ -15,10 +15,13 @@ from kit.estimate.perf import model_flops
 from kit.schema import Setup
 
 
-def throughput(setup: Setup, step_time_s: float) -> dict[str, float]:
-    """Global samples/s, tokens/s and achieved TFLOP/s (``model_flops``) of one optimizer step."""
-    samples = setup.batch.train_batch
-    tokens = setup.tokens_per_step
+def throughput(
+    setup: Setup, step_time_s: float, samples: int | None = None, tokens: int | None = None
+) -> dict[str, float]:
+    """Global samples/s, tokens/s and achieved TFLOP/s (``model_flops``) of one optimizer step (of
+    ``samples`` and ``tokens`` when a step's data differs from the Setup's nominal batch)."""
+    samples = samples or setup.batch.train_batch
+    tokens = tokens or setup.tokens_per_step
     return {
         "samples_per_s": samples / step_time_s,
         "tokens_per_s": tokens / step_time_s,

@@ -81,8 +81,10 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
 
     With ``spec["instrument"]`` false only step time, throughput and loss are recorded (no comms
     logger, no saved-tensor hooks, no state walk, no memory reads): the bare loop benchmarks compare to.
+    Every record carries the step's batch (a batch schedule changes it; warm-up steps count as steps);
+    with a schedule the model states are read again at every step and predicted for that step's batch.
     """
-    from kit import estimate
+    from kit import estimate, workloads
     from kit.ranks import engine, measure, state_walk
 
     instrument = spec.get("instrument", True)
@@ -90,19 +92,25 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
     run = engine.build_engine(setup, spec["seed"], comms_logger=instrument)
     eng = run.engine
     built.append(eng)
-    whole_gpu = estimate.estimate(setup)
-    # what this rank holds once a step's gradients are in place: the like-for-like prediction
-    resident = estimate.rank_states(setup, rank)
-    predicted = {**resident["device"], "activations": whole_gpu.components["activations"]}
+    # per batch of the schedule, before training (a model file that cannot run fails in its trace here):
+    # the whole-GPU estimate and what this rank holds once a step's gradients are in place
+    predictions = {
+        state.batch: (estimate.estimate(state), estimate.rank_states(state, rank))
+        for _, state in setup.batch_states()
+    }
     for step in range(spec["warmup"]):
         engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec["seed"])
-    held: dict = {}  # model-state bytes, read once while the last micro-step's gradients are held
-
-    def read_states(micro: int) -> None:
-        if micro == setup.batch.grad_accum - 1 and not held:
-            held.update(state_walk.model_state_bytes(eng, setup))
+    held: dict = {}  # model-state bytes, read while the last micro-step's gradients are held
 
     for step in range(spec["warmup"], spec["warmup"] + spec["steps"]):
+        now = setup.at_step(step)
+        if setup.batch.schedule:
+            held.clear()  # the batch may change: read the states of every step
+
+        def read_states(micro: int, now=now) -> None:
+            if micro == now.batch.grad_accum - 1 and not held:
+                held.update(state_walk.model_state_bytes(eng, now))
+
         counter = measure.SavedActivations()
         measure.reset_comm()
 
@@ -112,19 +120,28 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
         hooks = {"around_micro_step": watch, "after_backward": read_states} if instrument else {}
         with measure.timed() as t:
             loss = engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec["seed"], **hooks)
+        b = now.batch
+        sizes = {"train_batch": b.train_batch, "micro_batch": b.micro_batch, "tokens": now.tokens_per_step}
+        if b.max_tokens:  # variable-length data: what this step really held, and its scaled learning rate
+            sizes = workloads.packed_sizes(b, step, world, spec["seed"])
+            sizes["lr"] = eng.optimizer.param_groups[0]["lr"]
         record = {
             **base,
             "step": step,
+            **sizes,
+            "grad_accum": b.grad_accum,
             "step_time_s": t["s"],
-            **measure.throughput(setup, t["s"]),
+            **measure.throughput(now, t["s"], samples=sizes["train_batch"], tokens=sizes["tokens"]),
             "loss": loss,
         }
         if instrument:
             comm = measure.comm_bytes()
+            whole_gpu, resident = predictions[now.batch]
             record.update(measure.peaks())
             record["measured"] = {**held["device"], "activations": counter.bytes}
             record["measured_host"] = held["host"]
-            record.update(estimate=predicted, estimate_host=resident["host"])
+            record["estimate"] = {**resident["device"], "activations": whole_gpu.components["activations"]}
+            record["estimate_host"] = resident["host"]
             record["estimate_peak_bytes"] = whole_gpu.per_gpu_bytes
             record.update(comm_bytes=comm, comm_wire_bytes=wire_bytes(comm, world))
         append_record(spec["records"], {**record, "status": "ok", "error": None})

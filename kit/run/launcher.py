@@ -1,9 +1,9 @@
 """Start multi-process runs: DeepSpeed's launcher (or torchrun) as a subprocess in its own process group.
 
 The one place the kit starts ranks. Commands are argument lists (never a shell), each launch gets a
-free master port, and a timeout, a watchdog or Ctrl-C kills the whole process group (launcher and every
-rank), so nothing is left behind. Without CUDA the ranks run on CPU (``DS_ACCELERATOR=cpu``, gloo);
-with CUDA the same command uses NCCL.
+free master port, and a timeout, a watchdog, a cancel hook or Ctrl-C kills the whole process group
+(launcher and every rank), so nothing is left behind. Without CUDA the ranks run on CPU
+(``DS_ACCELERATOR=cpu``, gloo); with CUDA the same command uses NCCL.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from kit.paths import PACKAGE_PARENT
 
 #: exit status reported when a launch was killed for running past its time (as coreutils ``timeout``).
 TIMEOUT_RC = 124
+#: exit status reported when a launch was stopped by its ``cancel`` hook (as a shell reports SIGINT).
+CANCEL_RC = 130
 #: how many of the last output lines ``run_launch`` keeps.
 KEEP_LINES = 5000
 #: seconds between SIGTERM and SIGKILL when stopping a process group.
@@ -128,6 +130,14 @@ def kill_launch(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    # SIGKILL lands asynchronously and orphaned ranks are reaped by init: wait until the group is gone
+    stop = time.monotonic() + GRACE_S
+    while time.monotonic() < stop:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
 
 
 def run_launch(
@@ -137,14 +147,16 @@ def run_launch(
     on_line: Callable[[str], None] | None = None,
     *,
     deadline: Callable[[], float | None] | None = None,
+    cancel: Callable[[], bool] | None = None,
     cwd: str | os.PathLike | None = None,
 ) -> tuple[int, str]:
     """Run a launch to completion, streaming each output line to ``on_line``.
 
     Returns ``(rc, output)``: the exit status (``TIMEOUT_RC`` when killed for time) and the last
     ``KEEP_LINES`` lines. The group is killed after ``timeout_s`` seconds, or when ``deadline()`` (a
-    watchdog polled twice a second, returning a ``time.monotonic()`` instant or None) has passed.
-    KeyboardInterrupt kills the group and is re-raised.
+    watchdog polled twice a second, returning a ``time.monotonic()`` instant or None) has passed. When
+    ``cancel()`` (polled as often; e.g. ``threading.Event().is_set``) is true, the group is killed and
+    ``CANCEL_RC`` returned. KeyboardInterrupt kills the group and is re-raised.
     """
     proc = start_launch(argv, env, cwd)
     lines: queue.Queue[str | None] = queue.Queue()
@@ -164,6 +176,10 @@ def run_launch(
                 kept.append(line)
                 if on_line is not None:
                     on_line(line)
+            if cancel is not None and cancel():
+                kill_launch(proc)
+                reader.join(timeout=GRACE_S)
+                return CANCEL_RC, "\n".join(kept)
             watchdog = deadline() if deadline is not None else None
             now = time.monotonic()
             if now > stop_at or (watchdog is not None and now > watchdog):

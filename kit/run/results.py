@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from kit.components import MEASURED
+from kit.components import MEASURED, MODEL_STATES
 from kit.records import load_records
 
-#: a configuration's status is its worst record's: error > oom > timeout > ok
-SEVERITY = {"error": 3, "oom": 2, "timeout": 1, "ok": 0}
+#: a configuration's status is its worst record's: error > oom > timeout > cancelled (stopped by the
+#: user, ``run_sweep(cancel=...)``) > ok
+SEVERITY = {"error": 4, "oom": 3, "timeout": 2, "cancelled": 1, "ok": 0}
 
 
 class Results:
@@ -72,6 +73,27 @@ class Results:
                             row[f"{side}_{part}"] = int(steps[f"{side}_{part}"].iloc[-1])
             rows.append(row)
         return pd.DataFrame(rows)
+
+    def brief(self) -> pd.DataFrame:
+        """The few columns a reader compares, one row per configuration, in units (``summary()`` has
+        them all): step time in ms, samples/s, last loss, rank 0's model states measured and estimated
+        (MB), peak RSS (MiB), bytes sent per step (MB), and the first line of the error of a failed one."""
+        table = self.summary()
+
+        def column(key: str, scale: float = 1.0) -> pd.Series:
+            return table[key] * scale if key in table else pd.Series([float("nan")] * len(table))
+
+        out = pd.DataFrame({"configuration": table["label"], "status": table["status"]})
+        out["step ms"] = column("step_time_s", 1e3)
+        out["samples/s"] = column("samples_per_s")
+        out["loss"] = column("loss")
+        for name, side in (("model states MB", "measured"), ("estimate MB", "estimate")):
+            out[name] = sum(column(f"{side}_{part}", 1e-6) for part in MODEL_STATES)
+        out["peak RSS MiB"] = column("peak_rss_bytes", 2**-20)
+        out["wire MB/step"] = column("comm_wire_bytes", 1e-6)
+        if (table["status"] != "ok").any():
+            out["error"] = [e.splitlines()[0][:80] if isinstance(e, str) else None for e in table["error"]]
+        return out
 
     def configs(self) -> list[dict]:
         """Per configuration, the fields of ``zerokit run --json``: label, setup, status, error,

@@ -5,6 +5,8 @@ already holds, writes a launch spec and starts DeepSpeed's launcher once. Rank 0
 tqdm bar and a per-configuration watchdog: a configuration that runs past ``timeout_s`` gets a
 ``timeout`` record, one that kills a rank an ``error`` record, the process group is killed and the
 remaining configurations are relaunched. Ctrl-C kills the group and re-raises; re-run to resume.
+A ``cancel`` hook (e.g. a Stop button's ``threading.Event().is_set``) kills the group too: the
+configuration under way gets a ``cancelled`` record, the records so far are kept and the sweep returns.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kit.records import append_record, load_records, parse_event
@@ -40,8 +43,13 @@ def toy_setup(nprocs: int = 2) -> Setup:
 
 
 def config_id(setup: Setup) -> str:
-    """Stable id of a configuration: a hash of its Setup (so a re-run finds it in records.jsonl)."""
-    text = json.dumps(setup.model_dump(mode="json"), sort_keys=True)
+    """Stable id of a configuration: a hash of its Setup (so a re-run finds it in records.jsonl). A Setup
+    without a batch schedule or token budget hashes as before they existed, so older sweeps still resume."""
+    data = setup.model_dump(mode="json")
+    for key, unset in (("schedule", []), ("max_tokens", None)):
+        if data["batch"][key] == unset:
+            del data["batch"][key]
+    text = json.dumps(data, sort_keys=True)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
@@ -57,7 +65,12 @@ def check(setup: Setup) -> None:
     from kit import estimate, workloads
     from kit.ds_config import to_ds_config, validate_ds_config
 
-    workloads.for_model(setup.model)
+    workload = workloads.for_model(setup.model)
+    if setup.batch.max_tokens and not (isinstance(workload, workloads.Toy) and setup.model.family == "gpt2"):
+        raise ValueError(
+            "batch.max_tokens: runs on variable-length data are built for the toy GPT (--model toy); "
+            "the estimate covers any model"
+        )
     estimate.estimate(setup)
     validate_ds_config(to_ds_config(setup, torch_adam=True), setup.dp)
 
@@ -77,6 +90,8 @@ def run_sweep(
     progress: bool = True,
     instrument: bool = True,
     faults: dict[int, str] | None = None,
+    cancel: Callable[[], bool] | None = None,
+    on_event: Callable[[dict], None] | None = None,
 ) -> Results:
     """Run every Setup (on one node of ``nprocs`` ranks) and return the sweep's Results.
 
@@ -85,7 +100,10 @@ def run_sweep(
     time without progress (a configuration starting, a step, a configuration ending; the first
     configuration also gets ``startup_s`` for the launch and imports) before the configuration counts
     as hung. ``instrument=False`` records only step time and loss (the bare loop, for benchmarks).
-    ``faults`` maps an index of ``setups`` to a test-only fault (``FAULTS``).
+    ``faults`` maps an index of ``setups`` to a test-only fault (``FAULTS``). ``cancel()``, polled twice
+    a second, stops the sweep (see the module's doc). ``on_event`` gets a ``{"event": "sweep", "total",
+    "reused", "records"}`` dict before anything launches, then rank 0's event lines (``start``, ``step``,
+    ``done``) as they come.
     """
     if not setups:
         raise ValueError("setups: give at least one Setup to run")
@@ -115,6 +133,11 @@ def run_sweep(
     done = measured_ids(records, warmup + steps - 1)
     pending = [c for c in configs if c["config_id"] not in done]
     bar = _bar(len(configs), len(configs) - len(pending), sweep, progress)
+    if on_event is not None:
+        reused = len(configs) - len(pending)
+        on_event(
+            {"event": "sweep", "total": len(configs), "reused": reused, "records": str(records.resolve())}
+        )
     base = {"sweep": sweep, "records": str(records.resolve()), "steps": steps, "warmup": warmup, "seed": seed}
     base["instrument"] = instrument
     limits = {
@@ -122,9 +145,11 @@ def run_sweep(
         "timeout_s": timeout_s,
         "startup_s": startup_s,
         "launcher_name": launcher_name,
+        "cancel": cancel,
+        "on_event": on_event,
     }
     try:
-        while pending:
+        while pending and not (cancel is not None and cancel()):
             pending = _launch(base, pending, folder, bar, **limits)
     finally:
         bar.close()
@@ -140,7 +165,9 @@ def measured_ids(records: Path, last_step: int) -> set[str]:
     }
 
 
-def _launch(base, pending, folder, bar, *, nprocs, timeout_s, startup_s, launcher_name) -> list[dict]:
+def _launch(
+    base, pending, folder, bar, *, nprocs, timeout_s, startup_s, launcher_name, cancel, on_event
+) -> list[dict]:
     """One launch over ``pending``; returns the configurations still to run (empty when all ran)."""
     run_id = time.strftime("%Y%m%dT%H%M%S") + f".{time.time_ns() % 1_000_000_000:09d}"
     spec = {**base, "run_id": run_id, "configs": pending}
@@ -154,6 +181,8 @@ def _launch(base, pending, folder, bar, *, nprocs, timeout_s, startup_s, launche
         if event is None:
             return
         state["deadline"] = time.monotonic() + timeout_s
+        if on_event is not None:
+            on_event(event)
         if event["event"] == "start":
             state["current"] = event["config_id"]
             bar.set_postfix_str(event["label"])
@@ -173,11 +202,16 @@ def _launch(base, pending, folder, bar, *, nprocs, timeout_s, startup_s, launche
         startup_s + timeout_s * (len(pending) + 1),
         on_line,
         deadline=lambda: state["deadline"],
+        cancel=cancel,
     )
     left = [c for c in pending if c["config_id"] not in state["finished"]]
     if not left:
         return []
     failed = next((c for c in left if c["config_id"] == state["current"]), left[0])
+    if rc == launcher.CANCEL_RC:
+        _append_failure(records, spec, failed, "cancelled", "stopped by the user; the ranks were killed")
+        bar.update(1)
+        return []
     status = "timeout" if rc == launcher.TIMEOUT_RC else "error"
     tail = "\n".join(output.splitlines()[-20:])
     reason = f"no progress for {timeout_s:g} s" if status == "timeout" else f"launch exited with status {rc}"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 
 from kit import hf_models, model_files
 from kit.schema import ModelSpec
@@ -50,6 +51,59 @@ def generator(seed: int, index: int):
     import torch
 
     return torch.Generator().manual_seed(seed * 1_000_003 + index)
+
+
+#: the shortest sequence of the variable-length synthetic data, as a share of ``seq_len``
+SHORTEST = 0.125
+
+
+def sequence_length(index: int, seq_len: int, seed: int) -> int:
+    """The length of sample ``index`` of the variable-length synthetic data: uniform in
+    [``SHORTEST`` x seq_len, seq_len], seeded per sample."""
+    import torch
+
+    low = max(1, int(SHORTEST * seq_len))
+    return int(torch.randint(low, seq_len + 1, (), generator=generator(seed + 7, index)))
+
+
+@lru_cache(maxsize=16)
+def token_batches(max_tokens: int, seq_len: int, micro_per_step: int, steps: int, seed: int) -> tuple:
+    """The first ``steps`` optimizer steps of the variable-length data packed by DeepSpeed's own
+    ``batch_by_seqlens`` (``variable_batch_size_and_lr``): per step, ``micro_per_step`` micro batches of
+    sample ids, each at most ``max_tokens`` tokens. Deterministic (data order), the same on every rank."""
+    from deepspeed.runtime.data_pipeline.data_sampling.variable_batch_size_and_lr import batch_by_seqlens
+
+    low = max(1, int(SHORTEST * seq_len))
+    most = max_tokens // low  # no micro batch holds more samples: lets the packer skip early
+    count = (steps + 1) * micro_per_step * most  # one step of margin: the last full step is not cut short
+    lengths = [sequence_length(i, seq_len, seed) for i in range(count)]
+    ids, _, _ = batch_by_seqlens(
+        lengths, max_tokens, max_batch_size=most, effective_batch_size=micro_per_step, seed=seed
+    )
+    micro = [list(sample_ids) for _, sample_ids in ids]
+    if len(micro) < steps * micro_per_step:
+        raise ValueError(f"batch.max_tokens: the packed data holds fewer than {steps} steps")
+    return tuple(tuple(micro[s * micro_per_step : (s + 1) * micro_per_step]) for s in range(steps))
+
+
+def packed_step(batch, step: int, world: int, seed: int) -> tuple[tuple[int, ...], ...]:
+    """The micro batches (sample ids) of optimizer step ``step`` under ``batch.max_tokens``: world x
+    grad_accum of them; rank r's micro-step j takes number j x world + r (as DistributedSampler deals)."""
+    steps = 1 << step.bit_length()  # > step; a power of two, so that the packing is rarely redone
+    return token_batches(batch.max_tokens, batch.seq_len, world * batch.grad_accum, steps, seed)[step]
+
+
+def packed_sizes(batch, step: int, world: int, seed: int) -> dict[str, int]:
+    """Samples, real tokens, tokens with the padding to each micro batch's longest sequence, and the
+    largest micro batch (samples) of a packed step."""
+    micro = packed_step(batch, step, world, seed)
+    lengths = [[sequence_length(i, batch.seq_len, seed) for i in m] for m in micro]
+    return {
+        "train_batch": sum(len(m) for m in micro),
+        "tokens": sum(map(sum, lengths)),
+        "padded_tokens": sum(len(m) * max(m) for m in lengths),
+        "micro_batch": max(len(m) for m in micro),
+    }
 
 
 def tokens(indices: list[int], seq_len: int, vocab: int, seed: int):
@@ -83,14 +137,24 @@ class Toy:
 
         return deepspeed.zero.Init(config_dict_or_path=ds_config)
 
-    def micro_batch(self, indices: list[int], seq_len: int, seed: int = 0):
+    def micro_batch(self, indices: list[int], seq_len: int, seed: int = 0, lengths: list[int] | None = None):
+        """Inputs and targets of the samples ``indices``; ``lengths`` (GPT only) cuts each to its own
+        length, padded to the longest of the micro batch with targets -100 (ignored by the loss)."""
         import torch
 
         from kit import models
 
         if self.spec.family == "gpt2":
             stream = tokens(indices, seq_len, self.spec.vocab, seed)
-            return (stream[:, :-1], stream[:, 1:]), {}
+            inputs, targets = stream[:, :-1], stream[:, 1:]
+            if lengths is not None:
+                longest = max(lengths)
+                inputs, targets = inputs[:, :longest].clone(), targets[:, :longest].clone()
+                for row, n in enumerate(lengths):
+                    inputs[row, n:], targets[row, n:] = 0, -100
+            return (inputs, targets), {}
+        if lengths is not None:
+            raise ValueError("batch.max_tokens: variable-length data is built for the toy GPT only")
         cfg = models.config_of(self.spec)
         channels, side = cfg["in_channels"], cfg["input_size"]
         out_channels = 2 * channels if cfg["learn_sigma"] else channels

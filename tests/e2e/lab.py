@@ -1,0 +1,212 @@
+"""JupyterLab driven by a headless browser for the end-to-end tests (``make e2e``).
+
+``lab_server`` starts JupyterLab on a free loopback port with a token, in a temporary directory (copies
+of the notebooks, its own settings, runtime and ``TMPDIR``) with ``ZEROKIT_SMOKE=1``; ``browser`` starts
+the system Chromium (Debian's ``chromium``, never a Playwright download) headless. Both are context
+managers that clean up when the test fails: the server's kernels are shut down, its process group is
+killed, and so is every process whose command line names the temporary directory (a sweep a kernel
+launched: the launches run in their own process groups).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.run.launcher import free_port, kill_launch
+
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOKS = REPO / "notebooks"
+CHROMIUM = Path(os.environ.get("ZEROKIT_CHROMIUM", "/usr/bin/chromium"))
+#: JupyterLab settings for a test: every cell drawn (no windowing: panels below the fold render too),
+#: no news or update checks (they would reach the internet)
+SETTINGS = {
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    },
+}
+
+
+@dataclass
+class Lab:
+    url: str
+    token: str
+    root: Path  # the notebooks' folder the server serves
+    tmp: Path  # the whole temporary directory
+    proc: subprocess.Popen = field(repr=False)
+
+    def api(self, path: str, method: str = "GET"):
+        request = urllib.request.Request(
+            f"{self.url}/api/{path}", method=method, headers={"Authorization": f"token {self.token}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def notebook_url(self, name: str) -> str:
+        return f"{self.url}/lab/tree/{name}?token={self.token}"
+
+
+@contextlib.contextmanager
+def lab_server(tmp: Path, startup_s: float = 90.0) -> Iterator[Lab]:
+    """JupyterLab serving copies of ``notebooks/`` from ``tmp/notebooks``."""
+    root = tmp / "notebooks"
+    shutil.copytree(NOTEBOOKS, root)
+    settings = tmp / "settings"
+    for name, values in SETTINGS.items():
+        path = settings / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+    (tmp / "tmp").mkdir()
+    port, token = free_port(), uuid.uuid4().hex
+    env = dict(os.environ, ZEROKIT_SMOKE="1", TMPDIR=str(tmp / "tmp"), DS_ACCELERATOR="cpu")
+    env.update(JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), IPYTHONDIR=str(tmp / "ipython"))
+    env.pop("JUPYTER_CONFIG_DIR", None)
+    argv = [
+        str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser",
+        "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+        f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
+        "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=",
+    ] + (["--allow-root"] if os.geteuid() == 0 else [])  # fmt: skip
+    log = open(tmp / "server.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        argv, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    lab = Lab(f"http://127.0.0.1:{port}", token, root, tmp, proc)
+    try:
+        stop = time.monotonic() + startup_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited with {proc.returncode}: {_tail(tmp / 'server.log')}")
+            with contextlib.suppress(OSError):
+                lab.api("status")
+                break
+            if time.monotonic() > stop:
+                raise RuntimeError(
+                    f"jupyter lab did not answer in {startup_s:g} s: {_tail(tmp / 'server.log')}"
+                )
+            time.sleep(0.5)
+        yield lab
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            for kernel in lab.api("kernels"):
+                lab.api(f"kernels/{kernel['id']}", method="DELETE")
+        kill_launch(proc)
+        log.close()
+        kill_processes_naming(tmp)
+
+
+def processes_naming(text: str) -> dict[int, int]:
+    """``{pid: process group}`` of the processes whose command line contains ``text``."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if text in argv:
+                found[int(proc.name)] = os.getpgid(int(proc.name))
+    return found
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the process group ``pgid`` still exists (zombies aside: ``killpg(pgid, 0)``
+    succeeds until they are reaped)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def kill_processes_naming(tmp: Path) -> None:
+    for pgid in set(processes_naming(str(tmp)).values()) - {os.getpgid(0)}:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def browser(width: int = 1280, height: int = 2400):
+    """A page of the system Chromium, headless, with console errors and page errors collected in
+    ``page.errors``."""
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        raise RuntimeError(f"no browser at {CHROMIUM}: apt-get install chromium (make e2e does)")
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"])
+        try:
+            page = chromium.new_page(viewport={"width": width, "height": height})
+            page.errors = []
+            page.on("console", lambda m: m.type == "error" and page.errors.append(f"console: {m.text}"))
+            page.on("pageerror", lambda e: page.errors.append(f"page error: {e}"))
+            yield page
+        finally:
+            chromium.close()
+
+
+OPEN_AND_RUN = """
+async (name) => {
+  const app = window.jupyterapp;
+  const panel = await app.commands.execute('docmanager:open', {path: name, factory: 'Notebook'});
+  await panel.context.ready;
+  await panel.sessionContext.ready;
+  const kernel = () => panel.sessionContext.session && panel.sessionContext.session.kernel;
+  while (!kernel() || kernel().status !== 'idle') { await new Promise(r => setTimeout(r, 200)); }
+  await app.commands.execute('notebook:run-all-cells');
+  while (kernel().status !== 'idle') { await new Promise(r => setTimeout(r, 200)); }
+  return true;
+}
+"""
+
+OUTPUTS = """
+() => {
+  const panel = window.jupyterapp.shell.currentWidget;
+  return panel.content.model.toJSON().cells.filter(c => c.cell_type === 'code')
+    .map(c => ({count: c.execution_count, source: (Array.isArray(c.source) ? c.source.join('') : c.source),
+                outputs: c.outputs}));
+}
+"""
+
+
+def open_lab(page, lab: Lab) -> None:
+    page.goto(f"{lab.url}/lab?token={lab.token}")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.started", timeout=60_000)
+    page.evaluate("() => window.jupyterapp.started")
+
+
+def run_notebook(page, name: str, timeout_s: float = 600) -> list[dict]:
+    """Open ``name``, run all its cells and wait for the kernel to go idle; the code cells' JSON."""
+    page.evaluate(OPEN_AND_RUN, name)
+    return page.evaluate(OUTPUTS)
+
+
+def errors_in(cells: list[dict]) -> list[str]:
+    """An error output or a cell that never ran, one line each."""
+    bad = []
+    for i, cell in enumerate(cells):
+        first = cell["source"].splitlines()[0] if cell["source"] else ""
+        if cell["count"] is None:
+            bad.append(f"cell {i} ({first}) did not run")
+        for out in cell["outputs"]:
+            if out["output_type"] == "error":
+                bad.append(f"cell {i} ({first}): {out['ename']}: {out['evalue']}")
+    return bad
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
