@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from typing import Any
 
@@ -37,8 +39,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     m.add_argument(
         "--model", help="preset name (see `zerokit estimate --list-models`) or path to a config.json"
     )
-    m.add_argument("--params", type=_count, help="bare parameter count, e.g. 7e9 (instead of --model)")
-    m.add_argument("--largest-layer", type=_count, help="largest layer's parameter count (with --params)")
+    m.add_argument("--params", type=count, help="bare parameter count, e.g. 7e9 (instead of --model)")
+    m.add_argument("--largest-layer", type=count, help="largest layer's parameter count (with --params)")
     add_model_overrides(m)
 
 
@@ -140,9 +142,38 @@ def print_json(obj: Any) -> None:
     sys.stdout.write("\n")
 
 
-def _count(text: str) -> int:
+def count(text: str) -> int:
     """argparse type for counts: 7e9, 7B, 350M."""
     try:
         return parse_count(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def items(text: str | None) -> list[str]:
+    """The items of a comma-separated flag (``--stages 0,1,2``), blanks dropped; [] for no flag."""
+    return [t.strip() for t in text.split(",") if t.strip()] if text else []
+
+
+def whole(flag: str, text: str, allowed: str = "0-3") -> int:
+    """One integer item of a comma-separated flag, or UsageError naming the flag and what is allowed."""
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"{flag}: comma-separated integers {allowed}, got {text!r}") from None
+
+
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """Send everything written to stdout meanwhile (DeepSpeed logs there) to stderr, so that
+    ``--json`` prints one JSON object and nothing else on stdout."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

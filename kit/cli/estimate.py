@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kit.cli.args import UsageError, _count, add_setup_args, print_json, setup_from_args
+from kit.cli.args import UsageError, add_setup_args, count, items, print_json, setup_from_args
 from kit.estimate.perf import Assumptions
 from kit.units import GIB
 
@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--gpus", help="GPU types to consider, comma-separated (default: every row of data/gpus.csv)"
     )
-    s.add_argument("--tokens", type=_count, help="tokens to train on, e.g. 2T (default: 20 x params)")
+    s.add_argument("--tokens", type=count, help="tokens to train on, e.g. 2T (default: 20 x params)")
     s.add_argument(
         "--price",
         action="append",
@@ -124,11 +124,11 @@ def run_plan(args: argparse.Namespace) -> int:
     found = plan.search(
         setup,
         train_batch=train_batch,
-        gpus=_items(args.gpus),
+        gpus=items(args.gpus) or None,
         max_nodes=args.max_nodes,
         headroom=headroom,
         tokens=args.tokens,
-        price=_prices(args.price, _items(args.gpus)),
+        price=_prices(args.price, items(args.gpus)),
         assumptions=assume,
         fabric=args.network,
     )
@@ -184,10 +184,6 @@ def _table(frame, columns: list[str] = PLAN_COLUMNS) -> str:
     from kit.estimate.plan import readable
 
     return readable(frame[columns]).to_string(index=False)
-
-
-def _items(text: str | None) -> list[str] | None:
-    return [item.strip() for item in text.split(",") if item.strip()] if text else None
 
 
 def _prices(items: list[str], gpus: list[str] | None) -> dict[str, float]:

@@ -12,10 +12,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import os
-import sys
 
-from kit.cli.args import UsageError, add_model_overrides, model_from_args, print_json
+from kit.cli.args import (
+    UsageError,
+    add_model_overrides,
+    items,
+    model_from_args,
+    print_json,
+    stdout_to_stderr,
+    whole,
+)
 from kit.units import MB
 
 
@@ -106,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from kit.run.sweep import run_sweep
 
     setups = setups_from_args(args)
-    with _stdout_to_stderr() if args.json else contextlib.nullcontext():
+    with stdout_to_stderr() if args.json else contextlib.nullcontext():
         results = run_sweep(setups, **launch_options(args))
     if args.json:
         print_json({"sweep": args.sweep, "records": str(results.path), "configs": results.configs()})
@@ -130,10 +136,10 @@ def setups_from_args(args: argparse.Namespace) -> list:
             from_ds_config(path, model=spec, cluster=cluster, seq_len=args.seq_len) for path in args.ds_config
         ]
     lists = {
-        "stage": [_int("stages", s) for s in _items(args.stages)],
-        "offload_optimizer": _items(args.offload_optimizer),
-        "offload_param": _items(args.offload_param),
-        "precision": _items(args.precision),
+        "stage": [whole("stages", s) for s in items(args.stages)],
+        "offload_optimizer": items(args.offload_optimizer),
+        "offload_param": items(args.offload_param),
+        "precision": items(args.precision),
     }
     setups = []
     for values in itertools.product(*lists.values()):
@@ -193,30 +199,3 @@ def render(results) -> str:
             line += f"  {str(row['error']).splitlines()[0]}"
         lines.append(line)
     return "\n".join(lines)
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr():
-    """Send everything written to stdout meanwhile (DeepSpeed logs there) to stderr, so that
-    ``--json`` prints one JSON object and nothing else on stdout."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-def _items(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _int(flag: str, text: str, allowed: str = "0-3") -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise UsageError(f"{flag}: comma-separated integers {allowed}, got {text!r}") from None

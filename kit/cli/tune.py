@@ -14,8 +14,8 @@ import argparse
 import contextlib
 import math
 
-from kit.cli.args import UsageError, model_from_args, print_json
-from kit.cli.run import _int, _items, _stdout_to_stderr, add_launch_args, launch_options
+from kit.cli.args import UsageError, items, model_from_args, print_json, stdout_to_stderr, whole
+from kit.cli.run import add_launch_args, launch_options
 from kit.units import GIB
 
 #: the API's argument names, as ``--flags`` in this command's error lines
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     setup, options = plan_from_args(args)
     options.update(launch_options(args))
-    with _stdout_to_stderr() if args.json else contextlib.nullcontext(), _flag_names():
+    with stdout_to_stderr() if args.json else contextlib.nullcontext(), _flag_names():
         tuned = tune(setup, **options)
     if args.out and tuned.best is not None:
         tuned.write_ds_config(args.out)
@@ -99,9 +99,9 @@ def plan_from_args(args: argparse.Namespace) -> tuple:
         batch={"micro_batch": 1, "grad_accum": args.grad_accum, "seq_len": args.seq_len},
     )
     options = {
-        "stages": [_int("stages", s) for s in _items(args.stages)],
-        "offloads": _items(args.offload),
-        "micro_batches": [_int("micro-batches", s, ">= 1") for s in _items(args.micro_batches)],
+        "stages": [whole("stages", s) for s in items(args.stages)],
+        "offloads": items(args.offload),
+        "micro_batches": [whole("micro-batches", s, ">= 1") for s in items(args.micro_batches)],
         "budget_bytes": None if args.budget_gib is None else int(args.budget_gib * GIB),
         "keep": args.keep,
         "nprocs": args.nprocs,
