@@ -380,3 +380,15 @@ def test_estimate_refuses_what_deepspeed_refuses_with_explains_first_error(capsy
     path.write_text(json.dumps(hf_stage2()))
     assert main(["estimate", "--ds-config", str(path), "--model", "llama-2-7b", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["setup"]["zero"]["reduce_bucket_size"] == 500_000_000
+
+
+def test_run_refuses_a_config_deepspeed_refuses_before_launch(capsys, tmp_path):
+    bad = tmp_path / "ds_config.json"
+    bad.write_text(
+        json.dumps({"train_batch_size": 4, "zero_optimization": {"stage": 2, "overlap_comms": True}})
+    )
+    code = main(["run", "--ds-config", str(bad), "--runs-dir", str(tmp_path / "runs"), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and not (tmp_path / "runs").exists()
+    assert err.startswith("zerokit run: zero_optimization.overlap_comms: Extra inputs are not permitted")
+    assert len(err.strip().splitlines()) == 1

@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
 def setups_from_args(args: argparse.Namespace) -> list:
     """The Setups the flags describe, on one node of ``--nprocs`` ranks."""
-    from kit.ds_config import from_ds_config
+    from kit.estimate.explain import checked_setup
     from kit.rules import offload_problem
     from kit.schema import Setup
 
@@ -131,9 +131,10 @@ def setups_from_args(args: argparse.Namespace) -> list:
     cluster = {"nodes": 1, "gpus_per_node": args.nprocs}
     batch = {"micro_batch": args.micro_batch, "grad_accum": args.grad_accum, "seq_len": args.seq_len}
     batch.update(_batch_schedule(args))
-    if args.ds_config:
+    if args.ds_config:  # each checked by DeepSpeed's own parser first, as `zerokit explain` does
         return [
-            from_ds_config(path, model=spec, cluster=cluster, seq_len=args.seq_len) for path in args.ds_config
+            checked_setup(path, model=spec, cluster=cluster, seq_len=args.seq_len)[0]
+            for path in args.ds_config
         ]
     lists = {
         "stage": [whole("stages", s) for s in items(args.stages)],
