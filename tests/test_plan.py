@@ -113,7 +113,17 @@ def test_make_it_fit_lists_changes_that_fit(llama7b):
     capacity = gpu(big.cluster.gpu).memory_bytes * 0.9
     assert estimate(big).per_gpu_bytes > capacity
     table = plan.make_it_fit(big)
-    assert len(table) >= 3 and table.fits.all()
+    kept = "(global 64 kept)"
+    assert set(table.change) == {
+        f"micro batch 1 x grad accum 8 {kept} + ZeRO stage 1",
+        f"micro batch 1 x grad accum 8 {kept} + ZeRO stage 2",
+        f"micro batch 1 x grad accum 8 {kept} + ZeRO stage 3",
+        f"micro batch 2 x grad accum 4 {kept} + ZeRO stage 3",
+        "activation checkpointing on + ZeRO stage 1",
+        "activation checkpointing on + ZeRO stage 2",
+        "activation checkpointing on + ZeRO stage 3",
+    }  # no single change fits a 7B at ZeRO-0 on 80 GB: the fewest pairs that do
+    assert table.fits.all() and table.step_s.is_monotonic_increasing
     assert table.changes.is_monotonic_increasing  # the fewest changes first
     assert all(row.per_gpu_gib * GIB <= capacity for row in table.itertuples())
     assert any("global 64 kept" in change for change in table.change)

@@ -83,6 +83,8 @@ class Explanation:
     setup: Setup | None
     findings: list[Finding]
     notes: list[str]
+    #: why the kit could not read the config as written (its Setup is then of a repaired copy, or None)
+    unread: str | None = None
 
     @property
     def valid(self) -> bool:
@@ -131,13 +133,13 @@ def explain_ds_config(
         "grad_accum": grad_accum,
         "train_batch": train_batch,
     }
-    raw, cluster, setup, notes, _ = _prepare(config, model, cluster, flags)
+    raw, cluster, setup, notes, unread = _prepare(config, model, cluster, flags)
     findings = _refusals(raw, setup, cluster, flags, notes)
     if setup is not None:
         taken = {f.key for f in findings}
         findings += [f for f in _settings(raw, setup) if f.key not in taken]
     order = {s: i for i, s in enumerate(SEVERITIES)}
-    return Explanation(setup, sorted(findings, key=lambda f: order[f.severity]), notes)
+    return Explanation(setup, sorted(findings, key=lambda f: order[f.severity]), notes, unread)
 
 
 def checked_setup(
@@ -152,19 +154,15 @@ def checked_setup(
 ) -> tuple[Setup, list[str]]:
     """``read_ds_config``'s Setup and notes, refusing (ValueError) a config DeepSpeed would refuse with
     the message of ``explain_ds_config``'s first error finding (``zerokit estimate --ds-config``)."""
-    flags = {
-        "seq_len": seq_len,
-        "micro_batch": micro_batch,
-        "grad_accum": grad_accum,
-        "train_batch": train_batch,
-    }
-    raw, cluster, setup, notes, problem = _prepare(config, model, cluster, flags)
-    errors = [f for f in _refusals(raw, setup, cluster, flags, []) if f.severity == "error"]
-    if errors:
-        raise ValueError(errors[0].message)
-    if problem or setup is None:
-        raise ValueError(problem)
-    return setup, notes
+    explanation = explain_ds_config(
+        config, model=model, cluster=cluster, seq_len=seq_len, micro_batch=micro_batch,
+        grad_accum=grad_accum, train_batch=train_batch,
+    )  # fmt: skip
+    if explanation.errors:
+        raise ValueError(explanation.errors[0].message)
+    if explanation.unread or explanation.setup is None:
+        raise ValueError(explanation.unread)
+    return explanation.setup, explanation.notes
 
 
 def load_ds_config(config: dict | str | Path) -> tuple[str, dict]:
