@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed
 
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install demo test e2e chromium lint bench lab gpu-reference clean
+.PHONY: install demo test e2e chromium libaio lint bench lab gpu-reference clean
 
 install: $(STAMP)
 
@@ -33,7 +33,7 @@ lint: install
 	$(VENV)/bin/ruff format --check kit tests
 
 # The README's test command: lint, unit + 2-rank CPU integration tests, then every notebook.
-test: lint
+test: lint libaio
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q tests
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q --nbmake notebooks
 
@@ -47,6 +47,11 @@ e2e: install chromium
 
 chromium:
 	@test -x $(CHROMIUM) || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
+
+# NVMe offload (ZeRO-Infinity) runs need DeepSpeed's async_io op, JIT-built against Debian's libaio-dev
+# (the first NVMe launch builds it, 2.5-6 minutes on 2 cores; cached in ~/.cache/torch_extensions).
+libaio:
+	@test -e /usr/include/libaio.h || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq libaio-dev; }
 
 bench: install
 	$(PY) -m tests.bench

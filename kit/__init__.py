@@ -6,7 +6,8 @@ for real (``run_sweep``, read back as ``Results``). The top level is the small A
 README use; everything else lives in subpackages named for their room:
 
 - ``kit`` itself: the torch-free core (``schema``, ``batch``, ``models``, ``gpus``, ``ds_config``,
-  ``rules``, ``components``, ``records``, ``units``, ``paths``);
+  ``rules``, ``components``, ``records``, ``units``, ``paths``; ``monitor``: heartbeats of every rank,
+  ``kit.monitor.heartbeat(engine_or_none, folder, ...)`` in a training loop, read back by ``read``);
 - ``kit.estimate``: memory model, activations, planning, checkpoint sizes (never imports torch);
 - ``kit.run``: launcher, sweep runner, results (the parent side);
 - ``kit.ranks``: what runs inside a launched rank;
@@ -20,7 +21,7 @@ Heavy dependencies are imported where a feature needs them: ``import kit`` needs
 
 from typing import Any
 
-from kit import estimate, models
+from kit import estimate, models, monitor
 from kit.batch import BatchError, decompositions
 from kit.schema import Batch, Cluster, ModelSpec, Setup, ZeroSettings
 
@@ -37,6 +38,7 @@ __all__ = [
     "estimate",
     "memory_panel",
     "models",
+    "monitor",
     "run_sweep",
 ]
 __version__ = "0.1.0"

@@ -29,6 +29,8 @@ from kit.schema import Cluster, ModelSpec, Setup, ZeroSettings
 STEPS_PER_PRINT = 100
 #: The common choice in DeepSpeed's and HF's example configs (HF Trainer's max_grad_norm default).
 GRADIENT_CLIPPING = 1.0
+#: the learning rate of the kit's runs (the PyTorch baselines use the same)
+LEARNING_RATE = 1e-4
 
 _OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}
 _ACTIVATION_CHECKPOINTING = {
@@ -69,10 +71,12 @@ _HIDDEN_AUTO = {
 #: Settings that change what DeepSpeed allocates in ways zero-kit does not model:
 #: (section, key, value meaning unused, what it is).
 _UNSUPPORTED = [
-    ("zero_optimization", "zero_hpz_partition_size", 1, "ZeRO++ hierarchical partitioning"),
-    ("zero_optimization", "zero_quantized_weights", False, "ZeRO++ quantized weights"),
-    ("zero_optimization", "zero_quantized_nontrainable_weights", False, "ZeRO++ quantized weights"),
-    ("zero_optimization", "zero_quantized_gradients", False, "ZeRO++ quantized gradients"),
+    (
+        "zero_optimization",
+        "zero_quantized_nontrainable_weights",
+        False,
+        "ZeRO++ int8 storage of frozen weights",
+    ),
     ("zero_optimization", "zenflow", None, "ZenFlow"),
     ("bf16", "bf16_master_weights_and_grads", False, "bf16 master weights"),
     ("bf16", "bf16_optimizer_states", False, "bf16 optimizer states"),
@@ -84,13 +88,19 @@ _UNSUPPORTED = [
 ]
 
 
-def to_ds_config(setup: Setup, *, torch_adam: bool = False, lr: float = 1e-4) -> dict:
+def to_ds_config(setup: Setup, *, torch_adam: bool = False, lr: float = LEARNING_RATE) -> dict:
     """The ds_config dict for a Setup, valid for DeepSpeed's parser.
 
     ``torch_adam=True`` makes DeepSpeed use ``torch.optim.Adam(W)`` instead of JIT-building its fused
-    or CPU Adam (the runner's choice on CPU machines).
+    or CPU Adam (the runner's choice on CPU machines). A PyTorch baseline (``zero.engine`` ddp/fsdp) has
+    no ds_config: ValueError naming its DeepSpeed counterpart.
     """
     z, b = setup.zero, setup.batch
+    if z.engine != "deepspeed":
+        raise ValueError(
+            f"zero.engine: {z.name!r} is PyTorch's own engine, not DeepSpeed: it has no "
+            f"ds_config (its ZeRO counterpart is stage {z.stage}, engine 'deepspeed')"
+        )
     config: dict[str, Any] = {
         "train_batch_size": b.train_batch,
         "train_micro_batch_size_per_gpu": b.micro_batch,
@@ -107,6 +117,8 @@ def to_ds_config(setup: Setup, *, torch_adam: bool = False, lr: float = 1e-4) ->
         config["zero_allow_untested_optimizer"] = True
     if z.activation_checkpointing:
         config["activation_checkpointing"] = dict(_ACTIVATION_CHECKPOINTING)
+    if z.nvme:
+        config["aio"] = _aio_section(z)
     return config
 
 
@@ -137,11 +149,28 @@ def _zero_section(z: ZeroSettings) -> dict:
         section["stage3_max_live_parameters"] = z.max_live_parameters
         section["stage3_max_reuse_distance"] = z.max_reuse_distance
         section["stage3_param_persistence_threshold"] = z.param_persistence_threshold
-    if z.offload_optimizer == "cpu":
-        section["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if z.offload_param == "cpu":
-        section["offload_param"] = {"device": "cpu", "pin_memory": True}
+        for key, (field, off) in _ZEROPP_KEYS.items():
+            if getattr(z, field) != off:
+                section[key] = getattr(z, field)
+    if z.offload_optimizer != "none":
+        section["offload_optimizer"] = {"device": z.offload_optimizer, "pin_memory": z.pin_memory}
+        if z.offload_optimizer == "nvme":
+            section["offload_optimizer"].update(nvme_path=z.nvme_path, buffer_count=z.optimizer_buffer_count)
+    if z.offload_param != "none":
+        section["offload_param"] = {"device": z.offload_param, "pin_memory": z.pin_memory}
+        if z.offload_param == "nvme":
+            section["offload_param"].update(
+                nvme_path=z.nvme_path,
+                buffer_count=z.buffer_count,
+                buffer_size=z.buffer_size,
+                max_in_cpu=z.max_in_cpu,
+            )
     return section
+
+
+def _aio_section(z: ZeroSettings) -> dict:
+    """The top-level ``aio`` block NVMe offload reads (``deepspeed/runtime/swap_tensor/aio_config.py``)."""
+    return z.aio.model_dump()
 
 
 def write_ds_config(setup: Setup, path: str | Path, **options: Any) -> Path:
@@ -599,12 +628,27 @@ def _reject_unsupported(config: dict) -> None:
     zero = _section(config, "zero_optimization")
     for kind in ("offload_optimizer", "offload_param"):
         offload = _section(zero, kind)
-        if offload.get("device", "none") not in ("none", "cpu"):
+        if offload.get("device", "none") not in ("none", "cpu", "nvme"):
             raise ValueError(
-                f"zero_optimization.{kind}.device: zero-kit models 'none' or 'cpu', got {offload['device']!r}"
+                f"zero_optimization.{kind}.device: must be 'none', 'cpu' or 'nvme', got {offload['device']!r}"
             )
         if offload.get("ratio", 1.0) != 1.0:
             raise ValueError(f"zero_optimization.{kind}.ratio: partial offload is not modelled; use 1.0")
+        for key in ("pipeline_read", "pipeline_write", "super_offload"):
+            if offload.get(key, False) not in (False, "auto"):
+                raise ValueError(
+                    f"zero_optimization.{kind}.{key}: the pipelined / superchip optimizer swapper is not "
+                    f"modelled by zero-kit (got {offload[key]!r}; use false)"
+                )
+    if _section(config, "aio").get("use_gds", False) not in (False, "auto"):
+        raise ValueError("aio.use_gds: GPUDirect Storage is not modelled by zero-kit (use false)")
+    mics = sorted(k for k in zero if k.startswith("mics_"))
+    if mics:
+        raise ValueError(
+            f"zero_optimization.{mics[0]}: MiCS was removed from DeepSpeed 0.19 (its config parser refuses "
+            "the key); for a parameter partition inside each node use ZeRO++ hpZ, "
+            '"zero_hpz_partition_size": <GPUs per node> (stage 3)'
+        )
 
 
 def _batch(config: dict, flags: dict, notes: list[str]) -> dict:
@@ -648,9 +692,11 @@ def _zero(config: dict, model: ModelSpec, notes: list[str]) -> dict:
     if section.get("cpu_offload_param"):
         zero["offload_param"] = "cpu"
     for kind in ("offload_optimizer", "offload_param"):
-        if _section(section, kind).get("device") == "cpu":
-            zero[kind] = "cpu"
+        if _section(section, kind).get("device") in ("cpu", "nvme"):
+            zero[kind] = _section(section, kind)["device"]
     stage = zero.setdefault("stage", 0)  # DeepSpeedZeroConfig's default, not ZeroSettings' 2
+    zero.update(_zeropp(section, stage, notes))
+    zero.update(_nvme(config, stage, zero, notes))
     # DeepSpeed ignores offload settings a stage cannot use; so does the import, and says so.
     for kind in ("offload_optimizer", "offload_param"):
         asked = {"offload_optimizer": "none", "offload_param": "none", kind: zero.get(kind, "none")}
@@ -659,6 +705,93 @@ def _zero(config: dict, model: ModelSpec, notes: list[str]) -> dict:
             notes.append(f"zero_optimization.{kind}: ignored, it {problem[1]}")
             del zero[kind]
     return zero
+
+
+#: ZeRO++ keys of zero_optimization -> ZeroSettings field, and the value that leaves it off
+_ZEROPP_KEYS = {
+    "zero_hpz_partition_size": ("hpz_partition_size", 1),
+    "zero_quantized_weights": ("quantized_weights", False),
+    "zero_quantized_gradients": ("quantized_gradients", False),
+}
+
+
+def _zeropp(section: dict, stage: int, notes: list[str]) -> dict:
+    """hpZ, qwZ and qgZ from zero_optimization; below stage 3 DeepSpeed ignores them, and so does this."""
+    out: dict[str, Any] = {}
+    for key, (field, off) in _ZEROPP_KEYS.items():
+        value = section.get(key, off)
+        if value == "auto":
+            notes.append(f"zero_optimization.{key}: 'auto' -> {off!r} (DeepSpeed's default)")
+            continue
+        if key == "zero_hpz_partition_size" and value == 0:
+            value = 1  # DeepSpeed accepts 0 (ge=0) and builds no secondary group for it, as for 1
+        if value == off:
+            continue
+        if stage != 3:
+            notes.append(f"zero_optimization.{key}: ignored, ZeRO++ needs stage 3 (got stage {stage})")
+            continue
+        out[field] = value
+    return out
+
+
+#: offload block key -> ZeroSettings field, per offload block (NVMe offload)
+_NVME_KEYS = {
+    "offload_param": {
+        "buffer_count": "buffer_count",
+        "buffer_size": "buffer_size",
+        "max_in_cpu": "max_in_cpu",
+    },
+    "offload_optimizer": {"buffer_count": "optimizer_buffer_count"},
+}
+
+
+def _nvme(config: dict, stage: int, zero: dict, notes: list[str]) -> dict:
+    """ZeRO-Infinity settings: the offload blocks' NVMe keys and the top-level ``aio`` block.
+
+    ``offload_optimizer.device: nvme`` below stage 3 is what DeepSpeed runs as CPU offload (stages 1-2
+    have no swapper): it is read as ``cpu``, with a note."""
+    section = _section(config, "zero_optimization")
+    out: dict[str, Any] = {}
+    if zero.get("offload_optimizer") == "nvme" and stage in (1, 2):
+        notes.append(
+            f"zero_optimization.offload_optimizer.device: 'nvme' at stage {stage} keeps the optimizer "
+            "states in CPU RAM (stage_1_and_2.py has no NVMe swapper): read as 'cpu'"
+        )
+        zero["offload_optimizer"] = "cpu"
+    paths, pins = set(), set()
+    for kind, keys in _NVME_KEYS.items():
+        block = _section(section, kind)
+        if "pin_memory" in block and zero.get(kind, "none") != "none":
+            pins.add(bool(block["pin_memory"]))
+        if zero.get(kind) != "nvme":
+            continue
+        if block.get("nvme_path"):
+            paths.add(str(block["nvme_path"]))
+        for key, field in keys.items():
+            if key in block:
+                out[field] = block[key]
+    if len(paths) > 1:
+        raise ValueError(
+            f"zero_optimization.offload_param.nvme_path: zero-kit models one NVMe folder for both offloads, "
+            f"got {' and '.join(sorted(paths))}"
+        )
+    if len(pins) > 1:
+        raise ValueError(
+            "zero_optimization.offload_param.pin_memory: must equal offload_optimizer's in zero-kit"
+        )
+    if paths:
+        out["nvme_path"] = paths.pop()
+    if pins:
+        out["pin_memory"] = pins.pop()
+    aio = {k: v for k, v in _section(config, "aio").items() if k != "use_gds"}
+    if "thread_count" in aio:
+        notes.append(
+            "aio.thread_count: DeepSpeed 0.19 ignores it (get_aio_config reads intra_op_parallelism)"
+        )
+        del aio["thread_count"]
+    if aio:
+        out["aio"] = aio
+    return out
 
 
 def _precision(config: dict, cluster: Cluster, notes: list[str]) -> str:

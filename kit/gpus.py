@@ -1,5 +1,5 @@
-"""The hardware tables: GPUs (data/gpus.csv, vendor datasheets), inter-node networks (data/networks.csv)
-and indicative prices (data/prices.csv); every row cites its source.
+"""The hardware tables: GPUs (data/gpus.csv, vendor datasheets), inter-node networks (data/networks.csv),
+NVMe drives per node (data/nvme.csv) and indicative prices (data/prices.csv); every row cites its source.
 
 Units: memory in GiB; peak dense TFLOP/s per precision (``fp32_tflops`` without tensor cores' TF32);
 ``interconnect_gbps`` GB/s between GPUs of a node, both directions together (NVLink's datasheet figure;
@@ -99,6 +99,45 @@ def network(name: str) -> Network:
             f"network: unknown network {name!r}; choose one of {', '.join(networks())} "
             f"or a kind ({', '.join(DEFAULT_NETWORK)})"
         ) from None
+
+
+@dataclass(frozen=True)
+class NvmeDrives:
+    """A node's NVMe drives from data/nvme.csv (ZeRO-Infinity's swap space): sequential GB/s, all drives."""
+
+    name: str
+    drives: int
+    read_gbps: float
+    write_gbps: float
+    source: str
+
+
+#: the drives the planner assumes on every node unless told otherwise
+DEFAULT_NVME = "dgx-h100-8x-u2"
+
+
+@cache
+def nvme_drives() -> dict[str, NvmeDrives]:
+    with open(DATA / "nvme.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {
+        r["name"]: NvmeDrives(
+            r["name"],
+            int(r["drives"]),
+            int(r["drives"]) * float(r["read_gbps_per_drive"]),
+            int(r["drives"]) * float(r["write_gbps_per_drive"]),
+            r["source"],
+        )
+        for r in rows
+    }
+
+
+def nvme(name: str = DEFAULT_NVME) -> NvmeDrives:
+    """A node's NVMe drives by name (data/nvme.csv)."""
+    try:
+        return nvme_drives()[name]
+    except KeyError:
+        raise ValueError(f"nvme: unknown drives {name!r}; choose one of {', '.join(nvme_drives())}") from None
 
 
 @cache

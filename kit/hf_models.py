@@ -131,13 +131,13 @@ def module_counts(module) -> dict[str, int]:
 
 
 @cache
-def tensor_numels(arch_json: str) -> tuple[int, ...]:
-    """Every parameter tensor's numel, in module order, of the model an ``arch`` describes (built on meta)."""
+def tensor_shapes(arch_json: str) -> tuple[tuple[int, ...], ...]:
+    """Every parameter tensor's shape, in module order, of the model an ``arch`` describes (built on meta)."""
     import torch
 
     with torch.device("meta"):
         model = build(config(json.loads(arch_json)))
-    return tuple(p.numel() for p in model.parameters())
+    return tuple(tuple(p.shape) for p in model.parameters())
 
 
 def experts(cfg) -> tuple[int, int] | None:

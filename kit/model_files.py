@@ -129,12 +129,12 @@ def spec_fields(source: str) -> dict:
 
 
 @cache
-def tensor_numels(source: str) -> tuple[int, ...]:
-    """Every parameter tensor's numel, in module order, of ``model()`` built on the meta device."""
+def tensor_shapes(source: str) -> tuple[tuple[int, ...], ...]:
+    """Every parameter tensor's shape, in module order, of ``model()`` built on the meta device."""
     import torch
 
     with torch.device("meta"):
-        return tuple(p.numel() for p in build(source).parameters())
+        return tuple(tuple(p.shape) for p in build(source).parameters())
 
 
 def where(error: BaseException, source: str | None = None) -> str:

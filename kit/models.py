@@ -36,9 +36,9 @@ DIT_FREQUENCY_CHANNELS = 256
 HEURISTIC_ASPECT = 128
 HEURISTIC_VOCAB = 128_256
 
-# A module's own parameter tensors (numels, in registration order) and whether they are new
+# A module's own parameter tensors (shapes, in registration order) and whether they are new
 # (False for a tied lm_head, whose weight is the embedding's).
-_Module = tuple[tuple[int, ...], bool]
+_Module = tuple[tuple[tuple[int, ...], ...], bool]
 
 
 def preset_names() -> list[str]:
@@ -249,14 +249,22 @@ def tensor_numels(spec: ModelSpec) -> list[int] | None:
 @lru_cache(maxsize=512)
 def spec_tensors(spec: ModelSpec) -> tuple[int, ...] | None:
     """``tensor_numels`` as a tuple, cached per spec (an estimate asks several times, a plan thousands)."""
+    shapes = spec_shapes(spec)
+    return None if shapes is None else tuple(math.prod(shape) for shape in shapes)
+
+
+@lru_cache(maxsize=512)
+def spec_shapes(spec: ModelSpec) -> tuple[tuple[int, ...], ...] | None:
+    """The shape of every parameter tensor, in module order (tied weights once); None for bare counts.
+    FSDP shards each tensor along its first dimension, so its bytes need the shapes, not just numels."""
     if spec.source:
-        return tuple(model_files.tensor_numels(spec.source))
+        return model_files.tensor_shapes(spec.source)
     if spec.family not in FAMILIES and spec.arch:
         from kit import hf_models
 
-        return tuple(hf_models.tensor_numels(spec.arch))
+        return hf_models.tensor_shapes(spec.arch)
     try:
-        return tuple(_arch_tensors(json.dumps(config_of(spec), sort_keys=True)))
+        return _arch_tensors(json.dumps(config_of(spec), sort_keys=True))
     except ValueError:
         return None
 
@@ -330,8 +338,8 @@ def _arch(**settings: Any) -> str:
 
 
 @cache
-def _arch_tensors(config: str) -> tuple[int, ...]:
-    """The tensor list of a config (canonical JSON, so that it can be cached)."""
+def _arch_tensors(config: str) -> tuple[tuple[int, ...], ...]:
+    """The tensor shapes of a config (canonical JSON, so that it can be cached)."""
     return _tensors(_architecture(json.loads(config))[1])
 
 
@@ -356,13 +364,13 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _counts(modules: list[_Module]) -> dict[str, int]:
     return {
-        "params": sum(sum(numels) for numels, new in modules if new),
-        "largest_layer_params": max(sum(numels) for numels, _ in modules),
+        "params": sum(math.prod(shape) for shapes, new in modules if new for shape in shapes),
+        "largest_layer_params": max(sum(math.prod(shape) for shape in shapes) for shapes, _ in modules),
     }
 
 
-def _tensors(modules: list[_Module]) -> tuple[int, ...]:
-    return tuple(n for numels, new in modules if new for n in numels)
+def _tensors(modules: list[_Module]) -> tuple[tuple[int, ...], ...]:
+    return tuple(shape for shapes, new in modules if new for shape in shapes)
 
 
 def _architecture(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
@@ -390,16 +398,22 @@ def _require(cfg: dict[str, Any], *keys: str) -> list[int]:
     return [cfg[k] for k in keys]
 
 
-def _linear(n_in: int, n_out: int, bias: bool = True) -> _Module:
-    return ((n_in * n_out, n_out) if bias else (n_in * n_out,)), True
+def _linear(n_in: int, n_out: int, bias: bool = True, conv1d: bool = False) -> _Module:
+    """``nn.Linear`` (weight ``(out, in)``) or HF's GPT-2 ``Conv1D`` (weight ``(in, out)``)."""
+    weight = (n_in, n_out) if conv1d else (n_out, n_in)
+    return ((weight, (n_out,)) if bias else (weight,)), True
 
 
 def _norm(h: int, bias: bool) -> _Module:
-    return ((h, h) if bias else (h,)), True
+    return (((h,), (h,)) if bias else ((h,),)), True
+
+
+def _embedding(rows: int, h: int) -> _Module:
+    return ((rows, h),), True
 
 
 def _lm_head(h: int, vocab: int, tied: bool) -> _Module:
-    return (vocab * h,), not tied
+    return ((vocab, h),), not tied
 
 
 def _gpt2(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
@@ -410,13 +424,13 @@ def _gpt2(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
     tied = cfg.get("tie_word_embeddings", True)
     block = [
         _norm(h, True),
-        _linear(h, 3 * h),
-        _linear(h, h),
+        _linear(h, 3 * h, conv1d=True),
+        _linear(h, h, conv1d=True),
         _norm(h, True),
-        _linear(h, ffn),
-        _linear(ffn, h),
+        _linear(h, ffn, conv1d=True),
+        _linear(ffn, h, conv1d=True),
     ]
-    modules = [((vocab * h,), True), ((positions * h,), True), *block * layers, _norm(h, True)]
+    modules = [_embedding(vocab, h), _embedding(positions, h), *block * layers, _norm(h, True)]
     modules.append(_lm_head(h, vocab, tied))
     fields = {"family": "gpt2", "layers": layers, "hidden": h, "heads": heads, "kv_heads": heads}
     fields.update(ffn=ffn, vocab=vocab, max_seq_len=positions, tied_embeddings=tied)
@@ -450,7 +464,7 @@ def _llama(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
     ]
     mlp = [_linear(h, ffn, mlp_bias), _linear(h, ffn, mlp_bias), _linear(ffn, h, mlp_bias)]
     block = [*attention, *mlp, _norm(h, False), _norm(h, False)]
-    modules = [((vocab * h,), True), *block * layers, _norm(h, False), _lm_head(h, vocab, tied)]
+    modules = [_embedding(vocab, h), *block * layers, _norm(h, False), _lm_head(h, vocab, tied)]
     positions = cfg.get("max_position_embeddings")
     fields = {"family": family, "layers": layers, "hidden": h, "heads": heads, "kv_heads": kv, "ffn": ffn}
     fields.update(vocab=vocab, max_seq_len=positions, tied_embeddings=tied)
@@ -472,7 +486,7 @@ def _gpt_neox(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
     tied = cfg.get("tie_word_embeddings", False)
     block = [_norm(h, True), _norm(h, True), _linear(h, 3 * h, bias), _linear(h, h, bias)]
     block += [_linear(h, ffn), _linear(ffn, h)]
-    modules = [((vocab * h,), True), *block * layers, _norm(h, True), _lm_head(h, vocab, tied)]
+    modules = [_embedding(vocab, h), *block * layers, _norm(h, True), _lm_head(h, vocab, tied)]
     fields = {
         "family": "gpt_neox",
         "layers": layers,
@@ -508,8 +522,8 @@ def _dit(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
     label_rows = classes + (
         1 if opts["class_dropout_prob"] > 0 else 0
     )  # +1: the classifier-free "null" label
-    patch_embed = ((h * channels * patch * patch, h), True)
-    embedders = [patch_embed, _linear(DIT_FREQUENCY_CHANNELS, h), _linear(h, h), ((label_rows * h,), True)]
+    patch_embed = (((h, channels, patch, patch), (h,)), True)
+    embedders = [patch_embed, _linear(DIT_FREQUENCY_CHANNELS, h), _linear(h, h), _embedding(label_rows, h)]
     block = [_linear(h, 3 * h), _linear(h, h), _linear(h, ffn), _linear(ffn, h), _linear(h, 6 * h)]
     final = [_linear(h, patch * patch * out_channels), _linear(h, 2 * h)]
     modules = [*embedders, *block * layers, *final]

@@ -24,6 +24,22 @@ NCCL_ALIGNMENT = 2
 #: DeepSpeed's and torchrun's default rendezvous port
 DEFAULT_MASTER_PORT = 29500
 
+#: NVMe offload (ZeRO-Infinity) defaults: ``deepspeed/runtime/zero/offload_config.py`` (offload_param
+#: buffer_count 5, buffer_size 1e8 elements, max_in_cpu 1e9 elements; offload_optimizer buffer_count 4)
+NVME_PARAM_BUFFER_COUNT = 5
+NVME_PARAM_BUFFER_SIZE = 100_000_000
+NVME_MAX_IN_CPU = 1_000_000_000
+NVME_OPTIMIZER_BUFFER_COUNT = 4
+#: the ``aio`` block's defaults (``deepspeed/runtime/swap_tensor/constants.py``)
+AIO_BLOCK_SIZE = 1_048_576
+AIO_QUEUE_DEPTH = 8
+AIO_INTRA_OP_PARALLELISM = 1
+#: swap tensors are read and written in pieces of at least this many bytes; smaller tensors stay in RAM
+#: (``deepspeed/runtime/swap_tensor/utils.py`` MIN_AIO_BYTES; the swappers use max(it, block_size))
+MIN_AIO_BYTES = 1024**2
+#: each swap file's length is a multiple of this x intra_op_parallelism bytes (AIO_ALIGNED_BYTES)
+AIO_ALIGNED_BYTES = 1024
+
 #: bytes of one fp32 master weight, gradient copy or optimizer state element
 FP32 = 4
 #: fp32 optimizer state tensors per parameter (Adam: exp_avg and exp_avg_sq; SGD: a momentum buffer
@@ -54,7 +70,14 @@ def offload_problem(stage: int, offload_optimizer: str, offload_param: str) -> t
     """``(field, reason)`` when a stage cannot use the offload asked for, else None.
 
     Stage 0 has no partitioned optimizer to offload; only stage 3 partitions (and so offloads) parameters.
+    NVMe: only stage 3 swaps optimizer states to files (``stage3.py`` ``_configure_tensor_swapping``);
+    stages 1-2 accept ``device: nvme`` but keep the states in CPU RAM (``stage_1_and_2.py`` has no swapper).
     """
+    if offload_optimizer == "nvme" and stage != 3:
+        return "offload_optimizer", (
+            f"'nvme' needs ZeRO stage 3 (got stage {stage}): stages 1-2 have no NVMe swapper and keep the "
+            "states in CPU RAM; use 'cpu'"
+        )
     if offload_optimizer != "none" and stage == 0:
         return (
             "offload_optimizer",
@@ -68,13 +91,95 @@ def offload_problem(stage: int, offload_optimizer: str, offload_param: str) -> t
     return None
 
 
+#: ZeRO++ (Wang et al. 2023, arXiv 2306.10209): qwZ all-gathers weights as int8 (1 B per element, plus
+#: one fp32 scale per quantization group of ~8,000 elements, CUDAQuantizer.target_group_size), qgZ moves
+#: gradients as int4 (half a byte per element, plus fp32 scales) in a two-hop all-to-all
+#: (``all_to_all_quant_reduce``: inside the node, then across nodes); hpZ all-gathers in backward from
+#: the secondary partition inside the node. Per 16-bit model bytes M: ZeRO-3 moves M + M + M, ZeRO++
+#: 0.5 M + 0 + 0.25 M across nodes.
+QUANTIZED_WEIGHT_BYTES = 1.0
+QUANTIZED_GRADIENT_BYTES = 0.5
+#: the collectives of a ZeRO-3 micro-step, in the order the paper's table lists them
+ZERO3_COLLECTIVES = ("forward all-gather", "backward all-gather", "gradient reduce-scatter")
+
+
+def zeropp_problem(
+    stage: int, hpz: int, quantized_weights: bool, quantized_gradients: bool
+) -> tuple[str, str] | None:
+    """``(field, reason)`` when a ZeRO++ setting cannot apply: DeepSpeed 0.19 reads hpZ, qwZ and qgZ only
+    in stage 3 (``stage3.py``, ``partition_parameters.py``; lower stages ignore them silently)."""
+    for field, on in (
+        ("hpz_partition_size", hpz > 1),
+        ("quantized_weights", quantized_weights),
+        ("quantized_gradients", quantized_gradients),
+    ):
+        if on and stage != 3:
+            return field, f"ZeRO++ needs ZeRO stage 3 (got stage {stage}); DeepSpeed ignores it below stage 3"
+    return None
+
+
+def hpz_cluster_problem(hpz: int, gpus_per_node: int, dp: int) -> tuple[str, str] | None:
+    """``(field, reason)`` when hpZ's group does not fit the cluster: DeepSpeed builds groups of ``hpz``
+    consecutive ranks (``groups._create_zero_param_parallel_group``), which stay inside a node only if
+    ``hpz`` divides the GPUs per node, and ``dp / hpz`` groups only if it divides dp."""
+    if hpz > 1 and (gpus_per_node % hpz or dp % hpz):
+        return "hpz_partition_size", (
+            f"must divide gpus_per_node ({gpus_per_node}) and the data-parallel size ({dp}), got {hpz}: "
+            "the secondary partition lives inside one node"
+        )
+    return None
+
+
+def zeropp_paper_volume(hpz: bool, quantized_weights: bool, quantized_gradients: bool) -> dict[str, float]:
+    """Cross-node volume per ZeRO-3 collective in units of M (16-bit model bytes), as the ZeRO++ paper
+    counts it: an fp16 all-gather or reduce-scatter moves M; qwZ halves every weight all-gather (int8; in
+    DeepSpeed the backward one too), hpZ keeps the backward one inside the node (0 across), qgZ sends
+    int4 gradients (0.25 M)."""
+    weights = QUANTIZED_WEIGHT_BYTES / 2 if quantized_weights else 1.0
+    grads = QUANTIZED_GRADIENT_BYTES / 2 if quantized_gradients else 1.0
+    forward, backward, reduce = ZERO3_COLLECTIVES
+    return {forward: weights, backward: 0.0 if hpz else weights, reduce: grads}
+
+
+#: PyTorch's own data-parallel engines, run beside ZeRO as baselines: the name users type (``--stages``)
+#: -> (``ZeroSettings.engine``, the ZeRO stage whose states it shards). DDP replicates everything
+#: (stage 0); FSDP2 ``fully_shard`` shards parameters, gradients and optimizer states (stage 3), with
+#: ``reshard_after_forward=False`` keeping the parameters gathered from forward to backward
+#: (``fsdp-grad-op``, FSDP1's SHARD_GRAD_OP: stage 2's communication).
+BASELINES = {"ddp": ("ddp", 0), "fsdp": ("fsdp", 3), "fsdp-grad-op": ("fsdp", 2)}
+#: torch DDP's default gradient bucket cap (``DistributedDataParallel(bucket_cap_mb=25)``), in MiB
+DDP_BUCKET_CAP_MB = 25
+
+
+def baseline_name(engine: str, stage: int) -> str | None:
+    """``"ddp"``, ``"fsdp"`` or ``"fsdp-grad-op"`` for a PyTorch engine, None for DeepSpeed."""
+    return next((name for name, pair in BASELINES.items() if pair == (engine, stage)), None)
+
+
+def baseline_problem(
+    engine: str, stage: int, offload_optimizer: str, offload_param: str, precision: str
+) -> tuple[str, str] | None:
+    """``(field, reason)`` when a PyTorch baseline (engine ddp or fsdp) cannot run these settings."""
+    if engine == "deepspeed":
+        return None
+    if baseline_name(engine, stage) is None:
+        stages = " or ".join(str(s) for e, s in BASELINES.values() if e == engine)
+        return "stage", f"engine {engine!r} stands for ZeRO stage {stages}, got stage {stage}"
+    if offload_optimizer != "none" or offload_param != "none":
+        return "offload_optimizer", f"engine {engine!r}: offload is DeepSpeed's; use engine 'deepspeed'"
+    if precision == "fp16":
+        return "precision", f"engine {engine!r}: fp32 or bf16 (fp16 needs a loss scaler), got 'fp16'"
+    return None
+
+
 #: bytes on the wire per rank, as a multiple of the size DeepSpeed's comms logger records for the op
 #: (it logs the whole input for all-reduce / reduce-scatter / reduce and the shard for all-gather):
-#: ring all-reduce 2(N-1)/N, reduce-scatter (N-1)/N, all-gather N-1, broadcast / reduce 1.
+#: ring all-reduce 2(N-1)/N, reduce-scatter and all-to-all (N-1)/N, all-gather N-1, broadcast / reduce 1.
 WIRE_FACTORS = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
     "all_gather": lambda n: n - 1,
+    "all_to_all": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
     "reduce": lambda n: 1.0,
 }

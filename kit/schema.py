@@ -13,16 +13,27 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kit import batch as batch_math
 from kit.rules import (
+    AIO_BLOCK_SIZE,
+    AIO_INTRA_OP_PARALLELISM,
+    AIO_QUEUE_DEPTH,
     DS_ALLGATHER_BUCKET,
     DS_MAX_LIVE_PARAMETERS,
     DS_MAX_REUSE_DISTANCE,
     DS_PERSISTENCE_THRESHOLD,
     DS_PREFETCH_BUCKET,
     DS_REDUCE_BUCKET,
+    NVME_MAX_IN_CPU,
+    NVME_OPTIMIZER_BUFFER_COUNT,
+    NVME_PARAM_BUFFER_COUNT,
+    NVME_PARAM_BUFFER_SIZE,
+    baseline_name,
+    baseline_problem,
+    hpz_cluster_problem,
     offload_problem,
+    zeropp_problem,
 )
 
-Offload = Literal["none", "cpu"]
+Offload = Literal["none", "cpu", "nvme"]
 Precision = Literal["fp32", "fp16", "bf16"]
 Optimizer = Literal["adamw", "adam", "sgd"]
 
@@ -98,8 +109,29 @@ class Cluster(_Frozen):
         return self.nodes * self.gpus_per_node
 
 
+class AioSettings(_Frozen):
+    """The ds_config ``aio`` block: how DeepSpeed's async_io op reads and writes NVMe swap files
+    (defaults of ``deepspeed/runtime/swap_tensor/constants.py``). ``intra_op_parallelism`` is the
+    block older docs call ``thread_count``; it also sets the swap files' alignment (1024 B x it)."""
+
+    block_size: int = Field(
+        AIO_BLOCK_SIZE, ge=1, description="bytes per I/O request; tensors below max(1 MiB, it) stay in RAM"
+    )
+    queue_depth: int = Field(AIO_QUEUE_DEPTH, ge=1)
+    intra_op_parallelism: int = Field(AIO_INTRA_OP_PARALLELISM, ge=1, description="I/O threads per request")
+    single_submit: bool = False
+    overlap_events: bool = True
+
+
 class ZeroSettings(_Frozen):
-    """The ZeRO knobs. Bucket sizes count elements, as in DeepSpeed's config."""
+    """The ZeRO knobs. Bucket sizes count elements, as in DeepSpeed's config.
+
+    NVMe offload (ZeRO-Infinity, ``offload_* = "nvme"``): ``nvme_path`` (one folder for both swappers),
+    the parameter swapper's ``buffer_count`` x ``buffer_size`` pinned buffers and ``max_in_cpu``
+    (parameter elements kept in pinned RAM instead), the optimizer swapper's ``optimizer_buffer_count``,
+    ``pin_memory`` (both offload blocks) and the ``aio`` block; defaults are DeepSpeed's
+    (``deepspeed/runtime/zero/offload_config.py``).
+    """
 
     stage: Literal[0, 1, 2, 3] = 2
     offload_optimizer: Offload = "none"
@@ -119,24 +151,82 @@ class ZeroSettings(_Frozen):
     contiguous_gradients: bool = True
     activation_checkpointing: bool = False
     zero_init: bool = Field(True, description="stage 3: build the model partitioned (deepspeed.zero.Init)")
+    engine: Literal["deepspeed", "ddp", "fsdp"] = Field(
+        "deepspeed",
+        description="who trains: DeepSpeed ZeRO, or a PyTorch baseline with the same states as a stage "
+        "(ddp: stage 0; fsdp: FSDP2 fully_shard, stage 3, or stage 2 for reshard_after_forward=False)",
+    )
+    # ZeRO++ (stage 3): hpZ, qwZ, qgZ
+    hpz_partition_size: int = Field(
+        1, ge=1, description="ZeRO++ hpZ: GPUs of a node holding a secondary copy of the parameters"
+    )
+    quantized_weights: bool = Field(False, description="ZeRO++ qwZ: int8 weight all-gathers")
+    quantized_gradients: bool = Field(
+        False, description="ZeRO++ qgZ: int4 gradients, hierarchical all-to-all"
+    )
+    # ZeRO-Infinity (NVMe offload)
+    nvme_path: str | None = Field(None, description="folder on the NVMe drive for the swap files")
+    buffer_count: int = Field(NVME_PARAM_BUFFER_COUNT, ge=1, description="offload_param: pinned swap buffers")
+    buffer_size: int = Field(
+        NVME_PARAM_BUFFER_SIZE, ge=1, description="offload_param: elements per swap buffer"
+    )
+    max_in_cpu: int = Field(NVME_MAX_IN_CPU, ge=0, description="offload_param: elements kept in pinned RAM")
+    optimizer_buffer_count: int = Field(
+        NVME_OPTIMIZER_BUFFER_COUNT, ge=1, description="offload_optimizer buffers"
+    )
+    pin_memory: bool = Field(True, description="offload into page-locked RAM (both offload blocks)")
+    aio: AioSettings = AioSettings()
 
     @model_validator(mode="after")
     def _check(self) -> ZeroSettings:
         problem = offload_problem(self.stage, self.offload_optimizer, self.offload_param)
+        problem = problem or baseline_problem(
+            self.engine, self.stage, self.offload_optimizer, self.offload_param, self.precision
+        )
         if problem:
             raise ValueError(": ".join(problem))
+        if self.nvme and not self.nvme_path:
+            raise ValueError(
+                "nvme_path: required when offload_optimizer or offload_param is 'nvme' "
+                "(a folder on the NVMe drive, e.g. /local_nvme)"
+            )
         if self.momentum and self.optimizer != "sgd":
             raise ValueError(f"momentum: only applies to optimizer 'sgd', got optimizer {self.optimizer!r}")
+        zeropp = zeropp_problem(
+            self.stage, self.hpz_partition_size, self.quantized_weights, self.quantized_gradients
+        )
+        if zeropp:
+            raise ValueError(": ".join(zeropp))
         return self
 
     @property
     def overlap(self) -> bool:
-        """overlap_comm as DeepSpeed resolves it (ZeRO config validator ``overlap_comm_valid``)."""
+        """overlap_comm as DeepSpeed resolves it (ZeRO config validator ``overlap_comm_valid``); DDP's
+        bucketed all-reduce and FSDP's prefetch always overlap backward."""
+        if self.engine != "deepspeed":
+            return True
         return self.stage == 3 if self.overlap_comm is None else self.overlap_comm
+
+    @property
+    def name(self) -> str:
+        """``ZeRO stage 2``, or a PyTorch baseline's name (``ddp``, ``fsdp``, ``fsdp-grad-op``)."""
+        return baseline_name(self.engine, self.stage) or f"ZeRO stage {self.stage}"
 
     @property
     def mixed_precision(self) -> bool:
         return self.precision != "fp32"
+
+    @property
+    def zeropp_label(self) -> str:
+        """The ZeRO++ part of a label: ``"hpz8 qwz qgz"``, ``""`` without ZeRO++."""
+        parts = [f"hpz{self.hpz_partition_size}"] if self.hpz_partition_size > 1 else []
+        on = (("qwz", self.quantized_weights), ("qgz", self.quantized_gradients))
+        return " ".join(parts + [name for name, used in on if used])
+
+    @property
+    def nvme(self) -> bool:
+        """Whether anything is offloaded to NVMe (ZeRO-Infinity)."""
+        return "nvme" in (self.offload_optimizer, self.offload_param)
 
 
 class BatchChange(_Frozen):
@@ -217,6 +307,14 @@ class Setup(_Frozen):
         data["cluster"], data["model"] = cluster, model
         return data
 
+    @model_validator(mode="after")
+    def _check_hpz(self) -> Setup:
+        """hpZ's secondary partition lives inside a node: its size divides the GPUs per node and dp."""
+        problem = hpz_cluster_problem(self.zero.hpz_partition_size, self.cluster.gpus_per_node, self.dp)
+        if problem:
+            raise ValueError(": ".join(problem))
+        return self
+
     @property
     def dp(self) -> int:
         """Data-parallel size: every GPU is a data-parallel rank (no tensor/pipeline parallelism)."""
@@ -256,11 +354,12 @@ class Setup(_Frozen):
     def label(self) -> str:
         """Short human name, e.g. ``z3 +opt-off +param-off bf16 mb4``."""
         z = self.zero
-        parts = [f"z{z.stage}"]
+        parts = [baseline_name(z.engine, z.stage) or f"z{z.stage}"]
         if z.offload_optimizer != "none":
-            parts.append("opt-off")
+            parts.append("opt-off" if z.offload_optimizer == "cpu" else "opt-nvme")
         if z.offload_param != "none":
-            parts.append("param-off")
+            parts.append("param-off" if z.offload_param == "cpu" else "param-nvme")
+        parts += z.zeropp_label.split()
         parts += [z.precision, f"mb{self.batch.micro_batch}"]
         if self.batch.grad_accum > 1:
             parts.append(f"gas{self.batch.grad_accum}")

@@ -301,7 +301,7 @@ def test_cli_hostfile_write_and_check(zerokit, tmp_path):
         ),
         (
             ["launch-cmd", "--params", "1e9", "--stage", "5"],
-            "zerokit launch-cmd: zero.stage: Input should be",
+            "zerokit launch-cmd: stage: ZeRO stages are 0-3 (or ddp, fsdp, fsdp-grad-op), got '5'",
         ),
     ],
 )

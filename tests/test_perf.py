@@ -37,12 +37,15 @@ def test_compute_is_flops_over_peak_times_efficiency():
 )
 def test_comm_bytes_per_stage_against_stage_0(stage, grad_accum, ratio):
     """Stage 0's all-reduce moves 2 M at the boundary; stages 1-2 add the parameter all-gather (DeepSpeed
-    all-reduces the buckets: 1.5x, as measured); stage 2 reduces every micro-step, stage 3 moves 3 M each."""
+    all-reduces the buckets: 1.5x, as measured); stage 2 reduces every micro-step, stage 3 moves 3 M each
+    (its norms, kept whole below the persistence threshold, are gathered once a step: 1e-5 of M)."""
     base = llama(stage=0).replace(batch={"micro_batch": 2, "grad_accum": grad_accum})
     s = base.replace(zero={"stage": stage})
     m, n = 2 * s.model.params, s.dp
     assert perf.comm_bytes(base)[0] == round(2 * (n - 1) / n * m)
-    assert perf.comm_bytes(s)[0] / perf.comm_bytes(base)[0] == pytest.approx(ratio, rel=1e-9)
+    assert perf.comm_bytes(s)[0] / perf.comm_bytes(base)[0] == pytest.approx(
+        ratio, rel=1e-4 if stage == 3 else 1e-9
+    )
     one = s.replace(cluster={"gpus_per_node": 1})
     assert perf.comm_bytes(one)[0] == 0 and perf.step_time(one).comm.seconds == 0
 
@@ -106,5 +109,9 @@ def test_bad_assumptions_and_hardware_name_the_field():
 def test_every_formula_is_shown():
     parts = perf.step_time(llama(stage=3, offload_optimizer="cpu")).to_dict()["parts"]
     assert "12 L h s" in parts["compute"]["formula"] and "989 TFLOP/s" in parts["compute"]["formula"]
-    assert "3 (N-1)/N M" in parts["comm"]["formula"] and "overlap_comm" in parts["exposed_comm"]["formula"]
+    assert (
+        "(N-1)/N M_g x k=4" in parts["comm"]["formula"]
+        and "M_p" in parts["comm"]["formula"]
+        and "overlap_comm" in parts["exposed_comm"]["formula"]
+    )
     assert "CPU Adam" in parts["offload"]["formula"]

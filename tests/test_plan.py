@@ -78,7 +78,7 @@ def test_search_rows_are_what_estimate_and_perf_say_of_their_setup(searched):
     ]  # fmt: skip
     assert ((table.micro_batch * table.gpus * table.grad_accum) == 256).all()  # the global batch is kept
     one_gpu = table[table.gpus == 1]
-    assert ((one_gpu.stage == 0) | (one_gpu.offload_optimizer == "cpu")).all()
+    assert ((one_gpu.stage == 0) | one_gpu.offload_optimizer.isin(["cpu", "nvme"])).all()
     for i in table.index[::53]:
         s = searched.setup(i)
         row = table.loc[i]
@@ -104,7 +104,16 @@ def test_pareto_front_and_picks_per_gpu(searched):
         assert row[column] == mine[column].min()
     assert searched.fitting(max_hours=100).hours.max() <= 100
     options = searched.options()
-    variant = ["gpu", "gpus", "stage", "offload_optimizer", "offload_param", "checkpointing"]
+    variant = [
+        "gpu",
+        "gpus",
+        "engine",
+        "stage",
+        "offload_optimizer",
+        "offload_param",
+        "zeropp",
+        "checkpointing",
+    ]
     assert len(options) < len(fit) and not options.duplicated(variant).any()
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kit import estimate
+from kit import estimate, monitor
 from kit.estimate import trace
 from kit.models import toy_spec
 from kit.ranks import worker
@@ -128,6 +128,13 @@ def test_a_raising_config_is_recorded_and_the_launch_goes_on(sweep):
     line = raised[1] + next(i for i, text in enumerate(raised[0]) if "raise RuntimeError" in text)
     expected = f"RuntimeError: injected fault: raise (test hook) (worker.py line {line}, in _inject)"
     assert all(r["error"] == expected for r in failed)
+    # each rank's heartbeats (kit.monitor) say so: running at the start, then failed with the error
+    beats = [b for b in monitor.read(sweep[1] / "t").history if b["config_id"] == cid(RAISE)]
+    assert sorted((b["rank"], b["status"], b.get("error")) for b in beats) == [
+        (rank, status, expected if status == "failed" else None)
+        for rank in (0, 1)
+        for status in ("failed", "running")
+    ]
     i = ALL.index(RAISE)
     before, after = records_of(results, ALL[i - 1]), records_of(results, ALL[i + 1])
     assert {r["run_id"] for r in before} == {r["run_id"] for r in after} == {failed[0]["run_id"]}
@@ -150,6 +157,12 @@ def test_a_hanging_config_times_out_and_leaves_no_process(sweep):
     hung = records_of(results, HANG)
     assert [r["status"] for r in hung] == ["timeout"]
     assert hung[0]["error"].startswith(f"no progress for {TIMEOUT_S:g} s")
+    # the killed ranks' last heartbeats are the hung configuration's start, older than the watchdog's
+    # timeout: the live view (kit.monitor) shows both offline
+    beats = monitor.read(runs / "t")
+    assert [(r["rank"], r["state"], r["label"]) for r in beats.ranks] == [
+        (rank, "offline", hung[0]["label"]) for rank in (0, 1)
+    ]
     leftovers = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
@@ -320,6 +333,16 @@ def test_cli_run_json_then_resume(tmp_path):
         setup = Setup.model_validate(config["setup"])
         activations = estimate.estimate(setup).components["activations"]
         assert config["estimate"] == {**estimate.rank_states(setup, 0)["device"], "activations": activations}
+    # each rank left heartbeats in the sweep folder (kit.monitor): per configuration one at its start, one
+    # per warm-up and measured step and a finished one; read back as finished at the last step
+    beats = monitor.read(tmp_path / "cli")
+    last = "z3 opt-off fp32 mb2"
+    assert [(r["rank"], r["state"], r["step"], r["label"]) for r in beats.ranks] == [
+        (0, "finished", 2, last), (1, "finished", 2, last)
+    ]  # fmt: skip
+    assert [r["heartbeats"] for r in beats.ranks] == [3 * (1 + 1 + 2 + 1)] * 2
+    assert (beats.job["world_size"], beats.job["nodes"]) == (2, 1) and beats.job["peak_bytes_max"] > 0
+    assert all(b["samples_per_s"] > 0 for b in beats.history if b["status"] == "running" and b["step"])
     again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
     assert json.loads(again.stdout) == out
     assert len(list((tmp_path / "cli").glob("launch-*.json"))) == 1
@@ -330,7 +353,10 @@ def test_cli_rejects_bad_flags_with_one_line():
         [sys.executable, "-m", "kit", "run", "--stages", "0,x", "--json"], capture_output=True, text=True
     )
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == "zerokit run: stages: comma-separated integers 0-3, got 'x'\n"
+    assert (
+        result.stderr
+        == "zerokit run: stages: comma-separated integers 0-3 or ddp, fsdp, fsdp-grad-op, got 'x'\n"
+    )
 
 
 def test_saved_activations_count_each_storage_once_and_skip_parameters():

@@ -266,7 +266,7 @@ def test_comparison_panel_invalid_model():
         panel.run()
     panel.heads.value = 4
     panel.stages.value = ()
-    assert panel.error == "stages: choose at least one of 0, 1, 2, 3"
+    assert panel.error == "stages: choose at least one of ddp, fsdp, fsdp-grad-op, 0, 1, 2, 3"
 
 
 def finished_sweep(panel: ComparisonPanel, folder) -> None:

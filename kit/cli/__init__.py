@@ -14,13 +14,13 @@ import sys
 
 from pydantic import ValidationError
 
-from kit.cli import checkpoint, demo, estimate, launch, preflight, run, tune
+from kit.cli import checkpoint, demo, estimate, launch, monitor, preflight, run, tune
 from kit.cli import explain as explain_command  # kit.schema.explain formats errors below
 from kit.cli.args import UsageError
 from kit.schema import explain
 
 #: the command groups, in the order ``zerokit --help`` lists them
-GROUPS = (estimate, explain_command, run, tune, demo, launch, preflight, checkpoint)
+GROUPS = (estimate, explain_command, run, tune, demo, launch, preflight, checkpoint, monitor)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,16 +21,65 @@ def add_setup_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_cluster_args(p)
     z = p.add_argument_group("ZeRO")
-    z.add_argument("--stage", type=int, default=2)
-    z.add_argument("--offload-optimizer", default="none", help="none or cpu")
-    z.add_argument("--offload-param", default="none", help="none or cpu (stage 3 only)")
+    z.add_argument(
+        "--stage", default="2", help="ZeRO stage 0-3, or a PyTorch baseline: ddp, fsdp, fsdp-grad-op"
+    )
+    z.add_argument("--offload-optimizer", default="none", help="none, cpu or nvme (nvme: stage 3)")
+    z.add_argument("--offload-param", default="none", help="none, cpu or nvme (stage 3 only)")
     z.add_argument("--precision", default="bf16", help="fp32, fp16 or bf16")
     z.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd")
     z.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
     z.add_argument("--activation-checkpointing", action="store_true")
+    add_zeropp_args(z)
     z.add_argument("--ds-config", help="read ZeRO and batch settings from an existing ds_config.json")
+    add_nvme_args(p)
     add_batch_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+#: NVMe offload flag -> ZeroSettings field (``add_nvme_args``); aio fields go under ``aio``
+NVME_FLAGS = {
+    "nvme_buffer_count": "buffer_count",
+    "nvme_buffer_size": "buffer_size",
+    "nvme_max_in_cpu": "max_in_cpu",
+    "nvme_optimizer_buffer_count": "optimizer_buffer_count",
+}
+AIO_FLAGS = {
+    "aio_block_size": "block_size",
+    "aio_queue_depth": "queue_depth",
+    "aio_intra_op_parallelism": "intra_op_parallelism",
+}
+
+
+def add_nvme_args(p: argparse.ArgumentParser) -> None:
+    """ZeRO-Infinity flags (``--offload-* nvme``): ``--nvme-path`` and the swapper / aio knobs, each
+    DeepSpeed's default when not given (read back by ``nvme_from_args``)."""
+    n = p.add_argument_group("NVMe offload (ZeRO-Infinity)")
+    n.add_argument("--nvme-path", help="folder on the NVMe drive for the swap files")
+    n.add_argument("--nvme-buffer-count", type=int, help="offload_param.buffer_count (5)")
+    n.add_argument("--nvme-buffer-size", type=count, help="offload_param.buffer_size, elements (1e8)")
+    n.add_argument("--nvme-max-in-cpu", type=count, help="offload_param.max_in_cpu, elements (1e9)")
+    n.add_argument("--nvme-optimizer-buffer-count", type=int, help="offload_optimizer.buffer_count (4)")
+    n.add_argument("--no-pin-memory", action="store_true", help="offload into pageable RAM")
+    n.add_argument("--aio-block-size", type=count, help="aio.block_size, bytes (1048576)")
+    n.add_argument("--aio-queue-depth", type=int, help="aio.queue_depth (8)")
+    n.add_argument(
+        "--aio-intra-op-parallelism", "--aio-thread-count", type=int, help="aio.intra_op_parallelism (1)"
+    )
+
+
+def nvme_from_args(args: argparse.Namespace) -> dict:
+    """The ZeroSettings fields the NVMe flags give (only those given)."""
+    zero: dict[str, Any] = {}
+    if getattr(args, "nvme_path", None):
+        zero["nvme_path"] = args.nvme_path
+    zero.update({f: getattr(args, a) for a, f in NVME_FLAGS.items() if getattr(args, a, None) is not None})
+    if getattr(args, "no_pin_memory", False):
+        zero["pin_memory"] = False
+    aio = {f: getattr(args, a) for a, f in AIO_FLAGS.items() if getattr(args, a, None) is not None}
+    if aio:
+        zero["aio"] = aio
+    return zero
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -125,16 +174,43 @@ def setup_from_args(args: argparse.Namespace):
         for note in notes:  # how each "auto" was resolved: stderr, so --json stays one object
             print(f"note: {note}", file=sys.stderr)
         return setup
+    engine, stage = engine_stage("stage", args.stage)
     zero = {
-        "stage": args.stage,
+        "engine": engine,
+        "stage": stage,
         "offload_optimizer": args.offload_optimizer,
         "offload_param": args.offload_param,
         "precision": args.precision,
         "optimizer": args.optimizer,
         "momentum": args.momentum,
         "activation_checkpointing": args.activation_checkpointing,
+        **nvme_from_args(args),
+        **zeropp_from_args(args),
     }
     return Setup(model=spec, cluster=cluster, zero=zero, batch=batch)
+
+
+def add_zeropp_args(p) -> None:
+    """The ZeRO++ flags (stage 3): ``--hpz N``, ``--quantized-weights``, ``--quantized-gradients``."""
+    p.add_argument(
+        "--hpz",
+        type=int,
+        default=1,
+        help="ZeRO++ hpZ: zero_hpz_partition_size (stage 3; divides GPUs per node)",
+    )
+    p.add_argument(
+        "--quantized-weights", action="store_true", help="ZeRO++ qwZ: int8 weight all-gathers (stage 3)"
+    )
+    p.add_argument("--quantized-gradients", action="store_true", help="ZeRO++ qgZ: int4 gradients (stage 3)")
+
+
+def zeropp_from_args(args: argparse.Namespace) -> dict:
+    """ZeroSettings fields of the ZeRO++ flags (--hpz, --quantized-weights, --quantized-gradients)."""
+    return {
+        "hpz_partition_size": getattr(args, "hpz", 1),
+        "quantized_weights": getattr(args, "quantized_weights", False),
+        "quantized_gradients": getattr(args, "quantized_gradients", False),
+    }
 
 
 def print_json(obj: Any) -> None:
@@ -153,6 +229,18 @@ def count(text: str) -> int:
 def items(text: str | None) -> list[str]:
     """The items of a comma-separated flag (``--stages 0,1,2``), blanks dropped; [] for no flag."""
     return [t.strip() for t in text.split(",") if t.strip()] if text else []
+
+
+def engine_stage(flag: str, item: str) -> tuple[str, int]:
+    """``(engine, stage)`` of a ZeRO stage or a PyTorch baseline's name (``kit.rules.BASELINES``)."""
+    from kit.rules import BASELINES
+
+    if item in BASELINES:
+        return BASELINES[item]
+    stage = whole(flag, item, allowed="0-3 or " + ", ".join(BASELINES))
+    if not 0 <= stage <= 3:
+        raise UsageError(f"{flag}: ZeRO stages are 0-3 (or {', '.join(BASELINES)}), got {item!r}")
+    return "deepspeed", stage
 
 
 def whole(flag: str, text: str, allowed: str = "0-3") -> int:

@@ -85,7 +85,7 @@ def render(result) -> str:
     z, b, c = s.zero, s.batch, s.cluster
     lines = [
         f"{s.model.name}: {s.model.params:,} params (largest layer {s.model.largest_layer_params:,})",
-        f"{c.nodes} node(s) x {c.gpus_per_node} GPU(s), ZeRO stage {z.stage}, {z.precision}, {z.optimizer}, "
+        f"{c.nodes} node(s) x {c.gpus_per_node} GPU(s), {z.name}, {z.precision}, {z.optimizer}, "
         f"offload optimizer={z.offload_optimizer} param={z.offload_param}",
         f"batch: {b.train_batch} = {b.micro_batch} (micro) x {s.dp} (GPUs) x {b.grad_accum} (grad accum), "
         + ("" if s.model.source else f"seq {b.seq_len}   ")  # a model file's batch() sets its own shapes
@@ -104,6 +104,9 @@ def render(result) -> str:
             f"{t.peak_bytes / GIB:.2f} GiB ({t.transient_bytes / GIB:.2f} GiB transient), {t.seconds:.1f} s"
         )
     lines.append(f"{'CPU RAM per node':18}{result.cpu_bytes_per_node / GIB:9.2f}  {result.cpu_term.formula}")
+    if result.nvme_bytes_per_node:
+        disk = result.nvme_bytes_per_node / GIB
+        lines.append(f"{'NVMe per node':18}{disk:9.2f}  {result.nvme_term.formula} under {z.nvme_path}")
     lines.append(f"{'checkpoint on disk':18}{result.checkpoint_bytes / GIB:9.2f}  one saved tag, all ranks")
     lines += ["", "fits: " + ", ".join(f"{g} {'yes' if ok else 'no'}" for g, ok in result.fits.items())]
     lines += [f"note: {n}" for n in result.notes]
@@ -111,7 +114,16 @@ def render(result) -> str:
 
 
 #: columns of the plan's text tables
-PLAN_COLUMNS = ["label", "per_gpu_gib", "step_s", "tokens_per_s", "hours", "cost_usd"]
+PLAN_COLUMNS = [
+    "label",
+    "per_gpu_gib",
+    "comm_inter_gib",
+    "comm_intra_gib",
+    "step_s",
+    "tokens_per_s",
+    "hours",
+    "cost_usd",
+]
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -147,6 +159,7 @@ def run_plan(args: argparse.Namespace) -> int:
                 "make_it_fit": plan.records(fix),
                 "smallest_cluster": clusters.to_dict(orient="records"),
                 "batch_options": batches.to_dict(orient="records"),
+                "nvme_slowdown": plan.records(_nvme_best(found)),
             }
         )
         return 0
@@ -171,11 +184,35 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         print(f"\n{here} does not fit; the smallest changes that make it fit:")
         print(_table(fix, ["change", "per_gpu_gib", "step_s", "tokens_per_s"]))
+    nvme = _nvme_best(found)
+    if not nvme.empty:
+        print(
+            "\nNVMe offload (ZeRO-Infinity) beside CPU offload, the fastest fitting of each GPU and variant:"
+        )
+        print(
+            _table(
+                nvme,
+                ["gpu", "gpus", "offload_param", "per_gpu_gib", "nvme_gib_per_node", "step_s", "slowdown"],
+            )
+        )
     print(f"\nSmallest cluster of {setup.cluster.gpu} per ZeRO variant ({setup.model.name}):")
     print(clusters.to_string(index=False))
     print(f"\nDecompositions of train_batch {setup.batch.train_batch} on {setup.dp} GPUs:")
     print(batches.to_string(index=False))
     return 0
+
+
+def _nvme_best(found):
+    """Per GPU type and NVMe variant, the fastest fitting setup with its slowdown vs CPU offload."""
+    from kit.estimate import plan
+
+    slow = plan.nvme_slowdown(found)
+    slow = slow[slow.fits].round({"nvme_gib_per_node": 1, "slowdown": 2})
+    return (
+        slow.sort_values("step_s")
+        .drop_duplicates(["gpu", "offload_param"])
+        .sort_values(["gpu", "offload_param"])
+    )
 
 
 def _table(frame, columns: list[str] = PLAN_COLUMNS) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from kit.cli.args import UsageError, print_json
+from kit.cli.args import UsageError, print_json, stdout_to_stderr
 from kit.rules import DEFAULT_MASTER_PORT
 
 
@@ -50,16 +50,53 @@ def register(sub) -> None:
         description="Predict each configuration of a sweep with kit.estimate.perf and compare with its "
         "measured median step time. CPU records use this machine's measured matmul rate and gloo bandwidth.",
     )
-    p.add_argument("sweep", help="a sweep folder (runs/<sweep>) or its records.jsonl")
+    p.add_argument("sweep", nargs="?", help="a sweep folder (runs/<sweep>) or its records.jsonl")
     p.add_argument("--nprocs", type=int, default=2, help="ranks the sweep ran on (for the CPU measurement)")
+    p.add_argument(
+        "--nvme",
+        metavar="PATH",
+        help="instead: read / write GB/s of PATH's drive through DeepSpeed's async_io (NVMe offload's path)",
+    )
+    p.add_argument("--nvme-mib", type=int, default=256, help="with --nvme: MiB per transfer")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=calibrate_command)
+
+
+def _nvme_bandwidth(args: argparse.Namespace) -> int:
+    """``zerokit calibrate --nvme PATH``: the drive's GB/s beside the planner's default (data/nvme.csv)."""
+    from kit.gpus import nvme
+    from kit.scaleout import nvme_bench
+
+    with stdout_to_stderr():
+        found = nvme_bench.measure(args.nvme, mib=args.nvme_mib)
+    default = nvme()
+    found["planner_default"] = {
+        "name": default.name,
+        "read_gbps": default.read_gbps,
+        "write_gbps": default.write_gbps,
+        "source": default.source,
+    }
+    if args.json:
+        print_json(found)
+        return 0
+    print(
+        f"{found['path']}: read {found['read_gbps']:.2f} GB/s, write {found['write_gbps']:.2f} GB/s "
+        f"({found['bytes'] / 2**20:,.0f} MiB, DeepSpeed async_io, aio {found['aio']})\n"
+        f"planner default per node ({default.name}): read {default.read_gbps:g} GB/s, "
+        f"write {default.write_gbps:g} GB/s"
+    )
+    return 0
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
     from kit.run.results import Results
     from kit.scaleout import calibrate as cal
     from kit.schema import Setup
+
+    if args.nvme:
+        return _nvme_bandwidth(args)
+    if not args.sweep:
+        raise UsageError("sweep: give a sweep folder (runs/<sweep>), or --nvme PATH")
 
     results = Results.load(args.sweep)
     ok = [r for r in results.records if r.get("status") == "ok" and "device" in r]

@@ -16,11 +16,15 @@ import itertools
 from kit.cli.args import (
     UsageError,
     add_model_overrides,
+    add_nvme_args,
+    add_zeropp_args,
+    engine_stage,
     items,
     model_from_args,
+    nvme_from_args,
     print_json,
     stdout_to_stderr,
-    whole,
+    zeropp_from_args,
 )
 from kit.units import MB
 
@@ -33,9 +37,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "measure them, and compare with the estimate.",
     )
     add_launch_args(p, sweep="sweep")
-    p.add_argument("--stages", default="0,1,2,3", help="comma-separated ZeRO stages")
-    p.add_argument("--offload-optimizer", default="none", help="comma-separated: none,cpu")
-    p.add_argument("--offload-param", default="none", help="comma-separated: none,cpu (stage 3 only)")
+    p.add_argument(
+        "--stages",
+        default="0,1,2,3",
+        help="comma-separated ZeRO stages 0-3 and PyTorch baselines ddp, fsdp, fsdp-grad-op",
+    )
+    p.add_argument("--offload-optimizer", default="none", help="comma-separated: none,cpu,nvme")
+    p.add_argument("--offload-param", default="none", help="comma-separated: none,cpu,nvme (stage 3 only)")
+    add_nvme_args(p)
+    add_zeropp_args(p.add_argument_group("ZeRO++ (applied to the stage-3 configurations)"))
     p.add_argument("--precision", default="bf16", help="comma-separated: fp32,bf16,fp16")
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument(
@@ -124,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
 def setups_from_args(args: argparse.Namespace) -> list:
     """The Setups the flags describe, on one node of ``--nprocs`` ranks."""
     from kit.estimate.explain import checked_setup
-    from kit.rules import offload_problem
+    from kit.rules import baseline_problem, offload_problem
     from kit.schema import Setup
 
     spec = model_from_args(args)
@@ -137,7 +147,7 @@ def setups_from_args(args: argparse.Namespace) -> list:
             for path in args.ds_config
         ]
     lists = {
-        "stage": [whole("stages", s) for s in items(args.stages)],
+        "stage": [engine_stage("stages", s) for s in items(args.stages)],
         "offload_optimizer": items(args.offload_optimizer),
         "offload_param": items(args.offload_param),
         "precision": items(args.precision),
@@ -145,8 +155,15 @@ def setups_from_args(args: argparse.Namespace) -> list:
     setups = []
     for values in itertools.product(*lists.values()):
         zero = dict(zip(lists, values, strict=True), activation_checkpointing=args.activation_checkpointing)
+        zero["engine"], zero["stage"] = zero["stage"]
+        zero.update(nvme_from_args(args))
+        if zero["stage"] == 3 and zero["engine"] == "deepspeed":
+            zero.update(zeropp_from_args(args))
         if offload_problem(zero["stage"], zero["offload_optimizer"], zero["offload_param"]):
             continue  # combinations of the lists that no stage can run are left out
+        keys = ("engine", "stage", "offload_optimizer", "offload_param", "precision")
+        if baseline_problem(*(zero[k] for k in keys)):
+            continue  # the baselines run without offload, in fp32 or bf16
         setups.append(Setup(model=spec, cluster=cluster, zero=zero, batch=batch))
     if not setups:
         raise UsageError(

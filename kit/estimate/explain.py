@@ -53,7 +53,7 @@ STAGE3_KEYS = (
     "stage3_gather_fp16_weights_on_model_save", "stage3_module_granularity_threshold",
     "module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params",
     "use_all_reduce_for_fetch_params", "stage3_allgather_sequential", "allgather_sequential",
-    "sub_group_size",
+    "sub_group_size", "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
 )  # fmt: skip
 #: the top-level keys that mark a dict as a DeepSpeed config when deepspeed is not installed
 _FALLBACK_KEYS = (
@@ -404,7 +404,7 @@ def _settings(raw: dict, setup: Setup) -> list[Finding]:
     for check in (
         _stage, _reduce_bucket, _overlap, _contiguous, _allgather, _stage3_keys, _offload_param,
         _offload_optimizer, _pin_memory, _prefetch, _max_live, _persistence, _precision, _batch,
-        _checkpointing, _optimizer,
+        _checkpointing, _optimizer, _zeropp, _nvme,
     ):  # fmt: skip
         found += check(x)
     return found
@@ -458,7 +458,11 @@ def _stage(x: _Context) -> list[Finding]:
     )
     why = ""
     if x.stage == 3 and n > 1:
-        s2 = s.replace(zero={"stage": 2, "offload_param": "none"})
+        # stage 2 has no NVMe swapper: compare with its CPU offload
+        opt = "cpu" if s.zero.offload_optimizer == "nvme" else s.zero.offload_optimizer
+        s2 = s.replace(
+            zero={"stage": 2, "offload_param": "none", "offload_optimizer": opt, **perf.ZEROPP_OFF}
+        )
         e2 = estimate(s2)
         if e2.per_gpu_bytes <= ROOM * mem and e2.fits[s.cluster.gpu]:
             comm2, how2 = perf.comm_bytes(s2)
@@ -669,6 +673,135 @@ def _stage3_keys(x: _Context) -> list[Finding]:
         for name in x.zero
         if name in STAGE3_KEYS
     ]
+
+
+#: ZeRO++ keys of zero_optimization -> (ZeroSettings field, value that turns it off, what it does)
+_ZEROPP = {
+    "zero_hpz_partition_size": (
+        "hpz_partition_size",
+        1,
+        "hpZ: a secondary copy of the parameters partitioned over the node's GPUs; the backward all-gather "
+        "reads it inside the node",
+    ),
+    "zero_quantized_weights": ("quantized_weights", False, "qwZ: every weight all-gather in int8"),
+    "zero_quantized_gradients": (
+        "quantized_gradients",
+        False,
+        "qgZ: gradients in int4 by a two-hop all-to-all (inside the node, then across nodes)",
+    ),
+}
+
+
+def _zeropp(x: _Context) -> list[Finding]:
+    """hpZ, qwZ, qgZ: their bytes per GPU and what they move inside and across nodes per step."""
+    if x.stage != 3:
+        return []  # _stage3_keys says they do nothing below stage 3
+    found = []
+    now = perf.comm_by_scope(x.setup)
+    for name, (field, off, what) in _ZEROPP.items():
+        key = x.key(name)
+        if not key or getattr(x.z, field) == off:
+            continue
+        without = x.setup.replace(zero={field: off})
+        before = perf.comm_by_scope(without)
+        cost = x.delta(**{field: off})
+        message = (
+            f"{key} {getattr(x.z, field)}: {what}: {'+' if cost >= 0 else '-'}{_size(abs(cost))} per GPU; "
+            f"per GPU per step across nodes {_size(before['inter'])} -> {_size(now['inter'])}, inside the "
+            f"node {_size(before['intra'])} -> {_size(now['intra'])} (kit.estimate.perf.collectives)"
+        )
+        if field != "hpz_partition_size":
+            message += "; needs DeepSpeed's CUDA quantizer kernels (no CPU backend)"
+        if x.setup.cluster.nodes == 1 and field == "hpz_partition_size":
+            message += ": on one node every collective already stays inside the node"
+            found.append(Finding(key, "warning", message, "remove it: it costs memory and saves no traffic"))
+        else:
+            found.append(Finding(key, "info", message, "keep it where the nodes' network is the bottleneck"))
+    return found
+
+
+def _nvme(x: _Context) -> list[Finding]:
+    """ZeRO-Infinity: where the swap files go and what they, the pinned buffers and the aio block cost."""
+    from kit.estimate import nvme
+
+    found: list[Finding] = []
+    z, g = x.z, x.setup.cluster.gpus_per_node
+    aio = x.raw.get("aio") if isinstance(x.raw.get("aio"), dict) else {}
+    if not z.nvme:
+        if aio:
+            found.append(_noop("aio", "only NVMe offload reads it (no offload device is 'nvme')"))
+        return found
+    per_rank = x.est.host_terms
+    disk = x.est.nvme_term
+    for kind in ("offload_param", "offload_optimizer"):
+        section = x.zero.get(kind)
+        if _offload_device(section) != "nvme":
+            continue
+        found.append(
+            Finding(
+                f"zero_optimization.{kind}.nvme_path",
+                "info",
+                f"zero_optimization.{kind}.nvme_path {z.nvme_path}: swap files of {_size(disk.bytes)} per "
+                f"node ({disk.formula}); use a local NVMe drive per node, not a network file system",
+                "keep it; check its bandwidth with `zerokit calibrate --nvme PATH`",
+            )
+        )
+    if z.offload_param == "nvme":
+        largest = max(nvme.swapped_params(x.setup), default=0)
+        pool = z.buffer_count * nvme.io_aligned(z.buffer_size, x.p, x.setup) * x.p
+        found.append(
+            Finding(
+                "zero_optimization.offload_param.buffer_size",
+                "info",
+                f"zero_optimization.offload_param.buffer_count x buffer_size: {z.buffer_count} x "
+                f"{z.buffer_size:,} elements = {_size(pool)} pinned per rank, {_size(pool * g)} per node; "
+                f"each must hold the largest swapped partition ({largest:,})",
+                "keep buffer_size just above the largest partition; more buffers prefetch further",
+            )
+        )
+        held = x.est.host_terms["parameters"]
+        found.append(
+            Finding(
+                "zero_optimization.offload_param.max_in_cpu",
+                "info",
+                f"zero_optimization.offload_param.max_in_cpu {z.max_in_cpu:,}: that many partition elements "
+                f"stay in pinned CPU RAM instead of the drive: {_size(held.bytes)} per rank ({held.formula})",
+                "lower it when CPU RAM is short (0 keeps every swappable partition on NVMe)",
+            )
+        )
+    if z.offload_optimizer == "nvme":
+        buffers = per_rank["buffers"]
+        found.append(
+            Finding(
+                "zero_optimization.offload_optimizer.buffer_count",
+                "info",
+                f"zero_optimization.offload_optimizer.buffer_count {z.optimizer_buffer_count}: pinned "
+                f"buffers of the largest sub group; host buffers {_size(buffers.bytes)} per rank "
+                f"({buffers.formula})",
+                "keep >= 1 + the optimizer's states (Adam: 3); lower sub_group_size to shrink each buffer",
+            )
+        )
+    if "thread_count" in aio:
+        found.append(
+            Finding(
+                "aio.thread_count",
+                "warning",
+                "aio.thread_count: DeepSpeed 0.19 ignores it (aio_config.py reads intra_op_parallelism)",
+                "rename it to intra_op_parallelism",
+            )
+        )
+    least = nvme.min_swap_bytes(x.setup)
+    found.append(
+        Finding(
+            "aio",
+            "info",
+            f"aio: block_size {z.aio.block_size:,} B, queue_depth {z.aio.queue_depth}, intra_op_parallelism "
+            f"{z.aio.intra_op_parallelism}: tensors under {least:,} B (max(1 MiB, block_size)) stay in RAM; "
+            f"swap files are multiples of {1024 * z.aio.intra_op_parallelism:,} B",
+            "tune them on the drive with DeepSpeed's ds_nvme_tune / ds_io",
+        )
+    )
+    return found
 
 
 def _offload_device(section: Any) -> str:

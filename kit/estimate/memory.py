@@ -21,14 +21,23 @@ Activations: ``kit.estimate.activations``; the tensor partitioning: ``kit.estima
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal
 
 from kit.components import HELD
-from kit.estimate import partition
+from kit.estimate import baselines, nvme, partition
 from kit.estimate.activations import activations
 from kit.estimate.paper import zero_paper
 from kit.estimate.result import NONE, Estimate, Term, total
-from kit.rules import DS_SUB_GROUP_SIZE, FP32, element_bytes, master_bytes, optimizer_states
+from kit.rules import (
+    DS_SUB_GROUP_SIZE,
+    FP32,
+    QUANTIZED_GRADIENT_BYTES,
+    QUANTIZED_WEIGHT_BYTES,
+    element_bytes,
+    master_bytes,
+    optimizer_states,
+)
 from kit.schema import Setup
 from kit.units import GIB, MIB, gib
 
@@ -82,7 +91,9 @@ def estimate(setup: Setup, formula: Formula = "deepspeed", trace: bool = False) 
         f"{ALLOCATOR_FRAGMENTATION:.0%} x {gib(allocated)} = {gib(CUDA_CONTEXT_BYTES + nccl + slack)}",
     )
     side = _trace_beside(setup) if trace or act.formula.startswith("traced") else None
-    return Estimate(setup, "deepspeed", terms, host, _cpu_per_node(setup, host), _notes(setup), side)
+    cpu = _cpu_per_node(setup, host)
+    disk = nvme.nvme_bytes_per_node(setup, states["nvme"]) if "nvme" in states else NONE
+    return Estimate(setup, "deepspeed", terms, host, cpu, _notes(setup), side, nvme_term=disk)
 
 
 def _activations(setup: Setup) -> Term:
@@ -129,8 +140,9 @@ def _trace_beside(setup: Setup):
 def rank_states(setup: Setup, rank: int = 0) -> dict[str, dict[str, int]]:
     """Exact model-state bytes one rank holds right after a boundary micro-step's backward.
 
-    ``{"device": {parameters, gradients, optimizer_states, buffers}, "host": {...}}``: the
-    prediction ``kit.ranks.state_walk.model_state_bytes`` measures on a live engine (scalars excluded).
+    ``{"device": {parameters, gradients, optimizer_states, buffers}, "host": {...}}``: the prediction
+    ``kit.ranks.state_walk.model_state_bytes`` measures on a live engine (scalars excluded); with NVMe
+    offload also ``"nvme"``, this rank's swap files (``kit.ranks.nvme_files`` measures them).
     """
     states = _faithful_states(setup, rank)
     return {where: {k: t.bytes for k, t in terms.items()} for where, terms in states.items()}
@@ -140,6 +152,8 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
     z, n = setup.zero, setup.dp
     if not 0 <= rank < n:
         raise ValueError(f"rank: must be in 0..{n - 1}, got {rank}")
+    if z.engine != "deepspeed":
+        return baselines.states(setup, rank)
     psi = setup.model.params
     p = element_bytes(setup.zero.precision)
     k = optimizer_states(setup.zero.optimizer, setup.zero.momentum)
@@ -195,6 +209,9 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
         device["parameters"] += Term(
             persist_bytes, f"{len(persistent)} tensors <= {z.param_persistence_threshold:,} kept whole"
         )
+    if z.hpz_partition_size > 1:
+        secondary = _hpz_secondary(setup, numels)
+        (device if z.offload_param == "none" else host)["parameters"] += secondary
     opt_where = host if z.offload_optimizer == "cpu" else device
     opt_where["optimizer_states"] = Term((4 + 4 * k) * part, f"(4 fp32 master + {4 * k} {opt}) B x S")
     opt_where["gradients"] = Term(p * part, f"{p} B x S (grad_partitions_flat_buffer)")
@@ -204,12 +221,34 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
         device["buffers"] = Term(
             p * z.reduce_bucket_size, f"{p} B x reduce_bucket_size {z.reduce_bucket_size:,} (ipg bucket)"
         )
+    if z.nvme:  # ZeRO-Infinity: swap files on the drive, pinned swap buffers in RAM (kit.estimate.nvme)
+        return nvme.stage3(setup, device, host)
     return {"device": device, "host": host}
+
+
+def _hpz_secondary(setup: Setup, numels: tuple[int, ...]) -> Term:
+    """ZeRO++ hpZ's secondary partition (``partition_parameters.py`` ``_partition_param_sec``): every
+    tensor released after use gets ``ds_secondary_tensor``, ``aligned / hpz`` elements in the parameter
+    dtype, aligned = numel padded to a multiple of dp; on the parameters' remote device. Tensors kept whole
+    (persistent) are never released, and ``invalidate_secondary_tensor`` drops all secondaries after each
+    step, so from the second step on they have none (before the first step they still hold the one
+    ``zero.Init`` made)."""
+    z, n, h = setup.zero, setup.dp, setup.zero.hpz_partition_size
+    p = element_bytes(z.precision)
+    released = [t for t in numels if t > z.param_persistence_threshold]
+    elements = sum(-(-t // n) * (n // h) for t in released)
+    return Term(
+        p * elements,
+        f"hpZ secondary partition {p} B x sum of ceil(numel / dp) x dp / hpz over {len(released)} "
+        f"released tensors = {p} x {elements:,} (dp {n}, hpz {h})",
+    )
 
 
 def _transient(setup: Setup) -> dict[str, Term]:
     """Peaks beyond the resident states: buckets during backward, copies during the step."""
     z, p = setup.zero, element_bytes(setup.zero.precision)
+    if z.engine != "deepspeed":
+        return baselines.transient(setup)
     psi = setup.model.params
     out: dict[str, Term] = {}
     if z.stage in (1, 2):
@@ -238,6 +277,17 @@ def _transient(setup: Setup) -> dict[str, Term]:
             # _prepare_fp32_grad_for_sub_group: an fp32 copy of one sub group's gradient partition
             sub = min(partition.partition_numel(setup), DS_SUB_GROUP_SIZE)
             gathered += Term(4 * sub, "4 B x min(S, sub_group_size) (fp32 gradient in step)")
+        if z.quantized_weights:
+            # _all_gather_coalesced(quantize=True): an int8 buffer of the gathered elements, dequantized
+            # into the 16-bit parameters
+            qw = math.ceil(QUANTIZED_WEIGHT_BYTES * fetch)
+            gathered += Term(qw, f"qwZ {QUANTIZED_WEIGHT_BYTES:g} B x {fetch:,} (int8 all-gather buffer)")
+        if z.quantized_gradients and setup.cluster.nodes > 1:  # one node: a plain reduce-scatter
+            # all_to_all_quant_reduce: a layer's int4 gradient and what the intra-node all-to-all receives
+            qg = math.ceil(2 * QUANTIZED_GRADIENT_BYTES * largest)
+            gathered += Term(
+                qg, f"qgZ 2 x {QUANTIZED_GRADIENT_BYTES:g} B x largest layer (int4 send + receive)"
+            )
         out["buffers"] = gathered
     return out
 
@@ -245,7 +295,7 @@ def _transient(setup: Setup) -> dict[str, Term]:
 def _cpu_per_node(setup: Setup, host: dict[str, Term]) -> Term:
     z, g, psi = setup.zero, setup.cluster.gpus_per_node, setup.model.params
     offloaded = sum(t.bytes for t in host.values())
-    if z.stage == 3 and z.zero_init:
+    if z.stage == 3 and z.zero_init and z.engine == "deepspeed":
         build = 4 * setup.model.largest_layer_params
         how = "zero.Init: 4 B x largest layer"
     else:
@@ -261,13 +311,15 @@ def _cpu_per_node(setup: Setup, host: dict[str, Term]) -> Term:
 
 
 def _notes(setup: Setup) -> tuple[str, ...]:
-    z, notes = setup.zero, []
-    if z.stage == 3 and z.reduce_bucket_size * element_bytes(setup.zero.precision) > GIB / 2:
+    z = setup.zero
+    notes = list(baselines.notes(setup))
+    deepspeed = z.engine == "deepspeed"
+    if deepspeed and z.stage == 3 and z.reduce_bucket_size * element_bytes(setup.zero.precision) > GIB / 2:
         notes.append(
             f"stage 3 allocates reduce_bucket_size ({z.reduce_bucket_size:,} elements) up front; "
             "HF's 'auto' sets it to hidden^2"
         )
-    if z.stage == 1 and setup.batch.grad_accum > 1:
+    if deepspeed and z.stage == 1 and setup.batch.grad_accum > 1:
         notes.append("stage 1 holds full gradients between micro-steps; stage 2 partitions them")
     if setup.model.family in ("gpt2", "gpt_neox") and not z.activation_checkpointing:
         notes.append(
@@ -276,4 +328,9 @@ def _notes(setup: Setup) -> tuple[str, ...]:
         )
     if not partition.is_exact(setup):
         notes.append("bare parameter count: per-tensor padding and stage 3 persistence approximated")
+    if z.quantized_weights or z.quantized_gradients:
+        notes.append(
+            "ZeRO++ qwZ/qgZ: the fp32 quantization scales (one per group of ~8,000 elements) and qgZ's "
+            "second-hop buffers (1/GPUs-per-node of the first) are not counted; both need CUDA kernels"
+        )
     return tuple(notes)

@@ -70,8 +70,10 @@ def _touched(model: ModelSpec, n: int, part: int) -> tuple[int, ...]:
 
 
 def worst_rank(setup: Setup) -> int:
-    """The rank whose stage 1/2 gradient buffer is largest (ranks differ only there)."""
-    if setup.zero.stage not in (1, 2) or setup.zero.offload_optimizer == "cpu":
+    """The rank whose stage 1/2 gradient buffer is largest (ranks differ only there, and in FSDP's
+    optimizer states, whose largest shards are rank 0's)."""
+    z = setup.zero
+    if z.engine != "deepspeed" or z.stage not in (1, 2) or z.offload_optimizer == "cpu":
         return 0
     per_rank = touched(setup)
     return max(range(setup.dp), key=per_rank.__getitem__)

@@ -22,9 +22,17 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from kit.estimate import partition
-from kit.gpus import gpu, network
-from kit.rules import FP32, element_bytes
+from kit.estimate import baselines, partition
+from kit.estimate.result import Term, total
+from kit.gpus import DEFAULT_NVME, gpu, network, nvme
+from kit.rules import (
+    FP32,
+    QUANTIZED_GRADIENT_BYTES,
+    QUANTIZED_WEIGHT_BYTES,
+    ZERO3_COLLECTIVES,
+    element_bytes,
+    optimizer_states,
+)
 from kit.schema import Setup
 
 #: bytes of memory traffic per parameter in one Adam step: read fp32 parameter, gradient and two moments
@@ -68,12 +76,16 @@ class Hardware:
     host_gbps: float  # one GPU to host memory
     memory_gbps: float  # the GPU's own memory
     source: str = ""
+    nvme_read_gbps: float = 0.0  # one node's NVMe drives together (ZeRO-Infinity's swap space)
+    nvme_write_gbps: float = 0.0
 
 
-def hardware(setup: Setup, fabric: str | None = None) -> Hardware:
-    """``setup``'s GPU (data/gpus.csv) and fabric (data/networks.csv; default: the cluster's interconnect)."""
+def hardware(setup: Setup, fabric: str | None = None, drives: str | None = None) -> Hardware:
+    """``setup``'s GPU (data/gpus.csv), fabric (data/networks.csv; default: the cluster's interconnect) and
+    NVMe drives per node (data/nvme.csv; default ``DEFAULT_NVME``)."""
     g = gpu(setup.cluster.gpu)
     net = network(fabric or setup.cluster.interconnect)
+    disks = nvme(drives or DEFAULT_NVME)
     precision = setup.zero.precision
     peak = g.peak_tflops(precision)
     if not peak:
@@ -85,7 +97,9 @@ def hardware(setup: Setup, fabric: str | None = None) -> Hardware:
         inter_gbps=net.gbytes_per_node,
         host_gbps=g.host_link_gbps,
         memory_gbps=g.memory_bw_gbps,
-        source=f"{g.name}: {g.source}; {net.name}: {net.source}",
+        source=f"{g.name}: {g.source}; {net.name}: {net.source}; NVMe {disks.name}: {disks.source}",
+        nvme_read_gbps=disks.read_gbps,
+        nvme_write_gbps=disks.write_gbps,
     )
 
 
@@ -179,11 +193,14 @@ def comm_bytes(setup: Setup) -> tuple[int, str]:
     (DeepSpeed's multi-rank bucket all-reduce: measured 1.5x stage 0 with the all-gather) and all-gather
     the updated parameters ((N-1)/N M); stage 2 reduces every micro-step, stage 1 at the boundary; stage 3
     all-gathers parameters in forward and backward and reduce-scatters gradients every micro-step
-    (3 (N-1)/N M k, the ZeRO paper's 1.5x).
+    (3 (N-1)/N M k, the ZeRO paper's 1.5x); with ZeRO++ the sum of ``collectives`` (intra- and inter-node).
     """
     n, z = setup.dp, setup.zero
     if n == 1:
         return 0, "one rank: no communication"
+    if z.engine != "deepspeed":
+        volume, formula, m = baselines.comm(setup)
+        return round(volume), f"{formula}, M = {m:,} B, N = {n}"
     m = element_bytes(z.precision) * setup.model.params
     k = setup.batch.grad_accum
     ring = (n - 1) / n
@@ -197,9 +214,120 @@ def comm_bytes(setup: Setup) -> tuple[int, str]:
             f"2 (N-1)/N M x k={k} (gradient all-reduce per micro-step) + (N-1)/N M (parameter all-gather)"
         )
     else:
-        volume = 3 * k * ring * m
-        formula = f"3 (N-1)/N M x k={k} (all-gather forward + backward, reduce-scatter, per micro-step)"
+        parts = collectives(setup)
+        volume = sum(c.bytes for c in parts)
+        formula = " + ".join(f"{c.formula} [{c.scope}]" for c in parts)
     return round(volume), f"{formula}, M = {m:,} B, N = {n}"
+
+
+#: the ZeroSettings fields that turn ZeRO++ off (what a change to stages 0-2 must also set)
+ZEROPP_OFF = {"hpz_partition_size": 1, "quantized_weights": False, "quantized_gradients": False}
+
+
+def zeropp(z) -> bool:
+    """Whether a ZeroSettings uses any of ZeRO++'s hpZ, qwZ, qgZ."""
+    return z.hpz_partition_size > 1 or z.quantized_weights or z.quantized_gradients
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a step: bytes one GPU sends per optimizer step, inside its node (``intra``) or
+    across nodes (``inter``), and how they were counted."""
+
+    name: str
+    scope: str
+    bytes: int
+    formula: str
+
+
+def collectives(setup: Setup) -> list[Collective]:
+    """Stage 3's collectives per optimizer step, ZeRO++ included, split by scope (``ZERO3_COLLECTIVES``).
+
+    M = 16-bit model bytes, N = dp, g = GPUs per node, h = hpz_partition_size, k = micro-steps. A group
+    spanning nodes counts as ``inter`` (its ring crosses the NICs). Forward all-gather (N-1)/N M over
+    every rank; backward all-gather the same, or with hpZ (h-1)/h M inside the node from the secondary
+    partition; tensors of at most ``stage3_param_persistence_threshold`` elements (M_p of the M bytes, M_g
+    the rest) stay whole on every rank, so they are not gathered for a micro-step but once after each
+    optimizer step, updated (``_post_step``); qwZ sends both as int8 (``QUANTIZED_WEIGHT_BYTES`` per
+    element); gradients reduce-scatter (N-1)/N M, or with qgZ int4 (``QUANTIZED_GRADIENT_BYTES``) in
+    DeepSpeed's two hops (``all_to_all_quant_reduce``): (g-1)/g of the int4 gradient to the node's GPUs,
+    then the node-reduced 1/g of it, (nodes-1)/nodes to the same GPU of the other nodes (on one node
+    DeepSpeed reduce-scatters as without qgZ, ``stage3.py`` ``num_nodes > 1``). The quantization scales
+    are left out. Other stages and engines: one entry, ``comm_bytes``'s total, in the scope of the data-
+    parallel group.
+    """
+    n, z, c = setup.dp, setup.zero, setup.cluster
+    across = "inter" if c.nodes > 1 else "intra"
+    if z.stage != 3 or z.engine != "deepspeed":
+        sent, how = comm_bytes(setup)
+        return [Collective("all", across, sent, how)] if n > 1 else []
+    p = element_bytes(z.precision)
+    m, k, g, h = p * setup.model.params, setup.batch.grad_accum, c.gpus_per_node, z.hpz_partition_size
+    if n == 1:
+        return []
+    w = QUANTIZED_WEIGHT_BYTES / p if z.quantized_weights else 1.0
+    wname = f"{w:g} x " if z.quantized_weights else ""
+    forward, backward, reduce = ZERO3_COLLECTIVES
+    ring = (n - 1) / n
+    mp = p * sum(t for t in partition.numels(setup) if t <= z.param_persistence_threshold)
+    mp = mp if partition.is_exact(setup) else 0
+    mg = m - mp
+    out = [Collective(forward, across, round(k * ring * w * mg), f"{wname}(N-1)/N M_g x k={k}")]
+    if h > 1:
+        out.append(
+            Collective(
+                backward, "intra", round(k * (h - 1) / h * w * mg), f"hpZ {wname}(h-1)/h M_g x k={k}, h={h}"
+            )
+        )
+    else:
+        out.append(Collective(backward, across, round(k * ring * w * mg), f"{wname}(N-1)/N M_g x k={k}"))
+    if mp:
+        out.append(
+            Collective("persistent all-gather", across, round(ring * mp), f"(N-1)/N M_p, M_p = {mp:,} B")
+        )
+    if z.quantized_gradients and c.nodes > 1:  # stage3.py: one node reduce-scatters as without qgZ
+        q = QUANTIZED_GRADIENT_BYTES / p
+        out.append(
+            Collective(
+                reduce + " (qgZ hop 1)",
+                "intra",
+                round(k * (g - 1) / g * q * m),
+                f"qgZ {q:g} x (g-1)/g M x k={k}, g={g}",
+            )
+        )
+        hop2 = (c.nodes - 1) / c.nodes * q * m / g
+        out.append(
+            Collective(
+                reduce + " (qgZ hop 2)",
+                "inter",
+                round(k * hop2),
+                f"qgZ {q:g} x (nodes-1)/nodes M / g x k={k}",
+            )
+        )
+    else:
+        out.append(Collective(reduce, across, round(k * ring * m), f"(N-1)/N M x k={k}"))
+    return out
+
+
+def zeropp_variants(gpus_per_node: int) -> dict[str, dict]:
+    """ZeRO-3 and its ZeRO++ variants as ZeroSettings changes: hpZ over the node, qwZ, qgZ, all three."""
+    hpz = {"hpz_partition_size": gpus_per_node}
+    qwz, qgz = {"quantized_weights": True}, {"quantized_gradients": True}
+    return {
+        "ZeRO-3": {},
+        "hpZ": hpz,
+        "qwZ": qwz,
+        "qgZ": qgz,
+        "ZeRO++ (hpZ + qwZ + qgZ)": {**hpz, **qwz, **qgz},
+    }
+
+
+def comm_by_scope(setup: Setup) -> dict[str, int]:
+    """Bytes one GPU sends per optimizer step inside its node and across nodes (``collectives``)."""
+    out = {"intra": 0, "inter": 0}
+    for c in collectives(setup):
+        out[c.scope] += c.bytes
+    return out
 
 
 def step_time(setup: Setup, hw: Hardware | None = None, assume: Assumptions | None = None) -> StepTime:
@@ -222,6 +350,14 @@ def step_time(setup: Setup, hw: Hardware | None = None, assume: Assumptions | No
         link, where = hw.intra_gbps, f"intra-node {hw.intra_gbps:g} GB/s"
     bandwidth = link * assume.link_efficiency * 1e9
     comm = Part(sent / bandwidth, f"{how} over {where} x {assume.link_efficiency:g}")
+    if zeropp(z) and c.nodes > 1:  # ZeRO++ moves part of it inside the node: each scope over its own link
+        scope = comm_by_scope(setup)
+        intra_bw = hw.intra_gbps * assume.link_efficiency * 1e9
+        comm = Part(
+            scope["inter"] / bandwidth + scope["intra"] / intra_bw,
+            f"{how}: inter-node {scope['inter']:,} B over {where} + intra-node {scope['intra']:,} B over "
+            f"intra {hw.intra_gbps:g} GB/s, x {assume.link_efficiency:g}",
+        )
     hidden = assume.overlap if z.overlap else 0.0
     exposed = Part(
         comm.seconds * (1 - hidden),
@@ -269,7 +405,42 @@ def _offload(setup: Setup, hw: Hardware, assume: Assumptions) -> Part:
             f" + CPU Adam: {per_param} B x P x {setup.cluster.gpus_per_node} GPUs per node / "
             f"{assume.host_memory_gbps:g} GB/s host memory"
         )
+    if z.nvme:
+        swap = nvme_traffic(setup)
+        g = setup.cluster.gpus_per_node
+        read, write = g * swap["read"].bytes, g * swap["write"].bytes
+        seconds += read / (hw.nvme_read_gbps * 1e9) + write / (hw.nvme_write_gbps * 1e9)
+        formula += (
+            f" + NVMe: {g} GPUs x ({swap['read'].formula}) read / {hw.nvme_read_gbps:g} GB/s + {g} GPUs x "
+            f"({swap['write'].formula}) written / {hw.nvme_write_gbps:g} GB/s per node"
+        )
     return Part(seconds, formula)
+
+
+def nvme_traffic(setup: Setup) -> dict[str, Term]:
+    """Bytes one GPU's swap files are read and written per optimizer step (ZeRO-Infinity, stage 3).
+
+    Parameters on NVMe (``kit.estimate.nvme.swapped_params``, S_p elements of 16-bit partitions) are read
+    for every forward and backward (2 k p S_p) and written once after the step (p S_p); optimizer states
+    on NVMe (S = the fp32 partition) are read and written once per step: the fp32 master and its states,
+    (1 + K) 4 S each way, and the fp32 gradient, written during backward and read for the step, 4 S each way.
+    """
+    from kit.estimate import nvme as swap
+
+    z, k = setup.zero, setup.batch.grad_accum
+    p = element_bytes(z.precision)
+    read, write = [], []
+    if z.offload_param == "nvme":
+        sp = sum(swap.swapped_params(setup))
+        read.append(Term(2 * k * p * sp, f"2 x k={k} x {p} B x S_p"))
+        write.append(Term(p * sp, f"{p} B x S_p"))
+    if z.offload_optimizer == "nvme":
+        s = partition.partition_numel(setup)
+        states = optimizer_states(z.optimizer, z.momentum)
+        both = Term((2 + states) * FP32 * s, f"(1 + {states} + 1 gradient) x 4 B x S")
+        read.append(both)
+        write.append(both)
+    return {"read": total(read), "write": total(write)}
 
 
 def with_assumptions(assume: Assumptions | None = None, **changes: float) -> Assumptions:

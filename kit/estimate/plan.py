@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from kit import batch as batch_math
-from kit.estimate import perf
+from kit.estimate import partition, perf
 from kit.gpus import catalogue, gpu, prices
+from kit.rules import BASELINES
 from kit.schema import Setup
 from kit.units import GIB, whole_number
 
@@ -46,6 +47,68 @@ SEARCH_VARIANTS = [
 ]
 
 
+def zeropp_variants(gpus_per_node: int) -> list[dict]:
+    """The ZeRO++ variants ``search`` adds on clusters of several nodes, where they pay: hpZ over the
+    whole node, and hpZ + qwZ + qgZ (``perf.zeropp_variants``)."""
+    base = {"stage": 3, "offload_optimizer": "none", "offload_param": "none"}
+    named = perf.zeropp_variants(gpus_per_node)
+    return [{**base, **named["hpZ"]}, {**base, **named["ZeRO++ (hpZ + qwZ + qgZ)"]}]
+
+
+#: PyTorch's own engines ``search`` plans beside ZeRO (not in fp16: they need a loss scaler)
+BASELINE_VARIANTS = [
+    {"engine": engine, "stage": stage, "offload_optimizer": "none", "offload_param": "none"}
+    for engine, stage in BASELINES.values()
+]
+#: ZeRO-Infinity variants ``search`` adds (stage 3): optimizer states on NVMe, then parameters too
+NVME_VARIANTS = [
+    {"stage": 3, "offload_optimizer": "nvme", "offload_param": "none"},
+    {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"},
+]
+#: the swap folder planned setups name when the base Setup has none (nothing is written while planning)
+PLAN_NVME_PATH = "/local_nvme"
+
+
+def _nvme_fields(setup: Setup, change: dict) -> dict:
+    """The NVMe fields a planned variant needs: a swap folder, and a parameter ``buffer_size`` that holds
+    the largest tensor, so any partition of it on any cluster (DeepSpeed asserts it;
+    ``kit.estimate.nvme.problem``)."""
+    if "nvme" not in (change["offload_optimizer"], change["offload_param"]):
+        return {}
+    fields: dict = {"nvme_path": setup.zero.nvme_path or PLAN_NVME_PATH}
+    if change["offload_param"] == "nvme":
+        fields["buffer_size"] = max(setup.zero.buffer_size, partition.largest_tensor(setup))
+    return fields
+
+
+def nvme_slowdown(plan: Plan) -> pd.DataFrame:
+    """The NVMe rows of ``plan`` beside the same setup with CPU offload (optimizer, or optimizer and
+    parameters): ``slowdown`` = step time / CPU offload's step time, ``nvme_gib_per_node`` the swap files."""
+    t = plan.table
+    keys = ["gpu", "nodes", "gpus_per_node", "checkpointing", "micro_batch", "grad_accum"]
+    cpu = t[(t.stage == 3) & (t.offload_optimizer == "cpu") & (t.zeropp == "")]
+    rows = []
+    for param in ("none", "nvme"):
+        nv = t[(t.offload_optimizer == "nvme") & (t.offload_param == param)]
+        same = cpu[cpu.offload_param == ("none" if param == "none" else "cpu")]
+        merged = nv.merge(
+            same[[*keys, "step_s", "per_gpu_gib", "cpu_gib_per_node"]], on=keys, suffixes=("", "_cpu")
+        )
+        rows.append(merged.assign(slowdown=merged.step_s / merged.step_s_cpu))
+    return pd.concat(rows, ignore_index=True).sort_values(["gpu", "gpus", "slowdown"])
+
+
+def _zeropp_fields(label: str) -> dict:
+    """ZeroSettings fields back from ``ZeroSettings.zeropp_label``."""
+    parts = label.split()
+    hpz = next((int(p[3:]) for p in parts if p.startswith("hpz")), 1)
+    return {
+        "hpz_partition_size": hpz,
+        "quantized_weights": "qwz" in parts,
+        "quantized_gradients": "qgz" in parts,
+    }
+
+
 def smallest_cluster(setup: Setup, variants: list[dict] | None = None, max_nodes: int = 64) -> pd.DataFrame:
     """The fewest GPUs of ``setup``'s type on which each ZeRO variant fits (``kit.estimate``'s verdict).
 
@@ -65,12 +128,14 @@ def smallest_cluster(setup: Setup, variants: list[dict] | None = None, max_nodes
     for change in variants:
         found = None
         for nodes, gpus in sizes:
-            candidate = setup.replace(cluster={"nodes": nodes, "gpus_per_node": gpus}, zero=change, batch={})
+            candidate = setup.replace(
+                cluster={"nodes": nodes, "gpus_per_node": gpus}, zero={**perf.ZEROPP_OFF, **change}, batch={}
+            )
             est = estimate(candidate)
             if est.fits[candidate.cluster.gpu]:
                 found = est
                 break
-        label = (found.setup if found else setup.replace(zero=change)).label
+        label = (found.setup if found else setup.replace(zero={**perf.ZEROPP_OFF, **change})).label
         rows.append(
             {
                 "variant": label,
@@ -165,10 +230,16 @@ class Plan:
         return self.base.replace(
             cluster={"nodes": int(row.nodes), "gpus_per_node": int(row.gpus_per_node), "gpu": row.gpu},
             zero={
+                "engine": row.engine,
                 "stage": int(row.stage),
                 "offload_optimizer": row.offload_optimizer,
                 "offload_param": row.offload_param,
                 "activation_checkpointing": bool(row.checkpointing),
+                **_zeropp_fields(row.zeropp),
+                **_nvme_fields(
+                    self.base,
+                    {"offload_optimizer": row.offload_optimizer, "offload_param": row.offload_param},
+                ),
             },
             batch={"micro_batch": int(row.micro_batch), "grad_accum": int(row.grad_accum)},
         )
@@ -182,7 +253,8 @@ class Plan:
 
     def options(self, max_hours: float | None = None) -> pd.DataFrame:
         """``fitting``, keeping only the cheapest batch choice of each GPU type, cluster and ZeRO variant."""
-        variant = ["gpu", "gpus", "stage", "offload_optimizer", "offload_param", "checkpointing"]
+        variant = ["gpu", "gpus", "engine", "stage", "offload_optimizer", "offload_param", "zeropp"]
+        variant.append("checkpointing")
         return self.fitting(max_hours).drop_duplicates(variant)
 
     def pareto(self) -> pd.DataFrame:
@@ -269,16 +341,37 @@ def search(
     sizes = [(1, g) for g in _powers_of_two_up_to(per_node)]
     sizes += [(n, per_node) for n in _powers_of_two_up_to(max_nodes)[1:]]
     rows = []
-    for (nodes, per), change, ckpt in itertools.product(sizes, variants or SEARCH_VARIANTS, checkpointing):
-        if nodes * per == 1 and change["stage"] and change["offload_optimizer"] == "none":
-            continue  # one GPU has nothing to partition: stages 1-3 only matter there for offload
+    baselines = BASELINE_VARIANTS if setup.zero.precision != "fp16" else []
+    combos = [
+        (size, change, ckpt)
+        for size in sizes
+        for change in variants
+        or [
+            *SEARCH_VARIANTS,
+            *NVME_VARIANTS,
+            *(zeropp_variants(size[1]) if size[0] > 1 else []),
+            *baselines,
+        ]
+        for ckpt in checkpointing
+    ]
+    for (nodes, per), change, ckpt in combos:
+        sharded = change["stage"] or change.get("engine", "deepspeed") != "deepspeed"
+        if nodes * per == 1 and sharded and change["offload_optimizer"] == "none":
+            continue  # one GPU has nothing to partition or replicate: stage 0 alone, or offload
         for d in batch_math.decompositions(train_batch, nodes * per):
             candidate = setup.replace(
                 cluster={"nodes": nodes, "gpus_per_node": per},
-                zero={**change, "activation_checkpointing": ckpt},
+                zero={
+                    "engine": "deepspeed",
+                    **perf.ZEROPP_OFF,
+                    **change,
+                    "activation_checkpointing": ckpt,
+                    **_nvme_fields(setup, change),
+                },
                 batch={"micro_batch": d.micro_batch, "grad_accum": d.grad_accum},
             )
             est = estimate(candidate)
+            scope = perf.comm_by_scope(candidate)
             for name, hw in hardware.items():
                 t = perf.step_time(candidate, hw, assume)  # the GPU enters only through hw
                 run = t.run(tokens, rates[name])
@@ -289,9 +382,11 @@ def search(
                         "nodes": nodes,
                         "gpus_per_node": per,
                         "gpus": nodes * per,
+                        "engine": candidate.zero.engine,
                         "stage": change["stage"],
                         "offload_optimizer": change["offload_optimizer"],
                         "offload_param": change["offload_param"],
+                        "zeropp": candidate.zero.zeropp_label,
                         "checkpointing": ckpt,
                         "micro_batch": d.micro_batch,
                         "grad_accum": d.grad_accum,
@@ -299,6 +394,9 @@ def search(
                         "capacity_gib": capacity / GIB,
                         "fits": est.per_gpu_bytes <= capacity * (1 - headroom),
                         "cpu_gib_per_node": est.cpu_bytes_per_node / GIB,
+                        "nvme_gib_per_node": est.nvme_bytes_per_node / GIB,
+                        "comm_intra_gib": scope["intra"] / GIB,
+                        "comm_inter_gib": scope["inter"] / GIB,
                         "step_s": t.step_s,
                         "tokens_per_s": t.tokens_per_s,
                         "hours": run["hours"],

@@ -51,6 +51,8 @@ class Estimate:
     notes: tuple[str, ...] = field(default=())
     #: the activations trace (``kit.estimate.trace.Trace``) when one was made, beside the formula
     trace: Any = None
+    #: ZeRO-Infinity: bytes of swap files on one node's NVMe drives (``kit.estimate.nvme``)
+    nvme_term: Term = NONE
 
     @property
     def components(self) -> dict[str, int]:
@@ -66,6 +68,8 @@ class Estimate:
         out = {k: t.formula for k, t in self.terms.items()}
         out.update({f"host.{k}": t.formula for k, t in self.host_terms.items() if t.bytes})
         out["cpu_per_node"] = self.cpu_term.formula
+        if self.nvme_term.bytes:
+            out["nvme_per_node"] = self.nvme_term.formula
         return out
 
     @property
@@ -76,6 +80,11 @@ class Estimate:
     def model_states_bytes(self) -> int:
         c = self.components
         return c["parameters"] + c["gradients"] + c["optimizer_states"]
+
+    @property
+    def nvme_bytes_per_node(self) -> int:
+        """Bytes of NVMe swap files per node (0 without NVMe offload)."""
+        return self.nvme_term.bytes
 
     @property
     def cpu_bytes_per_node(self) -> int:
@@ -107,6 +116,7 @@ class Estimate:
             "components": self.components,
             "host_bytes_per_rank": self.host,
             "cpu_bytes_per_node": self.cpu_bytes_per_node,
+            "nvme_bytes_per_node": self.nvme_bytes_per_node,
             "checkpoint_bytes": self.checkpoint_bytes,
             "fits": self.fits,
             "formulas": self.formulas,
@@ -123,4 +133,7 @@ class Estimate:
         rows.append(("total per GPU", self.per_gpu_bytes, self.per_gpu_bytes / GIB, "sum of the above"))
         cpu = self.cpu_bytes_per_node
         rows.append(("CPU RAM per node", cpu, cpu / GIB, self.cpu_term.formula))
+        if self.nvme_bytes_per_node:
+            disk = self.nvme_bytes_per_node
+            rows.append(("NVMe per node", disk, disk / GIB, self.nvme_term.formula))
         return pd.DataFrame(rows, columns=["component", "bytes", "GiB", "formula"]).set_index("component")

@@ -4,7 +4,8 @@
 configuration, stacked by component, the estimate beside the measurement. ``estimated_memory``:
 estimates alone (no run), stacked by component against each GPU's capacity. ``comm_volume``: bytes one
 rank puts on the wire per step, by collective. ``loss_curves``: loss per step of every configuration,
-on one axis (ZeRO stages should overlap: sharding does not change the math).
+on one axis (ZeRO stages should overlap: sharding does not change the math). ``heartbeats``: memory and
+samples/s of every rank over time, from a ``kit.monitor.Snapshot``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from matplotlib.ticker import MaxNLocator
 
 from kit.components import MEASURED
 from kit.run.results import Results
-from kit.units import GIB, MB
+from kit.units import GIB, MB, MIB
 
 #: one colour per memory component, in every figure of the kit
 COLORS = {
@@ -68,9 +69,11 @@ def memory(results: Results) -> Figure:
 
 
 def comm_volume(results: Results) -> Figure:
-    """Bytes one rank sends per step, stacked by collective (all-reduce, reduce-scatter, all-gather...).
+    """Bytes one rank sends per step, stacked by collective (all-reduce, reduce-scatter, all-gather...),
+    with the prediction (``kit.estimate.perf.comm_bytes``) as a black tick on each bar.
 
-    From DeepSpeed's comms logger, scaled to wire bytes (``kit.rules.wire_factor``).
+    From DeepSpeed's comms logger (a PyTorch baseline's own hooks), scaled to wire bytes
+    (``kit.rules.wire_factor``).
     """
     from kit.rules import wire_factor
 
@@ -87,6 +90,9 @@ def comm_volume(results: Results) -> Figure:
         for op in ops
     }
     _stack(ax, list(last["label"]), series)
+    if "estimate_comm_wire_bytes" in last:
+        ax.scatter(range(len(last)), last["estimate_comm_wire_bytes"] / MB, marker="_", s=900, color="black",
+                   linewidths=2, zorder=3, label="estimate")  # fmt: skip
     ax.set_ylabel("MB sent per rank per step")
     ax.set_title("Communication volume per configuration")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -231,4 +237,31 @@ def batch_schedule(results: Results) -> Figure:
     for ax in (batch_ax, memory_ax, speed_ax):
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return fig
+
+
+def heartbeats(snapshot) -> Figure:
+    """Memory (GPU allocated, or RSS on CPU) and samples/s of every rank over time, from the heartbeats
+    of a ``kit.monitor.Snapshot``: one line per rank, seconds since the folder's first heartbeat."""
+    history = snapshot.history_frame()
+    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    memory_ax, speed_ax = fig.subplots(1, 2, sharex=True)
+    if len(history):
+        for (node, rank), group in history.groupby(["node", "rank"], sort=True):
+            label = f"{node} rank {rank}"
+            memory_ax.plot(
+                group["seconds"], group["memory_bytes"].astype(float) / MIB, marker=".", label=label
+            )
+            speed = group.dropna(subset=["samples_per_s"])
+            speed_ax.plot(speed["seconds"], speed["samples_per_s"].astype(float), marker=".", label=label)
+    kinds = {row["memory"] for row in snapshot.ranks}
+    memory_ax.set_title("Memory per rank" + (" (RSS: CPU ranks)" if kinds == {"rss"} else ""))
+    memory_ax.set_ylabel("MiB")
+    memory_ax.set_ylim(bottom=0)
+    speed_ax.set_title("Throughput per rank")
+    speed_ax.set_ylabel("samples / s")
+    speed_ax.set_ylim(bottom=0)
+    for ax in (memory_ax, speed_ax):
+        ax.set_xlabel("seconds since the first heartbeat")
+    memory_ax.legend(fontsize="x-small")
     return fig

@@ -219,6 +219,7 @@ def states_check(results: Results) -> pd.DataFrame:
             continue
         predictions[key] = rank_states(Setup.model_validate(record["setup"]), record["rank"])
         measured = {"device": record["measured"], "host": record["measured_host"]}
+        measured["nvme"] = {"buffers": 0, **(record.get("measured_nvme") or {})}  # swap files hold no buffers
         for where, predicted in predictions[key].items():
             for component, value in predicted.items():
                 rows.append(
@@ -239,3 +240,149 @@ def states_check(results: Results) -> pd.DataFrame:
 def _stage(stage: int) -> None:
     if stage not in SHARDED:
         raise ValueError(f"stage: choose 0, 1, 2 or 3, got {stage!r}")
+
+
+def zeropp_table(setup: Setup) -> pd.DataFrame:
+    """ZeRO-3 beside its ZeRO++ variants for ``setup``'s model and cluster (``perf.zeropp_variants``):
+    memory per GPU, the ZeRO++ paper's cross-node volume per collective in units of M (16-bit model bytes;
+    ``kit.rules.zeropp_paper_volume``: 3 M for ZeRO-3, 0.5 + 0 + 0.25 = 0.75 M for all three) and this
+    model's bytes per GPU per step inside the node and across nodes (``perf.collectives``) with the
+    communication time of the step-time model."""
+    from kit.estimate import estimate, perf
+    from kit.rules import ZERO3_COLLECTIVES, zeropp_paper_volume
+
+    rows = []
+    for name, change in perf.zeropp_variants(setup.cluster.gpus_per_node).items():
+        s = setup.replace(
+            zero={
+                "stage": 3,
+                "hpz_partition_size": 1,
+                "quantized_weights": False,
+                "quantized_gradients": False,
+            }
+            | change
+        )
+        z, e = s.zero, estimate(s)
+        paper = zeropp_paper_volume(z.hpz_partition_size > 1, z.quantized_weights, z.quantized_gradients)
+        scope = perf.comm_by_scope(s)
+        rows.append(
+            {
+                "setting": name,
+                "label": s.label,
+                "per_gpu_gib": e.per_gpu_bytes / 2**30,
+                "parameters_gib": e.components["parameters"] / 2**30,
+                **{f"paper {c} (M)": paper[c] for c in ZERO3_COLLECTIVES},
+                "paper cross-node (M)": sum(paper.values()),
+                "intra-node GiB/GPU": scope["intra"] / 2**30,
+                "inter-node GiB/GPU": scope["inter"] / 2**30,
+                "comm s": perf.step_time(s).comm.seconds,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def zeropp_measured(records: list[dict]) -> pd.DataFrame:
+    """Per configuration and rank of a multi-node run (``kit.scaleout.local_nodes``): parameter bytes
+    measured beside ``rank_states`` (hpZ's secondary partition included), and the bytes sent per step
+    inside the node and across nodes, measured (``comm_scope_wire_bytes``) beside ``perf.comm_by_scope``."""
+    from kit.estimate import perf, rank_states
+
+    rows = []
+    for r in records:
+        if r.get("status") != "ok":
+            continue
+        setup = Setup.model_validate(r["setup"])
+        predicted = perf.comm_by_scope(setup)
+        rows.append(
+            {
+                "label": r["label"],
+                "rank": r["rank"],
+                "step": r["step"],
+                "parameters measured": r["measured"]["parameters"],
+                "parameters estimated": rank_states(setup, r["rank"])["device"]["parameters"],
+                "intra-node sent": r["comm_scope_wire_bytes"]["intra"],
+                "intra-node predicted": predicted["intra"],
+                "inter-node sent": r["comm_scope_wire_bytes"]["inter"],
+                "inter-node predicted": predicted["inter"],
+            }
+        )
+    return pd.DataFrame(rows).sort_values(["label", "rank", "step"], ignore_index=True)
+
+
+def infinity_table(batch: int = 32, gpu_batch: int = 4, seq: int = 1024, ci: int = 1) -> pd.DataFrame:
+    """The ZeRO-Infinity paper's memory requirements per model size (its Figure 2a,
+    ``kit.estimate.infinity``): model states and activation checkpoints in TiB for the whole model,
+    working memory per GPU in GiB."""
+    from kit.estimate import infinity
+
+    rows = []
+    for name, (layers, hidden, heads) in infinity.PAPER_MODELS.items():
+        m = infinity.memory(layers, hidden, heads, batch=batch, gpu_batch=gpu_batch, seq=seq, ci=ci)
+        rows.append(
+            {
+                "model": name,
+                "params (T)": m.params / 1e12,
+                "layers": layers,
+                "hidden": hidden,
+                "heads": heads,
+                "model states (TiB)": m.model_states / 2**40,
+                "act. checkpoints (TiB)": m.activation_checkpoints / 2**40,
+                "model-state working mem per GPU (GiB)": m.model_state_working / 2**30,
+                "act. working mem per GPU (GiB)": m.activation_working / 2**30,
+            }
+        )
+    return pd.DataFrame(rows).set_index("model")
+
+
+def infinity_bandwidth(
+    batches: tuple[int, ...] = (1, 2, 4, 8, 16),
+    hidden: int = 2048,
+    seq: int = 1024,
+    peak_tflops: float = 70.0,
+) -> pd.DataFrame:
+    """GB/s each tier needs for 50% and 90% efficiency (the paper's section 4, ``kit.estimate.infinity``):
+    parameters and gradients and optimizer states per batch size per GPU, activation checkpoints at
+    ``hidden``."""
+    from kit.estimate import infinity
+
+    rows = []
+    for tier in ("params_grads", "optimizer_states", "activation_checkpoints"):
+        for b in batches if tier != "activation_checkpoints" else (1,):
+            ait = infinity.intensity(tier, seq=seq, batch=b, hidden=hidden)
+            row = {"tier": tier, "batch per GPU": b if tier != "activation_checkpoints" else None, "ait": ait}
+            for e in (0.5, 0.9):
+                row[f"GB/s for {e:.0%}"] = infinity.bandwidth_for(e, ait, peak_tflops)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def nvme_table(setup: Setup, nvme_path: str = "/local_nvme") -> pd.DataFrame:
+    """Stage 3 with CPU offload beside ZeRO-Infinity's NVMe offload for ``setup``'s model and cluster:
+    GiB per GPU, pinned CPU RAM and swap files per node, predicted step time and slowdown vs CPU offload
+    (``kit.estimate``, ``kit.estimate.perf``; parameter ``buffer_size`` sized to the largest tensor)."""
+    from kit.estimate import estimate, partition, perf
+
+    base = setup.replace(zero={"stage": 3})
+    size = max(base.zero.buffer_size, partition.largest_tensor(base))
+    variants = {
+        "CPU: optimizer": {"offload_optimizer": "cpu", "offload_param": "none"},
+        "CPU: optimizer + params": {"offload_optimizer": "cpu", "offload_param": "cpu"},
+        "NVMe: optimizer": {"offload_optimizer": "nvme", "offload_param": "none"},
+        "NVMe: optimizer + params": {"offload_optimizer": "nvme", "offload_param": "nvme"},
+    }
+    rows, steps = [], {}
+    for name, zero in variants.items():
+        s = base.replace(zero={**zero, "nvme_path": nvme_path, "buffer_size": size})
+        e, t = estimate(s), perf.step_time(s)
+        steps[name] = t.step_s
+        rows.append(
+            {
+                "variant": name,
+                "GPU GiB": e.per_gpu_bytes / 2**30,
+                "CPU RAM GiB per node": e.cpu_bytes_per_node / 2**30,
+                "NVMe GiB per node": e.nvme_bytes_per_node / 2**30,
+                "step s": t.step_s,
+                "slowdown vs CPU": t.step_s / steps[name.replace("NVMe", "CPU")],
+            }
+        )
+    return pd.DataFrame(rows).set_index("variant")

@@ -24,8 +24,9 @@ import ipywidgets as w
 from IPython.display import clear_output, display
 from pydantic import ValidationError
 
+from kit import monitor
 from kit.gpus import gpu_names
-from kit.rules import offload_problem
+from kit.rules import BASELINES, offload_problem
 from kit.run.sweep import toy_setup
 from kit.schema import ModelSpec, Setup, explain
 from kit.units import GIB, MIB, parse_count
@@ -36,6 +37,8 @@ ERRORS = (ValidationError, ValueError, OSError)
 #: room for the longest control label ("offload optimizer") so none is cut off; every label of a panel
 #: has this width, so that the labels line up in columns
 DESCRIPTION_WIDTH = "115px"
+#: the swap folder the memory panel offers for NVMe offload (it estimates; nothing is written)
+NVME_PATH = "/local_nvme"
 #: the width of one control, its label included: the forms are columns of this width
 CELL = "265px"
 #: a slider's width: two to a row, with room for the track
@@ -88,9 +91,17 @@ class MemoryPanel:
             value=base.cluster.gpus_per_node, min=1, max=64, description="GPUs per node"
         )
         self.stage = _toggle([0, 1, 2, 3], z.stage, "ZeRO stage", "42px")
-        self.offload_optimizer = _toggle(["none", "cpu"], z.offload_optimizer, "offload optimizer", "84px")
-        self.offload_param = _toggle(["none", "cpu"], z.offload_param, "offload params", "84px")
+        self.offload_optimizer = _toggle(
+            ["none", "cpu", "nvme"], z.offload_optimizer, "offload optimizer", "56px"
+        )
+        self.offload_param = _toggle(["none", "cpu", "nvme"], z.offload_param, "offload params", "56px")
+        # ZeRO-Infinity: the swap folder NVMe offload writes to (one for both offloads)
+        self.nvme_path = w.Text(value=z.nvme_path or NVME_PATH, description="NVMe path")
         self.offload_reason = w.HTML()
+        # ZeRO++ (stage 3): hpZ's in-node secondary partition, qwZ int8 weights, qgZ int4 gradients
+        self.hpz = w.BoundedIntText(value=z.hpz_partition_size, min=1, max=64, description="hpZ size")
+        self.quantized_weights = w.Checkbox(value=z.quantized_weights, description="qwZ int8 weights")
+        self.quantized_gradients = w.Checkbox(value=z.quantized_gradients, description="qgZ int4 gradients")
         self.precision = _toggle(["fp32", "fp16", "bf16"], z.precision, "precision", "56px")
         self.optimizer = w.Dropdown(
             options=["adamw", "adam", "sgd"], value=z.optimizer, description="optimizer"
@@ -143,7 +154,9 @@ class MemoryPanel:
                 _section("ZeRO"),
                 _row(self.stage, self.precision),
                 _row(self.offload_optimizer, self.offload_param),
+                self.nvme_path,
                 _row(self.optimizer, self.activation_checkpointing),
+                _row(self.hpz, self.quantized_weights, self.quantized_gradients),
                 self.offload_reason,
                 _section("Batch"),
                 _row(self.micro_batch, self.batch_by),
@@ -228,9 +241,16 @@ class MemoryPanel:
             "stage": self.stage.value,
             "offload_optimizer": self.offload_optimizer.value,
             "offload_param": self.offload_param.value,
+            # the path box counts only when something goes to NVMe (else the Setup keeps its own)
+            "nvme_path": (self.nvme_path.value.strip() or None)
+            if "nvme" in (self.offload_optimizer.value, self.offload_param.value)
+            else base.zero.nvme_path,
             "precision": self.precision.value,
             "optimizer": self.optimizer.value,
             "activation_checkpointing": self.activation_checkpointing.value,
+            "hpz_partition_size": self.hpz.value,
+            "quantized_weights": self.quantized_weights.value,
+            "quantized_gradients": self.quantized_gradients.value,
             "reduce_bucket_size": round(self.reduce_bucket.value),
             "allgather_bucket_size": round(self.allgather_bucket.value),
             "prefetch_bucket_size": round(self.prefetch_bucket.value),
@@ -279,6 +299,10 @@ class MemoryPanel:
                 if problem:
                     control.value = "none"
                     reasons.append(": ".join(problem))
+                elif control.value == "nvme" and stage != 3:
+                    control.value = "cpu"  # stages 1-2 have no NVMe swapper
+                    reasons.append(": ".join(offload_problem(stage, **{**asked, field: "nvme"})))
+            self.nvme_path.disabled = "nvme" not in (self.offload_optimizer.value, self.offload_param.value)
             self.offload_reason.value = "".join(
                 f"<div style='margin-left:{DESCRIPTION_WIDTH};color:#666'><i>{html.escape(r)}</i></div>"
                 for r in reasons
@@ -290,6 +314,14 @@ class MemoryPanel:
             self.grad_accum.disabled = self.batch_by.value != "grad_accum"
             self.train_batch.disabled = self.batch_by.value != "train_batch"
             self.prefetch_bucket.disabled = self.max_live_parameters.disabled = stage != 3
+            for control, off in (
+                (self.hpz, 1),
+                (self.quantized_weights, False),
+                (self.quantized_gradients, False),
+            ):
+                control.disabled = stage != 3  # ZeRO++ is stage 3 only (kit.rules.zeropp_problem)
+                if stage != 3:
+                    control.value = off
             self.allgather_bucket.disabled = stage not in (1, 2)
 
     def _render(self) -> None:
@@ -317,6 +349,11 @@ class MemoryPanel:
                 "CPU RAM per node",
                 f"{est.cpu_bytes_per_node / GIB:,.2f} GiB" + (f" of {ram / GIB:,.0f} GiB" if ram else ""),
             ),
+            *(
+                [("NVMe per node", f"<span class='zk-nvme'>{est.nvme_bytes_per_node / GIB:,.2f} GiB</span>")]
+                if est.nvme_bytes_per_node
+                else []
+            ),
             ("batch", f"{b.micro_batch} x {setup.dp} x {b.grad_accum} = {b.train_batch:,}"),
             ("", "<span style='color:#666'>micro x GPUs x grad accum</span>"),
         ]
@@ -342,6 +379,9 @@ class MemoryPanel:
             self.stage,
             self.offload_optimizer,
             self.offload_param,
+            self.hpz,
+            self.quantized_weights,
+            self.quantized_gradients,
             self.precision,
             self.optimizer,
             self.micro_batch,
@@ -408,7 +448,7 @@ class ComparisonPanel:
         self,
         setup: Setup | None = None,
         *,
-        stages: tuple[int, ...] = (0, 1, 2, 3),
+        stages: tuple[int | str, ...] = (0, 1, 2, 3),
         nprocs: int = 2,
         steps: int = 5,
         runs_dir: str | Path = "runs",
@@ -426,8 +466,9 @@ class ComparisonPanel:
         m, z, b = self.base.model, self.base.zero, self.base.batch
         #: the toy GPT's shape is edited here; any other model (an HF config, a model file) runs as given
         self.toy = m.family == "gpt2" and m.name.startswith("toy-")
+        #: ZeRO stages (ints) and PyTorch's own engines beside them (their names, kit.rules.BASELINES)
         self.stages = w.SelectMultiple(
-            options=[0, 1, 2, 3], value=tuple(stages), description="stages", rows=4
+            options=[*BASELINES, 0, 1, 2, 3], value=tuple(stages), description="stages", rows=7
         )
         self.micro_batches = w.SelectMultiple(
             options=sorted({1, 2, 4, 8, 16, 32, b.micro_batch}),
@@ -576,6 +617,11 @@ class ComparisonPanel:
             self._thread.join(timeout)
         return not self.busy
 
+    def monitor(self, **options: Any) -> MonitorPanel:
+        """The live view of every rank of this panel's sweep (``monitor_panel(runs_dir/sweep)``): display
+        its ``.widget`` in another cell while the sweep runs."""
+        return MonitorPanel(Path(self.runs_dir.value) / self.sweep.value, **options)
+
     def _check_can_run(self) -> None:
         if self.busy:
             raise ValueError("run: a sweep is already running; wait for it or press Stop")
@@ -701,7 +747,7 @@ class ComparisonPanel:
         from kit.models import toy_spec
 
         if not self.stages.value:
-            raise ValueError("stages: choose at least one of 0, 1, 2, 3")
+            raise ValueError(f"stages: choose at least one of {', '.join(BASELINES)}, 0, 1, 2, 3")
         if not self.micro_batches.value:
             raise ValueError("micro_batch: choose at least one micro batch")
         spec = (
@@ -728,17 +774,19 @@ class ComparisonPanel:
         )
         none = {"offload_optimizer": "none", "offload_param": "none"}
         setups = []
-        for stage in sorted(self.stages.value):
-            variants = [none]
-            if self.offload_optimizer.value and stage >= 1:
+        for choice in (c for c in self.stages.options if c in self.stages.value):
+            engine, stage = BASELINES.get(choice, ("deepspeed", choice))
+            variants = [none]  # the baselines run without offload
+            if self.offload_optimizer.value and stage >= 1 and engine == "deepspeed":
                 variants.append({**none, "offload_optimizer": "cpu"})
-            if self.offload_param.value and stage == 3:
+            if self.offload_param.value and stage == 3 and engine == "deepspeed":
                 variants.append({"offload_optimizer": "cpu", "offload_param": "cpu"})
             for micro in sorted(self.micro_batches.value):
                 for offload in variants:
                     # a schedule of global batches keeps each configuration's micro batch (more grad accum)
                     batch = {"micro_batch": micro, "schedule": self.batch_schedule.value.strip() or ()}
-                    setups.append(base.replace(zero={"stage": stage, **offload}, batch=batch))
+                    zero = {"engine": engine, "stage": stage, **offload}
+                    setups.append(base.replace(zero=zero, batch=batch))
         return setups
 
     def _inputs(self) -> list[w.ValueWidget]:
@@ -886,6 +934,141 @@ def comparison_panel(setup: Setup | None = None, **options: Any) -> ComparisonPa
     return ComparisonPanel(setup, **options)
 
 
+class MonitorPanel:
+    """Every rank of a running job, from the heartbeats its ranks append to ``folder`` (``kit.monitor``: a
+    sweep folder ``runs/NAME``, or the folder a training loop passes to ``kit.monitor.heartbeat``).
+
+    A line for the job, a table of averages per node, a row per rank (state: online, stale, offline,
+    finished or failed; step, samples/s, loss, memory now and its peak, age of its last heartbeat) and the
+    memory and throughput of every rank over time (``kit.lab.plots.heartbeats``). ``refresh()`` reads the
+    folder again (the Refresh button calls it); "auto refresh" (``start()`` / ``stop()``) calls it every
+    ``interval_s`` seconds from a background timer. State: ``snapshot`` (the last ``kit.monitor.Snapshot``,
+    None while the folder holds no heartbeats) and ``error`` (one line, or None).
+    """
+
+    def __init__(
+        self,
+        folder: str | Path,
+        *,
+        interval_s: float = 2.0,
+        stale_s: float = monitor.STALE_S,
+        offline_s: float = monitor.OFFLINE_S,
+        auto: bool = False,
+    ):
+        self.folder, self.interval_s, self.stale_s, self.offline_s = (
+            Path(folder),
+            interval_s,
+            stale_s,
+            offline_s,
+        )
+        self.snapshot: monitor.Snapshot | None = None
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._timer: threading.Thread | None = None
+        self.refresh_button = _button("Refresh", "refresh")
+        self.auto = w.Checkbox(value=False, description=f"auto refresh every {interval_s:g} s", indent=False)
+        self.message = w.HTML()
+        self.nodes = w.HTML()
+        self.ranks = w.HTML()
+        self.plot = w.Image(format="png", layout=w.Layout(max_width="100%"))
+        self.refresh_button.on_click(lambda _: self.refresh())
+        self.auto.observe(lambda change: self.start() if change["new"] else self.stop(), names="value")
+        self.widget = w.VBox(
+            [
+                w.HTML(
+                    f"<b>Live view of every rank</b>: heartbeats in <code>{html.escape(str(folder))}</code>"
+                ),
+                _row(self.refresh_button, self.auto),
+                self.message,
+                self.nodes,
+                self.ranks,
+                self.plot,
+            ]
+        )
+        self.widget.add_class("zk-monitor-panel")
+        self.refresh()
+        self.auto.value = auto
+
+    def refresh(self) -> monitor.Snapshot | None:
+        """Read the heartbeats again and redraw; returns the snapshot (None while there is none)."""
+        from kit.lab import plots
+
+        try:
+            snap = monitor.read(self.folder, stale_s=self.stale_s, offline_s=self.offline_s)
+        except ValueError as error:
+            self.snapshot, self.error = None, _one_line(error)
+            self.message.value = f"<span style='color:#b00'>{html.escape(self.error)}</span>"
+            self.nodes.value = self.ranks.value = ""
+            return None
+        self.snapshot, self.error, job = snap, None, snap.job
+        states = ", ".join(f"{n} {s}" for s, n in job["states"].items() if n)
+        stamp = time.strftime("%H:%M:%S", time.localtime(snap.time))
+        self.message.value = (
+            f"{job['ranks']} rank(s) of world size {job['world_size']} on {job['nodes']} node(s): "
+            f"<b>{html.escape(states)}</b> at {stamp} (stale after {snap.stale_s:g} s without a heartbeat, "
+            f"offline after {snap.offline_s:g} s)"
+        )
+        groups = [*snap.nodes, {"node": "job", **job}]
+        self.nodes.value = table_html(
+            ["node", "ranks", "states", "steps", "mean samples/s", "mean memory MiB", "peak MiB",
+             "mean util %"],
+            [
+                [
+                    g["node"], g["ranks"], ", ".join(f"{n} {s}" for s, n in g["states"].items() if n),
+                    f"{g['step_min']}-{g['step_max']}" if g["step_min"] != g["step_max"] else g["step_min"],
+                    g["samples_per_s_mean"], _mib(g["memory_bytes_mean"]), _mib(g["peak_bytes_max"]),
+                    g["gpu_util_percent_mean"],
+                ]
+                for g in groups
+            ],
+            ["{}", "{:,}", "{}", "{}", "{:,.1f}", "{:,.1f}", "{:,.1f}", "{:.0f}"],
+            bold_rows=(len(groups) - 1,),
+        )  # fmt: skip
+        self.ranks.value = table_html(
+            ["node", "rank", "state", "age s", "step", "samples/s", "loss", "memory MiB", "peak MiB",
+             "util %", "configuration"],
+            [
+                [
+                    r["node"], r["rank"], r["state"], r["age_s"], r["step"], r["samples_per_s"], r["loss"],
+                    _mib(r["memory_bytes"]), _mib(r["peak_bytes"]), r["gpu_util_percent"],
+                    " ".join(filter(None, (r["label"], r["error"]))),
+                ]
+                for r in snap.ranks
+            ],
+            ["{}", "{}", "{}", "{:,.1f}", "{}", "{:,.1f}", "{:.4f}", "{:,.1f}", "{:,.1f}", "{:.0f}", "{}"],
+        )  # fmt: skip
+        self.plot.value = figure_png(plots.heartbeats(snap))
+        return snap
+
+    def start(self) -> None:
+        """Refresh every ``interval_s`` seconds from a background timer, until ``stop()``."""
+        if self._timer is not None and self._timer.is_alive():
+            return
+        self._stop.clear()
+        self._timer = threading.Thread(target=self._tick, name="zerokit-monitor", daemon=True)
+        self._timer.start()
+
+    def stop(self) -> None:
+        """Stop the timer (the last view stays)."""
+        self._stop.set()
+        if self._timer is not None:
+            self._timer.join(timeout=10)
+        self.auto.value = False
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.refresh()
+            except Exception as error:  # shown in the panel: a thread's traceback would go nowhere
+                self.message.value = f"<span style='color:#b00'>{html.escape(_one_line(error))}</span>"
+
+
+def monitor_panel(folder: str | Path, **options: Any) -> MonitorPanel:
+    """The live view of every rank from ``folder``'s heartbeats (options: interval_s, stale_s, offline_s,
+    auto); display ``.widget``."""
+    return MonitorPanel(folder, **options)
+
+
 def default_setup() -> Setup:
     """A 7B-class preset on one node of 8 H100s, ZeRO-2 bf16, micro batch 1."""
     from kit import models
@@ -924,14 +1107,19 @@ def formula_table_html(est) -> str:
     """The estimate's components as a table: GiB, bytes with separators, and the formula behind each."""
     rows = [[name.replace("_", " "), t.bytes / GIB, t.bytes, t.formula] for name, t in est.terms.items()]
     rows.append(["total per GPU", est.per_gpu_bytes / GIB, est.per_gpu_bytes, "sum of the above"])
+    total_row = len(rows) - 1
     rows.append(
         ["CPU RAM per node", est.cpu_bytes_per_node / GIB, est.cpu_bytes_per_node, est.cpu_term.formula]
     )
+    if est.nvme_bytes_per_node:
+        rows.append(
+            ["NVMe per node", est.nvme_bytes_per_node / GIB, est.nvme_bytes_per_node, est.nvme_term.formula]
+        )
     return table_html(
         ["component", "GiB", "bytes", "formula"],
         rows,
         ["{}", "{:,.2f}", "{:,}", "{}"],
-        bold_rows=(len(rows) - 2,),
+        bold_rows=(total_row,),
     )
 
 
@@ -990,6 +1178,10 @@ def _facts_html(facts: list[tuple[str, str]]) -> str:
         for k, v in facts
     )
     return f"<table style='font-size:13px;margin-left:12px'>{rows}</table>"
+
+
+def _mib(nbytes) -> float | None:
+    return None if nbytes is None else nbytes / MIB
 
 
 def _missing(value) -> bool:

@@ -46,7 +46,8 @@ def build_engine(setup: Setup, seed: int = 0, *, comms_logger: bool = False) -> 
     from kit import workloads
     from kit.ds_config import to_ds_config
 
-    config = to_ds_config(setup, torch_adam=True)
+    baseline = setup.zero.engine != "deepspeed"
+    config = {} if baseline else to_ds_config(setup, torch_adam=True)
     if comms_logger:
         config["comms_logger"] = {"enabled": True, "prof_all": True}
     init_distributed()
@@ -54,10 +55,14 @@ def build_engine(setup: Setup, seed: int = 0, *, comms_logger: bool = False) -> 
         get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", 0)))
     workload = workloads.for_model(setup.model)
     torch.manual_seed(seed)
-    zero_init = setup.zero.stage == 3 and setup.zero.zero_init
+    zero_init = setup.zero.stage == 3 and setup.zero.zero_init and not baseline
     with workload.partitioned(config) if zero_init else contextlib.nullcontext():
         model = workload.build()
     checkpointing = Checkpointing(model) if setup.zero.activation_checkpointing else None
+    if baseline:  # PyTorch's DDP or FSDP, stepped as DeepSpeed steps its engine
+        from kit.ranks import baselines
+
+        return Built(baselines.wrap(model, setup), model, workload, checkpointing)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     return Built(engine, model, workload, checkpointing)
 
@@ -194,12 +199,17 @@ def teardown(engine) -> None:
     """Free an engine so the next one starts clean (drop your own references to it and its tensors first).
 
     Calls ``engine.destroy()``, clears ZeRO-3's global forward-module stack and the parameter
-    coordinator's release cache (an ``lru_cache`` holding the engine), then collects garbage.
+    coordinator's release cache (an ``lru_cache`` holding the engine), forgets ZeRO++ hpZ's process group
+    (DeepSpeed asserts that none exists when the next hpZ engine creates its own), then collects garbage.
     """
     from deepspeed.accelerator import get_accelerator
     from deepspeed.runtime.zero import parameter_offload, partitioned_param_coordinator
+    from deepspeed.utils import groups
 
     engine.destroy()
+    hpz_group = groups._get_zero_param_intra_parallel_group()
+    if hpz_group is not None:
+        groups._release_process_group_references(hpz_group)
     parameter_offload.FWD_MODULE_STACK.clear()
     coordinator = partitioned_param_coordinator.PartitionedParameterCoordinator
     _lru_cache_of(coordinator._PartitionedParameterCoordinator__params_to_release).cache_clear()
@@ -235,14 +245,14 @@ class Checkpointing:
 
     def __init__(self, model):
         import deepspeed
-        import torch
+
+        from kit import workloads
 
         self.observers: list = []
-        lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-        if not lists:
+        if not workloads.blocks(model):
             raise ValueError("activation_checkpointing: the model has no list of blocks to checkpoint")
         deepspeed.checkpointing.configure(None, partition_activations=False)
-        for block in max(lists, key=len):
+        for block in workloads.blocks(model):
             block.forward = self._checkpointed(block.forward, deepspeed.checkpointing.checkpoint)
 
     @contextlib.contextmanager

@@ -7,11 +7,11 @@ else is here. All functions run inside a launched rank, on GPU or on the CPU acc
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections.abc import Iterator
 
 from kit.estimate.perf import model_flops
+from kit.monitor import rss_bytes
 from kit.schema import Setup
 
 
@@ -80,14 +80,15 @@ class SavedActivations:
         lets it see the inputs checkpointed blocks keep and their recomputation."""
         import torch
 
-        params = [p for p in model.parameters()]
+        # FSDP2's parameters are DTensors: their storage is the local shard's
+        params = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
         # storage sizes a parameter can have (ZeRO-3 gathers into a buffer padded to a multiple of
         # the world size): only a saved tensor of such a size is compared with every parameter
         sizes = {p.untyped_storage().nbytes() for p in params} | {_gathered_bytes(p) for p in params}
 
         def pack(t):
-            if isinstance(t, torch.nn.Parameter) or not t.numel():
-                return t
+            if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter) or not t.numel():
+                return t  # a parameter, or a view of one (FSDP2's gathered parameters are new ones)
             into = self.saved if self._recomputed is None else self._recomputed
             key = _storage_key(t)
             if key in into:
@@ -143,22 +144,20 @@ def peaks() -> dict[str, int | None]:
 
 def peak_rss_bytes() -> int | None:
     """This process's resident-set high-water mark (VmHWM in /proc/self/status), None off Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            match = re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.MULTILINE)
-    except OSError:
-        return None
-    return int(match.group(1)) * 1024 if match else None
+    return rss_bytes(peak=True)
 
 
 def comm_bytes() -> dict[str, int]:
-    """Bytes DeepSpeed's comms logger recorded since the last ``reset_comm``, per collective type.
+    """Bytes DeepSpeed's comms logger recorded since the last ``reset_comm``, per collective type, plus
+    what a PyTorch baseline sent (``kit.ranks.baselines.COUNTER``, counted in the logger's convention).
 
     Op names are folded to their family (``all_gather_into_tensor`` -> ``all_gather``).
     """
     from deepspeed.comm import comm
 
-    totals: dict[str, int] = {}
+    from kit.ranks.baselines import COUNTER
+
+    totals: dict[str, int] = dict(COUNTER.sent)
     for name, sizes in comm.comms_logger.comms_dict.items():
         op = _collective(name)
         totals[op] = totals.get(op, 0) + sum(size * entry[0] for size, entry in sizes.items())
@@ -166,14 +165,25 @@ def comm_bytes() -> dict[str, int]:
 
 
 def reset_comm() -> None:
-    """Forget what the comms logger recorded (call before the step to be measured)."""
+    """Forget what the comms logger and a baseline's counter recorded (call before the measured step)."""
     from deepspeed.comm import comm
 
+    from kit.ranks.baselines import COUNTER
+
     comm.comms_logger.reset_data()
+    COUNTER.reset()
 
 
 def _collective(name: str) -> str:
-    for family in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier"):
+    for family in (
+        "all_reduce",
+        "reduce_scatter",
+        "all_gather",
+        "all_to_all",
+        "broadcast",
+        "reduce",
+        "barrier",
+    ):
         if name.startswith(family):
             return family
     return name

@@ -2,7 +2,8 @@
 
 Walks the engine's module (parameters, their ``.grad`` and ZeRO-3 ``ds_tensor`` partitions) and the
 ZeRO optimizer's attributes (lists, dicts, the wrapped torch optimizer and its ``state``), counts
-each storage once (by storage pointer and device) and sorts it into parameters, gradients,
+each storage once (by storage pointer and device) and sorts it into parameters (ZeRO++ hpZ's
+``ds_secondary_tensor`` included), gradients,
 optimizer states or buffers by the structure it was found in. Scalars (step counters, norms, flags)
 are left out. This is the measured side of ``kit.estimate.rank_states``.
 """
@@ -17,21 +18,28 @@ from kit.components import HELD
 #: (pattern on the path where a storage is first found, component); first match wins.
 RULES = [
     (r"\.grad$|averaged_gradients|grads_in_partition|grad_partitions_flat_buffer", "gradients"),
-    (r"all_grad_tensors|fp32_groups_gradient", "gradients"),
-    (r"ipg_|temp_grad_buffer|param_buffer_of_bit16", "buffers"),
+    (r"all_grad_tensors|fp32_groups_gradient|unswapped_gradients", "gradients"),
+    (r"ipg_|temp_grad_buffer|param_buffer_of_bit16|nvme_swapper", "buffers"),
     (r"\.state\[|single_partition_of_fp32|fp32_partitioned_groups_flat|fp32_groups", "optimizer_states"),
     (r"param_groups", "optimizer_states"),
-    (r"^module\.|bit16_groups_flat|fp16_partitioned_groups_flat|ds_tensor", "parameters"),
+    (r"^module\.|bit16_groups_flat|fp16_partitioned_groups_flat|ds_tensor|ds_secondary_tensor", "parameters"),
 ]
 #: Structures DeepSpeed puts in CPU RAM when offloading (used when the accelerator itself is the CPU).
 OFFLOADED_WITH_OPTIMIZER = r"\.state\[|single_partition_of_fp32|fp32_partitioned_groups_flat|param_groups|"
 OFFLOADED_WITH_OPTIMIZER += r"grad_partitions_flat_buffer|temp_grad_buffer_for_cpu|param_buffer_of_bit16"
-OFFLOADED_WITH_PARAMS = r"ds_tensor|fp16_partitioned_groups_flat"
+OFFLOADED_WITH_PARAMS = r"ds_tensor|ds_secondary_tensor|fp16_partitioned_groups_flat"
+#: NVMe offload's pinned staging buffers in CPU RAM (the swappers' buffer pools)
+NVME_SWAP_BUFFERS = r"swapper|param_groups_fp16_flat_cpu_memory"
 MAX_DEPTH = 8
 
 
 def model_state_bytes(engine, setup) -> dict[str, dict[str, int]]:
-    """``{"device": {parameters, gradients, optimizer_states, buffers}, "host": {...}}`` for this rank."""
+    """``{"device": {parameters, gradients, optimizer_states, buffers}, "host": {...}}`` for this rank
+    (a PyTorch baseline's: ``kit.ranks.baselines.model_state_bytes``)."""
+    if setup.zero.engine != "deepspeed":
+        from kit.ranks import baselines
+
+        return baselines.model_state_bytes(engine, setup)
     out = {"device": dict.fromkeys(HELD, 0), "host": dict.fromkeys(HELD, 0)}
     for path, tensor, nbytes in storages(engine):
         out[_location(path, tensor, setup)][classify(path)] += nbytes
@@ -59,6 +67,10 @@ def storages(engine) -> list[tuple[str, object, int]]:
                 visit(obj.grad, path + ".grad", depth + 1)
             if getattr(obj, "ds_tensor", None) is not None:
                 visit(obj.ds_tensor, path + ".ds_tensor", depth + 1)
+            if getattr(obj, "ds_secondary_tensor", None) is not None:  # ZeRO++ hpZ
+                visit(obj.ds_secondary_tensor, path + ".ds_secondary_tensor", depth + 1)
+            if getattr(obj, "nvme_swapper", None) is not None:  # ZeRO-Infinity: the pinned swap buffers
+                visit(obj.nvme_swapper, path + ".nvme_swapper", depth + 1)
         elif isinstance(obj, torch.nn.Module):
             for name, p in obj.named_parameters():
                 visit(p, f"{path}.{name}", depth + 1)
@@ -91,9 +103,11 @@ def _location(path: str, tensor, setup) -> str:
     if get_accelerator().device_name() != "cpu":
         return "host" if tensor.device.type == "cpu" else "device"
     z = setup.zero
-    if z.offload_optimizer == "cpu" and re.search(OFFLOADED_WITH_OPTIMIZER, path):
+    if z.offload_optimizer != "none" and re.search(OFFLOADED_WITH_OPTIMIZER, path):
         return "host"
-    if z.offload_param == "cpu" and re.search(OFFLOADED_WITH_PARAMS, path):
+    if z.offload_param != "none" and re.search(OFFLOADED_WITH_PARAMS, path):
+        return "host"
+    if z.nvme and re.search(NVME_SWAP_BUFFERS, path):
         return "host"
     return "device"
 

@@ -27,7 +27,7 @@ import sys
 import time
 import traceback
 
-from kit import model_files
+from kit import model_files, monitor
 from kit.records import append_record, emit
 from kit.rules import wire_bytes
 
@@ -36,8 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     import deepspeed.comm as dist
 
     from kit.ranks import engine
+    from kit.schema import Setup
 
     spec, rank, world = engine.join(argv, "Run a zero-kit launch spec on this rank.")
+    if any(Setup.model_validate(c["setup"]).zero.nvme for c in spec["configs"]):
+        # NVMe offload's async_io op, JIT-built the first time (minutes): during the launch's startup
+        # allowance, not inside a configuration's watchdog
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+
+        AsyncIOBuilder().load(verbose=False)
     for config in spec["configs"]:
         if rank == 0:
             emit({"event": "start", "config_id": config["config_id"], "label": config["label"]})
@@ -52,15 +59,17 @@ def run_config(spec: dict, config: dict, rank: int, world: int) -> str:
     """Run one configuration, turning an exception into an ``error``/``oom`` record; returns its status."""
     import torch
 
-    from kit.ranks import engine
+    from kit.ranks import comm_scopes, engine
     from kit.schema import Setup
 
     setup = Setup.model_validate(config["setup"])
     base = _base_record(spec, config, setup, rank, world)
     built: list = []  # the engine, so that it is torn down even after an exception
     try:
+        _beat(spec, base)
         _inject(config.get("fault"), rank)
         measure_config(spec, setup, base, rank, world, built)
+        _beat(spec, base, status="finished")
         return "ok"
     except Exception as error:  # a failed configuration is a record; the sweep goes on
         oom = isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
@@ -68,10 +77,12 @@ def run_config(spec: dict, config: dict, rank: int, world: int) -> str:
         mine = isinstance(error, ValueError) and str(error).startswith("model: ")
         text = str(error) if mine else model_files.where(error, setup.model.source)
         append_record(spec["records"], {**base, "status": "oom" if oom else "error", "error": text})
+        _beat(spec, base, status="failed", error=text.splitlines()[0] if text else None)
         if rank == 0:
             print(traceback.format_exc(), file=sys.stderr, flush=True)
         return "oom" if oom else "error"
     finally:
+        comm_scopes.uninstall()
         if built:
             engine.teardown(built.pop())
 
@@ -85,13 +96,18 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
     with a schedule the model states are read again at every step and predicted for that step's batch.
     """
     from kit import estimate, workloads
-    from kit.ranks import engine, measure, state_walk
+    from kit.estimate import perf
+    from kit.ranks import comm_scopes, engine, measure, nvme_files, state_walk
 
     instrument = spec.get("instrument", True)
     measure.reset_peaks()
+    if setup.zero.nvme:
+        nvme_files.clear(setup.zero.nvme_path, rank)  # the swap files measured below are this config's
     run = engine.build_engine(setup, spec["seed"], comms_logger=instrument)
     eng = run.engine
     built.append(eng)
+    # communication split by node: rank // gpus_per_node, the launcher's contiguous placement
+    scopes = comm_scopes.CommScopes(setup.cluster.gpus_per_node).install() if instrument else None
     # per batch of the schedule, before training (a model file that cannot run fails in its trace here):
     # the whole-GPU estimate and what this rank holds once a step's gradients are in place
     predictions = {
@@ -99,7 +115,8 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
         for _, state in setup.batch_states()
     }
     for step in range(spec["warmup"]):
-        engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec["seed"])
+        loss = engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec["seed"])
+        _beat(spec, base, eng, step=step, loss=loss)  # samples/s from the engine's sample count
     held: dict = {}  # model-state bytes, read while the last micro-step's gradients are held
 
     for step in range(spec["warmup"], spec["warmup"] + spec["steps"]):
@@ -113,6 +130,8 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
 
         counter = measure.SavedActivations()
         measure.reset_comm()
+        if scopes is not None:
+            scopes.reset()
 
         def watch(micro: int, counter=counter):
             return counter.watch(run.model, run.checkpointing) if micro == 0 else contextlib.nullcontext()
@@ -142,9 +161,15 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
             record["measured_host"] = held["host"]
             record["estimate"] = {**resident["device"], "activations": whole_gpu.components["activations"]}
             record["estimate_host"] = resident["host"]
+            if setup.zero.nvme:  # ZeRO-Infinity: the swap files under nvme_path, after the step
+                record["measured_nvme"] = nvme_files.swap_file_bytes(setup.zero.nvme_path, rank)
+                record["estimate_nvme"] = {k: resident["nvme"][k] for k in record["measured_nvme"]}
             record["estimate_peak_bytes"] = whole_gpu.per_gpu_bytes
             record.update(comm_bytes=comm, comm_wire_bytes=wire_bytes(comm, world))
+            record["estimate_comm_wire_bytes"] = perf.comm_bytes(now)[0]
+            record.update(comm_scope_bytes=scopes.bytes(), comm_scope_wire_bytes=scopes.wire_bytes())
         append_record(spec["records"], {**record, "status": "ok", "error": None})
+        _beat(spec, base, eng, step=step, samples_per_s=record["samples_per_s"], loss=loss)
         if rank == 0:
             emit({"event": "step", **_progress(record)})
 
@@ -169,6 +194,12 @@ def _base_record(spec: dict, config: dict, setup, rank: int, world: int) -> dict
         "torch": torch.__version__,
         "deepspeed": deepspeed.__version__,
     }
+
+
+def _beat(spec: dict, base: dict, engine=None, **values) -> None:
+    """A heartbeat of this rank in the sweep folder (``kit.monitor``; ``zerokit monitor runs/<sweep>``)."""
+    keys = ("sweep", "run_id", "config_id", "label")
+    monitor.heartbeat(engine, os.path.dirname(spec["records"]), **{k: base[k] for k in keys}, **values)
 
 
 def _progress(record: dict) -> dict:

@@ -87,6 +87,14 @@ def launch_argv(
     raise ValueError(f"launcher: choose 'deepspeed' or 'torchrun', got {launcher!r}")
 
 
+def ranks_accelerator() -> str:
+    """The accelerator the ranks will use: ``DS_ACCELERATOR`` when set, else ``cuda`` where torch sees a
+    GPU and ``cpu`` otherwise (what ``worker_env`` arranges)."""
+    import torch
+
+    return os.environ.get("DS_ACCELERATOR") or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def worker_env(nprocs: int) -> dict[str, str]:
     """Environment for the ranks: this one plus the kit on PYTHONPATH, CPU accelerator without CUDA,
     and ``OMP_NUM_THREADS = max(1, cores // ranks)`` (the deepspeed launcher leaves it unset, and two
@@ -99,6 +107,9 @@ def worker_env(nprocs: int) -> dict[str, str]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     env["OMP_NUM_THREADS"] = str(max(1, cores // nprocs))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_PARENT), env.get("PYTHONPATH")) if p)
+    # this Python's bin first: the ranks JIT-build DeepSpeed ops (async_io for NVMe offload) with the venv's
+    # ninja; a system ninja of another version hashes the commands differently and rebuilds every op
+    env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable), env.get("PATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

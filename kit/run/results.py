@@ -60,7 +60,8 @@ class Results:
             row["error"] = errors.iloc[0] if len(errors) else None
             steps = group[(group["status"] == "ok") & (group["rank"] == 0)].sort_values("step")
             if len(steps):
-                for key in ("step_time_s", "samples_per_s", "tokens_per_s", "tflops", "comm_wire_bytes"):
+                keys = ("step_time_s", "samples_per_s", "tokens_per_s", "tflops", "comm_wire_bytes")
+                for key in (*keys, "estimate_comm_wire_bytes"):
                     if key in steps:
                         row[key] = float(steps[key].median())
                 row["loss"] = float(steps["loss"].iloc[-1])
@@ -91,6 +92,8 @@ class Results:
             out[name] = sum(column(f"{side}_{part}", 1e-6) for part in MODEL_STATES)
         out["peak RSS MiB"] = column("peak_rss_bytes", 2**-20)
         out["wire MB/step"] = column("comm_wire_bytes", 1e-6)
+        if "estimate_comm_wire_bytes" in table:  # recorded since the baselines came (older sweeps lack it)
+            out["estimate wire MB"] = column("estimate_comm_wire_bytes", 1e-6)
         if (table["status"] != "ok").any():
             out["error"] = [e.splitlines()[0][:80] if isinstance(e, str) else None for e in table["error"]]
         return out

@@ -20,11 +20,13 @@ from pathlib import Path
 from kit.records import append_record, load_records, parse_event
 from kit.run import launcher
 from kit.run.results import Results
-from kit.schema import Setup
+from kit.schema import Setup, ZeroSettings
 
 #: bucket sizes (elements) for runs of the toy models: DeepSpeed's 5e8-element defaults would make
 #: stage 3 allocate a 1 GB bf16 reduce bucket per rank for a model of 0.14M parameters
 TOY_ZERO = {"reduce_bucket_size": 500_000, "allgather_bucket_size": 500_000, "prefetch_bucket_size": 250_000}
+#: a torch extension build lock older than this (s) was left by a killed build (async_io builds in minutes)
+STALE_BUILD_LOCK_S = 1800.0
 #: test-only faults the worker understands (see kit/ranks/worker.py)
 FAULTS = ("raise", "hang", "die")
 
@@ -42,13 +44,42 @@ def toy_setup(nprocs: int = 2) -> Setup:
     )
 
 
+#: Setup fields added after sweeps were first recorded, with their unset value (ZeroSettings' defaults): a
+#: Setup that leaves them unset hashes as before they existed, so older sweeps still resume
+LATER_FIELDS: dict[str, dict[str, object]] = {
+    "batch": {"schedule": [], "max_tokens": None},
+    "zero": {
+        key: value
+        for key, value in ZeroSettings().model_dump(mode="json").items()
+        if key
+        in (
+            # ZeRO-Infinity (NVMe offload)
+            "nvme_path",
+            "buffer_count",
+            "buffer_size",
+            "max_in_cpu",
+            "optimizer_buffer_count",
+            "pin_memory",
+            "aio",
+            # PyTorch baselines (DDP, FSDP)
+            "engine",
+            # ZeRO++
+            "hpz_partition_size",
+            "quantized_weights",
+            "quantized_gradients",
+        )  # fmt: skip
+    },
+}
+
+
 def config_id(setup: Setup) -> str:
-    """Stable id of a configuration: a hash of its Setup (so a re-run finds it in records.jsonl). A Setup
-    without a batch schedule or token budget hashes as before they existed, so older sweeps still resume."""
+    """Stable id of a configuration: a hash of its Setup (so a re-run finds it in records.jsonl), leaving
+    out the ``LATER_FIELDS`` that are unset."""
     data = setup.model_dump(mode="json")
-    for key, unset in (("schedule", []), ("max_tokens", None)):
-        if data["batch"][key] == unset:
-            del data["batch"][key]
+    for section, fields in LATER_FIELDS.items():
+        for key, unset in fields.items():
+            if data[section].get(key, unset) == unset:
+                data[section].pop(key, None)
     text = json.dumps(data, sort_keys=True)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
@@ -72,7 +103,58 @@ def check(setup: Setup) -> None:
             "the estimate covers any model"
         )
     estimate.estimate(setup)
+    if setup.zero.nvme:
+        problem = async_io_problem(
+            "offload_param" if setup.zero.offload_param == "nvme" else "offload_optimizer"
+        )
+        if problem:
+            raise ValueError(problem)
+    if setup.zero.engine != "deepspeed":
+        name = setup.zero.name
+        if setup.batch.schedule or setup.batch.max_tokens:
+            raise ValueError(
+                f"batch.schedule: {name} runs take a fixed batch; batch schedules and token "
+                "budgets are set through DeepSpeed's engine"
+            )
+        if setup.zero.activation_checkpointing:
+            raise ValueError(
+                f"zero.activation_checkpointing: {name} runs here train without it; "
+                "compare checkpointing with the ZeRO stages"
+            )
+        return
     validate_ds_config(to_ds_config(setup, torch_adam=True), setup.dp)
+    if launcher.ranks_accelerator() == "cpu":
+        for field in ("quantized_weights", "quantized_gradients"):
+            if getattr(setup.zero, field):
+                raise ValueError(
+                    f"zero.{field}: needs DeepSpeed's CUDA quantizer kernels (This op had not been "
+                    f"implemented on CPU backend); estimate and export it here, run it on a GPU"
+                )
+
+
+def async_io_problem(field: str = "offload_param") -> str | None:
+    """Why DeepSpeed's ``async_io`` op (NVMe offload's reads and writes) cannot be built here, or None.
+
+    ``AsyncIOBuilder().is_compatible()`` test-compiles against libaio (about a second); without it the
+    launch would fail deep inside ``zero.Init`` ("Unable to JIT load the async_io op")."""
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    if AsyncIOBuilder().is_compatible(verbose=False):
+        from torch.utils.cpp_extension import _get_build_directory
+
+        # a build killed midway (Ctrl-C, a watchdog) leaves torch's lock file: every later build waits on it
+        lock = Path(_get_build_directory("async_io", verbose=False)) / "lock"
+        if lock.exists() and time.time() - lock.stat().st_mtime > STALE_BUILD_LOCK_S:
+            return (
+                f"{field}: 'nvme' needs DeepSpeed's async_io op, and {lock} was left by a build that was "
+                "stopped (no build takes this long): remove it and run again"
+            )
+        return None
+    return (
+        f"{field}: 'nvme' needs DeepSpeed's async_io op, which cannot be built here: libaio is "
+        "missing (Debian/Ubuntu: sudo apt-get install libaio-dev; the first NVMe run then JIT-builds "
+        "async_io, 2.5-6 minutes on 2 cores)"
+    )
 
 
 def run_sweep(

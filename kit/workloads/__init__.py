@@ -46,6 +46,15 @@ def for_model(spec: ModelSpec):
     )
 
 
+def blocks(model) -> list:
+    """The model's blocks: the modules of its largest ModuleList (what activation checkpointing wraps and
+    FSDP shards one by one); [] for a model without one."""
+    import torch
+
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
+
+
 def generator(seed: int, index: int):
     """The RNG of one sample (seed, global index)."""
     import torch

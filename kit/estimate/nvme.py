@@ -1,0 +1,213 @@
+"""ZeRO-Infinity (NVMe offload, stage 3): what goes to the drive, what stays in pinned RAM, on the GPU.
+
+Read from DeepSpeed 0.19's swappers (``deepspeed/runtime/swap_tensor/``) and ``runtime/zero/stage3.py``,
+checked against the swap files and tensors of a live 2-rank engine (``tests/test_nvme.py``):
+
+- a tensor is swapped only when it is at least ``max(MIN_AIO_BYTES, aio.block_size)`` bytes
+  (``swappable_tensor`` / ``is_swappable_tensor``); smaller ones stay in (pinned) CPU RAM;
+- every swap file is a multiple of ``AIO_ALIGNED_BYTES x intra_op_parallelism`` bytes
+  (``_io_aligned_numel``);
+- parameters (``offload_param: nvme``): each released tensor's partition, ``ceil(numel / dp)``
+  16-bit elements, is one file ``<ds_id>_param.tensor.swp`` written by ``zero.Init``; tensors kept
+  whole (persistence threshold) stay on the GPU. ``max_in_cpu`` elements of partitions are copied into
+  one pinned flat buffer per parameter group at engine start (``_create_param_groups_fp16_flat_cpu_memory``)
+  and live there; their files stay on the drive, unused. The swapper's pool is ``buffer_count`` pinned
+  buffers of ``buffer_size`` elements; with sub groups left on NVMe, a pinned reuse buffer of the
+  largest sub group's whole tensors (``reserve_partitioned_swap_space``) too;
+- optimizer (``offload_optimizer: nvme``): per sub group of partitions (``sub_group_size``), the fp32
+  master and each fp32 optimizer state are one file each; the pool is ``buffer_count`` pinned buffers
+  of the largest sub group (``SwapBufferManager``).
+
+``stage3`` turns the device/host terms of ``kit.estimate.memory`` into those of an NVMe setup and adds
+the third place, ``nvme``: bytes of this rank's swap files.
+"""
+
+from __future__ import annotations
+
+from kit.components import HELD
+from kit.estimate import partition
+from kit.estimate.result import NONE, Term, total
+from kit.rules import (
+    AIO_ALIGNED_BYTES,
+    DS_SUB_GROUP_SIZE,
+    FP32,
+    MIN_AIO_BYTES,
+    element_bytes,
+    optimizer_states,
+)
+from kit.schema import Setup
+
+
+def min_swap_bytes(setup: Setup) -> int:
+    """The smallest tensor (bytes) DeepSpeed swaps: max(MIN_AIO_BYTES, aio.block_size)."""
+    return max(MIN_AIO_BYTES, setup.zero.aio.block_size)
+
+
+def io_aligned(numel: int, element: int, setup: Setup) -> int:
+    """``numel`` rounded up to the swap files' alignment, ``AIO_ALIGNED_BYTES x intra_op_parallelism``."""
+    step = AIO_ALIGNED_BYTES * setup.zero.aio.intra_op_parallelism // element
+    return -(-numel // step) * step
+
+
+def partitions(setup: Setup) -> list[tuple[int, int]]:
+    """(numel, partition numel ``ceil(numel / dp)``) of every tensor, in the model's order."""
+    n = setup.dp
+    return [(t, -(-t // n)) for t in partition.numels(setup)]
+
+
+def sub_groups(setup: Setup) -> list[list[tuple[int, int]]]:
+    """Stage 3's sub groups (``_create_fp16_sub_groups``): partitions packed in order until a group
+    reaches ``sub_group_size`` elements; one group when the whole partition is smaller."""
+    parts = partitions(setup)
+    if sum(p for _, p in parts) <= DS_SUB_GROUP_SIZE:
+        return [parts]
+    groups, group, size = [], [], 0
+    for item in parts:
+        group.append(item)
+        size += item[1]
+        if size >= DS_SUB_GROUP_SIZE:
+            groups.append(group)
+            group, size = [], 0
+    if group:
+        groups.append(group)
+    return groups
+
+
+def swapped_params(setup: Setup) -> list[int]:
+    """Partition numels of the tensors ``zero.Init`` swaps to NVMe (released and large enough)."""
+    z, p = setup.zero, element_bytes(setup.zero.precision)
+    return [
+        part
+        for numel, part in partitions(setup)
+        if numel > z.param_persistence_threshold and part * p >= min_swap_bytes(setup)
+    ]
+
+
+def problem(setup: Setup) -> tuple[str, str] | None:
+    """``(field, reason)`` for what DeepSpeed's swappers would assert on, else None."""
+    z = setup.zero
+    if z.offload_param != "nvme":
+        return None
+    swapped = swapped_params(setup)
+    if swapped and max(swapped) > z.buffer_size:
+        return "buffer_size", (
+            f"must be >= {max(swapped):,} elements, the largest parameter partition swapped to NVMe "
+            f"(DeepSpeed asserts 'More elements ... than buffer size'), got {z.buffer_size:,}"
+        )
+    return None
+
+
+def stage3(setup: Setup, device: dict[str, Term], host: dict[str, Term]) -> dict[str, dict[str, Term]]:
+    """The stage-3 ``device``/``host`` terms of ``kit.estimate.memory`` with NVMe offload applied,
+    and ``nvme``: this rank's swap files."""
+    z = setup.zero
+    issue = problem(setup)
+    if issue:
+        raise ValueError(": ".join(issue))
+    nvme = dict.fromkeys(HELD, NONE)
+    device, host = dict(device), dict(host)
+    if z.offload_param == "nvme":
+        _params(setup, device, host, nvme)
+    if z.offload_optimizer == "nvme":
+        _optimizer(setup, device, host, nvme)
+    return {"device": device, "host": host, "nvme": nvme}
+
+
+def _params(setup: Setup, device: dict, host: dict, nvme: dict) -> None:
+    z, p = setup.zero, element_bytes(setup.zero.precision)
+    parts = partitions(setup)
+    swapped = swapped_params(setup)
+    files = sum(io_aligned(s, p, setup) for s in swapped)
+    nvme["parameters"] = Term(
+        p * files,
+        f"{p} B x {files:,}: {len(swapped)} partitions of >= {min_swap_bytes(setup):,} B "
+        f"(max(1 MiB, aio.block_size)), each aligned to {AIO_ALIGNED_BYTES * z.aio.intra_op_parallelism} B",
+    )
+    # what stays in RAM: max_in_cpu elements of partitions in one pinned flat buffer per group, the rest
+    # in pinned partitions of their own where too small to swap
+    size = sum(part for _, part in parts)
+    in_cpu = min(size, z.max_in_cpu)
+    kept: list[Term] = []
+    if in_cpu == size:
+        kept.append(Term(p * size, f"{p} B x S = {size:,} (fp16 flat buffer in CPU, S <= max_in_cpu)"))
+    else:
+        # every partition not swapped keeps a pinned ds_tensor in RAM (kept-whole tensors included)
+        small = sum(part for _, part in parts) - sum(swapped)
+        if in_cpu:
+            kept.append(Term(p * in_cpu, f"{p} B x max_in_cpu {in_cpu:,} (fp16 flat buffer in CPU)"))
+        if small:
+            kept.append(Term(p * small, f"{p} B x {small:,} (partitions too small to swap)"))
+    host["parameters"] = total(kept)
+    pool = z.buffer_count * io_aligned(z.buffer_size, p, setup)
+    host["buffers"] = host["buffers"] + Term(
+        p * pool,
+        f"{p} B x buffer_count {z.buffer_count} x buffer_size {z.buffer_size:,} (param swap buffers)",
+    )
+    if in_cpu < size:
+        largest = max(sub_groups(setup), key=lambda g: sum(part for _, part in g))
+        reuse = sum(io_aligned(t, p, setup) for t, _ in largest)
+        host["buffers"] = host["buffers"] + Term(
+            p * reuse, f"{p} B x {reuse:,} (reuse buffer: the largest sub group's tensors, whole)"
+        )
+    device["parameters"] = _persistent(setup)
+
+
+def _optimizer(setup: Setup, device: dict, host: dict, nvme: dict) -> None:
+    z = setup.zero
+    k = optimizer_states(z.optimizer, z.momentum)
+    groups = [sum(part for _, part in g) for g in sub_groups(setup)]
+    swapped = [s for s in groups if s * FP32 >= min_swap_bytes(setup)]
+    aligned = sum(io_aligned(s, FP32, setup) for s in swapped)
+    nvme["optimizer_states"] = Term(
+        (1 + k) * FP32 * aligned,
+        f"(1 fp32 master + {k} fp32 states) x 4 B x {aligned:,} ({len(swapped)} sub group partition(s), "
+        "aligned)",
+    )
+    kept = sum(s for s in groups if s * FP32 < min_swap_bytes(setup))
+    host["optimizer_states"] = Term((1 + k) * FP32 * kept, "sub groups too small to swap") if kept else NONE
+    largest = io_aligned(max(groups), FP32, setup)
+    host["buffers"] = host["buffers"] + Term(
+        FP32 * z.optimizer_buffer_count * largest,
+        f"4 B x buffer_count {z.optimizer_buffer_count} x largest sub group {largest:,} "
+        "(optimizer swap buffers)",
+    )
+    # gradients: the 16-bit partition buffer in RAM (as with CPU offload); each tensor's fp32 gradient
+    # partition goes to a file of its own when large enough (``_swap_out_gradients``; a length that is not
+    # a multiple of the alignment is split and its remainder kept in RAM, ``_adjust_for_misaligned_lengths``)
+    p, size = element_bytes(z.precision), sum(groups)
+    files = sum(_swapped_gradient(part, setup) for _, part in partitions(setup))
+    nvme["gradients"] = Term(
+        FP32 * files, f"4 B x {files:,} (fp32 gradient partitions of >= {min_swap_bytes(setup):,} B)"
+    )
+    host["gradients"] = Term(p * size, f"{p} B x S (grad_partitions_flat_buffer)") + (
+        Term(FP32 * (size - files), f"4 B x {size - files:,} (fp32 gradients too small to swap)")
+        if size - files
+        else NONE
+    )
+    device["optimizer_states"] = NONE
+    device["gradients"] = NONE
+
+
+def _swapped_gradient(part: int, setup: Setup) -> int:
+    """Elements of one tensor's fp32 gradient partition that go to a swap file."""
+    if part * FP32 < min_swap_bytes(setup):
+        return 0
+    step = io_aligned(1, FP32, setup)
+    aligned = part // step * step
+    return aligned if aligned * FP32 >= min_swap_bytes(setup) else 0
+
+
+def _persistent(setup: Setup) -> Term:
+    z, p, n = setup.zero, element_bytes(setup.zero.precision), setup.dp
+    kept = [t for t in partition.numels(setup) if t <= z.param_persistence_threshold]
+    elements = sum(-(-t // n) * n for t in kept)
+    if not elements:
+        return NONE
+    return Term(p * elements, f"{len(kept)} tensors <= {z.param_persistence_threshold:,} kept whole")
+
+
+def nvme_bytes_per_node(setup: Setup, per_rank: dict[str, Term]) -> Term:
+    """Bytes of swap files on one node's drives: every rank's files (stage 3 ranks hold equal partitions)."""
+    g = setup.cluster.gpus_per_node
+    each = sum(t.bytes for t in per_rank.values())
+    return Term(g * each, f"{g} ranks x {each:,} B of swap files (parameters + optimizer states)")
