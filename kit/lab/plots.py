@@ -95,7 +95,7 @@ def comm_volume(results: Results) -> Figure:
                    linewidths=2, zorder=3, label="estimate")  # fmt: skip
     ax.set_ylabel("MB sent per rank per step")
     ax.set_title("Communication volume per configuration")
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0), markerscale=0.3)
     _headroom(ax, [sum(values) for values in zip(*series.values(), strict=True)] if series else [])
     _rotate(ax)
     return fig
