@@ -421,3 +421,23 @@ def test_comparison_panel_takes_a_batch_schedule():
         "batch.schedule: step 4: train_batch 10 is not a multiple"
     )
     assert "batch.schedule: step 4" in panel.message.value
+
+
+def test_comparison_panel_offloads_to_nvme_and_adds_zeropp_variants_at_stage_3():
+    panel = ComparisonPanel(stages=(2, 3))
+    panel.offload_optimizer.value = panel.offload_param.value = True
+    panel.offload_to.value = "nvme"
+    assert panel.error.startswith(
+        "zero.nvme_path: required when offload_optimizer or offload_param is 'nvme'"
+    )
+    panel.nvme_path.value = "/local_nvme/zerokit"
+    labels = [s.label.removesuffix(" bf16 mb2") for s in panel.setups]
+    assert labels == ["z2", "z2 opt-off", "z3", "z3 opt-nvme", "z3 opt-nvme param-nvme"]  # NVMe: stage 3 only
+    assert {s.zero.nvme_path for s in panel.setups if s.zero.nvme} == {"/local_nvme/zerokit"}
+    panel.hpz.value = 2
+    panel.quantized_gradients.value = True
+    zeropp = panel.setups[-1]
+    assert zeropp.label == "z3 hpz2 qgz bf16 mb2" and zeropp.zero.offload_optimizer == "none"
+    assert len(panel.estimates) == len(panel.setups) == 6
+    panel.hpz.value = 3  # hpZ's group must divide the node's 2 ranks
+    assert panel.error.startswith("hpz_partition_size: must divide gpus_per_node (2)")

@@ -25,6 +25,7 @@ from IPython.display import clear_output, display
 from pydantic import ValidationError
 
 from kit import monitor
+from kit.estimate.perf import ZEROPP_OFF
 from kit.gpus import gpu_names
 from kit.rules import BASELINES, offload_problem
 from kit.run.sweep import toy_setup
@@ -433,8 +434,9 @@ class MemoryPanel:
 
 
 class ComparisonPanel:
-    """Choose configurations to compare (stages, offload, micro batches, buckets), a toy model, ranks
-    and steps; Run measures them all in one launch (``kit.run.sweep.run_sweep``) and plots the answer.
+    """Choose configurations to compare (stages and the PyTorch baselines, offload to CPU or NVMe, a ZeRO++
+    variant of stage 3, micro batches, buckets), a toy model, ranks and steps; Run measures them all in
+    one launch (``kit.run.sweep.run_sweep``) and plots the answer.
 
     State: ``setups`` (the configurations the controls describe, or [] while invalid), ``estimates``
     (``kit.estimate`` of each), ``error`` (one line, or None), ``busy`` (a sweep is running) and
@@ -478,6 +480,15 @@ class ComparisonPanel:
         )
         self.offload_optimizer = w.Checkbox(value=False, description="+ optimizer offload (stages 1-3)")
         self.offload_param = w.Checkbox(value=False, description="+ stage 3 parameter offload")
+        # where the offload variants go: CPU RAM, or NVMe (ZeRO-Infinity, stage 3) under a folder
+        self.offload_to = _toggle(["cpu", "nvme"], "cpu", "offload to", "56px")
+        self.nvme_path = w.Text(
+            value=z.nvme_path or "", description="NVMe path", placeholder="a folder on the NVMe drive"
+        )
+        # ZeRO++ (stage 3): a variant of each stage 3 configuration with these set
+        self.hpz = w.BoundedIntText(value=z.hpz_partition_size, min=1, max=64, description="+ hpZ size")
+        self.quantized_weights = w.Checkbox(value=z.quantized_weights, description="+ qwZ (int8 weights)")
+        self.quantized_gradients = w.Checkbox(value=z.quantized_gradients, description="+ qgZ (int4 grads)")
         self.grad_accum = w.BoundedIntText(value=b.grad_accum, min=1, max=1024, description="grad accum")
         self.batch_schedule = w.Text(
             value="", description="batch by step", placeholder="e.g. 2=16,4=32 (global batch from that step)"
@@ -509,8 +520,9 @@ class ComparisonPanel:
             control.observe(self.update, names="value")
         for control in (self.sweep, self.runs_dir):
             _cell(control)
-        for control in (self.offload_optimizer, self.offload_param):
+        for control in (self.offload_optimizer, self.offload_param, self.quantized_weights):
             control.layout.width, control.indent = "auto", False
+        self.quantized_gradients.layout.width, self.quantized_gradients.indent = "auto", False
         self.run_button.on_click(lambda _: self._clicked(self.start))
         self.stop_button.on_click(lambda _: self.stop())
         self.widget = w.VBox(
@@ -518,6 +530,8 @@ class ComparisonPanel:
                 w.HTML("<b>ZeRO stage comparison</b>: real short runs of every configuration, one launch"),
                 _section("Configurations"),
                 _row(self.stages, self.micro_batches, w.VBox([self.offload_optimizer, self.offload_param])),
+                _row(self.offload_to, self.nvme_path),
+                _row(self.hpz, self.quantized_weights, self.quantized_gradients),
                 _row(self.precision, self.grad_accum, self.batch_schedule),
                 _row(self.reduce_bucket, self.prefetch_bucket),
                 _section("Toy model" if self.toy else f"Model: {html.escape(m.name)}"),
@@ -772,15 +786,27 @@ class ComparisonPanel:
             },
             batch={"grad_accum": self.grad_accum.value, "seq_len": self.seq_len.value},
         )
-        none = {"offload_optimizer": "none", "offload_param": "none"}
+        none = {"offload_optimizer": "none", "offload_param": "none", **ZEROPP_OFF}
+        to = self.offload_to.value
+        where = {"nvme_path": self.nvme_path.value.strip() or None} if to == "nvme" else {}
+        zeropp = {
+            "hpz_partition_size": self.hpz.value,
+            "quantized_weights": self.quantized_weights.value,
+            "quantized_gradients": self.quantized_gradients.value,
+        }
         setups = []
         for choice in (c for c in self.stages.options if c in self.stages.value):
             engine, stage = BASELINES.get(choice, ("deepspeed", choice))
-            variants = [none]  # the baselines run without offload
-            if self.offload_optimizer.value and stage >= 1 and engine == "deepspeed":
-                variants.append({**none, "offload_optimizer": "cpu"})
-            if self.offload_param.value and stage == 3 and engine == "deepspeed":
-                variants.append({"offload_optimizer": "cpu", "offload_param": "cpu"})
+            deepspeed = engine == "deepspeed"
+            variants = [none]  # the baselines run without offload or ZeRO++
+            # NVMe holds stage 3's states only (DeepSpeed has no swapper below it): CPU offload there
+            here = to if stage == 3 else "cpu"
+            if self.offload_optimizer.value and stage >= 1 and deepspeed:
+                variants.append({**none, "offload_optimizer": here, **(where if here == "nvme" else {})})
+            if self.offload_param.value and stage == 3 and deepspeed:
+                variants.append({**none, "offload_optimizer": to, "offload_param": to, **where})
+            if stage == 3 and deepspeed and zeropp != ZEROPP_OFF:
+                variants.append({**none, **zeropp})
             for micro in sorted(self.micro_batches.value):
                 for offload in variants:
                     # a schedule of global batches keeps each configuration's micro batch (more grad accum)
@@ -794,6 +820,11 @@ class ComparisonPanel:
             self.stages,
             self.offload_optimizer,
             self.offload_param,
+            self.offload_to,
+            self.nvme_path,
+            self.hpz,
+            self.quantized_weights,
+            self.quantized_gradients,
             self.micro_batches,
             self.grad_accum,
             self.batch_schedule,
