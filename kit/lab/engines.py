@@ -67,9 +67,9 @@ def advice(results: Results) -> str:
         a, b = a.iloc[0], b.iloc[0]
         lines.append(
             f"- {a['configuration']} vs {b['configuration']} (both {what}): "
-            f"{a['held MB'] / b['held MB']:.2f}x the bytes held, "
+            f"{_ratio(a['held MB'], b['held MB'])} the bytes held, "
             f"{_ratio(a['wire MB/step'], b['wire MB/step'])} the bytes sent per step, "
-            f"{a['samples/s'] / b['samples/s']:.2f}x the speed, loss {a['loss']:.4f} vs {b['loss']:.4f}."
+            f"{_ratio(a['samples/s'], b['samples/s'])} the speed, loss {a['loss']:.4f} vs {b['loss']:.4f}."
         )
     lines.append(
         "- So: when the whole model's states fit a GPU with room for activations, the replicating engine "
@@ -81,4 +81,5 @@ def advice(results: Results) -> str:
 
 
 def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if b else "n/a (no communication)"
+    """``a / b`` to three significant digits (a toy's ZeRO-3 bucket can dwarf its states 1000 to 1)."""
+    return f"{a / b:.3g}x" if b else "n/a (none to compare)"
