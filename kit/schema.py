@@ -197,6 +197,11 @@ class ZeroSettings(_Frozen):
         )
         if zeropp:
             raise ValueError(": ".join(zeropp))
+        zeropp_on = self.hpz_partition_size > 1 or self.quantized_weights or self.quantized_gradients
+        if self.engine != "deepspeed" and zeropp_on:
+            raise ValueError(
+                f"engine: ZeRO++ (hpZ, qwZ, qgZ) is DeepSpeed's; engine {self.engine!r} has none"
+            )
         return self
 
     @property

@@ -194,7 +194,12 @@ def test_cli_estimate_nvme(capsys):
     assert (
         data["setup"]["zero"]["max_in_cpu"] == 0 and data["setup"]["zero"]["aio"]["intra_op_parallelism"] == 2
     )
-    assert data["nvme_bytes_per_node"] > 0
+    setup = Setup.model_validate(data["setup"])
+    assert (
+        data["nvme_bytes_per_node"]
+        == estimate.estimate(setup).nvme_bytes_per_node
+        == 8 * sum(estimate.rank_states(setup, 0)["nvme"].values())
+    )
     assert main(argv) == 0
     assert "NVMe per node" in capsys.readouterr().out
 
@@ -374,7 +379,7 @@ def test_memory_panel_offers_nvme_and_shows_the_bytes_per_node():
     p.stage.value = 3
     p.offload_optimizer.value, p.offload_param.value = "nvme", "nvme"
     assert p.error is None and p.setup.zero.nvme_path == "/local_nvme" and not p.nvme_path.disabled
-    assert p.estimate.nvme_bytes_per_node > 0
+    assert p.estimate.nvme_bytes_per_node == estimate.estimate(p.setup).nvme_bytes_per_node > 0
     assert "NVMe per node" in p.summary.value and "NVMe per node" in p.formulas.value
     p.stage.value = 2  # no NVMe swapper below stage 3: back to CPU, saying why
     assert p.offload_optimizer.value == "cpu" and "needs ZeRO stage 3" in p.offload_reason.value

@@ -196,17 +196,18 @@ def _batch_schedule(args: argparse.Namespace) -> dict:
 def render(results) -> str:
     """The summary table: throughput and rank 0's model states, measured beside the estimate (MB)."""
     table = results.summary()
+    width = max([28, *(len(label) + 1 for label in table["label"])])  # e.g. "z3 opt-nvme param-nvme bf16 mb2"
     lines = [
         f"records: {results.path}",
         "measured: rank 0's bytes; estimated: kit.estimate's prediction for rank 0",
         "",
     ]
     lines.append(
-        f"{'configuration':28}{'status':>8}{'samples/s':>11}{'step ms':>9}{'loss':>8}"
+        f"{'configuration':{width}}{'status':>8}{'samples/s':>11}{'step ms':>9}{'loss':>8}"
         f"  {'MB measured / estimated: params  grads  optim  activations'}"
     )
     for _, row in table.iterrows():
-        line = f"{row['label']:28}{row['status']:>8}"
+        line = f"{row['label']:{width}}{row['status']:>8}"
         if row["status"] == "ok":
             line += f"{row['samples_per_s']:11.1f}{row['step_time_s'] * 1e3:9.1f}{row['loss']:8.3f}  "
             line += "  ".join(

@@ -862,11 +862,12 @@ def _offload_optimizer(x: _Context) -> list[Finding]:
         ]
     saving = -x.delta(offload_optimizer="none")
     host = sum(t.bytes for t in x.est.host_terms.values())
+    where = "the CPU, their files to NVMe" if x.setup.zero.offload_optimizer == "nvme" else "the CPU"
     return [
         Finding(
             key,
             "info",
-            f"{key}: optimizer states and the optimizer step move to the CPU: saves {_size(saving)} per GPU; "
+            f"{key}: optimizer states and the optimizer step move to {where}: saves {_size(saving)} per GPU; "
             f"{_size(host)} per rank in host memory ({x.setup.cluster.gpus_per_node} ranks per node: CPU RAM "
             f"per node {_size(x.est.cpu_bytes_per_node)}, {x.est.cpu_term.formula}); gradients go down and "
             "parameters come up over PCIe every step",

@@ -208,6 +208,8 @@ def _persistent(setup: Setup) -> Term:
 
 def nvme_bytes_per_node(setup: Setup, per_rank: dict[str, Term]) -> Term:
     """Bytes of swap files on one node's drives: every rank's files (stage 3 ranks hold equal partitions)."""
-    g = setup.cluster.gpus_per_node
+    g, z = setup.cluster.gpus_per_node, setup.zero
     each = sum(t.bytes for t in per_rank.values())
-    return Term(g * each, f"{g} ranks x {each:,} B of swap files (parameters + optimizer states)")
+    pairs = (("parameters", z.offload_param), ("optimizer states and fp32 gradients", z.offload_optimizer))
+    held = [what for what, device in pairs if device == "nvme"]
+    return Term(g * each, f"{g} ranks x {each:,} B of swap files ({' + '.join(held)})")
