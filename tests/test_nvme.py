@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from kit import estimate
+from kit import estimate, grid
 from kit.cli import main
 from kit.ds_config import read_ds_config, to_ds_config, validate_ds_config
 from kit.estimate import infinity, nvme, perf, plan
@@ -238,7 +238,7 @@ def test_plan_lists_nvme_setups_with_their_slowdown():
     assert len(slow) and (slow.slowdown > 1).all()
     row = slow.index[0]
     i = p.table.index[(p.table.label == slow.loc[row, "label"])][0]
-    assert p.setup(i).zero.nvme_path == plan.PLAN_NVME_PATH
+    assert p.setup(i).zero.nvme_path == grid.NVME_PATH
 
 
 # --- the ZeRO-Infinity paper ------------------------------------------------------------------------------

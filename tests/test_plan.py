@@ -18,7 +18,7 @@ def llama7b():
 
 def test_smallest_cluster_is_the_first_that_fits(llama7b):
     table = plan.smallest_cluster(llama7b, max_nodes=4)
-    assert len(table) == 6
+    assert len(table) == len(plan.DEFAULT_VARIANTS) == 7  # each stage without and with the most offload
     # 7B x 16 B = 108 GB of model states alone: plain data parallelism never fits an 80 GB GPU
     assert table.loc[0, "verdict"] == "does not fit on 32 GPUs"
     assert pd.isna(table.loc[0, "gpus"]) and pd.isna(table.loc[0, "per_gpu_gib"])
@@ -37,7 +37,7 @@ def test_smallest_cluster_is_the_first_that_fits(llama7b):
         assert found.fits["H100-SXM-80GB"] and round(found.per_gpu_bytes / GIB, 2) == row.per_gpu_gib
         assert all(not fits(*smaller).fits["H100-SXM-80GB"] for smaller in sizes[:i])
     # ZeRO-1/2 need 4 GPUs, ZeRO-3 only 2, optimizer offload 1: the verdicts the README teaches
-    assert list(table["gpus"].iloc[1:]) == [4, 4, 1, 2, 1]
+    assert list(table["gpus"].iloc[1:]) == [4, 1, 4, 1, 2, 1]
 
 
 def test_largest_micro_batch_is_the_boundary(llama7b):
@@ -88,6 +88,28 @@ def test_search_rows_are_what_estimate_and_perf_say_of_their_setup(searched):
         assert row.fits == (est.per_gpu_bytes <= gpu(s.cluster.gpu).memory_bytes * 0.9)
         usd = 5.0 if s.cluster.gpu == "H100-SXM-80GB" else prices()[s.cluster.gpu][0]
         assert row.cost_usd == pytest.approx(t.run(1e11, usd)["cost_usd"], rel=1e-12)
+
+
+def test_search_tries_the_grids_variants(searched):
+    """Several nodes: every ZeRO stage x offload to CPU (optimizer; optimizer and parameters at stage 3),
+    stage 3 offloading to NVMe, hpZ and hpZ + qwZ + qgZ, DDP / FSDP; one node: no ZeRO++."""
+    columns = ["engine", "stage", "offload_optimizer", "offload_param", "zeropp"]
+    tried = {
+        n: set(map(tuple, t[columns].values)) for n, t in searched.table.groupby(searched.table.nodes > 1)
+    }
+    ds = [("deepspeed", s, "none", "none", "") for s in range(4)]
+    offloaded = [("deepspeed", s, "cpu", "none", "") for s in (1, 2, 3)] + [
+        ("deepspeed", 3, "cpu", "cpu", "")
+    ]
+    nvme = [("deepspeed", 3, "nvme", p, "") for p in ("none", "nvme")]
+    baselines = [
+        ("ddp", 0, "none", "none", ""),
+        ("fsdp", 3, "none", "none", ""),
+        ("fsdp", 2, "none", "none", ""),
+    ]
+    zeropp = [("deepspeed", 3, "none", "none", z) for z in ("hpz8", "hpz8 qwz qgz")]
+    assert tried[False] == {*ds, *offloaded, *nvme, *baselines}
+    assert tried[True] == {*ds, *offloaded, *nvme, *baselines, *zeropp}
 
 
 def test_pareto_front_and_picks_per_gpu(searched):

@@ -2,16 +2,15 @@
 
     zerokit run --stages 0,1,2,3 --offload-optimizer none,cpu --nprocs 2 --steps 5 --json
 
-Configurations are every valid combination of the list flags (stage 0 cannot offload, only stage 3
-offloads parameters), or one per ``--ds-config`` file. Records go to ``RUNS_DIR/SWEEP/records.jsonl``;
-re-running the same ``--sweep`` skips what is already measured.
+Configurations are every valid combination of the list flags (``kit.grid.grid``: stage 0 cannot
+offload, only stage 3 offloads parameters), or one per ``--ds-config`` file. Records go to
+``RUNS_DIR/SWEEP/records.jsonl``; re-running the same ``--sweep`` skips what is already measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 
 from kit.cli.args import (
     UsageError,
@@ -133,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
 
 def setups_from_args(args: argparse.Namespace) -> list:
     """The Setups the flags describe, on one node of ``--nprocs`` ranks."""
+    from kit import grid
     from kit.estimate.explain import checked_setup
-    from kit.rules import baseline_problem, offload_problem
     from kit.schema import Setup
 
     spec = model_from_args(args)
@@ -146,30 +145,38 @@ def setups_from_args(args: argparse.Namespace) -> list:
             checked_setup(path, model=spec, cluster=cluster, seq_len=args.seq_len)[0]
             for path in args.ds_config
         ]
-    lists = {
-        "stage": [engine_stage("stages", s) for s in items(args.stages)],
-        "offload_optimizer": items(args.offload_optimizer),
-        "offload_param": items(args.offload_param),
-        "precision": items(args.precision),
-    }
-    setups = []
-    for values in itertools.product(*lists.values()):
-        zero = dict(zip(lists, values, strict=True), activation_checkpointing=args.activation_checkpointing)
-        zero["engine"], zero["stage"] = zero["stage"]
-        zero.update(nvme_from_args(args))
-        if zero["stage"] == 3 and zero["engine"] == "deepspeed":
-            zero.update(zeropp_from_args(args))
-        if offload_problem(zero["stage"], zero["offload_optimizer"], zero["offload_param"]):
-            continue  # combinations of the lists that no stage can run are left out
-        keys = ("engine", "stage", "offload_optimizer", "offload_param", "precision")
-        if baseline_problem(*(zero[k] for k in keys)):
-            continue  # the baselines run without offload, in fp32 or bf16
-        setups.append(Setup(model=spec, cluster=cluster, zero=zero, batch=batch))
-    if not setups:
-        raise UsageError(
-            "stages: no valid configuration (offload needs stage >= 1, parameter offload stage 3)"
-        )
-    return setups
+    stages = items(args.stages)
+    for item in stages:
+        engine_stage("stages", item)  # the CLI's own line for a bad item
+    found = grid.grid(
+        stages,
+        offload_optimizer=items(args.offload_optimizer),
+        offload_param=items(args.offload_param),
+        precision=items(args.precision),
+        zeropp=[zeropp_from_args(args)],  # on the stage-3 configurations
+    )
+    if not found.accepted and not found.refused:
+        raise UsageError(f"stages: choose at least one of {', '.join(grid.STAGES)}")
+    for flag, value in _refused_everywhere(args, found):
+        first = next(r for r in found.refused if getattr(r.variant, flag) == value)
+        raise UsageError(f"{first.field}: {first.reason} (--{flag.replace('_', '-')} {value})")
+    zero = {"activation_checkpointing": args.activation_checkpointing, **nvme_from_args(args)}
+    return [
+        Setup(model=spec, cluster=cluster, zero={**variant.zero, **zero}, batch=batch)
+        for variant in found.accepted
+    ]
+
+
+def _refused_everywhere(args: argparse.Namespace, found) -> list[tuple[str, str]]:
+    """(field, value) of each list item no accepted configuration has (``--offload-param cpu`` with
+    ``--stages 1,2``): bad input, not a combination to leave out."""
+    flags = {f: items(getattr(args, f)) for f in ("offload_optimizer", "offload_param", "precision")}
+    return [
+        (f, value)
+        for f, values in flags.items()
+        for value in values
+        if not any(getattr(v, f) == value for v in found.accepted)
+    ]
 
 
 def _batch_schedule(args: argparse.Namespace) -> dict:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from kit import batch as batch_math
+from kit import grid
 from kit.estimate import partition, perf
 from kit.gpus import catalogue, gpu, prices
 from kit.rules import BASELINES
@@ -30,43 +31,27 @@ DEFAULT_TRAIN_BATCH = 1024
 #: tokens per parameter when no run length is given: Chinchilla's compute-optimal ratio (Hoffmann et al. 2022)
 TOKENS_PER_PARAM = 20
 
-#: the common ZeRO variants ``smallest_cluster`` (and ``zerokit demo``) compare
-DEFAULT_VARIANTS = [
-    {"stage": 0, "offload_optimizer": "none", "offload_param": "none"},
-    {"stage": 1, "offload_optimizer": "none", "offload_param": "none"},
-    {"stage": 2, "offload_optimizer": "none", "offload_param": "none"},
-    {"stage": 2, "offload_optimizer": "cpu", "offload_param": "none"},
-    {"stage": 3, "offload_optimizer": "none", "offload_param": "none"},
-    {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
-]
-#: what ``search`` tries: the above plus stage 3 with only the optimizer offloaded
-SEARCH_VARIANTS = [
-    *DEFAULT_VARIANTS[:5],
-    {**DEFAULT_VARIANTS[4], "offload_optimizer": "cpu"},
-    DEFAULT_VARIANTS[5],
-]
+#: ZeRO's stages (``kit.grid.STAGES`` without the PyTorch baselines)
+ZERO_STAGES = ("0", "1", "2", "3")
+#: the common ZeRO variants ``smallest_cluster`` (and ``zerokit demo``) compare: each stage with nothing
+#: offloaded and with the most it can offload to CPU (``kit.grid.variants``)
+DEFAULT_VARIANTS = grid.variants(ZERO_STAGES, offload=("none", "most")).zero
 
 
-def zeropp_variants(gpus_per_node: int) -> list[dict]:
-    """The ZeRO++ variants ``search`` adds on clusters of several nodes, where they pay: hpZ over the
-    whole node, and hpZ + qwZ + qgZ (``perf.zeropp_variants``)."""
-    base = {"stage": 3, "offload_optimizer": "none", "offload_param": "none"}
-    named = perf.zeropp_variants(gpus_per_node)
-    return [{**base, **named["hpZ"]}, {**base, **named["ZeRO++ (hpZ + qwZ + qgZ)"]}]
-
-
-#: PyTorch's own engines ``search`` plans beside ZeRO (not in fp16: they need a loss scaler)
-BASELINE_VARIANTS = [
-    {"engine": engine, "stage": stage, "offload_optimizer": "none", "offload_param": "none"}
-    for engine, stage in BASELINES.values()
-]
-#: ZeRO-Infinity variants ``search`` adds (stage 3): optimizer states on NVMe, then parameters too
-NVME_VARIANTS = [
-    {"stage": 3, "offload_optimizer": "nvme", "offload_param": "none"},
-    {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"},
-]
-#: the swap folder planned setups name when the base Setup has none (nothing is written while planning)
-PLAN_NVME_PATH = "/local_nvme"
+def search_variants(setup: Setup, nodes: int) -> list[dict]:
+    """What ``search`` tries on a cluster of ``nodes`` nodes (``kit.grid.variants``): each ZeRO stage with
+    nothing, the optimizer, or the optimizer and the parameters offloaded to CPU, then stage 3 offloading
+    to NVMe (optimizer, optimizer + parameters); on several nodes, where they pay, ZeRO++ (hpZ over the
+    whole node, and hpZ + qwZ + qgZ: ``perf.zeropp_variants``); PyTorch's own engines beside them (the
+    grid refuses them in fp16: they need a loss scaler)."""
+    precision = setup.zero.precision
+    named = perf.zeropp_variants(setup.cluster.gpus_per_node)
+    zeropp = [named["hpZ"], named["ZeRO++ (hpZ + qwZ + qgZ)"]] if nodes > 1 else []
+    levels = ("none", "optimizer", "all")
+    cpu = grid.variants(ZERO_STAGES, offload=levels, zeropp=zeropp, precision=precision)
+    nvme = grid.variants(("3",), offload=levels[1:], to="nvme", precision=precision)
+    baselines = grid.variants(BASELINES, precision=precision)
+    return cpu.zero + nvme.zero + baselines.zero
 
 
 def _nvme_fields(setup: Setup, change: dict) -> dict:
@@ -75,7 +60,7 @@ def _nvme_fields(setup: Setup, change: dict) -> dict:
     ``kit.estimate.nvme.problem``)."""
     if "nvme" not in (change["offload_optimizer"], change["offload_param"]):
         return {}
-    fields: dict = {"nvme_path": setup.zero.nvme_path or PLAN_NVME_PATH}
+    fields: dict = {"nvme_path": setup.zero.nvme_path or grid.NVME_PATH}
     if change["offload_param"] == "nvme":
         fields["buffer_size"] = max(setup.zero.buffer_size, partition.largest_tensor(setup))
     return fields
@@ -129,13 +114,13 @@ def smallest_cluster(setup: Setup, variants: list[dict] | None = None, max_nodes
         found = None
         for nodes, gpus in sizes:
             candidate = setup.replace(
-                cluster={"nodes": nodes, "gpus_per_node": gpus}, zero={**perf.ZEROPP_OFF, **change}, batch={}
+                cluster={"nodes": nodes, "gpus_per_node": gpus}, zero={**grid.ZEROPP_OFF, **change}, batch={}
             )
             est = estimate(candidate)
             if est.fits[candidate.cluster.gpu]:
                 found = est
                 break
-        label = (found.setup if found else setup.replace(zero={**perf.ZEROPP_OFF, **change})).label
+        label = (found.setup if found else setup.replace(zero={**grid.ZEROPP_OFF, **change})).label
         rows.append(
             {
                 "variant": label,
@@ -341,17 +326,10 @@ def search(
     sizes = [(1, g) for g in _powers_of_two_up_to(per_node)]
     sizes += [(n, per_node) for n in _powers_of_two_up_to(max_nodes)[1:]]
     rows = []
-    baselines = BASELINE_VARIANTS if setup.zero.precision != "fp16" else []
     combos = [
         (size, change, ckpt)
         for size in sizes
-        for change in variants
-        or [
-            *SEARCH_VARIANTS,
-            *NVME_VARIANTS,
-            *(zeropp_variants(size[1]) if size[0] > 1 else []),
-            *baselines,
-        ]
+        for change in variants or search_variants(setup, size[0])
         for ckpt in checkpointing
     ]
     for (nodes, per), change, ckpt in combos:
@@ -363,7 +341,7 @@ def search(
                 cluster={"nodes": nodes, "gpus_per_node": per},
                 zero={
                     "engine": "deepspeed",
-                    **perf.ZEROPP_OFF,
+                    **grid.ZEROPP_OFF,
                     **change,
                     "activation_checkpointing": ckpt,
                     **_nvme_fields(setup, change),

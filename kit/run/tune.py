@@ -9,8 +9,8 @@ What a candidate is:
 
 - ``offload="none"`` keeps everything on the GPU; ``offload="cpu"`` offloads whatever the stage can:
   the optimizer at stages 1-2, the optimizer **and** the parameters at stage 3 (ZeRO-Infinity's CPU
-  variant, the most memory a stage can give back); stage 0 cannot offload and gets no "cpu" candidate
-  (``kit.rules.offload_problem``).
+  variant, the most memory a stage can give back: ``kit.grid.variants``' level ``most``); stage 0
+  cannot offload and gets no "cpu" candidate.
 - the batch: ``keep="train_batch"`` (the default, as DeepSpeed's autotuner does with a list of micro
   batches) fixes the global batch at ``max(micro_batches) x grad_accum x ranks`` (grad_accum the
   setup's) and gives each micro batch the gradient accumulation that keeps it, so every candidate
@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from kit.rules import offload_problem
+from kit import grid
 from kit.run.results import Results
 from kit.run.sweep import config_id, on_ranks, run_sweep
 from kit.schema import Setup
@@ -125,17 +125,13 @@ def candidates(
             f"micro_batches: with keep='train_batch' each must divide max(micro_batches) x grad_accum = "
             f"{per_gpu}, got {odd}"
         )
+    levels = ["none" if offload == "none" else "most" for offload in offloads]
+    found = grid.variants(stages, offload=levels, precision=base.zero.precision)  # stage 0: no "cpu"
     out = []
-    for stage, offload, micro in itertools.product(stages, offloads, micros):
-        zero = {
-            "stage": stage,
-            "offload_optimizer": offload,
-            "offload_param": offload if stage == 3 else "none",
-        }
-        if offload_problem(stage, zero["offload_optimizer"], zero["offload_param"]):
-            continue  # stage 0 cannot offload
+    for variant, micro in itertools.product(found.accepted, micros):
         accum = per_gpu // micro if keep == "train_batch" else base.batch.grad_accum
-        candidate = base.replace(zero=zero, batch={"micro_batch": micro, "grad_accum": accum})
+        candidate = base.replace(zero=variant.zero, batch={"micro_batch": micro, "grad_accum": accum})
+        offload = "none" if variant.offload_optimizer == "none" else "cpu"
         out.append(Candidate(candidate, offload, estimate(candidate).per_gpu_bytes))
     return out
 
