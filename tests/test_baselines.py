@@ -20,14 +20,14 @@ from kit.ds_config import to_ds_config
 from kit.estimate import baselines, perf
 from kit.models import preset, toy_spec
 from kit.rules import BASELINES, baseline_name
-from kit.run import sweep as runner
+from kit.run.sweep import TOY_ZERO, check, config_id, run_sweep
 from kit.schema import Setup
 
 NPROCS = 2
 TOY = Setup(
     model=toy_spec(),
     cluster={"nodes": 1, "gpus_per_node": NPROCS},
-    zero={**runner.TOY_ZERO, "precision": "fp32"},
+    zero={**TOY_ZERO, "precision": "fp32"},
     batch={"micro_batch": 2, "grad_accum": 2},
 )
 #: bytes of the scalars a step also reduces (DeepSpeed's gradient norm and overflow flag), not predicted
@@ -137,18 +137,16 @@ def test_a_baseline_has_no_ds_config_and_refuses_what_only_deepspeed_runs():
     with pytest.raises(ValueError, match="zero.engine: 'fsdp' is PyTorch's own engine.*stage 3"):
         to_ds_config(variant("fsdp"))
     with pytest.raises(ValueError, match="batch.schedule: ddp runs take a fixed batch"):
-        runner.check(
-            variant("ddp").replace(batch={"schedule": [{"step": 2, "micro_batch": 4, "grad_accum": 2}]})
-        )
+        check(variant("ddp").replace(batch={"schedule": [{"step": 2, "micro_batch": 4, "grad_accum": 2}]}))
     with pytest.raises(ValueError, match="zero.activation_checkpointing: fsdp runs here train without it"):
-        runner.check(variant("fsdp", activation_checkpointing=True))
+        check(variant("fsdp", activation_checkpointing=True))
 
 
 def test_config_ids_of_deepspeed_setups_ignore_the_engine_field():
     data = variant("2").model_dump(mode="json")
     del data["zero"]["engine"]
-    assert runner.config_id(variant("2")) == runner.config_id(Setup.model_validate(data))
-    assert runner.config_id(variant("ddp")) != runner.config_id(variant("0"))
+    assert config_id(variant("2")) == config_id(Setup.model_validate(data))
+    assert config_id(variant("ddp")) != config_id(variant("0"))
 
 
 def test_cli_stages_take_baseline_names_and_refuse_others():
@@ -180,13 +178,13 @@ def test_cli_stages_take_baseline_names_and_refuse_others():
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
-    return runner.run_sweep(
+    return run_sweep(
         SETUPS, sweep="b", runs_dir=runs, nprocs=NPROCS, steps=2, warmup=1, timeout_s=120, progress=False
     )
 
 
 def steps_of(results, setup, rank):
-    cid = runner.config_id(setup)
+    cid = config_id(setup)
     return sorted(
         (r for r in results.records if r["config_id"] == cid and r["status"] == "ok" and r["rank"] == rank),
         key=lambda r: r["step"],

@@ -7,9 +7,9 @@ import pytest
 from kit import models
 from kit.cli import main
 from kit.estimate import perf
+from kit.run import calibrate as cal
 from kit.run.results import Results
 from kit.run.sweep import config_id
-from kit.scaleout import calibrate as cal
 from kit.schema import Setup
 
 

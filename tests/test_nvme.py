@@ -16,7 +16,7 @@ from kit.estimate import infinity, nvme, perf, plan
 from kit.lab import teach
 from kit.models import resolve, toy_spec
 from kit.ranks import nvme_files
-from kit.run import sweep as runner
+from kit.run.sweep import LATER_FIELDS, TOY_ZERO, async_io_problem, check, config_id, run_sweep
 from kit.schema import Setup, ZeroSettings
 
 LLAMA = resolve("llama-2-7b")
@@ -70,7 +70,7 @@ def test_defaults_are_deepspeeds():
     )
     assert z.optimizer_buffer_count == opt.buffer_count and z.pin_memory == param.pin_memory
     assert {**z.aio.model_dump(), "use_gds": False} == AIO_DEFAULT_DICT
-    unset = runner.LATER_FIELDS["zero"]
+    unset = LATER_FIELDS["zero"]
     assert {k: ZeroSettings().model_dump()[k] for k in unset} == unset
 
 
@@ -78,14 +78,14 @@ def test_a_setup_without_nvme_hashes_as_before():
     # the config id of the toy stage-2 setup recorded before the NVMe fields existed
     old = Setup(model=toy_spec(), zero={"stage": 2}, batch={"micro_batch": 2})
     data = old.model_dump(mode="json")
-    for key in runner.LATER_FIELDS["zero"]:
+    for key in LATER_FIELDS["zero"]:
         del data["zero"][key]
-    for key in runner.LATER_FIELDS["batch"]:
+    for key in LATER_FIELDS["batch"]:
         del data["batch"][key]
     import hashlib
 
-    assert runner.config_id(old) == hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
-    assert runner.config_id(old) != runner.config_id(old.replace(zero={"nvme_path": "/x"}))
+    assert config_id(old) == hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+    assert config_id(old) != config_id(old.replace(zero={"nvme_path": "/x"}))
 
 
 # --- ds_config ------------------------------------------------------------------------------------------
@@ -295,20 +295,20 @@ def test_async_io_is_checked_before_launch(monkeypatch):
     s = Setup(
         model=toy_spec(),
         cluster={"gpus_per_node": 2},
-        zero={**NVME, **runner.TOY_ZERO},
+        zero={**NVME, **TOY_ZERO},
         batch={"micro_batch": 2},
     )
     with pytest.raises(
         ValueError, match=r"offload_param: 'nvme' needs DeepSpeed's async_io op.*apt-get install libaio-dev"
     ):
-        runner.check(s)
+        check(s)
 
 
 # --- a real run: 2 CPU ranks, stage 3, swap files under tmp_path ------------------------------------------
 
 #: the first NVMe launch on a machine JIT-builds DeepSpeed's async_io op (2.5-6 minutes on 2 busy cores)
 ASYNC_IO_BUILD_S = 900.0
-RUN = {**runner.TOY_ZERO, "stage": 3, "buffer_size": 1_000_000}
+RUN = {**TOY_ZERO, "stage": 3, "buffer_size": 1_000_000}
 RUNS = {
     "optimizer + params on NVMe, nothing kept in RAM": {
         "offload_optimizer": "nvme",
@@ -335,7 +335,7 @@ def nvme_sweep(tmp_path_factory):
         )
         for z in RUNS.values()
     ]
-    results = runner.run_sweep(
+    results = run_sweep(
         setups,
         sweep="nvme",
         runs_dir=folder / "runs",
@@ -355,7 +355,7 @@ def nvme_sweep(tmp_path_factory):
 def test_nvme_run_measures_what_the_estimate_says(nvme_sweep, name):
     setups, results = nvme_sweep
     setup = setups[list(RUNS).index(name)]
-    cid = runner.config_id(setup)
+    cid = config_id(setup)
     records = [r for r in results.records if r["config_id"] == cid]
     assert records and all(r["status"] == "ok" for r in records), [r.get("error") for r in records][:1]
     for rank in (0, 1):
@@ -412,9 +412,9 @@ def test_a_lock_left_by_a_killed_build_is_named_before_launch(monkeypatch, tmp_p
     lock.touch()
     os.utime(lock, (0, 0))
     monkeypatch.setattr(ext, "_get_build_directory", lambda name, verbose: str(tmp_path))
-    assert "left by a build that was stopped" in runner.async_io_problem("offload_optimizer")
+    assert "left by a build that was stopped" in async_io_problem("offload_optimizer")
     lock.unlink()
-    assert runner.async_io_problem() is None
+    assert async_io_problem() is None
 
 
 def test_cli_plan_lists_nvme_slowdown(capsys):

@@ -20,8 +20,8 @@ from kit.estimate import trace
 from kit.models import toy_spec
 from kit.ranks import worker
 from kit.records import load_records
-from kit.run import sweep as runner
 from kit.run.results import Results
+from kit.run.sweep import config_id, on_ranks, run_sweep
 from kit.schema import Setup
 
 pytestmark = pytest.mark.distributed
@@ -79,7 +79,7 @@ FAULTS = {ALL.index(RAISE): "raise", ALL.index(DIE): "die", ALL.index(HANG): "ha
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
-    results = runner.run_sweep(
+    results = run_sweep(
         ALL, sweep="t", runs_dir=runs, nprocs=NPROCS, steps=STEPS, warmup=WARMUP, timeout_s=TIMEOUT_S,
         progress=False, faults=FAULTS,
     )  # fmt: skip
@@ -87,7 +87,7 @@ def sweep(tmp_path_factory):
 
 
 def cid(setup: Setup) -> str:
-    return runner.config_id(runner.on_ranks(setup, NPROCS))
+    return config_id(on_ranks(setup, NPROCS))
 
 
 def records_of(results: Results, setup: Setup) -> list[dict]:
@@ -264,13 +264,11 @@ def test_resume_runs_only_what_is_missing(sweep):
     records_file = runs / "t" / "records.jsonl"
     before = load_records(records_file)
     launches = len(list((runs / "t").glob("launch-*.json")))
-    runner.run_sweep(
-        SETUPS[:3], sweep="t", runs_dir=runs, nprocs=NPROCS, steps=STEPS, warmup=WARMUP, progress=False
-    )
+    run_sweep(SETUPS[:3], sweep="t", runs_dir=runs, nprocs=NPROCS, steps=STEPS, warmup=WARMUP, progress=False)
     assert load_records(records_file) == before
     assert len(list((runs / "t").glob("launch-*.json"))) == launches
     extra = BASE.replace(batch={"micro_batch": 4})
-    results = runner.run_sweep(
+    results = run_sweep(
         [SETUPS[0], extra],
         sweep="t",
         runs_dir=runs,
@@ -280,14 +278,14 @@ def test_resume_runs_only_what_is_missing(sweep):
         progress=False,
     )
     new = load_records(records_file)[len(before) :]
-    assert {r["label"] for r in new} == {runner.on_ranks(extra, NPROCS).label}
+    assert {r["label"] for r in new} == {on_ranks(extra, NPROCS).label}
     assert len(results.summary()) == len(ALL) + 1
 
 
 def test_invalid_setup_is_rejected_before_launch(tmp_path):
     bad = Setup(model=estimate_free_spec(), zero={"stage": 2}, batch={"micro_batch": 1})
     with pytest.raises(ValueError, match=r"^config 0 \(z2 bf16 mb1\): model: 'custom' has no architecture"):
-        runner.run_sweep([bad], sweep="bad", runs_dir=tmp_path, progress=False)
+        run_sweep([bad], sweep="bad", runs_dir=tmp_path, progress=False)
     assert not (tmp_path / "bad" / "records.jsonl").exists()
 
 

@@ -7,8 +7,9 @@ import pytest
 
 from kit.models import toy_spec
 from kit.run.launcher import launch_argv, run_launch, worker_env
+from kit.run.local_nodes import start_local_nodes
 from kit.scaleout import commtest
-from kit.scaleout.commtest import run_commtest, run_local_nodes
+from kit.scaleout.commtest import run_commtest
 from kit.scaleout.hostfile import make_hosts, write_hostfile
 from kit.schema import Setup
 
@@ -53,7 +54,7 @@ def test_zero2_run_across_two_nodes(tmp_path):
     }
     launch["configs"] = [{"config_id": "z2", "label": setup.label, "setup": setup.model_dump()}]
     (tmp_path / "spec.json").write_text(json.dumps(launch))
-    rcs, outputs = run_local_nodes(
+    rcs, outputs = start_local_nodes(
         "kit.ranks.worker", ["--spec", str(tmp_path / "spec.json")], 2, 2, timeout_s=240
     )
     assert rcs == [0, 0], outputs[0][-3000:]

@@ -274,12 +274,12 @@ def test_hpz_measured_on_two_simulated_nodes(tmp_path):
     other all-gathers run inside the node, and the cross-node bytes on the wire fall, as
     ``perf.collectives`` predicts.
     """
-    from kit.scaleout.local_nodes import hpz_toy_setups, run_on_local_nodes
+    from kit.run.local_nodes import hpz_toy_setups, run_setups_on_local_nodes
 
     spec = models.toy_spec()
     setups = list(hpz_toy_setups().values())  # persistence threshold 1,000, no prefetch, no reuse
     setups.append(setups[1].replace(zero={"offload_optimizer": "cpu", "offload_param": "cpu"}))
-    rows = run_on_local_nodes(setups, tmp_path / "zeropp", steps=1, warmup=1)
+    rows = run_setups_on_local_nodes(setups, tmp_path / "zeropp", steps=1, warmup=1)
     labels = {"z3 bf16 mb1", "z3 hpz2 bf16 mb1", "z3 opt-off param-off hpz2 bf16 mb1"}
     assert {(r["label"], r["status"]) for r in rows} == {(label, "ok") for label in labels}
     by = {(r["label"], r["rank"]): r for r in rows}
@@ -309,18 +309,18 @@ def test_hpz_measured_on_two_simulated_nodes(tmp_path):
 
 
 def test_local_nodes_refuses_before_launch(tmp_path, monkeypatch):
-    from kit.scaleout.local_nodes import hpz_toy_setups, run_on_local_nodes
+    from kit.run.local_nodes import hpz_toy_setups, run_setups_on_local_nodes
 
     toys = hpz_toy_setups()
     with pytest.raises(ValueError, match=r"^cluster.nodes: must be >= 2 for a multi-node rehearsal, got 1$"):
-        run_on_local_nodes([toys["ZeRO-3"].replace(cluster={"nodes": 1})], tmp_path)
+        run_setups_on_local_nodes([toys["ZeRO-3"].replace(cluster={"nodes": 1})], tmp_path)
     with pytest.raises(ValueError, match=r"^setups: all must share one cluster shape"):
-        run_on_local_nodes([toys["ZeRO-3"], toys["ZeRO-3"].replace(cluster={"nodes": 4})], tmp_path)
+        run_setups_on_local_nodes([toys["ZeRO-3"], toys["ZeRO-3"].replace(cluster={"nodes": 4})], tmp_path)
     monkeypatch.setattr(launcher, "ranks_accelerator", lambda: "cpu")
     with pytest.raises(
         ValueError, match=r"^config 0 \(z3 qwz bf16 mb1\): zero.quantized_weights: needs Deep"
     ):
-        run_on_local_nodes([toys["ZeRO-3"].replace(zero={"quantized_weights": True})], tmp_path)
+        run_setups_on_local_nodes([toys["ZeRO-3"].replace(zero={"quantized_weights": True})], tmp_path)
     assert not (tmp_path / "records.jsonl").exists()  # nothing launched
 
 

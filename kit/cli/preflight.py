@@ -89,8 +89,9 @@ def _nvme_bandwidth(args: argparse.Namespace) -> int:
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
+    from kit.run import calibrate as cal
     from kit.run.results import Results
-    from kit.scaleout import calibrate as cal
+    from kit.scaleout.commtest import allreduce_bus_gbps
     from kit.schema import Setup
 
     if args.nvme:
@@ -106,7 +107,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if any(r["device"] == "cpu" for r in ok):
         setup = Setup.model_validate(ok[0]["setup"])
         precisions = tuple(sorted({r["setup"]["zero"]["precision"] for r in ok}))
-        machine = cal.cpu_machine(args.nprocs, precisions, cal.matmul_shape(setup))
+        bus = allreduce_bus_gbps(args.nprocs)
+        machine = cal.cpu_machine(args.nprocs, precisions, cal.matmul_shape(setup), bus_gbps=bus)
     table = cal.calibrate(results, machine)
     error = cal.median_abs_error(table)
     if args.json:

@@ -14,7 +14,7 @@ every hardware figure comes from ``data/`` with its source (``hardware``):
   bound by the node's memory bandwidth; not overlapped.
 
 ``step_time`` is a few microseconds of arithmetic, so ``kit.estimate.plan`` can rank thousands of setups;
-``kit.scaleout.calibrate`` compares it with measured step times.
+``kit.run.calibrate`` compares it with measured step times.
 """
 
 from __future__ import annotations

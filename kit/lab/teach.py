@@ -282,7 +282,7 @@ def zeropp_table(setup: Setup) -> pd.DataFrame:
 
 
 def zeropp_measured(records: list[dict]) -> pd.DataFrame:
-    """Per configuration and rank of a multi-node run (``kit.scaleout.local_nodes``): parameter bytes
+    """Per configuration and rank of a multi-node run (``kit.run.local_nodes``): parameter bytes
     measured beside ``rank_states`` (hpZ's secondary partition included), and the bytes sent per step
     inside the node and across nodes, measured (``comm_scope_wire_bytes``) beside ``perf.comm_by_scope``."""
     from kit.estimate import perf, rank_states

@@ -14,6 +14,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from kit.rules import wire_factor
+
 #: the per-rank script, run as a module (``-m``) so that kit/ itself is not put on sys.path
 WORKER = "kit.ranks.commtest_worker"
 #: 8 KiB to 32 MiB in steps of 4x: small enough for CPU ranks, large enough to show the bandwidth knee.
@@ -25,14 +27,12 @@ TIMED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
 
 def bus_factor(op: str, world: int) -> float:
-    """nccl-tests' busbw / algbw: the share of the data each rank's link carries."""
-    if op == "all_reduce":
-        return 2 * (world - 1) / world
-    if op in ("all_gather", "reduce_scatter"):
-        return (world - 1) / world
-    if op == "broadcast":
-        return 1.0
-    raise ValueError(f"op: choose one of {', '.join(TIMED)}, got {op!r}")
+    """nccl-tests' busbw / algbw: the share of the data each rank's link carries. With the full buffer as
+    the size it is ``kit.rules.wire_factor`` for all-reduce, reduce-scatter and broadcast, and all-gather's
+    wire factor (per shard) over the world size (its full output is ``world`` shards)."""
+    if op not in TIMED:
+        raise ValueError(f"op: choose one of {', '.join(TIMED)}, got {op!r}")
+    return wire_factor(op, world) / (world if op == "all_gather" else 1)
 
 
 @dataclass(frozen=True)
@@ -170,62 +170,32 @@ def run_commtest(
 ) -> CommtestResult:
     """Launch the communication test on ``nprocs`` ranks per node and return what they measured.
 
-    ``nnodes > 1`` rehearses a multi-node job on this machine (see ``run_local_nodes``).
+    ``nnodes > 1`` rehearses a multi-node job on this machine (``kit.run.local_nodes.start_local_nodes``).
     ``arrive_s``: how long the ranks wait for each other (a barrier that names missing ranks);
     ``timeout_s``: when the launch is killed. ``torchrun`` starts faster than ``deepspeed``.
     """
     from kit.run.launcher import launch_argv, run_launch, worker_env
+    from kit.run.local_nodes import start_local_nodes
 
     if nprocs * nnodes < 2:
         raise ValueError(f"nprocs: a communication test needs at least 2 ranks, got {nprocs * nnodes}")
     script = worker_args(sizes, iters, arrive_s, late_rank, late_s, wrong_rank)
     if nnodes > 1:
-        rcs, outputs = run_local_nodes(WORKER, script, nprocs, nnodes, timeout_s)
+        rcs, outputs = start_local_nodes(WORKER, script, nprocs, nnodes, timeout_s)
         return parse_output("\n".join(outputs), nprocs * nnodes, max(rcs, key=abs))
     argv = launch_argv(WORKER, script, nprocs, launcher=launcher)
     rc, output = run_launch(argv, worker_env(nprocs), timeout_s)
     return parse_output(output, nprocs, rc)
 
 
-def run_local_nodes(
-    script: str, script_args: list[str], nprocs: int, nnodes: int, timeout_s: float
-) -> tuple[list[int], list[str]]:
-    """A multi-node job on this machine: a hostfile of ``nnodes`` loopback names (``localhost``,
-    ``127.0.0.1``, ``127.0.0.2``...) with ``nprocs`` slots each, started by ``run_hostfile_here``.
-    The CI stand-in for a cluster."""
-    import tempfile
-
-    from kit.scaleout.hostfile import make_hosts, write_hostfile
-
-    if not 2 <= nnodes <= 255:
-        raise ValueError(f"nnodes: must be in 2..255 for a local multi-node rehearsal, got {nnodes}")
-    names = ["localhost"] + [f"127.0.0.{i}" for i in range(1, nnodes)]
-    with tempfile.TemporaryDirectory(prefix="zerokit-nodes-") as folder:
-        hostfile = write_hostfile(make_hosts(names, nprocs), f"{folder}/hostfile")
-        return run_hostfile_here(script, script_args, hostfile, timeout_s)
-
-
-def run_hostfile_here(script: str, script_args: list[str], hostfile, timeout_s: float):
-    """Every host of ``hostfile`` started on this machine at once, one deepspeed launcher per host
-    (``--hostfile H --no_ssh --node_rank i --master_addr 127.0.0.1``), as each node of a cluster
-    starts its own; returns each node's exit status and output, in hostfile order."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from kit.run.launcher import free_port, launch_argv, run_launch, worker_env
-    from kit.scaleout.hostfile import read_hostfile
-
-    hosts = read_hostfile(hostfile)
-    port, nodes = free_port(), len(hosts)
-    argvs = [
-        launch_argv(
-            script, script_args, h.slots, nnodes=nodes, node_rank=r, master_port=port, hostfile=hostfile
-        )
-        for r, h in enumerate(hosts)
-    ]
-    env = worker_env(max(h.slots for h in hosts))
-    with ThreadPoolExecutor(nodes) as pool:
-        done = list(pool.map(lambda argv: run_launch(argv, env, timeout_s), argvs))
-    return [rc for rc, _ in done], [out for _, out in done]
+def allreduce_bus_gbps(nprocs: int = 2) -> float:
+    """The all-reduce bus bandwidth between ``nprocs`` ranks of this machine at the largest message size
+    (one commtest launch), as ``kit.run.calibrate.cpu_machine`` needs it; RuntimeError if the test fails."""
+    test = run_commtest(nprocs)
+    if not test.ok:
+        raise RuntimeError(f"calibrate: the communication test failed: {test.error}")
+    bw = test.bandwidth()
+    return float(bw[bw.op == "all_reduce"].sort_values("size_bytes").busbw_gbps.iloc[-1])
 
 
 def run_on_hostfile(
@@ -247,6 +217,7 @@ def run_on_hostfile(
     ``node_report``'s rows.
     """
     from kit.run.launcher import free_port, launch_argv, run_launch, worker_env
+    from kit.run.local_nodes import start_hosts_here
     from kit.scaleout.hostfile import is_local, read_hostfile
 
     hosts = read_hostfile(hostfile)
@@ -256,7 +227,7 @@ def run_on_hostfile(
     script = worker_args(sizes, iters, arrive_s, late_rank, late_s)
     simulate = local if local is not None else all(is_local(h.host) for h in hosts)
     if simulate:
-        rcs, outputs = run_hostfile_here(WORKER, script, hostfile, timeout_s)
+        rcs, outputs = start_hosts_here(WORKER, script, hostfile, [h.slots for h in hosts], timeout_s)
         rc, output = max(rcs, key=abs), "\n".join(outputs)
     else:
         argv = launch_argv(WORKER, script, hosts[0].slots, master_addr=hosts[0].host, master_port=free_port())

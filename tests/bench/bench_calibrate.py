@@ -1,13 +1,14 @@
 """The step-time model against measurement on this machine: a compute-heavy toy GPT (3.3M parameters,
 hidden 256, fp32, 512 tokens per micro batch) at stages 0-3, with offload and with gradient accumulation,
 2 CPU ranks, bare loop; the machine's matmul rate and gloo bandwidth measured independently. Prints each
-configuration's error and the median |error| (``kit.scaleout.calibrate``)."""
+configuration's error and the median |error| (``kit.run.calibrate``)."""
 
 import tempfile
 
 from kit.models import override, toy_spec
+from kit.run.calibrate import calibrate, cpu_machine, matmul_shape, median_abs_error
 from kit.run.sweep import TOY_ZERO, run_sweep
-from kit.scaleout.calibrate import calibrate, cpu_machine, matmul_shape, median_abs_error
+from kit.scaleout.commtest import allreduce_bus_gbps
 from kit.schema import Setup
 
 
@@ -28,7 +29,7 @@ def main() -> None:
         results = run_sweep(
             setups, sweep="calibrate", runs_dir=runs, steps=4, progress=False, instrument=False
         )
-    machine = cpu_machine(2, ("fp32",), matmul_shape(base))
+    machine = cpu_machine(2, ("fp32",), matmul_shape(base), bus_gbps=allreduce_bus_gbps(2))
     print(f"cpu_matmul_per_rank: {machine.tflops['fp32'] * 1e3:.1f} GFLOP/s")
     print(f"gloo_allreduce_busbw: {machine.bus_gbps:.2f} GB/s")
     table = calibrate(results, machine)

@@ -1,23 +1,63 @@
-"""Real runs of Setups on simulated nodes: several deepspeed launchers on this machine form one world.
+"""Simulated nodes: several deepspeed launchers on this machine form one multi-node world.
 
-``run_on_local_nodes`` writes a launch spec of ``kit.ranks.worker`` for the Setups (each with the
-cluster it names, e.g. 2 nodes x 2 GPUs) and starts one launcher per node on the loopback
-(``commtest.run_local_nodes``: ``--hostfile H --no_ssh --node_rank i``), the CI stand-in for a cluster.
-The ranks record as in any sweep, including the communication split by node (``comm_scope_bytes``),
-which a one-node sweep cannot show. By hand the same spec runs on a real cluster's hostfile.
+Two layers:
+- the starter, for any per-rank module: ``start_hosts_here`` starts one launcher per host of a hostfile
+  on this machine at once (``--hostfile H --no_ssh --node_rank i``), as each node of a cluster starts
+  its own; ``start_local_nodes`` does so for a hostfile of loopback names it writes (``localhost``,
+  ``127.0.0.1``, ...). ``zerokit commtest --hostfile`` and ``--nnodes`` use them;
+- ``run_setups_on_local_nodes``: Setups of several nodes (e.g. 2 nodes x 2 GPUs) run for real by
+  ``kit.ranks.worker`` through the starter, the CI stand-in for a cluster. The ranks record as in any
+  sweep, including the communication split by node (``comm_scope_bytes``), which a one-node sweep
+  cannot show. By hand the same spec runs on a real cluster's hostfile.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kit.records import load_records
+from kit.run.launcher import free_port, launch_argv, run_launch, worker_env
 from kit.run.sweep import check, config_id
 from kit.schema import Setup
 
 
-def run_on_local_nodes(
+def start_hosts_here(
+    script: str, script_args: list[str], hostfile: str | Path, slots: Sequence[int], timeout_s: float
+) -> tuple[list[int], list[str]]:
+    """Every host of ``hostfile`` (``slots``: its hosts' slots, in order) started on this machine at once,
+    one deepspeed launcher per host (``--no_ssh --node_rank i``, the master on this machine); returns each
+    node's exit status and output, in hostfile order."""
+    port, nodes = free_port(), len(slots)
+    argvs = [
+        launch_argv(script, script_args, n, nnodes=nodes, node_rank=r, master_port=port, hostfile=hostfile)
+        for r, n in enumerate(slots)
+    ]
+    env = worker_env(max(slots))
+    with ThreadPoolExecutor(nodes) as pool:
+        done = list(pool.map(lambda argv: run_launch(argv, env, timeout_s), argvs))
+    return [rc for rc, _ in done], [out for _, out in done]
+
+
+def start_local_nodes(
+    script: str, script_args: list[str], nprocs: int, nnodes: int, timeout_s: float
+) -> tuple[list[int], list[str]]:
+    """``script`` on ``nnodes`` simulated nodes of ``nprocs`` ranks: a hostfile of loopback names
+    (``localhost``, ``127.0.0.1``, ``127.0.0.2``...; DeepSpeed's ``host slots=N`` lines) started by
+    ``start_hosts_here``."""
+    if not 2 <= nnodes <= 255:
+        raise ValueError(f"nnodes: must be in 2..255 for a local multi-node rehearsal, got {nnodes}")
+    names = ["localhost"] + [f"127.0.0.{i}" for i in range(1, nnodes)]
+    with tempfile.TemporaryDirectory(prefix="zerokit-nodes-") as folder:
+        hostfile = Path(folder) / "hostfile"
+        hostfile.write_text("".join(f"{name} slots={nprocs}\n" for name in names))
+        return start_hosts_here(script, script_args, hostfile, [nprocs] * nnodes, timeout_s)
+
+
+def run_setups_on_local_nodes(
     setups: list[Setup],
     folder: str | Path,
     *,
@@ -29,8 +69,6 @@ def run_on_local_nodes(
     """Run every Setup (all on the same cluster shape) in one launch across ``nodes`` local launchers;
     returns the ok step records. ValueError (one line) before launch for what cannot run; RuntimeError
     with the launch's tail when a node fails."""
-    from kit.scaleout.commtest import run_local_nodes
-
     if not setups:
         raise ValueError("setups: give at least one Setup to run")
     shapes = {(s.cluster.nodes, s.cluster.gpus_per_node) for s in setups}
@@ -56,7 +94,7 @@ def run_on_local_nodes(
         {"config_id": config_id(s), "label": s.label, "setup": s.model_dump(mode="json")} for s in setups
     ]
     (folder / "spec.json").write_text(json.dumps(spec, indent=1))
-    rcs, outputs = run_local_nodes(
+    rcs, outputs = start_local_nodes(
         "kit.ranks.worker", ["--spec", str(folder / "spec.json")], per_node, nodes, timeout_s
     )
     if any(rcs):
