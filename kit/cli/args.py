@@ -9,11 +9,39 @@ import os
 import sys
 from typing import Any
 
+from kit.schema import AioSettings, Cluster, ZeroSettings
 from kit.units import parse_count
 
 
 class UsageError(ValueError):
     """Invalid input detected by a subcommand: printed as one line, exit 2."""
+
+
+def default(section: type, name: str) -> Any:
+    """A Setup field's default (``default(ZeroSettings, "stage")``): the flags restate no number."""
+    return section.model_fields[name].default
+
+
+def add_json(p, what: str = "one JSON object") -> None:
+    """``--json``, which every subcommand takes: print ``what`` on stdout and nothing else there."""
+    p.add_argument("--json", action="store_true", help=f"print {what} on stdout")
+
+
+def add_precision(p, *, many: bool = False) -> None:
+    """``--precision`` (``many``: a comma-separated list), the schema's default."""
+    choices = "fp32, fp16, bf16"
+    help = f"comma-separated: {choices}" if many else choices
+    p.add_argument("--precision", default=default(ZeroSettings, "precision"), help=help)
+
+
+def add_gpu(p, help: str = "a name in data/gpus.csv") -> None:
+    """``--gpu NAME`` (a row of data/gpus.csv), the schema's default."""
+    p.add_argument("--gpu", default=default(Cluster, "gpu"), help=help)
+
+
+def add_checkpointing(p) -> None:
+    """``--activation-checkpointing``: recompute each block's activations in backward."""
+    p.add_argument("--activation-checkpointing", action="store_true", help="recompute activations per block")
 
 
 def add_setup_args(p: argparse.ArgumentParser) -> None:
@@ -22,19 +50,31 @@ def add_setup_args(p: argparse.ArgumentParser) -> None:
     add_cluster_args(p)
     z = p.add_argument_group("ZeRO")
     z.add_argument(
-        "--stage", default="2", help="ZeRO stage 0-3, or a PyTorch baseline: ddp, fsdp, fsdp-grad-op"
+        "--stage",
+        default=str(default(ZeroSettings, "stage")),
+        help="ZeRO stage 0-3, or a PyTorch baseline: ddp, fsdp, fsdp-grad-op (default %(default)s)",
     )
-    z.add_argument("--offload-optimizer", default="none", help="none, cpu or nvme (nvme: stage 3)")
-    z.add_argument("--offload-param", default="none", help="none, cpu or nvme (stage 3 only)")
-    z.add_argument("--precision", default="bf16", help="fp32, fp16 or bf16")
-    z.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd")
-    z.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
-    z.add_argument("--activation-checkpointing", action="store_true")
+    add_offload_args(z)
+    add_precision(z)
+    z.add_argument("--optimizer", default=default(ZeroSettings, "optimizer"), help="adamw, adam or sgd")
+    z.add_argument("--momentum", type=float, default=default(ZeroSettings, "momentum"), help="SGD momentum")
+    add_checkpointing(z)
     add_zeropp_args(z)
     z.add_argument("--ds-config", help="read ZeRO and batch settings from an existing ds_config.json")
     add_nvme_args(p)
     add_batch_args(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_json(p)
+
+
+def add_offload_args(p, *, many: bool = False) -> None:
+    """``--offload-optimizer`` and ``--offload-param`` (``many``: comma-separated lists)."""
+    lists = "comma-separated: " if many else ""
+    for flag, where in (("optimizer", "nvme: stage 3"), ("param", "stage 3 only")):
+        p.add_argument(
+            f"--offload-{flag}",
+            default=default(ZeroSettings, f"offload_{flag}"),
+            help=f"{lists}none, cpu or nvme ({where})",
+        )
 
 
 #: NVMe offload flag -> ZeroSettings field (``add_nvme_args``); aio fields go under ``aio``
@@ -56,16 +96,23 @@ def add_nvme_args(p: argparse.ArgumentParser) -> None:
     DeepSpeed's default when not given (read back by ``nvme_from_args``)."""
     n = p.add_argument_group("NVMe offload (ZeRO-Infinity)")
     n.add_argument("--nvme-path", help="folder on the NVMe drive for the swap files")
-    n.add_argument("--nvme-buffer-count", type=int, help="offload_param.buffer_count (5)")
-    n.add_argument("--nvme-buffer-size", type=count, help="offload_param.buffer_size, elements (1e8)")
-    n.add_argument("--nvme-max-in-cpu", type=count, help="offload_param.max_in_cpu, elements (1e9)")
-    n.add_argument("--nvme-optimizer-buffer-count", type=int, help="offload_optimizer.buffer_count (4)")
+    knobs = {
+        "--nvme-buffer-count": (int, "offload_param.buffer_count"),
+        "--nvme-buffer-size": (count, "offload_param.buffer_size, elements"),
+        "--nvme-max-in-cpu": (count, "offload_param.max_in_cpu, elements"),
+        "--nvme-optimizer-buffer-count": (int, "offload_optimizer.buffer_count"),
+    }
+    for (flag, (kind, what)), name in zip(knobs.items(), NVME_FLAGS.values(), strict=True):
+        n.add_argument(flag, type=kind, help=f"{what} ({default(ZeroSettings, name):,})")
     n.add_argument("--no-pin-memory", action="store_true", help="offload into pageable RAM")
-    n.add_argument("--aio-block-size", type=count, help="aio.block_size, bytes (1048576)")
-    n.add_argument("--aio-queue-depth", type=int, help="aio.queue_depth (8)")
-    n.add_argument(
-        "--aio-intra-op-parallelism", "--aio-thread-count", type=int, help="aio.intra_op_parallelism (1)"
-    )
+    aio = {
+        "--aio-block-size": ("aio.block_size, bytes", count),
+        "--aio-queue-depth": ("aio.queue_depth", int),
+    }
+    aio["--aio-intra-op-parallelism"] = ("aio.intra_op_parallelism", int)
+    for (flag, (what, kind)), name in zip(aio.items(), AIO_FLAGS.values(), strict=True):
+        aliases = ["--aio-thread-count"] if name == "intra_op_parallelism" else []
+        n.add_argument(flag, *aliases, type=kind, help=f"{what} ({default(AioSettings, name):,})")
 
 
 def nvme_from_args(args: argparse.Namespace) -> dict:
@@ -96,9 +143,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
     """``--nodes --gpus-per-node --gpu --cpu-ram-gb`` (read back by ``cluster_from_args``)."""
     c = p.add_argument_group("cluster")
-    c.add_argument("--nodes", type=int, default=1)
-    c.add_argument("--gpus-per-node", type=int, default=8)
-    c.add_argument("--gpu", default="H100-SXM-80GB", help="a name in data/gpus.csv")
+    c.add_argument("--nodes", type=int, default=default(Cluster, "nodes"))
+    c.add_argument("--gpus-per-node", type=int, default=default(Cluster, "gpus_per_node"))
+    add_gpu(c)
     c.add_argument("--cpu-ram-gb", type=float, help="CPU RAM per node, GiB (for the offload fit check)")
 
 
@@ -108,7 +155,12 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--micro-batch", type=int)
     b.add_argument("--grad-accum", type=int)
     b.add_argument("--train-batch", type=int)
-    b.add_argument("--seq-len", type=int)
+    add_seq_len(b)
+
+
+def add_seq_len(p) -> None:
+    """``--seq-len`` (default: the model's maximum, else the schema's)."""
+    p.add_argument("--seq-len", type=int, help="tokens per sample (default: the model's max_seq_len)")
 
 
 def cluster_from_args(args: argparse.Namespace) -> dict:
@@ -195,7 +247,7 @@ def add_zeropp_args(p) -> None:
     p.add_argument(
         "--hpz",
         type=int,
-        default=1,
+        default=default(ZeroSettings, "hpz_partition_size"),
         help="ZeRO++ hpZ: zero_hpz_partition_size (stage 3; divides GPUs per node)",
     )
     p.add_argument(

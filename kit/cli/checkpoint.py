@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from kit.cli.args import UsageError, add_setup_args, print_json, setup_from_args
+from kit.cli.args import UsageError, add_json, add_setup_args, print_json, setup_from_args
 
 
 def register(sub) -> None:
@@ -16,7 +16,7 @@ def register(sub) -> None:
     actions = p.add_subparsers(dest="action", required=True)
     a = actions.add_parser("layout", help="the files of a checkpoint folder, by kind and rank")
     a.add_argument("dir")
-    a.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_json(a)
     a.set_defaults(func=layout_command)
     a = actions.add_parser(
         "consolidate", help="merge ZeRO partitions into one fp32 state dict (zero_to_fp32)"
@@ -24,7 +24,7 @@ def register(sub) -> None:
     a.add_argument("dir")
     a.add_argument("--tag", help="checkpoint tag (default: the one in 'latest')")
     a.add_argument("--out", required=True, help="file to torch.save the state dict to")
-    a.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_json(a)
     a.set_defaults(func=consolidate_command)
     a = actions.add_parser("size", help="predicted checkpoint size on disk for a setup")
     add_setup_args(a)
@@ -36,7 +36,7 @@ def register(sub) -> None:
     a.add_argument("--steps", type=int, default=4)
     a.add_argument("--save-step", type=int, default=2)
     a.add_argument("--timeout-s", type=float, default=600.0)
-    a.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_json(a)
     a.set_defaults(func=roundtrip_command)
 
 

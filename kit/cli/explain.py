@@ -7,6 +7,7 @@ import argparse
 from kit.cli.args import (
     add_batch_args,
     add_cluster_args,
+    add_json,
     add_model_args,
     cluster_from_args,
     model_from_args,
@@ -27,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_cluster_args(p)
     add_batch_args(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_json(p)
     p.set_defaults(func=run_explain)
 
 

@@ -11,7 +11,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from kit.cli.args import UsageError, add_setup_args, print_json, setup_from_args
+from kit.cli.args import UsageError, add_json, add_setup_args, print_json, setup_from_args
 from kit.rules import DEFAULT_MASTER_PORT
 from kit.scaleout import commands, image, network
 from kit.scaleout import hostfile as hf
@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="write the hostfile here (with --hosts)")
     p.add_argument("--check", metavar="FILE", help="validate an existing hostfile")
     p.add_argument("--master-addr", help="must be one of the hosts (default: the first)")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_json(p)
     p.set_defaults(func=hostfile_command)
 
     p = subparsers.add_parser(

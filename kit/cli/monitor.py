@@ -12,7 +12,7 @@ import sys
 import time
 
 from kit import monitor
-from kit.cli.args import UsageError, print_json
+from kit.cli.args import UsageError, add_json, print_json
 from kit.units import MIB
 
 #: ANSI: cursor home, clear the screen
@@ -41,7 +41,7 @@ def register(sub) -> None:
         default=monitor.OFFLINE_S,
         help="... and offline after this many (default %(default)g)",
     )
-    p.add_argument("--json", action="store_true", help="print one snapshot as one JSON object on stdout")
+    add_json(p, "one snapshot as one JSON object")
     p.set_defaults(func=monitor_command)
 
 

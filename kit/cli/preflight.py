@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from kit.cli.args import UsageError, print_json, stdout_to_stderr
+from kit.cli.args import UsageError, add_json, print_json, stdout_to_stderr
 from kit.rules import DEFAULT_MASTER_PORT
 
 
@@ -22,7 +22,7 @@ def register(sub) -> None:
         default=DEFAULT_MASTER_PORT,
         help="port the launch will use (default %(default)s)",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_json(p)
     p.set_defaults(func=doctor_command)
 
     p = sub.add_parser("commtest", help="check collectives on N ranks and measure their bandwidth")
@@ -41,7 +41,7 @@ def register(sub) -> None:
         help="with --hostfile: start every host's ranks on this machine (a rehearsal)",
     )
     p.add_argument("--plot", help="save the bandwidth plot to this file (.png, .svg)")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_json(p)
     p.set_defaults(func=commtest_command)
 
     p = sub.add_parser(
@@ -58,7 +58,7 @@ def register(sub) -> None:
         help="instead: read / write GB/s of PATH's drive through DeepSpeed's async_io (NVMe offload's path)",
     )
     p.add_argument("--nvme-mib", type=int, default=256, help="with --nvme: MiB per transfer")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_json(p)
     p.set_defaults(func=calibrate_command)
 
 

@@ -14,8 +14,13 @@ import contextlib
 
 from kit.cli.args import (
     UsageError,
+    add_checkpointing,
+    add_json,
     add_model_overrides,
     add_nvme_args,
+    add_offload_args,
+    add_precision,
+    add_seq_len,
     add_zeropp_args,
     engine_stage,
     items,
@@ -41,12 +46,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="0,1,2,3",
         help="comma-separated ZeRO stages 0-3 and PyTorch baselines ddp, fsdp, fsdp-grad-op",
     )
-    p.add_argument("--offload-optimizer", default="none", help="comma-separated: none,cpu,nvme")
-    p.add_argument("--offload-param", default="none", help="comma-separated: none,cpu,nvme (stage 3 only)")
+    add_offload_args(p, many=True)
     add_nvme_args(p)
     add_zeropp_args(p.add_argument_group("ZeRO++ (applied to the stage-3 configurations)"))
-    p.add_argument("--precision", default="bf16", help="comma-separated: fp32,bf16,fp16")
-    p.add_argument("--activation-checkpointing", action="store_true")
+    add_precision(p, many=True)
+    add_checkpointing(p)
     p.add_argument(
         "--ds-config",
         action="append",
@@ -54,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--seq-len", type=int)
+    add_seq_len(p)
     s = p.add_mutually_exclusive_group()
     s.add_argument(
         "--max-tokens",
@@ -100,7 +104,7 @@ def add_launch_args(p: argparse.ArgumentParser, *, sweep: str) -> None:
     )
     p.add_argument("--launcher", default="deepspeed", help="deepspeed or torchrun")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (on stderr)")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_json(p)
 
 
 def launch_options(args: argparse.Namespace) -> dict:

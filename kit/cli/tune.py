@@ -14,7 +14,18 @@ import argparse
 import contextlib
 import math
 
-from kit.cli.args import UsageError, items, model_from_args, print_json, stdout_to_stderr, whole
+from kit.cli.args import (
+    UsageError,
+    add_checkpointing,
+    add_gpu,
+    add_precision,
+    add_seq_len,
+    items,
+    model_from_args,
+    print_json,
+    stdout_to_stderr,
+    whole,
+)
 from kit.cli.run import add_launch_args, launch_options
 from kit.units import GIB
 
@@ -52,11 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--budget-gib", type=float, help="memory budget per GPU, GiB (default: the --gpu's memory)"
     )
-    p.add_argument("--gpu", default="H100-SXM-80GB", help="a name in data/gpus.csv (the default budget)")
-    p.add_argument("--precision", default="bf16", help="fp32, bf16 or fp16")
-    p.add_argument("--activation-checkpointing", action="store_true")
+    add_gpu(p, "a name in data/gpus.csv (the default budget)")
+    add_precision(p)
+    add_checkpointing(p)
     p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--seq-len", type=int)
+    add_seq_len(p)
     p.add_argument("--out", help="write the best configuration's ds_config.json here")
     p.set_defaults(func=run)
 
