@@ -3,12 +3,17 @@
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import sys
+from pathlib import Path
 
 from kit.cli import main
 from kit.scaleout import doctor
+
+REPO = Path(__file__).resolve().parent.parent
+PYPROJECT = (REPO / "pyproject.toml").read_text()
 
 # nvidia-smi topo -m on an 4-GPU NVLink box (trimmed DGX layout: NIC and affinity columns follow the GPUs)
 TOPO_NVLINK = """\
@@ -170,7 +175,11 @@ def test_report_on_this_machine_says_what_it_found():
     report = doctor.doctor()
     checks = {c.name: c for c in report.checks}
     assert list(checks)[:3] == ["python", "torch", "cuda"]
-    assert checks["python"].detail == f"Python {platform.python_version()} ({sys.executable})"
+    assert checks["python"].status == "ok"  # this interpreter meets pyproject's requires-python
+    assert (
+        checks["python"].detail
+        == f"Python {platform.python_version()} ({sys.executable}; zero-kit needs >=3.11)"
+    )
     assert checks["torch"] == doctor.Check("torch", "ok", f"torch {torch.__version__}")
     tested = doctor.tested_range("deepspeed")
     assert str(tested) == "<0.20,>=0.19.8"  # the pyproject pin, read back from the installed kit
@@ -199,3 +208,24 @@ def test_cli_json_is_one_object_and_exit_status_follows_failures(capsys, tmp_pat
     assert main(["doctor", "--hostfile", str(bad), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is False and out["checks"][-1]["name"] == "hostfile"
+
+
+def test_python_is_checked_against_requires_python():
+    check_python = doctor.check_python
+
+    required = re.search(r'^requires-python = "(.+)"$', PYPROJECT, flags=re.M).group(1)
+    assert required == ">=3.11"
+    assert check_python("3.11.0").status == "ok" and check_python().status == "ok"
+    old = check_python("3.10.14")
+    assert (old.status, old.detail) == ("fail", f"Python 3.10.14: zero-kit needs {required}")
+
+
+def test_one_torch_pin_in_the_makefile_and_environment_within_pyprojects_range():
+    from packaging.requirements import Requirement
+
+    pin = re.search(r"^TORCH\s+\?= torch==(\S+)$", (REPO / "Makefile").read_text(), flags=re.M).group(1)
+    env = re.findall(r"torch==(\S+)", (REPO / "environment.yml").read_text())
+    assert env == [pin]
+    ranges = [Requirement(r).specifier for r in re.findall(r'"(torch[^"]*)"', PYPROJECT)]
+    assert ranges and all(r.contains(pin) for r in ranges)
+    assert "torch==" not in Path(doctor.__file__).read_text()  # the doctor names pyproject's range

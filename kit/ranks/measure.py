@@ -2,6 +2,13 @@
 
 Model-state bytes come from ``kit.ranks.state_walk`` (DeepSpeed's own partitioned structures); everything
 else is here. All functions run inside a launched rank, on GPU or on the CPU accelerator.
+
+What it cannot see: activations are the tensors autograd saves (``saved_tensors_hooks``), not the
+transient ones freed inside an op; on CPU there is no device peak (``peak_*_bytes`` are null), only the
+process's RSS high-water mark, which includes Python, the libraries and anything allocated before the
+window; communication is what DeepSpeed's comms logger records (collectives issued through
+``deepspeed.comm``), not torch.distributed calls made around it, and not which link carried them
+(``kit.ranks.comm_scopes`` splits by node); step times include this process's share of a shared machine.
 """
 
 from __future__ import annotations

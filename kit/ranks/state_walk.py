@@ -6,6 +6,12 @@ each storage once (by storage pointer and device) and sorts it into parameters (
 ``ds_secondary_tensor`` included), gradients,
 optimizer states or buffers by the structure it was found in. Scalars (step counters, norms, flags)
 are left out. This is the measured side of ``kit.estimate.rank_states``.
+
+What it cannot see: memory outside the structures it walks (the caching allocator's reserved but free
+blocks, CUDA/NCCL workspaces, the comm backend's own buffers, temporaries of a step in flight); a
+storage is sorted by the first path that reaches it, so a buffer DeepSpeed aliases under another name
+counts once, under that name's component; and NVMe offload's files (``kit.ranks.nvme_files`` reads
+those), only their pinned buffers in RAM.
 """
 
 from __future__ import annotations

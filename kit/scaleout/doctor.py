@@ -96,10 +96,22 @@ def run_tool(argv: list[str], timeout_s: float = 5.0) -> tuple[int, str] | None:
     return done.returncode, done.stdout + done.stderr
 
 
-def check_python() -> Check:
-    """The interpreter the ranks will run (the launcher starts ``sys.executable``'s environment)."""
-    version = ".".join(map(str, sys.version_info[:3]))
-    return Check("python", "ok", f"Python {version} ({sys.executable})")
+def check_python(version: str | None = None) -> Check:
+    """The interpreter the ranks will run (the launcher starts ``sys.executable``'s environment) against
+    the installed zero-kit's ``Requires-Python`` (pyproject's ``requires-python``)."""
+    from packaging.specifiers import SpecifierSet
+
+    version = version or ".".join(map(str, sys.version_info[:3]))
+    try:
+        required = importlib.metadata.metadata("zero-kit")["Requires-Python"]
+    except importlib.metadata.PackageNotFoundError:
+        required = None
+    if not required:
+        return Check("python", "info", f"Python {version}; zero-kit is not installed, requirement unknown")
+    if SpecifierSet(required).contains(version):
+        return Check("python", "ok", f"Python {version} ({sys.executable}; zero-kit needs {required})")
+    fix = f"use a Python {required} environment (make install creates one with python3)"
+    return Check("python", "fail", f"Python {version}: zero-kit needs {required}", fix)
 
 
 def check_torch() -> list[Check]:
@@ -107,7 +119,8 @@ def check_torch() -> list[Check]:
     try:
         import torch
     except ImportError:
-        fix = "pip install torch==2.13.0 (CPU) or the CUDA build from https://download.pytorch.org/whl"
+        pin = tested_range("torch") or ""
+        fix = f"pip install 'torch{pin}' (make install: the Makefile's TORCH), or a CUDA build"
         return [Check("torch", "fail", "not installed", fix)]
     checks = [Check("torch", "ok", f"torch {torch.__version__}")]
     if torch.cuda.is_available():
