@@ -26,3 +26,37 @@ def test_the_readme_has_examples():
 def test_readme_example_prints_what_the_readme_shows(command, shown, capsys):
     assert main(shlex.split(command)) == 0
     assert capsys.readouterr().out == shown
+
+
+def test_the_zeropp_figures_in_the_prose_are_the_estimates():
+    """README's ZeRO++ paragraph (Llama-2-7B on 2 x 8 H100s, micro batch 1, seq 4096): bytes per GPU per
+    step across and inside nodes (``perf.comm_by_scope``) and the memory hpZ adds (``kit.estimate``)."""
+    from kit import models
+    from kit.estimate import estimate, perf
+    from kit.schema import Setup
+    from kit.units import GIB
+
+    prose = " ".join(README.split())
+    found = re.search(
+        r"for Llama-2-7B on 2 x 8 H100s, ([\d.]+) GiB per GPU per step cross nodes with ZeRO-3, ([\d.]+) GiB "
+        r"with all three \(plus ([\d.]+) GiB inside the node\), for ([\d.]+) GiB more parameter memory per "
+        r"GPU \(the secondary partition; ([\d.]+) GiB more in all\)",
+        prose,
+    )
+    assert found, "the README's ZeRO++ sentence changed: update this test with it"
+    z3 = Setup(
+        model=models.preset("llama-2-7b"),
+        cluster={"nodes": 2, "gpus_per_node": 8},
+        zero={"stage": 3},
+        batch={"micro_batch": 1, "seq_len": 4096},
+    )
+    zpp = z3.replace(zero={"hpz_partition_size": 8, "quantized_weights": True, "quantized_gradients": True})
+    before, after = estimate(z3), estimate(zpp)
+    computed = (
+        perf.comm_by_scope(z3)["inter"],
+        perf.comm_by_scope(zpp)["inter"],
+        perf.comm_by_scope(zpp)["intra"],
+        after.components["parameters"] - before.components["parameters"],
+        after.per_gpu_bytes - before.per_gpu_bytes,
+    )
+    assert [f"{b / GIB:.1f}" for b in computed] == list(found.groups())
