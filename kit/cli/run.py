@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
 def setups_from_args(args: argparse.Namespace) -> list:
     """The Setups the flags describe, on one node of ``--nprocs`` ranks."""
-    from kit.estimate.explain import checked_setup
+    from kit.estimate.review import checked_setup
     from kit.rules import baseline_problem, offload_problem
     from kit.schema import Setup
 

@@ -21,7 +21,7 @@ import math
 from kit.components import HELD
 from kit.estimate.result import NONE, Term
 from kit.models import spec_shapes
-from kit.rules import DDP_BUCKET_CAP_MB, FP32, baseline_name, element_bytes, optimizer_states
+from kit.rules import DDP_BUCKET_CAP_MB, FP32, baseline_name, element_bytes, optimizer_states, ring_share
 from kit.schema import Setup
 
 
@@ -120,7 +120,7 @@ def comm(setup: Setup) -> tuple[float, str, int]:
     again in backward and reduce-scatters every micro-step; ``fsdp-grad-op`` skips the backward all-gather."""
     z, n, k = setup.zero, setup.dp, setup.batch.grad_accum
     name = baseline_name(z.engine, z.stage)
-    ring = (n - 1) / n
+    ring = ring_share(n)
     if name == "ddp":
         m = FP32 * setup.model.params
         return 2 * ring * m, "2 (N-1)/N M (DDP fp32 gradient all-reduce at the boundary)", m

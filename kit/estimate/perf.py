@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
+from kit.ds_keys import ZEROPP_OFF  # noqa: F401 (kit.lab.widgets imports it from here until its split)
 from kit.estimate import baselines, partition
 from kit.estimate.result import Term, total
 from kit.gpus import DEFAULT_NVME, gpu, network, nvme
@@ -32,6 +33,7 @@ from kit.rules import (
     ZERO3_COLLECTIVES,
     element_bytes,
     optimizer_states,
+    ring_share,
 )
 from kit.schema import Setup
 
@@ -203,7 +205,7 @@ def comm_bytes(setup: Setup) -> tuple[int, str]:
         return round(volume), f"{formula}, M = {m:,} B, N = {n}"
     m = element_bytes(z.precision) * setup.model.params
     k = setup.batch.grad_accum
-    ring = (n - 1) / n
+    ring = ring_share(n)
     if z.stage == 0:
         volume, formula = 2 * ring * m, "2 (N-1)/N M (gradient all-reduce)"
     elif z.stage == 1:
@@ -218,15 +220,6 @@ def comm_bytes(setup: Setup) -> tuple[int, str]:
         volume = sum(c.bytes for c in parts)
         formula = " + ".join(f"{c.formula} [{c.scope}]" for c in parts)
     return round(volume), f"{formula}, M = {m:,} B, N = {n}"
-
-
-#: the ZeroSettings fields that turn ZeRO++ off (what a change to stages 0-2 must also set)
-ZEROPP_OFF = {"hpz_partition_size": 1, "quantized_weights": False, "quantized_gradients": False}
-
-
-def zeropp(z) -> bool:
-    """Whether a ZeroSettings uses any of ZeRO++'s hpZ, qwZ, qgZ."""
-    return z.hpz_partition_size > 1 or z.quantized_weights or z.quantized_gradients
 
 
 @dataclass(frozen=True)
@@ -268,7 +261,7 @@ def collectives(setup: Setup) -> list[Collective]:
     w = QUANTIZED_WEIGHT_BYTES / p if z.quantized_weights else 1.0
     wname = f"{w:g} x " if z.quantized_weights else ""
     forward, backward, reduce = ZERO3_COLLECTIVES
-    ring = (n - 1) / n
+    ring = ring_share(n)
     mp = p * sum(t for t in partition.numels(setup) if t <= z.param_persistence_threshold)
     mp = mp if partition.is_exact(setup) else 0
     mg = m - mp
@@ -350,7 +343,7 @@ def step_time(setup: Setup, hw: Hardware | None = None, assume: Assumptions | No
         link, where = hw.intra_gbps, f"intra-node {hw.intra_gbps:g} GB/s"
     bandwidth = link * assume.link_efficiency * 1e9
     comm = Part(sent / bandwidth, f"{how} over {where} x {assume.link_efficiency:g}")
-    if zeropp(z) and c.nodes > 1:  # ZeRO++ moves part of it inside the node: each scope over its own link
+    if z.zeropp and c.nodes > 1:  # ZeRO++ moves part of it inside the node: each scope over its own link
         scope = comm_by_scope(setup)
         intra_bw = hw.intra_gbps * assume.link_efficiency * 1e9
         comm = Part(
