@@ -15,6 +15,13 @@ every hardware figure comes from ``data/`` with its source (``hardware``):
 
 ``step_time`` is a few microseconds of arithmetic, so ``kit.estimate.plan`` can rank thousands of setups;
 ``kit.scaleout.calibrate`` compares it with measured step times.
+
+What it cannot see: kernel launch overheads and small-message latency (every collective is bytes over
+bandwidth), the data loader, the Python host loop and synchronisation stalls, stragglers and load
+imbalance between ranks, congestion from other jobs on a shared fabric, topology beyond "slowest link"
+(rail-optimised networks, NVSwitch contention), how much of the communication really hides behind
+compute (``overlap`` is a single assumed share), ZeRO++'s quantization kernels' own time, GPU clocks
+under a power limit, and the page-cache and file-system effects on NVMe swaps.
 """
 
 from __future__ import annotations
