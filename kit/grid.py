@@ -25,8 +25,9 @@ from dataclasses import asdict, dataclass, field, replace
 
 from pydantic import ValidationError
 
+from kit.ds_keys import EXAMPLE_NVME_PATH, ZEROPP_OFF
 from kit.rules import BASELINES, baseline_name, hpz_cluster_problem
-from kit.schema import Cluster, ZeroSettings, explain
+from kit.schema import Cluster, ZeroSettings, one_line_error
 
 #: what a user picks as "stage": a ZeRO stage or a PyTorch baseline (``kit.rules.BASELINES``)
 STAGES = ("0", "1", "2", "3", *BASELINES)
@@ -35,12 +36,11 @@ OFFLOADS = ("none", "cpu", "nvme")
 #: how much a ``variants`` point offloads: nothing, the optimizer states, the optimizer states and the
 #: parameters (stage 3), or the most the stage can (``all`` at stage 3, ``optimizer`` at stages 1-2)
 OFFLOAD_LEVELS = ("none", "optimizer", "all", "most")
-#: the ZeroSettings fields of ZeRO++ and their off values (the schema's defaults)
-ZEROPP_FIELDS = ("hpz_partition_size", "quantized_weights", "quantized_gradients")
-ZEROPP_OFF = {name: ZeroSettings.model_fields[name].default for name in ZEROPP_FIELDS}
+#: the ZeroSettings fields of ZeRO++ (``kit.ds_keys.ZEROPP_OFF`` holds their off values)
+ZEROPP_FIELDS = tuple(ZEROPP_OFF)
 #: the swap folder a variant's check assumes when none is given (the grid is about combinations; a
 #: Setup with NVMe offload still needs a real ``nvme_path``)
-NVME_PATH = "/local_nvme"
+NVME_PATH = EXAMPLE_NVME_PATH
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def problem(variant: Variant, cluster: Cluster | None = None) -> tuple[str, str]
     try:
         ZeroSettings(**zero)
     except ValidationError as error:
-        name, _, reason = explain(error).partition(": ")
+        name, _, reason = one_line_error(error).partition(": ")
         return name, reason
     if cluster is not None:
         return hpz_cluster_problem(variant.hpz_partition_size, cluster.gpus_per_node, cluster.world_size)

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from kit import model_files
 from kit.paths import MODELS
-from kit.schema import ModelSpec, explain
+from kit.schema import ModelSpec, one_line_error
 
 #: ``model_type`` values understood by :func:`from_hf_config`.
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox", "dit")
@@ -347,7 +347,7 @@ def _spec(**fields: Any) -> ModelSpec:
     try:
         return ModelSpec(**fields)
     except ValidationError as error:
-        raise ValueError(explain(error, prefix="model")) from None
+        raise ValueError(one_line_error(error, prefix="model")) from None
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -3,12 +3,14 @@
 Defaults are counts of elements, not bytes (``deepspeed/runtime/zero/config.py``). The byte widths and
 optimizer states are those of DeepSpeed's ZeRO optimizers (``stage_1_and_2.py``, ``stage3.py``) and of
 ``torch.optim``; ``offload_problem`` is the stage rule DeepSpeed applies to ``offload_*``;
-``WIRE_FACTORS`` turn what DeepSpeed's comms logger records into bytes a rank puts on the wire.
+``BUS_FACTORS`` (ring factors) turn a collective's buffer, and ``wire_factor`` what DeepSpeed's comms logger
+records, into bytes a rank puts on the wire.
 """
 
 from __future__ import annotations
 
 from kit.components import MODEL_STATES
+from kit.units import GIB
 
 #: zero_optimization defaults (DeepSpeedZeroConfig)
 DS_REDUCE_BUCKET = 500_000_000
@@ -51,9 +53,13 @@ OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd": 0}
 SHARDED = {0: (), 1: ("optimizer_states",), 2: ("gradients", "optimizer_states"), 3: MODEL_STATES}
 
 
+#: bytes of one 16-bit (fp16 / bf16) parameter or gradient element
+HALF = 2
+
+
 def element_bytes(precision: str) -> int:
     """Bytes of a parameter or gradient element in the training precision (fp32: 4, fp16/bf16: 2)."""
-    return 4 if precision == "fp32" else 2
+    return FP32 if precision == "fp32" else HALF
 
 
 def master_bytes(precision: str) -> int:
@@ -172,29 +178,62 @@ def baseline_problem(
     return None
 
 
-#: bytes on the wire per rank, as a multiple of the size DeepSpeed's comms logger records for the op
-#: (it logs the whole input for all-reduce / reduce-scatter / reduce and the shard for all-gather):
-#: ring all-reduce 2(N-1)/N, reduce-scatter and all-to-all (N-1)/N, all-gather N-1, broadcast / reduce 1.
-WIRE_FACTORS = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_gather": lambda n: n - 1,
-    "all_to_all": lambda n: (n - 1) / n,
+def ring_share(world: int) -> float:
+    """(N-1)/N: the share of a buffer each rank sends (and receives) in one ring pass over N ranks."""
+    return (world - 1) / world
+
+
+#: nccl-tests' busbw / algbw per collective (``doc/PERFORMANCE.md``): bytes each rank's link carries per
+#: byte of the full buffer (all_gather's output, reduce_scatter's input): a ring all-reduce is a
+#: reduce-scatter then an all-gather, 2 (N-1)/N; broadcast and reduce send the buffer once.
+BUS_FACTORS = {
+    "all_reduce": lambda n: 2 * ring_share(n),
+    "reduce_scatter": ring_share,
+    "all_gather": ring_share,
+    "all_to_all": ring_share,
     "broadcast": lambda n: 1.0,
     "reduce": lambda n: 1.0,
 }
+#: collectives DeepSpeed's comms logger records by one rank's shard, not the whole buffer
+LOGGED_BY_SHARD = ("all_gather",)
+
+
+def bus_factor(op: str, world: int) -> float:
+    """Bytes a rank's link carries per byte of the full buffer of ``op`` on ``world`` ranks (``BUS_FACTORS``);
+    ValueError for a collective it does not know."""
+    if op not in BUS_FACTORS:
+        raise ValueError(f"op: choose one of {', '.join(BUS_FACTORS)}, got {op!r}")
+    return BUS_FACTORS[op](world)
 
 
 def wire_factor(op: str, world: int) -> float:
-    """Bytes on the wire per byte the comms logger records for ``op`` (``WIRE_FACTORS``; others once)."""
-    return WIRE_FACTORS.get(op, lambda _: 1.0)(world)
+    """Bytes on the wire per byte the comms logger records for ``op``: ``bus_factor``, times N for the
+    collectives it logs by the shard (all-gather: N-1); an unknown op counts once."""
+    if op not in BUS_FACTORS:
+        return 1.0
+    return bus_factor(op, world) * (world if op in LOGGED_BY_SHARD else 1)
 
 
 def wire_bytes(comm: dict[str, int], world: int) -> int:
-    """Bytes one rank sends for the logged collectives (``WIRE_FACTORS``; unknown ops count once).
+    """Bytes one rank sends for the logged collectives (``wire_factor``; unknown ops count once).
 
     ``comm`` maps a collective (``all_reduce``...) to the bytes DeepSpeed's comms logger recorded.
     """
     if world < 2:
         return 0
     return round(sum(n * wire_factor(op, world) for op, n in comm.items()))
+
+
+#: what stage 3 gathers at once, as ``stage3_gathered`` computes it (formula texts quote it)
+STAGE3_GATHER_FORMULA = "min(Psi, largest layer + prefetch bucket, max(largest layer, max live))"
+
+
+def stage3_gathered(params: int, largest_layer: int, prefetch_bucket: int, max_live: int) -> int:
+    """Parameters stage 3 holds gathered at once (``STAGE3_GATHER_FORMULA``): the layer in use plus what
+    the prefetcher fetches ahead (``stage3_prefetch_bucket_size``), capped by ``stage3_max_live_parameters``
+    but never below one layer (a layer is gathered whole), and never more than the model."""
+    return min(params, largest_layer + prefetch_bucket, max(largest_layer, max_live))
+
+
+#: a buffer this large per GPU earns a note or warning when a smaller setting does the same job
+BIG_BUFFER_BYTES = GIB // 2

@@ -1,7 +1,8 @@
 """The Setup: everything a user chooses, validated once and frozen.
 
 Every consumer (estimator, ds_config exporter, runner, plots, widgets) takes a ``Setup`` and nothing
-else. Validation errors name the field and the allowed range; the batch is resolved here, once.
+else. Validation errors name the field and the allowed range (``one_line_error`` makes them one line);
+the batch is resolved here, once.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kit import batch as batch_math
+from kit.ds_keys import EXAMPLE_NVME_PATH, ZEROPP_OFF
 from kit.rules import (
     AIO_BLOCK_SIZE,
     AIO_INTRA_OP_PARALLELISM,
@@ -188,7 +190,7 @@ class ZeroSettings(_Frozen):
         if self.nvme and not self.nvme_path:
             raise ValueError(
                 "nvme_path: required when offload_optimizer or offload_param is 'nvme' "
-                "(a folder on the NVMe drive, e.g. /local_nvme)"
+                f"(a folder on the NVMe drive, e.g. {EXAMPLE_NVME_PATH})"
             )
         if self.momentum and self.optimizer != "sgd":
             raise ValueError(f"momentum: only applies to optimizer 'sgd', got optimizer {self.optimizer!r}")
@@ -197,8 +199,7 @@ class ZeroSettings(_Frozen):
         )
         if zeropp:
             raise ValueError(": ".join(zeropp))
-        zeropp_on = self.hpz_partition_size > 1 or self.quantized_weights or self.quantized_gradients
-        if self.engine != "deepspeed" and zeropp_on:
+        if self.engine != "deepspeed" and self.zeropp:
             raise ValueError(
                 f"engine: ZeRO++ (hpZ, qwZ, qgZ) is DeepSpeed's; engine {self.engine!r} has none"
             )
@@ -220,6 +221,11 @@ class ZeroSettings(_Frozen):
     @property
     def mixed_precision(self) -> bool:
         return self.precision != "fp32"
+
+    @property
+    def zeropp(self) -> bool:
+        """Whether any of ZeRO++'s hpZ, qwZ, qgZ is on (a field away from its ``ZEROPP_OFF`` value)."""
+        return any(getattr(self, field) != off for field, off in ZEROPP_OFF.items())
 
     @property
     def zeropp_label(self) -> str:
@@ -420,11 +426,11 @@ def _section(kind: type[BaseModel], name: str, value: Any) -> Any:
     try:
         return kind.model_validate(value)
     except ValidationError as error:
-        raise ValueError(explain(error, prefix=name)) from None
+        raise ValueError(one_line_error(error, prefix=name)) from None
 
 
-def explain(error: ValidationError | ValueError, prefix: str = "") -> str:
-    """One line naming the field(s) and what is allowed, for CLIs and widgets."""
+def one_line_error(error: ValidationError | ValueError, prefix: str = "") -> str:
+    """A validation error as one line naming the field(s) and what is allowed, for CLIs and widgets."""
     if not isinstance(error, ValidationError):
         return str(error)
     parts = []
@@ -441,3 +447,7 @@ def explain(error: ValidationError | ValueError, prefix: str = "") -> str:
         else:
             parts.append(f"{loc}: {msg}")
     return "; ".join(parts)
+
+
+#: the former name, kept while ``kit.lab.widgets`` (being split) still imports it
+explain = one_line_error

@@ -16,6 +16,26 @@ def gib(nbytes: float) -> str:
     return f"{nbytes / GIB:.2f} GiB"
 
 
+def size(nbytes: float) -> str:
+    """``"1.50 GiB"`` from 1 GiB up (either sign), else ``"12.00 MiB"``: the form findings and tables use."""
+    return gib(nbytes) if abs(nbytes) >= GIB else f"{nbytes / MIB:.2f} MiB"
+
+
+def mib(nbytes: float | None) -> float | None:
+    """Bytes as MiB (a number, for tables); None stays None."""
+    return None if nbytes is None else nbytes / MIB
+
+
+def first_line(error: BaseException | str, typed: bool = False) -> str:
+    """The first line of a text or an error's message (an error without one: its type's name);
+    ``typed=True`` puts the error's type in front (``"KeyError: 'x'"``)."""
+    if isinstance(error, str):
+        return error.strip().split("\n", 1)[0]
+    text = str(error).strip().split("\n", 1)[0]
+    name = type(error).__name__
+    return (f"{name}: {text}" if typed else text) if text else name
+
+
 def whole_number(name: str, value: object, low: int = 1) -> int:
     """``value`` if it is an int >= ``low`` (not a bool); else ValueError naming the field and the range."""
     if not isinstance(value, int) or isinstance(value, bool) or value < low:

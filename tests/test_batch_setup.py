@@ -6,7 +6,7 @@ from pydantic import ValidationError
 from kit import BatchError, Setup, decompositions
 from kit.batch import resolve
 from kit.models import preset
-from kit.schema import explain
+from kit.schema import one_line_error
 
 
 def test_any_two_determine_the_third():
@@ -74,7 +74,7 @@ def make(**sections):
 def test_invalid_setups_name_the_field(sections, message):
     with pytest.raises(ValidationError) as err:
         make(**sections)
-    assert message in explain(err.value)
+    assert message in one_line_error(err.value)
 
 
 def test_setup_is_frozen_and_serialises():

@@ -15,7 +15,7 @@ from kit.ds_config import (
     validate_ds_config,
     write_ds_config,
 )
-from kit.schema import ModelSpec, Setup, explain
+from kit.schema import ModelSpec, Setup, one_line_error
 
 MODEL = ModelSpec(name="t", params=10**9, largest_layer_params=10**8, layers=32, hidden=4096, heads=32)
 BARE = ModelSpec(params=10**9, largest_layer_params=10**8)
@@ -295,7 +295,7 @@ def test_import_follows_deepspeed_semantics():
 def test_import_errors_are_one_clear_line(config, kwargs, message):
     with pytest.raises(ValueError) as error:
         from_ds_config(config, model=BARE, cluster=CLUSTER, **kwargs)
-    assert explain(error.value).startswith(message) and "\n" not in explain(error.value)
+    assert one_line_error(error.value).startswith(message) and "\n" not in one_line_error(error.value)
 
 
 @pytest.mark.parametrize(

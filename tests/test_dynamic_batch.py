@@ -11,7 +11,7 @@ from kit.cli import main
 from kit.estimate import estimate
 from kit.models import preset, toy_spec
 from kit.run.sweep import TOY_ZERO, run_sweep
-from kit.schema import explain
+from kit.schema import one_line_error
 
 
 def toy(**batch) -> Setup:
@@ -75,8 +75,8 @@ def test_replace_keeps_the_schedule_and_global_batches_follow_the_cluster():
 def test_an_invalid_schedule_names_its_first_bad_step(changes, message):
     with pytest.raises(ValueError) as error:
         toy(schedule=changes)
-    assert message in explain(error.value)
-    assert len(explain(error.value).splitlines()) == 1
+    assert message in one_line_error(error.value)
+    assert len(one_line_error(error.value).splitlines()) == 1
 
 
 def test_ramp_grows_in_multiples_of_micro_times_ranks():
@@ -136,7 +136,7 @@ def test_a_token_budget_sets_the_nominal_micro_batch_and_the_activations():
     ):
         with pytest.raises(ValueError) as error:
             Setup(model=preset("llama-2-7b"), batch=batch)
-        assert message in explain(error.value)
+        assert message in one_line_error(error.value)
 
 
 def test_deepspeeds_packer_keeps_every_micro_batch_within_the_budget():

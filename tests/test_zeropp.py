@@ -12,12 +12,12 @@ from kit import models
 from kit.cli import main
 from kit.ds_config import read_ds_config, to_ds_config, validate_ds_config
 from kit.estimate import estimate, partition, perf, plan, rank_states
-from kit.estimate.explain import explain_ds_config
+from kit.estimate.review import explain_ds_config
 from kit.lab.teach import zeropp_table
 from kit.lab.widgets import memory_panel
 from kit.rules import DS_PERSISTENCE_THRESHOLD
 from kit.run import launcher, sweep
-from kit.schema import Setup, explain
+from kit.schema import Setup, one_line_error
 
 LLAMA = models.preset("llama-2-7b")
 TWO_NODES = {"nodes": 2, "gpus_per_node": 8}
@@ -36,7 +36,7 @@ def llama(nodes: int = 2, **zero) -> Setup:
 def error_line(**zero) -> str:
     with pytest.raises(ValueError) as error:
         Setup(model=LLAMA, cluster=TWO_NODES, zero=zero, batch={"micro_batch": 1})
-    return explain(error.value)
+    return one_line_error(error.value)
 
 
 def test_setup_fields_validate_and_label():

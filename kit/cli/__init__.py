@@ -15,9 +15,9 @@ import sys
 from pydantic import ValidationError
 
 from kit.cli import checkpoint, demo, estimate, launch, monitor, preflight, run, tune
-from kit.cli import explain as explain_command  # kit.schema.explain formats errors below
+from kit.cli import explain as explain_command
 from kit.cli.args import UsageError
-from kit.schema import explain
+from kit.schema import one_line_error
 
 #: the command groups, in the order ``zerokit --help`` lists them
 GROUPS = (estimate, explain_command, run, tune, demo, launch, preflight, checkpoint, monitor)
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except (UsageError, ValidationError, ValueError) as error:
-        print(f"zerokit {args.command}: {explain(error)}", file=sys.stderr)
+        print(f"zerokit {args.command}: {one_line_error(error)}", file=sys.stderr)
         return 2
     except FileNotFoundError as error:
         print(f"zerokit {args.command}: {error.filename or error}: file not found", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""``zerokit explain``: what an existing ds_config does for a model and cluster, setting by setting."""
+"""``zerokit explain``: what an existing ds_config does for a model and cluster, setting by setting
+(``kit.estimate.review``), as JSON or as the readable report (``report``)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from kit.estimate.explain import explain_ds_config, report
+    from kit.estimate.review import explain_ds_config
 
     explanation = explain_ds_config(
         args.ds_config,
@@ -49,3 +50,34 @@ def run_explain(args: argparse.Namespace) -> int:
     else:
         print(report(explanation, title=f"{args.ds_config}:"))
     return 0
+
+
+def report(explanation, title: str = "") -> str:
+    """The readable report of an ``Explanation``: findings grouped by severity, errors first, then the
+    notes."""
+    from kit.estimate.review import SEVERITIES
+
+    counts = {s: sum(f.severity == s for f in explanation.findings) for s in SEVERITIES}
+    lines = [title] if title else []
+    s = explanation.setup
+    if s is not None:
+        z, b, c = s.zero, s.batch, s.cluster
+        lines.append(
+            f"{s.model.name} ({s.model.params:,} params) on {c.nodes} x {c.gpus_per_node} {c.gpu}: ZeRO "
+            f"stage {z.stage}, {z.precision}, offload optimizer={z.offload_optimizer} "
+            f"param={z.offload_param}, batch {b.train_batch} = {b.micro_batch} x {s.dp} x {b.grad_accum}"
+        )
+    verdict = "DeepSpeed accepts this config" if explanation.valid else "DeepSpeed refuses this config"
+    lines.append(
+        f"{verdict}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"
+    )
+    for severity in SEVERITIES:
+        group = [f for f in explanation.findings if f.severity == severity]
+        if not group:
+            continue
+        lines += ["", f"{severity.upper()}S" if severity != "info" else "INFO"]
+        for f in group:
+            lines += [f"  {f.key}", f"    {f.message}", f"    -> {f.suggestion}"]
+    if explanation.notes:
+        lines += [""] + [f"note: {n}" for n in explanation.notes]
+    return "\n".join(lines)

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
 def setups_from_args(args: argparse.Namespace) -> list:
     """The Setups the flags describe, on one node of ``--nprocs`` ranks."""
     from kit import grid
-    from kit.estimate.explain import checked_setup
+    from kit.estimate.review import checked_setup
     from kit.schema import Setup
 
     spec = model_from_args(args)

@@ -2,6 +2,13 @@
 
 Each family's formula is derived from what its implementation saves and checked against what
 ``torch.autograd.graph.saved_tensors_hooks`` sees (tests/test_activations.py, tests/test_runner.py).
+
+What it cannot see: the live peak beyond what is saved (the forward's and backward's temporaries, the
+gradient of the largest activation while backward runs; ``kit.estimate.trace`` measures that peak),
+dropout masks and a GELU variant other than the one each formula assumes, attention kernels other than
+the one named in its formula (eager's s^2 scores vs SDPA / flash), tensors a custom model keeps on its
+own (caches, hooks), activation offload or partitioning, and padding a data loader adds beyond
+``seq_len``.
 """
 
 from __future__ import annotations

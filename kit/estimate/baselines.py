@@ -12,6 +12,13 @@ same tensors):
   fp32 (``MixedPrecisionPolicy(param_dtype=bf16)`` casts only what it all-gathers). After backward the
   gradients are the reduce-scatter's padded fp32 output (as many bytes as the shards), and AdamW's
   states follow the unpadded shard of each rank, so rank 0 holds the most.
+
+What it cannot see: FSDP2's gathers beyond the largest unit and the one prefetched after it (a unit's
+size comes from the shape fields: a block is assumed to be (Psi - embeddings) / layers), DDP's and
+FSDP's communication staging buffers, ``torch.autocast``'s cached bf16 weight copies, the caching
+allocator's fragmentation, NCCL's buffers, DDP with ``gradient_as_bucket_view=True`` or another
+``bucket_cap_mb``, FSDP2 with another mixed precision policy or CPU offload, and torch versions other
+than the one the tensors were read from.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import math
 from kit.components import HELD
 from kit.estimate.result import NONE, Term
 from kit.models import spec_shapes
-from kit.rules import DDP_BUCKET_CAP_MB, FP32, baseline_name, element_bytes, optimizer_states
+from kit.rules import DDP_BUCKET_CAP_MB, FP32, baseline_name, element_bytes, optimizer_states, ring_share
 from kit.schema import Setup
 
 
@@ -120,7 +127,7 @@ def comm(setup: Setup) -> tuple[float, str, int]:
     again in backward and reduce-scatters every micro-step; ``fsdp-grad-op`` skips the backward all-gather."""
     z, n, k = setup.zero, setup.dp, setup.batch.grad_accum
     name = baseline_name(z.engine, z.stage)
-    ring = (n - 1) / n
+    ring = ring_share(n)
     if name == "ddp":
         m = FP32 * setup.model.params
         return 2 * ring * m, "2 (N-1)/N M (DDP fp32 gradient all-reduce at the boundary)", m

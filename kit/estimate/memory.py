@@ -12,10 +12,20 @@ Two formulas:
     ``stage3_param_persistence_threshold`` elements whole on every rank, and allocates one
     ``reduce_bucket_size`` gradient bucket up front (``contiguous_gradients``);
   * the fp32 master copy exists even when training in fp32 (stages 1-3).
+  * stage 3 holds ``min(Psi, largest layer + prefetch bucket, max(largest layer, max live))`` gathered
+    parameters at once (``kit.rules.stage3_gathered``) plus one layer's full gradient;
 - ``"zero-paper"``: the ZeRO paper's idealised model states (Rajbhandari et al. 2020, section 3 and
   Table 1): ``(2 + 2 + K) Psi`` with ``K = 12`` for mixed-precision Adam, divided by ``Nd`` per stage.
 
 Activations: ``kit.estimate.activations``; the tensor partitioning: ``kit.estimate.partition``.
+
+What it cannot see: the caching allocator's fragmentation (a flat ``ALLOCATOR_FRAGMENTATION`` share
+stands for it; a long run's reserved memory can grow past it), transient peaks inside kernels and
+collectives (the gathered copy a ZeRO-3 all-gather builds before it is split, cuBLAS / cuDNN / flash
+attention workspaces, NCCL's buffers beyond ``NCCL_BUFFER_BYTES``), memory the training script or a
+library allocates on its own (data loaders' pinned batches, a second model, the loss's logits in fp32
+when the model upcasts them), ZeRO++'s quantization scales, and any DeepSpeed version other than the one
+its formulas were read from. ``overhead`` is an allowance, not a measurement.
 """
 
 from __future__ import annotations
@@ -30,13 +40,16 @@ from kit.estimate.activations import activations
 from kit.estimate.paper import zero_paper
 from kit.estimate.result import NONE, Estimate, Term, total
 from kit.rules import (
+    BIG_BUFFER_BYTES,
     DS_SUB_GROUP_SIZE,
     FP32,
     QUANTIZED_GRADIENT_BYTES,
     QUANTIZED_WEIGHT_BYTES,
+    STAGE3_GATHER_FORMULA,
     element_bytes,
     master_bytes,
     optimizer_states,
+    stage3_gathered,
 )
 from kit.schema import Setup
 from kit.units import GIB, MIB, gib
@@ -178,12 +191,12 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
             p * flat, f"{p} B x Psi padded to a multiple of 2 x dp = {p} x {flat:,} (bit16_groups_flat)"
         )
         where["optimizer_states"] = Term(
-            (4 + 4 * k) * part,
-            f"(4 fp32 master + {4 * k} {opt}) B x P, P = padded Psi / dp = {part:,}",
+            (FP32 + FP32 * k) * part,
+            f"({FP32} fp32 master + {FP32 * k} {opt}) B x P, P = padded Psi / dp = {part:,}",
         )
         if z.offload_optimizer == "cpu":
             largest = partition.largest_tensor(setup)
-            host["gradients"] = Term(4 * part, f"4 B x P = fp32 gradient partition on CPU ({part:,})")
+            host["gradients"] = Term(FP32 * part, f"{FP32} B x P = fp32 gradient partition on CPU ({part:,})")
             host["buffers"] = Term(
                 p * part + p * largest,
                 f"{p} B x P (16-bit param staging) + {p} B x largest tensor {largest:,} (grad staging)",
@@ -213,10 +226,12 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
         secondary = _hpz_secondary(setup, numels)
         (device if z.offload_param == "none" else host)["parameters"] += secondary
     opt_where = host if z.offload_optimizer == "cpu" else device
-    opt_where["optimizer_states"] = Term((4 + 4 * k) * part, f"(4 fp32 master + {4 * k} {opt}) B x S")
+    opt_where["optimizer_states"] = Term(
+        (FP32 + FP32 * k) * part, f"({FP32} fp32 master + {FP32 * k} {opt}) B x S"
+    )
     opt_where["gradients"] = Term(p * part, f"{p} B x S (grad_partitions_flat_buffer)")
     if z.offload_optimizer == "cpu":
-        host["gradients"] += Term(4 * part, "4 B x S (fp32 gradient on CPU)")
+        host["gradients"] += Term(FP32 * part, f"{FP32} B x S (fp32 gradient on CPU)")
     if z.contiguous_gradients:
         device["buffers"] = Term(
             p * z.reduce_bucket_size, f"{p} B x reduce_bucket_size {z.reduce_bucket_size:,} (ipg bucket)"
@@ -260,23 +275,23 @@ def _transient(setup: Setup) -> dict[str, Term]:
                 Term(count * p * z.reduce_bucket_size, f"{count} x {p} B x reduce_bucket_size (ipg buffer)")
             )
         if z.offload_optimizer == "none":
-            buffers.append(Term(4 * part, "4 B x P (fp32 gradient copy during step)"))
+            buffers.append(Term(FP32 * part, f"{FP32} B x P (fp32 gradient copy during step)"))
         if buffers:
             out["buffers"] = total(buffers)
         if z.stage == 1 and setup.batch.grad_accum > 1:
             out["gradients"] = Term(p * psi, f"{p} B x Psi (stage 1 keeps full gradients across micro-steps)")
     if z.stage == 3:
         largest = setup.model.largest_layer_params
-        fetch = min(psi, largest + z.prefetch_bucket_size, max(largest, z.max_live_parameters))
+        fetch = stage3_gathered(psi, largest, z.prefetch_bucket_size, z.max_live_parameters)
         gathered = Term(
             p * fetch + p * largest,
-            f"{p} B x min(Psi, largest layer + prefetch bucket, max live) = {fetch:,} gathered params "
+            f"{p} B x {STAGE3_GATHER_FORMULA} = {fetch:,} gathered params "
             f"+ {p} B x largest layer {largest:,} full gradient before reduce-scatter",
         )
         if z.offload_optimizer == "none":
             # _prepare_fp32_grad_for_sub_group: an fp32 copy of one sub group's gradient partition
             sub = min(partition.partition_numel(setup), DS_SUB_GROUP_SIZE)
-            gathered += Term(4 * sub, "4 B x min(S, sub_group_size) (fp32 gradient in step)")
+            gathered += Term(FP32 * sub, f"{FP32} B x min(S, sub_group_size) (fp32 gradient in step)")
         if z.quantized_weights:
             # _all_gather_coalesced(quantize=True): an int8 buffer of the gathered elements, dequantized
             # into the 16-bit parameters
@@ -296,11 +311,11 @@ def _cpu_per_node(setup: Setup, host: dict[str, Term]) -> Term:
     z, g, psi = setup.zero, setup.cluster.gpus_per_node, setup.model.params
     offloaded = sum(t.bytes for t in host.values())
     if z.stage == 3 and z.zero_init and z.engine == "deepspeed":
-        build = 4 * setup.model.largest_layer_params
-        how = "zero.Init: 4 B x largest layer"
+        build = FP32 * setup.model.largest_layer_params
+        how = f"zero.Init: {FP32} B x largest layer"
     else:
-        build = 4 * psi
-        how = "full fp32 model built on CPU by every rank: 4 B x Psi"
+        build = FP32 * psi
+        how = f"full fp32 model built on CPU by every rank: {FP32} B x Psi"
     base = PROCESS_BASE_BYTES
     total = g * (base + max(build, offloaded))
     return Term(
@@ -314,7 +329,7 @@ def _notes(setup: Setup) -> tuple[str, ...]:
     z = setup.zero
     notes = list(baselines.notes(setup))
     deepspeed = z.engine == "deepspeed"
-    if deepspeed and z.stage == 3 and z.reduce_bucket_size * element_bytes(setup.zero.precision) > GIB / 2:
+    if deepspeed and z.stage == 3 and z.reduce_bucket_size * element_bytes(z.precision) >= BIG_BUFFER_BYTES:
         notes.append(
             f"stage 3 allocates reduce_bucket_size ({z.reduce_bucket_size:,} elements) up front; "
             "HF's 'auto' sets it to hidden^2"

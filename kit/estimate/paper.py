@@ -1,7 +1,8 @@
 """The ZeRO paper's idealised model states (Rajbhandari et al. 2020, section 3 and Table 1).
 
-``(2 + 2 + K) Psi`` bytes for mixed-precision Adam (K = 12: fp32 master, momentum and variance), each
-state divided by ``Nd`` from the stage that partitions it (``kit.rules.SHARDED``). No buffers,
+``(2 + 2 + K) Psi`` bytes for mixed-precision Adam (K = 12: fp32 master, momentum and variance); in fp32
+``(4 + 4 + K) Psi`` with K = 8 (no master copy). Each state is divided by ``Nd`` from the stage that
+partitions it (``kit.rules.SHARDED``). No buffers,
 activations or overhead: a teaching formula, not a prediction.
 """
 
@@ -24,5 +25,8 @@ def zero_paper(setup: Setup) -> Estimate:
         d = n if name in SHARDED[z.stage] else 1
         terms[name] = Term(int(b * psi / d), f"{b} B x Psi / {d} = {b} x {psi:,} / {d}")
     host = dict.fromkeys(HELD, NONE)
-    note = f"ZeRO paper: (2 + 2 + K) Psi model states with K = {k}, stage {z.stage} shards by Nd = {n}"
+    note = (
+        f"ZeRO paper: ({p} + {p} + K) Psi model states ({z.precision} parameters and gradients), K = {k}, "
+        f"stage {z.stage} shards by Nd = {n}"
+    )
     return Estimate(setup, "zero-paper", terms, host, NOT_IN_PAPER, (note,))

@@ -15,6 +15,13 @@ every hardware figure comes from ``data/`` with its source (``hardware``):
 
 ``step_time`` is a few microseconds of arithmetic, so ``kit.estimate.plan`` can rank thousands of setups;
 ``kit.run.calibrate`` compares it with measured step times.
+
+What it cannot see: kernel launch overheads and small-message latency (every collective is bytes over
+bandwidth), the data loader, the Python host loop and synchronisation stalls, stragglers and load
+imbalance between ranks, congestion from other jobs on a shared fabric, topology beyond "slowest link"
+(rail-optimised networks, NVSwitch contention), how much of the communication really hides behind
+compute (``overlap`` is a single assumed share), ZeRO++'s quantization kernels' own time, GPU clocks
+under a power limit, and the page-cache and file-system effects on NVMe swaps.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
+from kit.ds_keys import ZEROPP_OFF  # noqa: F401 (kit.lab.widgets imports it from here until its split)
 from kit.estimate import baselines, partition
 from kit.estimate.result import Term, total
 from kit.gpus import DEFAULT_NVME, gpu, network, nvme
@@ -32,6 +40,7 @@ from kit.rules import (
     ZERO3_COLLECTIVES,
     element_bytes,
     optimizer_states,
+    ring_share,
 )
 from kit.schema import Setup
 
@@ -203,7 +212,7 @@ def comm_bytes(setup: Setup) -> tuple[int, str]:
         return round(volume), f"{formula}, M = {m:,} B, N = {n}"
     m = element_bytes(z.precision) * setup.model.params
     k = setup.batch.grad_accum
-    ring = (n - 1) / n
+    ring = ring_share(n)
     if z.stage == 0:
         volume, formula = 2 * ring * m, "2 (N-1)/N M (gradient all-reduce)"
     elif z.stage == 1:
@@ -218,15 +227,6 @@ def comm_bytes(setup: Setup) -> tuple[int, str]:
         volume = sum(c.bytes for c in parts)
         formula = " + ".join(f"{c.formula} [{c.scope}]" for c in parts)
     return round(volume), f"{formula}, M = {m:,} B, N = {n}"
-
-
-#: the ZeroSettings fields that turn ZeRO++ off (what a change to stages 0-2 must also set)
-ZEROPP_OFF = {"hpz_partition_size": 1, "quantized_weights": False, "quantized_gradients": False}
-
-
-def zeropp(z) -> bool:
-    """Whether a ZeroSettings uses any of ZeRO++'s hpZ, qwZ, qgZ."""
-    return z.hpz_partition_size > 1 or z.quantized_weights or z.quantized_gradients
 
 
 @dataclass(frozen=True)
@@ -268,7 +268,7 @@ def collectives(setup: Setup) -> list[Collective]:
     w = QUANTIZED_WEIGHT_BYTES / p if z.quantized_weights else 1.0
     wname = f"{w:g} x " if z.quantized_weights else ""
     forward, backward, reduce = ZERO3_COLLECTIVES
-    ring = (n - 1) / n
+    ring = ring_share(n)
     mp = p * sum(t for t in partition.numels(setup) if t <= z.param_persistence_threshold)
     mp = mp if partition.is_exact(setup) else 0
     mg = m - mp
@@ -350,7 +350,7 @@ def step_time(setup: Setup, hw: Hardware | None = None, assume: Assumptions | No
         link, where = hw.intra_gbps, f"intra-node {hw.intra_gbps:g} GB/s"
     bandwidth = link * assume.link_efficiency * 1e9
     comm = Part(sent / bandwidth, f"{how} over {where} x {assume.link_efficiency:g}")
-    if zeropp(z) and c.nodes > 1:  # ZeRO++ moves part of it inside the node: each scope over its own link
+    if z.zeropp and c.nodes > 1:  # ZeRO++ moves part of it inside the node: each scope over its own link
         scope = comm_by_scope(setup)
         intra_bw = hw.intra_gbps * assume.link_efficiency * 1e9
         comm = Part(

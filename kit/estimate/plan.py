@@ -17,7 +17,9 @@ import pandas as pd
 
 from kit import batch as batch_math
 from kit import grid
+from kit.ds_keys import EXAMPLE_NVME_PATH, ZEROPP_OFF
 from kit.estimate import partition, perf
+from kit.fit import estimate_fit, fit
 from kit.gpus import catalogue, gpu, prices
 from kit.rules import BASELINES
 from kit.schema import Setup
@@ -60,7 +62,7 @@ def _nvme_fields(setup: Setup, change: dict) -> dict:
     ``kit.estimate.nvme.problem``)."""
     if "nvme" not in (change["offload_optimizer"], change["offload_param"]):
         return {}
-    fields: dict = {"nvme_path": setup.zero.nvme_path or grid.NVME_PATH}
+    fields: dict = {"nvme_path": setup.zero.nvme_path or EXAMPLE_NVME_PATH}
     if change["offload_param"] == "nvme":
         fields["buffer_size"] = max(setup.zero.buffer_size, partition.largest_tensor(setup))
     return fields
@@ -114,13 +116,13 @@ def smallest_cluster(setup: Setup, variants: list[dict] | None = None, max_nodes
         found = None
         for nodes, gpus in sizes:
             candidate = setup.replace(
-                cluster={"nodes": nodes, "gpus_per_node": gpus}, zero={**grid.ZEROPP_OFF, **change}, batch={}
+                cluster={"nodes": nodes, "gpus_per_node": gpus}, zero={**ZEROPP_OFF, **change}, batch={}
             )
             est = estimate(candidate)
             if est.fits[candidate.cluster.gpu]:
                 found = est
                 break
-        label = (found.setup if found else setup.replace(zero={**grid.ZEROPP_OFF, **change})).label
+        label = (found.setup if found else setup.replace(zero={**ZEROPP_OFF, **change})).label
         rows.append(
             {
                 "variant": label,
@@ -341,7 +343,7 @@ def search(
                 cluster={"nodes": nodes, "gpus_per_node": per},
                 zero={
                     "engine": "deepspeed",
-                    **grid.ZEROPP_OFF,
+                    **ZEROPP_OFF,
                     **change,
                     "activation_checkpointing": ckpt,
                     **_nvme_fields(setup, change),
@@ -370,7 +372,14 @@ def search(
                         "grad_accum": d.grad_accum,
                         "per_gpu_gib": est.per_gpu_bytes / GIB,
                         "capacity_gib": capacity / GIB,
-                        "fits": est.per_gpu_bytes <= capacity * (1 - headroom),
+                        "fits": fit(
+                            name,
+                            candidate.zero.precision,
+                            est.per_gpu_bytes,
+                            est.cpu_bytes_per_node,
+                            candidate.cluster.cpu_ram_per_node_bytes,
+                            headroom,
+                        ).ok,
                         "cpu_gib_per_node": est.cpu_bytes_per_node / GIB,
                         "nvme_gib_per_node": est.nvme_bytes_per_node / GIB,
                         "comm_intra_gib": scope["intra"] / GIB,
@@ -401,14 +410,13 @@ def make_it_fit(
     """
     from kit.estimate import estimate
 
-    capacity = gpu(setup.cluster.gpu).memory_bytes * (1 - headroom)
-    if estimate(setup).per_gpu_bytes <= capacity:
+    if estimate_fit(estimate(setup), headroom=headroom).ok:
         return pd.DataFrame()
     singles = _single_changes(setup, max_nodes)
-    rows = [r for r in (_tried(setup, [c], capacity, assumptions, fabric) for c in singles) if r]
+    rows = [r for r in (_tried(setup, [c], headroom, assumptions, fabric) for c in singles) if r]
     if not any(r["fits"] for r in rows):
         pairs = itertools.combinations(singles, 2)
-        rows += [r for r in (_tried(setup, list(p), capacity, assumptions, fabric) for p in pairs) if r]
+        rows += [r for r in (_tried(setup, list(p), headroom, assumptions, fabric) for p in pairs) if r]
     table = pd.DataFrame(rows)
     if table.empty:
         return table
@@ -448,7 +456,7 @@ def _single_changes(setup: Setup, max_nodes: int) -> list[tuple[str, dict]]:
     return out
 
 
-def _tried(setup, changes, capacity, assumptions, fabric) -> dict | None:
+def _tried(setup, changes, headroom, assumptions, fabric) -> dict | None:
     """The row for ``setup`` with ``changes`` applied (None when they conflict, e.g. offload at stage 0)."""
     from kit.estimate import estimate
 
@@ -466,7 +474,7 @@ def _tried(setup, changes, capacity, assumptions, fabric) -> dict | None:
         "change": " + ".join(what for what, _ in changes),
         "changes": len(changes),
         "per_gpu_gib": est.per_gpu_bytes / GIB,
-        "fits": est.per_gpu_bytes <= capacity,
+        "fits": estimate_fit(est, headroom=headroom).ok,
         "step_s": t.step_s,
         "tokens_per_s": t.tokens_per_s,
         "label": candidate.label + f" {candidate.cluster.nodes}x{candidate.cluster.gpus_per_node}",

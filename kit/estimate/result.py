@@ -7,6 +7,7 @@ from functools import cached_property
 from typing import Any
 
 from kit.components import COMPONENTS, HELD
+from kit.fit import estimate_fit
 from kit.gpus import catalogue
 from kit.schema import Setup
 from kit.units import GIB
@@ -92,10 +93,9 @@ class Estimate:
 
     @cached_property
     def fits(self) -> dict[str, bool]:
-        """Whether the per-GPU bytes fit each GPU in data/gpus.csv (and the node's CPU RAM, if given)."""
-        ram = self.setup.cluster.cpu_ram_per_node_bytes
-        cpu_ok = ram is None or self.cpu_bytes_per_node <= ram
-        return {name: cpu_ok and self.per_gpu_bytes <= g.memory_bytes for name, g in catalogue().items()}
+        """Whether the setup fits each GPU in data/gpus.csv (``kit.fit.fit``: the precision, the per-GPU
+        bytes, and the node's CPU RAM if given)."""
+        return {name: estimate_fit(self, name).ok for name in catalogue()}
 
     @cached_property
     def checkpoint_bytes(self) -> int:

@@ -144,6 +144,10 @@ class _SavedByBlock:
         self.blocks = list(max(lists, key=len)) if lists else []
         self.seen: set[int] = set()
         self.inputs: dict[int, int] = {}
+        self.freed_inputs = 0
+        # storages are told apart by address, which a freed storage hands on to a later one: forget a
+        # counted storage when it is freed, so the later one is counted too
+        self.refs: dict[int, weakref.ref] = {}
         self.outside = 0
         self.per_block = [0] * len(self.blocks)
         self.current: int | None = None
@@ -156,7 +160,17 @@ class _SavedByBlock:
     def checkpointed_bytes(self) -> int:
         if not self.blocks:
             return self.saved_bytes
-        return self.outside + sum(self.inputs.values()) + max(self.per_block)
+        return self.outside + sum(self.inputs.values()) + self.freed_inputs + max(self.per_block)
+
+    def track(self, storage) -> None:
+        key = storage._cdata
+        if key not in self.refs:
+            self.refs[key] = weakref.ref(storage, lambda _, key=key: self.freed(key))
+
+    def freed(self, key: int) -> None:
+        self.refs.pop(key, None)
+        self.seen.discard(key)
+        self.freed_inputs += self.inputs.pop(key, 0)
 
     def watch(self):
         import contextlib
@@ -169,6 +183,7 @@ class _SavedByBlock:
             if key in self.params or key in self.seen or not t.numel():
                 return t
             self.seen.add(key)
+            self.track(storage)
             if self.current is None:
                 self.outside += storage.nbytes()
             else:
@@ -180,7 +195,9 @@ class _SavedByBlock:
                 self.current = index
                 for a in args:
                     if isinstance(a, torch.Tensor) and a.untyped_storage()._cdata not in self.params:
-                        self.inputs.setdefault(a.untyped_storage()._cdata, a.untyped_storage().nbytes())
+                        storage = a.untyped_storage()
+                        self.inputs.setdefault(storage._cdata, storage.nbytes())
+                        self.track(storage)
 
             return hook
 

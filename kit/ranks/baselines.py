@@ -15,7 +15,7 @@ the ds_config's ``gradient_clipping`` and stepped at the boundary by the torch o
   reduce-scattered every micro-step, as ZeRO-3 does.
 
 What they send is counted where it is sent: a DDP communication hook and FSDP2's custom all-gather and
-reduce-scatter (``set_custom_all_gather``), in the comms logger's convention (``kit.rules.WIRE_FACTORS``);
+reduce-scatter (``set_custom_all_gather``), in the comms logger's convention (``kit.rules.wire_factor``);
 ``model_state_bytes`` reads what a rank holds (the measured side of ``kit.estimate.baselines``).
 """
 

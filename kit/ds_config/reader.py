@@ -1,0 +1,408 @@
+"""``ds_config.json`` -> Setup: what a user's DeepSpeed config describes, HF Trainer's ``"auto"`` resolved.
+
+Reading follows what DeepSpeed itself does with a config (``deepspeed/runtime/config.py``,
+``deepspeed/runtime/zero/config.py``) and resolves HF Trainer ``"auto"`` values the way
+``transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig`` does (``kit.ds_keys``'s rules). Plain
+functions over dicts: no torch or deepspeed import (``zerokit estimate --ds-config`` stays instant).
+``load_ds_config``, ``read_or_repair`` and ``resolved_for_deepspeed`` are what the review of a config
+(``kit.estimate.review``) builds on.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from kit.ds_keys import BATCH_KEYS, NVME_KEYS, ZERO_KEYS, ZEROPP_KEYS
+from kit.fit import supports
+from kit.rules import offload_problem
+from kit.schema import Cluster, ModelSpec, Setup, one_line_error
+
+#: Settings that change what DeepSpeed allocates in ways zero-kit does not model:
+#: (section, key, value meaning unused, what it is).
+_UNSUPPORTED = [
+    (
+        "zero_optimization",
+        "zero_quantized_nontrainable_weights",
+        False,
+        "ZeRO++ int8 storage of frozen weights",
+    ),
+    ("zero_optimization", "zenflow", None, "ZenFlow"),
+    ("bf16", "bf16_master_weights_and_grads", False, "bf16 master weights"),
+    ("bf16", "bf16_optimizer_states", False, "bf16 optimizer states"),
+    ("fp16", "fp16_master_weights_and_grads", False, "fp16 master weights"),
+    ("data_types", "grad_accum_dtype", None, "a custom gradient accumulation dtype"),
+    ("torch_autocast", "enabled", False, "torch autocast"),
+    ("tensor_parallel", "autotp_size", 0, "tensor parallelism"),
+    (None, "sequence_parallel_size", 1, "sequence parallelism"),
+]
+
+
+def read_ds_config(
+    config: dict | str | Path,
+    *,
+    model: ModelSpec,
+    cluster: Cluster | dict | None = None,
+    seq_len: int | None = None,
+    micro_batch: int | None = None,
+    grad_accum: int | None = None,
+    train_batch: int | None = None,
+    zero_init: bool = True,
+) -> tuple[Setup, list[str]]:
+    """The Setup a user's ds_config describes, and one note per value resolved or ignored on the way.
+
+    ``"auto"`` values are resolved as HF Trainer does: batch sizes from the given ``micro_batch`` /
+    ``grad_accum`` / ``train_batch``, bucket sizes from the model's hidden size. A batch value given
+    here must agree with a number in the file (HF Trainer's rule). ``zero_init`` is not part of a
+    ds_config (the training script decides whether to build the model under ``deepspeed.zero.Init``).
+    """
+    if isinstance(config, (str, Path)):
+        config = read_json(Path(config))
+    if not isinstance(config, dict):
+        raise ValueError(f"ds_config: must be a JSON object, got {type(config).__name__}")
+    cluster = cluster if isinstance(cluster, Cluster) else Cluster.model_validate(cluster or {})
+    notes: list[str] = []
+    _reject_unsupported(config)
+    flags = {"micro_batch": micro_batch, "grad_accum": grad_accum, "train_batch": train_batch}
+    batch = {**_batch(config, flags, notes), "seq_len": seq_len}
+    zero = {**_zero(config, model, notes), "zero_init": zero_init}
+    zero["precision"] = _precision(config, cluster, notes)
+    zero.update(_optimizer(config, notes))
+    zero["activation_checkpointing"] = isinstance(config.get("activation_checkpointing"), dict)
+    setup = Setup(model=model, cluster=cluster, zero=zero, batch=batch)
+    for key, name in BATCH_KEYS.items():
+        if config.get(key) == "auto" and batch[name] is None:
+            notes.append(f"{key}: 'auto' -> {getattr(setup.batch, name)} (from the other batch values)")
+    return setup, notes
+
+
+def from_ds_config(config: dict | str | Path, **options: Any) -> Setup:
+    """The Setup a ds_config (dict or path) describes; ``read_ds_config``'s options, without the notes."""
+    return read_ds_config(config, **options)[0]
+
+
+def read_json(path: Path) -> dict:
+    """A JSON file, refusing duplicate keys; ValueError naming the file and line."""
+
+    def no_duplicates(pairs: list) -> dict:
+        keys = [k for k, _ in pairs]
+        for k in keys:
+            if keys.count(k) > 1:
+                raise ValueError(f"ds_config: {path}: duplicate key {k!r}")
+        return dict(pairs)
+
+    try:
+        return json.loads(path.read_text(), object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"ds_config: {path}: not valid JSON (line {error.lineno}: {error.msg})") from None
+
+
+def _section(config: dict, name: str) -> dict:
+    value = config.get(name, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}: must be a JSON object, got {value!r}")
+    return value
+
+
+def _reject_unsupported(config: dict) -> None:
+    for section, key, unused, what in _UNSUPPORTED:
+        value = (config if section is None else _section(config, section)).get(key, unused)
+        if value not in (unused, "auto"):
+            name = key if section is None else f"{section}.{key}"
+            raise ValueError(f"{name}: {what} is not modelled by zero-kit (got {value!r}; use {unused!r})")
+    zero = _section(config, "zero_optimization")
+    for kind in ("offload_optimizer", "offload_param"):
+        offload = _section(zero, kind)
+        if offload.get("device", "none") not in ("none", "cpu", "nvme"):
+            raise ValueError(
+                f"zero_optimization.{kind}.device: must be 'none', 'cpu' or 'nvme', got {offload['device']!r}"
+            )
+        if offload.get("ratio", 1.0) != 1.0:
+            raise ValueError(f"zero_optimization.{kind}.ratio: partial offload is not modelled; use 1.0")
+        for key in ("pipeline_read", "pipeline_write", "super_offload"):
+            if offload.get(key, False) not in (False, "auto"):
+                raise ValueError(
+                    f"zero_optimization.{kind}.{key}: the pipelined / superchip optimizer swapper is not "
+                    f"modelled by zero-kit (got {offload[key]!r}; use false)"
+                )
+    if _section(config, "aio").get("use_gds", False) not in (False, "auto"):
+        raise ValueError("aio.use_gds: GPUDirect Storage is not modelled by zero-kit (use false)")
+    mics = sorted(k for k in zero if k.startswith("mics_"))
+    if mics:
+        raise ValueError(
+            f"zero_optimization.{mics[0]}: MiCS was removed from DeepSpeed 0.19 (its config parser refuses "
+            "the key); for a parameter partition inside each node use ZeRO++ hpZ, "
+            '"zero_hpz_partition_size": <GPUs per node> (stage 3)'
+        )
+
+
+def _batch(config: dict, flags: dict, notes: list[str]) -> dict:
+    """Batch values from the file, "auto" ones from the flags (None lets the Setup resolve them)."""
+    batch = {}
+    for key, name in BATCH_KEYS.items():
+        value, flag = config.get(key), flags[name]
+        if value == "auto":
+            if flag is not None:
+                notes.append(f"{key}: 'auto' -> {flag} (given {name})")
+            value = flag
+        elif value is None:
+            value = flag
+        elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f'{key}: must be a whole number >= 1 or "auto", got {value!r}')
+        elif flag is not None and flag != value:
+            raise ValueError(f'{key}: ds_config has {value} but {name}={flag} was given; set it to "auto"')
+        batch[name] = value
+    return batch
+
+
+def _zero(config: dict, model: ModelSpec, notes: list[str]) -> dict:
+    section = _section(config, "zero_optimization")
+    zero: dict[str, Any] = {}
+    for k in ZERO_KEYS:
+        if k.off is not None:  # ZeRO++: _zeropp
+            continue
+        for key in k.spellings:
+            value = section.get(key)
+            if value == "auto" and k.hf_auto and model.hidden:
+                formula, rule = k.hf_auto
+                value = rule(model.hidden)
+                notes.append(
+                    f"zero_optimization.{key}: 'auto' -> {formula} = {value:,} (hidden {model.hidden})"
+                )
+            elif value == "auto":
+                notes.append(
+                    f"zero_optimization.{key}: 'auto' -> DeepSpeed's default (the model has no hidden size)"
+                )
+                continue
+            if value is not None:
+                zero[k.field] = value
+    # Deprecated spellings DeepSpeed still honours (deepspeed/runtime/zero/config.py).
+    if section.get("cpu_offload"):
+        zero["offload_optimizer"] = "cpu"
+    if section.get("cpu_offload_param"):
+        zero["offload_param"] = "cpu"
+    for kind in ("offload_optimizer", "offload_param"):
+        if _section(section, kind).get("device") in ("cpu", "nvme"):
+            zero[kind] = _section(section, kind)["device"]
+    stage = zero.setdefault("stage", 0)  # DeepSpeedZeroConfig's default, not ZeroSettings' 2
+    zero.update(_zeropp(section, stage, notes))
+    zero.update(_nvme(config, stage, zero, notes))
+    # DeepSpeed ignores offload settings a stage cannot use; so does the import, and says so.
+    for kind in ("offload_optimizer", "offload_param"):
+        asked = {"offload_optimizer": "none", "offload_param": "none", kind: zero.get(kind, "none")}
+        problem = offload_problem(stage, **asked)
+        if problem:
+            notes.append(f"zero_optimization.{kind}: ignored, it {problem[1]}")
+            del zero[kind]
+    return zero
+
+
+def _zeropp(section: dict, stage: int, notes: list[str]) -> dict:
+    """hpZ, qwZ and qgZ from zero_optimization; below stage 3 DeepSpeed ignores them, and so does this."""
+    out: dict[str, Any] = {}
+    for k in ZEROPP_KEYS:
+        key, field, off = k.key, k.field, k.off
+        value = section.get(key, off)
+        if value == "auto":
+            notes.append(f"zero_optimization.{key}: 'auto' -> {off!r} (DeepSpeed's default)")
+            continue
+        if key == "zero_hpz_partition_size" and value == 0:
+            value = 1  # DeepSpeed accepts 0 (ge=0) and builds no secondary group for it, as for 1
+        if value == off:
+            continue
+        if stage != 3:
+            notes.append(f"zero_optimization.{key}: ignored, ZeRO++ needs stage 3 (got stage {stage})")
+            continue
+        out[field] = value
+    return out
+
+
+def _nvme(config: dict, stage: int, zero: dict, notes: list[str]) -> dict:
+    """ZeRO-Infinity settings: the offload blocks' NVMe keys and the top-level ``aio`` block.
+
+    ``offload_optimizer.device: nvme`` below stage 3 is what DeepSpeed runs as CPU offload (stages 1-2
+    have no swapper): it is read as ``cpu``, with a note."""
+    section = _section(config, "zero_optimization")
+    out: dict[str, Any] = {}
+    if zero.get("offload_optimizer") == "nvme" and stage in (1, 2):
+        notes.append(
+            f"zero_optimization.offload_optimizer.device: 'nvme' at stage {stage} keeps the optimizer "
+            "states in CPU RAM (stage_1_and_2.py has no NVMe swapper): read as 'cpu'"
+        )
+        zero["offload_optimizer"] = "cpu"
+    paths, pins = set(), set()
+    for kind, keys in NVME_KEYS.items():
+        block = _section(section, kind)
+        if "pin_memory" in block and zero.get(kind, "none") != "none":
+            pins.add(bool(block["pin_memory"]))
+        if zero.get(kind) != "nvme":
+            continue
+        if block.get("nvme_path"):
+            paths.add(str(block["nvme_path"]))
+        for k in keys:
+            if k.key in block:
+                out[k.field] = block[k.key]
+    if len(paths) > 1:
+        raise ValueError(
+            f"zero_optimization.offload_param.nvme_path: zero-kit models one NVMe folder for both offloads, "
+            f"got {' and '.join(sorted(paths))}"
+        )
+    if len(pins) > 1:
+        raise ValueError(
+            "zero_optimization.offload_param.pin_memory: must equal offload_optimizer's in zero-kit"
+        )
+    if paths:
+        out["nvme_path"] = paths.pop()
+    if pins:
+        out["pin_memory"] = pins.pop()
+    aio = {k: v for k, v in _section(config, "aio").items() if k != "use_gds"}
+    if "thread_count" in aio:
+        notes.append(
+            "aio.thread_count: DeepSpeed 0.19 ignores it (get_aio_config reads intra_op_parallelism)"
+        )
+        del aio["thread_count"]
+    if aio:
+        out["aio"] = aio
+    return out
+
+
+def _precision(config: dict, cluster: Cluster, notes: list[str]) -> str:
+    bf16 = _section(config, "bf16") or _section(config, "bfloat16")
+    enabled = {"bf16": bf16.get("enabled", False), "fp16": _section(config, "fp16").get("enabled", False)}
+    for name, value in enabled.items():
+        if value not in (True, False, "auto"):
+            raise ValueError(f'{name}.enabled: must be true, false or "auto", got {value!r}')
+    on = [name for name, value in enabled.items() if value is True]
+    if len(on) == 2:
+        raise ValueError("bf16.enabled: bf16 and fp16 cannot both be enabled (DeepSpeed asserts the same)")
+    if on:
+        return on[0]
+    auto = [name for name, value in enabled.items() if value == "auto"]
+    if not auto:
+        return "fp32"
+    has_bf16 = supports(cluster.gpu, "bf16")
+    choice = "bf16" if "bf16" in auto and has_bf16 else "fp16" if "fp16" in auto else "fp32"
+    why = f"the {cluster.gpu} {'supports' if has_bf16 else 'lacks'} bf16"
+    notes.append(f"{'/'.join(auto)}.enabled: 'auto' -> {choice} ({why}; HF Trainer reads --bf16/--fp16)")
+    return choice
+
+
+def _optimizer(config: dict, notes: list[str]) -> dict:
+    section = _section(config, "optimizer")
+    if not section:
+        notes.append("optimizer: none in ds_config -> adamw (HF Trainer's default optimizer)")
+        return {"optimizer": "adamw"}
+    kind = section.get("type")
+    params = _section(section, "params")
+    if isinstance(kind, str) and kind.lower() in ("adam", "adamw"):
+        # DeepSpeed runs "Adam" as AdamW unless adam_w_mode is false (engine._configure_basic_optimizer).
+        adamw = kind.lower() == "adamw" or params.get("adam_w_mode", True) is not False
+        return {"optimizer": "adamw" if adamw else "adam"}
+    if kind == "SGD":
+        return {"optimizer": "sgd", "momentum": params.get("momentum", 0.0)}
+    raise ValueError(f"optimizer.type: zero-kit models Adam, AdamW and SGD, got {kind!r}")
+
+
+#: the top-level keys that mark a dict as a DeepSpeed config when deepspeed is not installed
+_FALLBACK_KEYS = (
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
+    "bf16", "fp16", "optimizer", "scheduler", "gradient_clipping", "steps_per_print",
+)  # fmt: skip
+
+
+def load_ds_config(config: dict | str | Path) -> tuple[str, dict]:
+    """``(name, dict)`` of a ds_config file or dict; ValueError naming the file when it is not JSON, not a
+    JSON object, or has none of the keys DeepSpeed reads (``known_keys``; without deepspeed, the common
+    ones)."""
+    from kit.ds_config.parser import known_keys
+
+    if isinstance(config, (str, Path)):
+        name = str(config)
+        data = read_json(Path(config))
+    else:
+        name, data = "ds_config", copy.deepcopy(config)
+    if not isinstance(data, dict):
+        raise ValueError(f"ds_config: {name}: not a JSON object (got a JSON {type(data).__name__})")
+    try:
+        known = known_keys("")
+    except ImportError:
+        known = _FALLBACK_KEYS
+    if not any(key in known for key in data):
+        shown = ", ".join(list(data)[:4]) or "no keys"
+        raise ValueError(
+            f"ds_config: {name}: not a DeepSpeed config: none of its keys ({shown}) is one DeepSpeed reads, "
+            "such as train_batch_size or zero_optimization"
+        )
+    return name, data
+
+
+def read_or_repair(
+    raw: dict, *, model: ModelSpec, cluster: Cluster, **batch: int | None
+) -> tuple[Setup | None, list[str], str | None]:
+    """``(setup, notes, problem)``: ``read_ds_config``'s Setup and notes; where the kit cannot read the
+    config as it is, the Setup of a copy with the refused value taken out (said in the notes), or None,
+    and the reason (``problem``). A batch value given here that contradicts the file: ValueError."""
+    try:
+        setup, notes = read_ds_config(raw, model=model, cluster=cluster, **batch)
+        return setup, notes, None
+    except ValueError as error:
+        problem = one_line_error(error)
+    if "was given; set it to" in problem:  # a batch flag contradicts the file: the caller's input
+        raise ValueError(problem)
+    repaired, assumed = _repaired(raw)
+    if assumed:
+        try:
+            setup, notes = read_ds_config(repaired, model=model, cluster=cluster, **batch)
+            return setup, [*notes, f"the estimate assumes {assumed}, since {problem}"], problem
+        except ValueError:
+            pass
+    return None, [f"no estimate: {problem}"], problem
+
+
+def _repaired(raw: dict) -> tuple[dict, str]:
+    """The config with what DeepSpeed refuses and the kit cannot read taken out, and what that assumes."""
+    config, assumed = copy.deepcopy(raw), []
+    bf16, fp16 = config.get("bf16") or config.get("bfloat16"), config.get("fp16")
+    if (
+        isinstance(bf16, dict)
+        and isinstance(fp16, dict)
+        and bf16.get("enabled") is True
+        and fp16.get("enabled")
+    ):
+        fp16["enabled"] = False
+        assumed.append("bf16 (fp16 off)")
+    if isinstance(config.get("train_batch_size"), int) and (
+        "train_micro_batch_size_per_gpu" in config or "gradient_accumulation_steps" in config
+    ):
+        del config["train_batch_size"]
+        assumed.append("train_batch_size = micro x GPUs x grad_accum")
+    return config, " and ".join(assumed)
+
+
+def resolved_for_deepspeed(raw: dict, setup: Setup | None, batch: dict) -> dict:
+    """The config as HF Trainer hands it to DeepSpeed: every ``"auto"`` the kit resolves, resolved (from
+    ``setup``, or the given ``batch`` values where there is no Setup)."""
+    config = copy.deepcopy(raw)
+    for key, name in BATCH_KEYS.items():
+        if config.get(key) == "auto":
+            value = getattr(setup.batch, name) if setup else batch.get(name)
+            if value is None:
+                del config[key]
+            else:
+                config[key] = value
+    if setup is not None:
+        zero = config.get("zero_optimization")
+        if isinstance(zero, dict):
+            for k in ZERO_KEYS:
+                for key in k.spellings if k.off is None else ():
+                    if zero.get(key) == "auto":
+                        zero[key] = getattr(setup.zero, k.field)
+        for name in ("bf16", "bfloat16", "fp16"):
+            section = config.get(name)
+            if isinstance(section, dict) and section.get("enabled") == "auto":
+                section["enabled"] = setup.zero.precision == ("fp16" if name == "fp16" else "bf16")
+    if not any(key in config for key in BATCH_KEYS if key != "gradient_accumulation_steps"):
+        config["train_micro_batch_size_per_gpu"] = setup.batch.micro_batch if setup else 1
+    return config
