@@ -9,9 +9,10 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+from kit.rules import bus_factor
 from kit.run.launcher import TIMEOUT_RC
 from kit.scaleout import commtest
-from kit.scaleout.commtest import CommtestResult, bus_factor, parse_output, run_commtest
+from kit.scaleout.commtest import CommtestResult, parse_output, run_commtest
 
 SIZES = (8192, 1 << 20)
 

@@ -14,7 +14,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from kit.rules import wire_factor
+from kit.rules import bus_factor
 
 #: the per-rank script, run as a module (``-m``) so that kit/ itself is not put on sys.path
 WORKER = "kit.ranks.commtest_worker"
@@ -24,15 +24,6 @@ DEFAULT_SIZES = tuple(1 << k for k in range(13, 26, 2))
 RANK_TAG = "ZEROKIT_COMMTEST_RANK"
 BW_TAG = "ZEROKIT_COMMTEST_BW"
 TIMED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-
-
-def bus_factor(op: str, world: int) -> float:
-    """nccl-tests' busbw / algbw: the share of the data each rank's link carries. With the full buffer as
-    the size it is ``kit.rules.wire_factor`` for all-reduce, reduce-scatter and broadcast, and all-gather's
-    wire factor (per shard) over the world size (its full output is ``world`` shards)."""
-    if op not in TIMED:
-        raise ValueError(f"op: choose one of {', '.join(TIMED)}, got {op!r}")
-    return wire_factor(op, world) / (world if op == "all_gather" else 1)
 
 
 @dataclass(frozen=True)

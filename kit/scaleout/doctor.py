@@ -24,7 +24,7 @@ from typing import Literal
 from kit.rules import DEFAULT_MASTER_PORT
 from kit.scaleout.hostfile import is_local
 from kit.scaleout.network import SHM_SIZE
-from kit.units import GIB
+from kit.units import GIB, first_line
 
 Status = Literal["ok", "warn", "fail", "info"]
 STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "info")
@@ -198,7 +198,10 @@ def check_topology() -> Check:
     rc, text = out
     if rc != 0:
         return Check(
-            "gpu topology", "warn", f"nvidia-smi topo -m failed: {_first_line(text)}", "check the driver"
+            "gpu topology",
+            "warn",
+            f"nvidia-smi topo -m failed: {(first_line(text) or 'no output')}",
+            "check the driver",
         )
     topo = parse_topology(text)
     links = topo["links"]
@@ -375,9 +378,5 @@ def check_ssh(host: str, timeout_s: float = 5.0) -> Check:
         return Check(name, "fail", "ssh not found", "install openssh-client")
     rc, text = out
     if rc != 0:
-        return Check(name, "fail", f"unreachable: {_first_line(text)}", fix)
+        return Check(name, "fail", f"unreachable: {(first_line(text) or 'no output')}", fix)
     return Check(name, "ok", "reachable without a password")
-
-
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "no output")
