@@ -143,7 +143,9 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
         hooks = {"around_micro_step": watch, "after_backward": read_states} if instrument else {}
         memory = None
         if instrument and timeline:
-            memory = memory_timeline.StepMemory(*state_walk.locations(eng, now))
+            # on CPU the replay starts from the walk's storages; a GPU's allocator needs none
+            places = state_walk.locations(eng, now) if measure.on_cpu() else ()
+            memory = memory_timeline.StepMemory(*places)
             hooks["phase"] = memory.phase
         recording = memory.recording() if memory else contextlib.nullcontext()
         with recording, _host_steps(memory, eng, setup), measure.timed() as t:
