@@ -42,6 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_launch_args(p, sweep="sweep")
     p.add_argument(
+        "--memory-timeline",
+        action="store_true",
+        help="on CPU, profile each measured step: peak device-tensor bytes per phase on every rank (slower)",
+    )
+    p.add_argument(
         "--stages",
         default="0,1,2,3",
         help="comma-separated ZeRO stages 0-3 and PyTorch baselines ddp, fsdp, fsdp-grad-op",
@@ -126,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
 
     setups = setups_from_args(args)
     with stdout_to_stderr() if args.json else contextlib.nullcontext():
-        results = run_sweep(setups, **launch_options(args))
+        results = run_sweep(setups, **launch_options(args), memory_timeline=args.memory_timeline)
     if args.json:
         print_json({"sweep": args.sweep, "records": str(results.path), "configs": results.configs()})
     else:

@@ -130,6 +130,7 @@ def train_step(
     seed: int = 0,
     around_micro_step: Callable | None = None,
     after_backward: Callable | None = None,
+    phase: Callable | None = None,
 ) -> float:
     """One optimizer step (``grad_accum`` micro-steps) of ``workload`` (``kit.workloads``); returns this
     rank's mean micro-batch loss.
@@ -137,7 +138,9 @@ def train_step(
     ``around_micro_step(micro)`` may return a context manager wrapped around forward, loss and backward
     of each micro-step (``kit.ranks.measure`` counts saved activations there); ``after_backward(micro)``
     is called between backward and ``engine.step()``, while the gradients are held (model states are
-    read there). With a batch schedule the batch of ``step`` is set first (``set_batch``).
+    read there). ``phase(name)`` may return a context manager wrapped around each phase of a micro-step
+    (``kit.ranks.memory_timeline.PHASES``: the micro batch and forward, backward, ``engine.step()``).
+    With a batch schedule the batch of ``step`` is set first (``set_batch``).
     """
     import torch
 
@@ -149,20 +152,25 @@ def train_step(
     if setup.batch.max_tokens:
         scale_lr(engine, setup, step, world, seed)
     total = 0.0
+    phase = phase or (lambda name: contextlib.nullcontext())
     for micro in range(gas):
-        args, kwargs = micro_batch(workload, setup, step, rank, world, micro, seed)
-        args = tuple(_to(x, engine.device, dtype) for x in args)
-        kwargs = {k: _to(x, engine.device, dtype) for k, x in kwargs.items()}
+        with phase("forward"):
+            args, kwargs = micro_batch(workload, setup, step, rank, world, micro, seed)
+            args = tuple(_to(x, engine.device, dtype) for x in args)
+            kwargs = {k: _to(x, engine.device, dtype) for k, x in kwargs.items()}
         if scheduled:
             # DeepSpeed's boundary is (micro_steps + 1) % grad_accum == 0 over *all* micro-steps so far:
             # after a change of grad accum it would fall mid-step, so say where it is
             engine.set_gradient_accumulation_boundary(micro == gas - 1)
         with around_micro_step(micro) if around_micro_step else contextlib.nullcontext():
-            loss = workload.loss(engine(*args, **kwargs))
-            engine.backward(loss)
+            with phase("forward"):
+                loss = workload.loss(engine(*args, **kwargs))
+            with phase("backward"):
+                engine.backward(loss)
         if after_backward is not None:
             after_backward(micro)
-        engine.step()
+        with phase("optimizer"):
+            engine.step()
         total += loss.item()
         del loss, args, kwargs
     return total / gas

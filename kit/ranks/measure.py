@@ -125,6 +125,13 @@ def _storage_key(t) -> tuple[str, int]:
     return str(t.device), t.untyped_storage().data_ptr()
 
 
+def on_cpu() -> bool:
+    """Whether this rank runs on DeepSpeed's CPU accelerator (no device memory counters)."""
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator().device_name() == "cpu"
+
+
 def reset_peaks() -> None:
     """Start new peak-memory windows: the device's max_memory_* and the process's RSS high-water mark."""
     from deepspeed.accelerator import get_accelerator

@@ -52,6 +52,23 @@ def model_state_bytes(engine, setup) -> dict[str, dict[str, int]]:
     return out
 
 
+def locations(engine, setup) -> tuple[dict[int, int], set[int]]:
+    """The storages of ``model_state_bytes`` by place: ``({pointer: bytes} on the device, {pointers} on the
+    host)`` (``kit.ranks.memory_timeline`` starts a step's level from them; none for a PyTorch baseline,
+    whose states it finds as its ops read them)."""
+    device: dict[int, int] = {}
+    host: set[int] = set()
+    if setup.zero.engine != "deepspeed":
+        return device, host
+    for path, tensor, nbytes in storages(engine):
+        ptr = tensor.untyped_storage().data_ptr()
+        if _location(path, tensor, setup) == "host":
+            host.add(ptr)
+        else:
+            device[ptr] = nbytes
+    return device, host
+
+
 def storages(engine) -> list[tuple[str, object, int]]:
     """(path, tensor, storage bytes) for every distinct non-scalar storage the engine holds."""
     import torch

@@ -7,7 +7,9 @@ By hand (``kit.run.sweep`` writes the spec and runs exactly this)::
 
 (drop ``DS_ACCELERATOR=cpu`` on a CUDA machine; ``torchrun --nproc_per_node 2 -m kit.ranks.worker --spec ...``
 works too). The spec is JSON: ``sweep``, ``run_id``, ``records`` (path of records.jsonl), ``steps``,
-``warmup``, ``seed``, ``instrument`` (false: time the bare loop only) and ``configs``, a list of
+``warmup``, ``seed``, ``instrument`` (false: time the bare loop only), ``memory_timeline`` (on the CPU
+accelerator, profile each measured step for its peak device-tensor bytes per phase, ``kit.ranks.
+memory_timeline``; always measured on a GPU) and ``configs``, a list of
 ``{config_id, label, setup}``. Per configuration each rank builds the engine, warms up, measures
 ``steps`` steps (appending one record per step to records.jsonl, flushed per line), tears the engine
 down and meets the others at a barrier. A configuration that raises becomes a record with status
@@ -97,7 +99,7 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
     """
     from kit import estimate, workloads
     from kit.estimate import perf
-    from kit.ranks import comm_scopes, engine, measure, nvme_files, state_walk
+    from kit.ranks import comm_scopes, engine, measure, memory_timeline, nvme_files, state_walk
 
     instrument = spec.get("instrument", True)
     measure.reset_peaks()
@@ -117,15 +119,17 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
     for step in range(spec["warmup"]):
         loss = engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec["seed"])
         _beat(spec, base, eng, step=step, loss=loss)  # samples/s from the engine's sample count
-    held: dict = {}  # model-state bytes, read while the last micro-step's gradients are held
+    held: dict = {}  # model-state bytes per place and component (read again every step with a schedule)
+    timeline = spec.get("memory_timeline", False) or not measure.on_cpu()
 
     for step in range(spec["warmup"], spec["warmup"] + spec["steps"]):
         now = setup.at_step(step)
         if setup.batch.schedule:
             held.clear()  # the batch may change: read the states of every step
+        reading = instrument and not held
 
-        def read_states(micro: int, now=now) -> None:
-            if micro == now.batch.grad_accum - 1 and not held:
+        def read_states(micro: int, now=now, reading=reading) -> None:
+            if micro == now.batch.grad_accum - 1 and reading:
                 held.update(state_walk.model_state_bytes(eng, now))
 
         counter = measure.SavedActivations()
@@ -137,8 +141,17 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
             return counter.watch(run.model, run.checkpointing) if micro == 0 else contextlib.nullcontext()
 
         hooks = {"around_micro_step": watch, "after_backward": read_states} if instrument else {}
-        with measure.timed() as t:
+        memory = None
+        if instrument and timeline:
+            # on CPU the replay starts from the walk's storages; a GPU's allocator needs none
+            places = state_walk.locations(eng, now) if measure.on_cpu() else ()
+            memory = memory_timeline.StepMemory(*places)
+            hooks["phase"] = memory.phase
+        recording = memory.recording() if memory else contextlib.nullcontext()
+        with recording, _host_steps(memory, eng, setup), measure.timed() as t:
             loss = engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec["seed"], **hooks)
+        if reading:  # again after the optimizer update, which creates the optimizer states in the first step
+            held.update(_most(held, state_walk.model_state_bytes(eng, now)))
         b = now.batch
         sizes = {"train_batch": b.train_batch, "micro_batch": b.micro_batch, "tokens": now.tokens_per_step}
         if b.max_tokens:  # variable-length data: what this step really held, and its scaled learning rate
@@ -156,8 +169,10 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
         if instrument:
             comm = measure.comm_bytes()
             whole_gpu, resident = predictions[now.batch]
-            record.update(measure.peaks())
+            record.update(memory.with_earlier(measure.peaks()) if memory else measure.peaks())
             record["measured"] = {**held["device"], "activations": counter.bytes}
+            if memory is not None:
+                record["measured"].update(memory.result())
             record["measured_host"] = held["host"]
             record["estimate"] = {**resident["device"], "activations": whole_gpu.components["activations"]}
             record["estimate_host"] = resident["host"]
@@ -172,6 +187,21 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
         _beat(spec, base, eng, step=step, samples_per_s=record["samples_per_s"], loss=loss)
         if rank == 0:
             emit({"event": "step", **_progress(record)})
+
+
+def _most(before: dict, after: dict) -> dict:
+    """Per place and component, the larger of two reads of the model states (gradients are held after
+    backward, the optimizer states exist after the update)."""
+    return {place: {k: max(v, after[place][k]) for k, v in parts.items()} for place, parts in before.items()}
+
+
+def _host_steps(memory, eng, setup):
+    """With optimizer offload the wrapped torch optimizer's step works on host tensors (not counted)."""
+    from kit.ranks import memory_timeline
+
+    if memory is None or setup.zero.engine != "deepspeed" or setup.zero.offload_optimizer == "none":
+        return contextlib.nullcontext()
+    return memory_timeline.host_optimizer(memory, eng)
 
 
 def _base_record(spec: dict, config: dict, setup, rank: int, world: int) -> dict:

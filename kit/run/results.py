@@ -65,7 +65,13 @@ class Results:
                     if key in steps:
                         row[key] = float(steps[key].median())
                 row["loss"] = float(steps["loss"].iloc[-1])
-                for key in ("peak_allocated_bytes", "peak_rss_bytes", "estimate_peak_bytes"):
+                peaks = (
+                    "peak_allocated_bytes",
+                    "peak_rss_bytes",
+                    "estimate_peak_bytes",
+                    "measured_peak_tensor_bytes",
+                )
+                for key in peaks:
                     if key in steps:
                         row[key] = steps[key].max()
                 for part in MEASURED:

@@ -171,6 +171,7 @@ def run_sweep(
     launcher_name: str = "deepspeed",
     progress: bool = True,
     instrument: bool = True,
+    memory_timeline: bool = False,
     faults: dict[int, str] | None = None,
     cancel: Callable[[], bool] | None = None,
     on_event: Callable[[dict], None] | None = None,
@@ -182,6 +183,9 @@ def run_sweep(
     time without progress (a configuration starting, a step, a configuration ending; the first
     configuration also gets ``startup_s`` for the launch and imports) before the configuration counts
     as hung. ``instrument=False`` records only step time and loss (the bare loop, for benchmarks).
+    ``memory_timeline=True`` also records, on the CPU accelerator, each rank's peak device-tensor bytes per
+    phase of each measured step (``measured.peak_tensor_bytes``, ``measured.phases``; the profiler it takes
+    costs more than a small step; on a GPU they are always recorded).
     ``faults`` maps an index of ``setups`` to a test-only fault (``FAULTS``). ``cancel()``, polled twice
     a second, stops the sweep (see the module's doc). ``on_event`` gets a ``{"event": "sweep", "total",
     "reused", "records"}`` dict before anything launches, then rank 0's event lines (``start``, ``step``,
@@ -222,6 +226,7 @@ def run_sweep(
         )
     base = {"sweep": sweep, "records": str(records.resolve()), "steps": steps, "warmup": warmup, "seed": seed}
     base["instrument"] = instrument
+    base["memory_timeline"] = memory_timeline
     limits = {
         "nprocs": nprocs,
         "timeout_s": timeout_s,

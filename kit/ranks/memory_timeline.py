@@ -1,0 +1,211 @@
+"""Peak device-tensor bytes per phase of one training step, on this rank.
+
+A step's phases are ``forward`` (the micro batch, the forward and the loss; at stage 3 the all-gathers it
+triggers), ``backward`` (``engine.backward``: the gradients, their reduction that overlaps it and its
+epilogue; at stage 3 its all-gathers too) and ``optimizer`` (``engine.step``); with gradient accumulation
+each phase's peak is the largest over the micro-steps. ``peak_tensor_bytes`` is the largest phase.
+
+On a CUDA device each phase is ``max_memory_allocated`` after ``reset_peak_memory_stats`` at its start:
+the caching allocator's own count of live tensor bytes, so host memory (offloaded states, pinned
+buffers) is not in it. On the CPU accelerator every tensor lives in the same RAM, so the step runs
+under PyTorch's profiler (``profile_memory=True``, ``record_shapes=True``) and its event tree
+(``torch.profiler._memory_profiler.OpTree``) is replayed: every allocation and free with its pointer and
+bytes, and the tensors each op reads. The level entering the step is the storages live before it
+(the state walk's device-side model states, exact, and any other storage an op reads before the window
+allocates at its address, sized by its free in the window or by its extent); what DeepSpeed keeps on
+the host is left out: the storages the state walk puts there (``host``) and whatever is allocated inside
+a ``host_side()`` block (the wrapped torch optimizer's step on offloaded states). The profiler costs
+more than a step of a small model, so on CPU it runs only when asked (``zerokit run --memory-timeline``).
+
+What it cannot see: on CPU, a storage allocated before any profiling and freed during the window (the
+CPU allocator does not report such a free, so that storage still counts after it), non-tensor
+allocations the profiler does not record, and the caching allocator's fragmentation (a GPU's reserved
+bytes); on CUDA, allocations made outside PyTorch's allocator (NCCL's buffers, the CUDA context).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+#: the phases of a step, in order
+PHASES = ("forward", "backward", "optimizer")
+_PHASE = "zerokit::phase::"
+_HOST = "zerokit::host"
+
+
+class StepMemory:
+    """``with memory.recording(): ...`` around one training step, ``memory.phase(name)`` around each
+    phase inside it, ``memory.host_side()`` around host-only work; then ``memory.result()``.
+
+    ``device`` (storage pointer -> bytes) and ``host`` (pointers) are the storages the state walk found
+    before the step, on the device and on the host (used on the CPU accelerator only).
+    """
+
+    def __init__(self, device: dict[int, int] | None = None, host: set[int] | None = None) -> None:
+        from deepspeed.accelerator import get_accelerator
+
+        self.accelerator = get_accelerator()
+        self.on_cpu = self.accelerator.device_name() == "cpu"
+        self.known = dict(device or {})
+        self.host = set(host or ())
+        self.phases: dict[str, int] = {}
+        self.earlier = {"peak_allocated_bytes": 0, "peak_reserved_bytes": 0}  # GPU: peaks each reset ended
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[StepMemory]:
+        if not self.on_cpu:
+            yield self
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True) as prof:
+            yield self
+        self.phases = replay(prof.profiler.kineto_results, self.known, self.host)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if name not in PHASES:
+            raise ValueError(f"phase: choose one of {', '.join(PHASES)}, got {name!r}")
+        if self.on_cpu:
+            from torch.profiler import record_function
+
+            with record_function(_PHASE + name):
+                yield
+            return
+        self.accelerator.synchronize()
+        acc, earlier = self.accelerator, self.earlier
+        earlier["peak_allocated_bytes"] = max(earlier["peak_allocated_bytes"], acc.max_memory_allocated())
+        earlier["peak_reserved_bytes"] = max(earlier["peak_reserved_bytes"], acc.max_memory_reserved())
+        acc.reset_peak_memory_stats()
+        yield
+        self.accelerator.synchronize()
+        self.phases[name] = max(self.phases.get(name, 0), self.accelerator.max_memory_allocated())
+
+    @contextlib.contextmanager
+    def host_side(self) -> Iterator[None]:
+        """Work on host tensors only (an offloaded optimizer's step): on CPU what it allocates is not
+        counted; on CUDA the allocator does not see host tensors anyway."""
+        if not self.on_cpu:
+            yield
+            return
+        from torch.profiler import record_function
+
+        with record_function(_HOST):
+            yield
+
+    def with_earlier(self, peaks: dict) -> dict:
+        """``kit.ranks.measure.peaks()`` read after the step, with the peaks the per-phase resets ended
+        (GPU): the device's peak since the previous step's last phase, not just this one's."""
+        return {
+            k: max(v, self.earlier[k]) if k in self.earlier and v is not None else v for k, v in peaks.items()
+        }
+
+    def result(self) -> dict:
+        """``{"peak_tensor_bytes": int, "phases": {phase: bytes}}``."""
+        return {"peak_tensor_bytes": max(self.phases.values(), default=0), "phases": dict(self.phases)}
+
+
+@contextlib.contextmanager
+def host_optimizer(memory: StepMemory, engine) -> Iterator[None]:
+    """Within the block, the torch optimizer a ZeRO optimizer wraps steps under ``memory.host_side()``:
+    with ``offload_optimizer`` it updates the host's fp32 partition, so its temporaries are host RAM."""
+    inner = engine.optimizer.optimizer
+    step = inner.step
+
+    def on_host(*args, **kwargs):
+        with memory.host_side():
+            return step(*args, **kwargs)
+
+    inner.step = on_host
+    try:
+        yield
+    finally:
+        del inner.step  # the class's own step again
+
+
+def replay(result, known: dict[int, int], host: set[int]) -> dict[str, int]:
+    """Peak live device-tensor bytes per phase from a profiler result (see the module's doc)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler._memory_profiler import OpTree
+
+    nodes = OpTree(result).sorted_nodes
+    phases = [
+        (n.start_time_ns, n.end_time_ns, n.name[len(_PHASE) :]) for n in nodes if n.name.startswith(_PHASE)
+    ]
+    host_windows = [(n.start_time_ns, n.end_time_ns) for n in nodes if n.name == _HOST]
+    events = [
+        (n.start_time_ns, n.typed[1].ptr, n.typed[1].alloc_size)
+        for n in nodes
+        if n.typed[0] == _EventType.Allocation
+    ]
+    live = _live_before(nodes, events, known, host)
+    level = sum(live.values())
+    peaks: dict[str, int] = {}
+    entered = 0  # phases whose entry level is counted
+    for t, ptr, size in events:
+        while entered < len(phases) and phases[entered][0] <= t:
+            name = phases[entered][2]
+            peaks[name] = max(peaks.get(name, 0), level)
+            entered += 1
+        if size > 0:
+            if ptr in host or any(start <= t <= end for start, end in host_windows):
+                continue  # a host buffer, or allocated by host-side work
+            live[ptr] = size
+            level += size
+        else:
+            level -= live.pop(ptr, 0)
+        for start, end, name in phases:
+            if start <= t <= end:
+                peaks[name] = max(peaks.get(name, 0), level)
+    for _, _, name in phases[entered:]:
+        peaks[name] = max(peaks.get(name, 0), level)
+    return {name: peaks[name] for name in PHASES if name in peaks}
+
+
+def _live_before(nodes, events, known: dict[int, int], host: set[int]) -> dict[int, int]:
+    """Device storages live as the window opens (pointer -> bytes): the walk's, and every other one an op
+    reads before anything is allocated at its address (sized by its first free if that comes first,
+    else by the largest extent read)."""
+    from torch._C._profiler import _EventType
+
+    live = {ptr: nbytes for ptr, nbytes in known.items() if ptr not in host}
+    first_alloc: dict[int, int] = {}
+    first_free: dict[int, tuple[int, int]] = {}
+    for t, ptr, size in events:
+        if size > 0:
+            first_alloc.setdefault(ptr, t)
+        else:
+            first_free.setdefault(ptr, (t, -size))
+    never = float("inf")
+    extents: dict[int, int] = {}
+    for node in nodes:
+        if node.typed[0] != _EventType.TorchOp:
+            continue
+        for t in _tensor_inputs(node.typed[1]):
+            ptr = t.storage_data_ptr
+            if ptr is None or ptr in live or ptr in host or t.device.type != "cpu":
+                continue
+            if node.start_time_ns < first_alloc.get(ptr, never):
+                extents[ptr] = max(extents.get(ptr, 0), _extent(t))
+    for ptr, extent in extents.items():
+        freed = first_free.get(ptr)
+        exact = freed is not None and freed[0] < first_alloc.get(ptr, never)
+        live[ptr] = freed[1] if exact else extent
+    return live
+
+
+def _tensor_inputs(op) -> Iterator:
+    for i in op.inputs:
+        if hasattr(i, "storage_data_ptr"):
+            yield i
+        elif isinstance(i, list):
+            yield from (t for t in i if hasattr(t, "storage_data_ptr"))
+
+
+def _extent(t) -> int:
+    """Bytes a tensor's view reaches in its storage (PyTorch's ``SizeMap`` rule: sizes times strides)."""
+    from torch.profiler._memory_profiler import _element_size
+
+    n = max([size * stride for size, stride in zip(t.sizes or [1], t.strides or [1], strict=True)] or [1])
+    return n * _element_size(t.dtype)

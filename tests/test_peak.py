@@ -1,0 +1,100 @@
+"""Peak device-tensor bytes per phase of a step: the profiler replay on known tensors, and one launch of
+several configurations measured on every rank (``run_sweep(..., memory_timeline=True)``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kit.ranks.memory_timeline import PHASES, StepMemory
+from kit.run.sweep import run_sweep, toy_setup
+from kit.schema import Setup
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def test_replay_counts_live_tensors_per_phase_and_leaves_host_work_out():
+    import torch
+
+    before = torch.zeros(1000)  # 4,000 B live before the window, read by an op inside it
+    memory = StepMemory()
+    with memory.recording():
+        with memory.phase("forward"):
+            a = torch.empty(2000)  # 8,000 B
+            a.add_(before.sum())
+        with memory.phase("backward"):
+            b = torch.empty(500)  # 2,000 B, while a is still live
+            del a
+        with memory.phase("optimizer"):
+            with memory.host_side():
+                host = torch.empty(10_000)  # host-side work: not counted
+            c = torch.empty(250)  # 1,000 B
+            del host, c
+        del b
+    phases = memory.result()["phases"]
+    scalars = 64  # the 0-dim results (the sum, its wrapped copies) a few ops allocate
+    assert 4000 + 8000 <= phases["forward"] <= 4000 + 8000 + scalars
+    assert 4000 + 8000 + 2000 <= phases["backward"] <= 4000 + 8000 + 2000 + scalars
+    assert 4000 + 2000 + 1000 <= phases["optimizer"] <= 4000 + 2000 + 1000 + scalars
+    assert memory.result()["peak_tensor_bytes"] == phases["backward"]
+
+
+def _setup(**zero) -> Setup:
+    batch = zero.pop("batch", {})
+    data = toy_setup(2).model_dump(mode="json")
+    data["zero"].update(zero)
+    data["batch"].update(batch)
+    return Setup.model_validate(data)
+
+
+#: stages 0-3, CPU offload, fp32 and bf16, grad accum 1 and 3, checkpointing, odd bucket / prefetch sizes
+SETUPS = [
+    _setup(stage=0),
+    _setup(stage=1, precision="fp32"),
+    _setup(stage=2),
+    _setup(stage=2, offload_optimizer="cpu"),
+    _setup(stage=2, reduce_bucket_size=123_457, batch={"grad_accum": 3, "train_batch": 12}),
+    _setup(stage=3),
+    _setup(stage=3, prefetch_bucket_size=77_777, max_live_parameters=150_001, activation_checkpointing=True),
+    _setup(stage=3, offload_optimizer="cpu", offload_param="cpu"),
+]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """All SETUPS in one launch: step 0 (no warm-up: the optimizer states are created in it) and 1."""
+    runs = tmp_path_factory.mktemp("peak")
+    results = run_sweep(
+        SETUPS, sweep="peak", runs_dir=runs, steps=2, warmup=0, progress=False, memory_timeline=True
+    )
+    assert all(r["status"] == "ok" for r in results.records), [r.get("error") for r in results.records]
+    return results
+
+
+def test_every_rank_and_step_records_its_peak_per_phase(sweep):
+    for r in sweep.records:
+        m = r["measured"]
+        assert list(m["phases"]) == list(PHASES)
+        assert m["peak_tensor_bytes"] == max(m["phases"].values())
+        # at the end of the forward the states on this device and every saved activation are live
+        states = m["parameters"] + m["optimizer_states"]
+        if r["step"] > 0:
+            assert m["phases"]["backward"] >= states + m["activations"], r["label"]
+    ranks = {(r["config_id"], r["rank"], r["step"]) for r in sweep.records}
+    assert len(ranks) == len(SETUPS) * 2 * 2
+
+
+def test_states_are_read_after_the_first_steps_optimizer_update(sweep):
+    for r in sweep.records:
+        if r["step"] == 0:  # Adam creates its states during step 0: they are in step 0's record
+            assert r["measured"]["optimizer_states"] == r["estimate"]["optimizer_states"], r["label"]
+            assert r["measured_host"]["optimizer_states"] == r["estimate_host"]["optimizer_states"], r[
+                "label"
+            ]
+
+
+def test_offloaded_states_are_not_device_bytes(sweep):
+    peaks = {r["label"]: r["measured"]["phases"] for r in sweep.records if r["rank"] == 0 and r["step"] == 1}
+    on_device, offloaded = peaks["z2 bf16 mb2"], peaks["z2 opt-off bf16 mb2"]
+    # the offloaded fp32 master, exp_avg and exp_avg_sq are host RAM: the optimizer phase is lighter
+    host = next(r for r in sweep.records if r["label"] == "z2 opt-off bf16 mb2")["measured_host"]
+    assert offloaded["optimizer"] <= on_device["optimizer"] - host["optimizer_states"] + host["gradients"]
