@@ -1,8 +1,9 @@
 """PyTorch's DDP and FSDP2 beside the ZeRO stages: the estimate like for like, the CLI, and one real sweep.
 
 The sweep runs ``ddp,fsdp,fsdp-grad-op,0,1,2,3`` (fp32, two micro-steps per step) and FSDP in bf16 in one
-launch on 2 CPU ranks and checks, for every configuration and rank, measured == estimated model-state
-bytes, the same losses, and the bytes each rank sent against the prediction.
+launch on 2 CPU ranks (the session's shared sweep, tests/conftest.py) and checks, for every configuration
+and rank, measured == estimated model-state bytes, the same losses, and the bytes each rank sent against
+the prediction.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from kit.ds_config import to_ds_config
 from kit.estimate import baselines, perf
 from kit.models import preset, toy_spec
 from kit.rules import BASELINES, baseline_name
-from kit.run.sweep import TOY_ZERO, check, config_id, run_sweep
+from kit.run.sweep import TOY_ZERO, check, config_id
 from kit.schema import Setup
 
 NPROCS = 2
@@ -175,12 +176,13 @@ def test_cli_stages_take_baseline_names_and_refuse_others():
     )
 
 
+#: run in the session's shared 2-rank sweep (tests/conftest.py); two measured steps asserted
+TWO_RANK_SETUPS = SETUPS
+
+
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("runs")
-    return run_sweep(
-        SETUPS, sweep="b", runs_dir=runs, nprocs=NPROCS, steps=2, warmup=1, timeout_s=120, progress=False
-    )
+def sweep(two_rank_sweep):
+    return two_rank_sweep.results(SETUPS, steps=2)
 
 
 def steps_of(results, setup, rank):

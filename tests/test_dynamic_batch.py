@@ -10,7 +10,7 @@ from kit.batch import ramp, resolve, schedule
 from kit.cli import main
 from kit.estimate import estimate
 from kit.models import preset, toy_spec
-from kit.run.sweep import TOY_ZERO, run_sweep
+from kit.run.sweep import TOY_ZERO
 from kit.schema import one_line_error
 
 
@@ -166,8 +166,7 @@ def test_only_the_toy_gpt_runs_on_variable_length_data():
         )
 
 
-@pytest.fixture(scope="module")
-def schedules(tmp_path_factory):
+def schedule_setups() -> tuple[list[Setup], list[Setup]]:
     """Per stage, the same global batches 4, 8, 16 by grad accum (micro 2) and by micro batch (GAS 1);
     and stages 2 and 3 on variable-length data under a token budget of 256 (sequences of 8-64 tokens)."""
     setups = []
@@ -180,9 +179,29 @@ def schedules(tmp_path_factory):
             z.replace(batch={"schedule": [{"step": 2, "micro_batch": 4}, {"step": 3, "micro_batch": 8}]})
         )
     budget = [toy(max_tokens=256, grad_accum=2).replace(zero={"stage": stage}) for stage in (2, 3)]
-    runs = tmp_path_factory.mktemp("runs")
-    results = run_sweep([*setups, *budget], sweep="dynamic", runs_dir=runs, steps=3, warmup=1, progress=False)
-    return setups, budget, results
+    return setups, budget
+
+
+#: the ramp ``zerokit run --batch-ramp`` runs in test_a_ramp_runs_from_the_cli
+RAMP = ["run", "--stages", "2", "--precision", "fp32", "--batch-ramp", "4:16:3"]
+RAMP += ["--warmup", "1", "--steps", "3"]
+
+
+def ramp_setups() -> list[Setup]:
+    from kit.cli import build_parser
+    from kit.cli.run import setups_from_args
+
+    return setups_from_args(build_parser().parse_args(RAMP))
+
+
+#: run in the session's shared 2-rank sweep (tests/conftest.py), 3 measured steps after 1 warm-up
+TWO_RANK_SETUPS = [*schedule_setups()[0], *schedule_setups()[1], *ramp_setups()]
+
+
+@pytest.fixture(scope="module")
+def schedules(two_rank_sweep):
+    setups, budget = schedule_setups()
+    return setups, budget, two_rank_sweep.results([*setups, *budget], warmup=1, steps=3)
 
 
 @pytest.mark.distributed
@@ -219,20 +238,8 @@ def test_grad_accum_gives_the_same_update_as_a_larger_micro_batch_for_every_stag
 
 
 @pytest.mark.distributed
-def test_a_ramp_runs_from_the_cli(capsys, tmp_path):
-    argv = [
-        "run",
-        "--stages",
-        "2",
-        "--precision",
-        "fp32",
-        "--batch-ramp",
-        "4:16:3",
-        "--warmup",
-        "1",
-        "--steps",
-        "3",
-    ]
+def test_a_ramp_runs_from_the_cli(capsys, tmp_path, replay_launches):
+    argv = RAMP
     assert main([*argv, "--runs-dir", str(tmp_path), "--no-progress", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     (config,) = data["configs"]

@@ -288,11 +288,23 @@ def test_cli_bad_folder_or_flags_exit_2_with_one_line(tmp_path):
     assert (done.returncode, done.stderr) == (2, "zerokit monitor: --interval: seconds > 0, got 0\n")
 
 
-def test_cli_refreshes_until_ctrl_c_and_exits_0(tmp_path):
+#: starts the rest of argv (a Python command line) with SIGINT at the disposition named by argv[1]
+WITH_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, getattr(signal, sys.argv[1]));"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
+)
+
+
+@pytest.mark.parametrize("sigint", ["SIG_DFL", "SIG_IGN"])
+def test_cli_refreshes_until_ctrl_c_and_exits_0(tmp_path, sigint):
     """Without --once it prints a table per refresh (to a pipe: no screen clearing) and sees new ranks
-    arrive; Ctrl-C (SIGINT) ends it with exit 0."""
+    arrive; Ctrl-C (SIGINT) ends it with exit 0, also when it was started with SIGINT ignored (as a
+    non-interactive shell starts a background job, e.g. ``make test &``: the child inherits SIG_IGN,
+    and Python then never raises KeyboardInterrupt). The disposition is set here, not inherited from
+    however pytest was started."""
     beat(tmp_path, "a", 0, time.time(), step=1)
-    command = [sys.executable, "-m", "kit", "monitor", str(tmp_path), "--interval", "0.2"]
+    command = [sys.executable, "-c", WITH_SIGINT, sigint, "-m", "kit", "monitor", str(tmp_path)]
+    command += ["--interval", "0.2"]
     watching = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.extend(watching.stdout), daemon=True)

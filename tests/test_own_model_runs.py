@@ -1,14 +1,17 @@
 """Real 2-rank runs of models that are not the kit's toys, stages 0-3 in one launch: a shrunk Llama
 (Hugging Face), a shrunk Mixtral (mixture of experts) and a model file. Measured model-state bytes equal
 the estimate exactly on every rank; activations match the formula or the trace; a model file that
-fails inside the ranks becomes an error record naming its line, and the sweep goes on."""
+fails inside the ranks becomes an error record naming its line, and the sweep goes on. They run in the
+session's shared 2-rank sweep (tests/conftest.py)."""
+
+from pathlib import Path
 
 import pytest
 
 from kit import models
 from kit.estimate import rank_states
 from kit.paths import EXAMPLES
-from kit.run.sweep import TOY_ZERO, config_id, on_ranks, run_sweep
+from kit.run.sweep import TOY_ZERO, config_id, on_ranks
 from kit.schema import Setup
 
 NPROCS, STEPS, WARMUP = 2, 2, 1
@@ -40,9 +43,8 @@ def setups(spec):
     return [on_ranks(base.replace(zero={"stage": stage}), NPROCS) for stage in range(4)]
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    root = tmp_path_factory.mktemp("own")
+def declared(root: Path) -> tuple[dict[str, list[Setup]], Setup, Path]:
+    """The groups, the configuration whose model file fails inside the ranks, and that file (in ``root``)."""
     failing = root / "fails_in_ranks.py"
     failing.write_text(FAILS_IN_RANKS)
     groups = {
@@ -51,10 +53,20 @@ def sweep(tmp_path_factory):
         "file": setups(models.resolve(str(EXAMPLES / "conv_net.py"))),
     }
     broken = setups(models.resolve(str(failing)))[2]
+    return groups, broken, failing
+
+
+def TWO_RANK_SETUPS(root: Path) -> list[Setup]:  # noqa: N802 (what tests/conftest.py reads)
+    """Run in the session's shared 2-rank sweep (tests/conftest.py)."""
+    groups, broken, _ = declared(root)
+    return [*groups["llama"], broken, *groups["mixtral"], *groups["file"]]
+
+
+@pytest.fixture(scope="module")
+def sweep(two_rank_sweep, tmp_path_factory):
+    groups, broken, failing = declared(tmp_path_factory.getbasetemp())
     order = [*groups["llama"], broken, *groups["mixtral"], *groups["file"]]
-    results = run_sweep(
-        order, sweep="own", runs_dir=root, nprocs=NPROCS, steps=STEPS, warmup=WARMUP, progress=False
-    )
+    results = two_rank_sweep.results(order, warmup=WARMUP, steps=STEPS)
     return results, groups, broken, failing
 
 

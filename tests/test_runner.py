@@ -1,7 +1,7 @@
 """Real 2-rank DeepSpeed sweeps on CPU: records, failures, timeout, resume, exactness checks, CLI.
 
-One module-scoped sweep runs every configuration below in as few launches as the faults allow
-(a rank that dies forces one relaunch), so the whole module costs about three launches.
+The configurations below run in the session's shared 2-rank sweep (``tests/conftest.py``), in as few
+launches as the faults allow (a rank that dies forces one relaunch); the resume test replays it.
 """
 
 from __future__ import annotations
@@ -23,13 +23,9 @@ from kit.records import load_records
 from kit.run.results import Results
 from kit.run.sweep import config_id, on_ranks, run_sweep
 from kit.schema import Setup
+from tests.conftest import NPROCS, STEPS, SWEEP, TIMEOUT_S, WARMUP
 
 pytestmark = pytest.mark.distributed
-
-NPROCS = 2
-STEPS = 3
-WARMUP = 1
-TIMEOUT_S = 40.0
 #: fp32 sharding only changes the order of reductions over 2 ranks: losses agree to float rounding
 FP32_LOSS_RTOL = 1e-5
 #: bf16 rounds parameters to 8 mantissa bits (2^-8 = 0.4 %); partitioned copies round at other places
@@ -76,14 +72,15 @@ ALL = [*SETUPS[:3], RAISE, *SETUPS[3:8], DIE, *SETUPS[8:], HANG]
 FAULTS = {ALL.index(RAISE): "raise", ALL.index(DIE): "die", ALL.index(HANG): "hang"}
 
 
+#: run in the shared sweep; the resume test replays ``EXTRA``
+TWO_RANK_SETUPS = [*ALL, BASE.replace(batch={"micro_batch": 4})]
+TWO_RANK_FAULTS = FAULTS
+EXTRA = TWO_RANK_SETUPS[-1]
+
+
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("runs")
-    results = run_sweep(
-        ALL, sweep="t", runs_dir=runs, nprocs=NPROCS, steps=STEPS, warmup=WARMUP, timeout_s=TIMEOUT_S,
-        progress=False, faults=FAULTS,
-    )  # fmt: skip
-    return results, runs
+def sweep(two_rank_sweep):
+    return two_rank_sweep.results(ALL), two_rank_sweep.runs
 
 
 def cid(setup: Setup) -> str:
@@ -112,7 +109,7 @@ def test_every_config_has_a_status_and_healthy_ones_all_steps(sweep):
 
 def test_records_follow_the_schema(sweep):
     results, runs = sweep
-    lines = (runs / "t" / "records.jsonl").read_text().splitlines()
+    lines = (runs / SWEEP / "records.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]  # every line is whole JSON
     ok = [r for r in records if r["status"] == "ok"]
     assert ok and all(r.keys() >= RECORD_KEYS for r in ok)
@@ -129,7 +126,7 @@ def test_a_raising_config_is_recorded_and_the_launch_goes_on(sweep):
     expected = f"RuntimeError: injected fault: raise (test hook) (worker.py line {line}, in _inject)"
     assert all(r["error"] == expected for r in failed)
     # each rank's heartbeats (kit.monitor) say so: running at the start, then failed with the error
-    beats = [b for b in monitor.read(sweep[1] / "t").history if b["config_id"] == cid(RAISE)]
+    beats = [b for b in monitor.read(sweep[1] / SWEEP).history if b["config_id"] == cid(RAISE)]
     assert sorted((b["rank"], b["status"], b.get("error")) for b in beats) == [
         (rank, status, expected if status == "failed" else None)
         for rank in (0, 1)
@@ -159,7 +156,7 @@ def test_a_hanging_config_times_out_and_leaves_no_process(sweep):
     assert hung[0]["error"].startswith(f"no progress for {TIMEOUT_S:g} s")
     # the killed ranks' last heartbeats are the hung configuration's start, older than the watchdog's
     # timeout: the live view (kit.monitor) shows both offline
-    beats = monitor.read(runs / "t")
+    beats = monitor.read(runs / SWEEP)
     assert [(r["rank"], r["state"], r["label"]) for r in beats.ranks] == [
         (rank, "offline", hung[0]["label"]) for rank in (0, 1)
     ]
@@ -259,15 +256,15 @@ def test_throughput_follows_from_step_time(sweep):
     )
 
 
-def test_resume_runs_only_what_is_missing(sweep):
-    _, runs = sweep
-    records_file = runs / "t" / "records.jsonl"
+def test_resume_runs_only_what_is_missing(two_rank_sweep, replay_launches, tmp_path):
+    runs = tmp_path
+    records_file = two_rank_sweep.copy(ALL, runs, "t") / "records.jsonl"
     before = load_records(records_file)
     launches = len(list((runs / "t").glob("launch-*.json")))
     run_sweep(SETUPS[:3], sweep="t", runs_dir=runs, nprocs=NPROCS, steps=STEPS, warmup=WARMUP, progress=False)
     assert load_records(records_file) == before
-    assert len(list((runs / "t").glob("launch-*.json"))) == launches
-    extra = BASE.replace(batch={"micro_batch": 4})
+    assert len(list((runs / "t").glob("launch-*.json"))) == launches and replay_launches == []
+    extra = EXTRA
     results = run_sweep(
         [SETUPS[0], extra],
         sweep="t",
@@ -279,6 +276,7 @@ def test_resume_runs_only_what_is_missing(sweep):
     )
     new = load_records(records_file)[len(before) :]
     assert {r["label"] for r in new} == {on_ranks(extra, NPROCS).label}
+    assert replay_launches == [[on_ranks(extra, NPROCS).label]]  # one launch, of the missing one
     assert len(results.summary()) == len(ALL) + 1
 
 

@@ -1,7 +1,8 @@
 """``kit.run.tune`` and ``zerokit tune``: candidates, pruning by the estimate, ranking by measured throughput.
 
-One real tune on the toy model (2 CPU ranks, one launch) checks pruning, records, the ranking and the
-ds_config written; the rest runs without launching (``run_sweep`` replaced by fake records).
+One real tune on the toy model (2 CPU ranks; its launch replays the session's shared sweep of the same
+configurations, tests/conftest.py) checks pruning, records, the ranking and the ds_config written; the
+rest runs without launching (``run_sweep`` replaced by fake records).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 
 from kit.cli import main
 from kit.ds_config import to_ds_config, validate_ds_config
+from kit.estimate import estimate
 from kit.records import load_records
 from kit.run import tune as tuning
 from kit.run.results import Results
@@ -34,7 +36,8 @@ def test_candidates_cover_stage_offload_micro_batch_and_skip_what_no_stage_can_r
     ]
     assert len(found) == 5 * 2
     assert {c.setup.cluster.world_size for c in found} == {NPROCS}
-    assert all(c.estimated_bytes > 0 for c in found)
+    # the bytes the pruning compares are the estimator's components of each candidate, summed
+    assert [c.estimated_bytes for c in found] == [sum(estimate(c.setup).components.values()) for c in found]
 
 
 def test_candidates_keep_the_train_batch_like_deepspeeds_autotuner_or_the_grad_accum():
@@ -157,12 +160,26 @@ def test_the_ranking_is_by_median_throughput_and_failures_are_unranked(monkeypat
     assert f"best: {found[1].label}" in text and "error" in text
 
 
+SPACE = {"stages": (0, 3), "offloads": ("none", "cpu"), "micro_batches": (1, 2, 4)}
+
+
+def real_tune_budget() -> tuple[dict, int]:
+    found = by_label(tuning.candidates(toy_setup(NPROCS), nprocs=NPROCS, **SPACE))
+    return found, found["z0 bf16 mb2 gas2"].estimated_bytes  # keeps the smaller ones, prunes the rest
+
+
+def TWO_RANK_SETUPS(_root) -> list:  # noqa: N802 (what tests/conftest.py reads)
+    """The candidates the real tune keeps: run in the session's shared 2-rank sweep (tests/conftest.py),
+    replayed into the tune's own sweep."""
+    found, budget = real_tune_budget()
+    return [c.setup for c in found.values() if c.estimated_bytes <= budget]
+
+
 @pytest.mark.distributed
-def test_a_real_tune_prunes_by_the_estimate_and_picks_the_fastest_measured(tmp_path):
+def test_a_real_tune_prunes_by_the_estimate_and_picks_the_fastest_measured(tmp_path, replay_launches):
     setup = toy_setup(NPROCS)
-    space = {"stages": (0, 3), "offloads": ("none", "cpu"), "micro_batches": (1, 2, 4)}
-    found = by_label(tuning.candidates(setup, nprocs=NPROCS, **space))
-    budget = found["z0 bf16 mb2 gas2"].estimated_bytes  # keeps the smaller ones, prunes the rest
+    space = SPACE
+    found, budget = real_tune_budget()
     tuned = tuning.tune(
         setup, **space, budget_bytes=budget, steps=2, warmup=1, sweep="t", runs_dir=tmp_path, nprocs=NPROCS,
         progress=False, timeout_s=60.0,
@@ -192,3 +209,4 @@ def test_a_real_tune_prunes_by_the_estimate_and_picks_the_fastest_measured(tmp_p
         progress=False,
     )  # fmt: skip
     assert again.best == tuned.best and len(load_records(again.records)) == len(records)
+    assert len(replay_launches) == 1  # the second tune launched nothing

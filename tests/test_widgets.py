@@ -30,6 +30,12 @@ from kit.schema import Setup
 from kit.units import GIB
 
 
+def TWO_RANK_SETUPS(_root: Path) -> list[Setup]:  # noqa: N802 (what tests/conftest.py reads)
+    """What test_comparison_panel_run_button's panel runs: its Run button replays them from the session's
+    shared 2-rank sweep (tests/conftest.py)."""
+    return list(comparison_panel(stages=(0, 2), nprocs=2).setups)
+
+
 @pytest.fixture
 def llama():
     return Setup(model=models.preset("llama-2-7b"), zero={"stage": 2}, batch={"micro_batch": 1})
@@ -370,7 +376,7 @@ def test_stop_kills_the_process_group_and_keeps_the_records(tmp_path):
 
 
 @pytest.mark.distributed
-def test_comparison_panel_run_button(tmp_path):
+def test_comparison_panel_run_button(tmp_path, replay_launches):
     panel = comparison_panel(stages=(0, 2), nprocs=2, steps=1, runs_dir=tmp_path, sweep="panel")
     panel.run_button.click()
     assert panel.wait(600)

@@ -8,7 +8,9 @@ cleared between refreshes when stdout is a terminal; Ctrl-C exits 0), or one sna
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 
 from kit import monitor
@@ -57,17 +59,25 @@ def monitor_command(args: argparse.Namespace) -> int:
         print_json(snapshot.to_dict())
         return 0
     tty = sys.stdout.isatty()
+    if args.once:
+        print((CLEAR if tty else "") + table(snapshot), flush=True)
+        return 0
+    # Ctrl-C is the only way out of the loop: a process started with SIGINT ignored (a non-interactive
+    # shell's background job, and everything it starts, inherits SIG_IGN) would otherwise refresh forever
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, signal.default_int_handler) if main_thread else None
     try:
         while True:
             print((CLEAR if tty else "") + table(snapshot), flush=True)
-            if args.once:
-                return 0
             time.sleep(args.interval)
             if not tty:
                 print()
             snapshot = monitor.read(args.folder, stale_s=args.stale_s, offline_s=args.offline_s)
     except KeyboardInterrupt:
         return 0
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, before)
 
 
 def table(snapshot: monitor.Snapshot) -> str:

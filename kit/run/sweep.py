@@ -20,7 +20,7 @@ from pathlib import Path
 from kit.records import append_record, load_records, parse_event
 from kit.run import launcher
 from kit.run.results import Results
-from kit.schema import Setup, ZeroSettings
+from kit.schema import Setup
 
 #: bucket sizes (elements) for runs of the toy models: DeepSpeed's 5e8-element defaults would make
 #: stage 3 allocate a 1 GB bf16 reduce bucket per rank for a model of 0.14M parameters
@@ -44,32 +44,45 @@ def toy_setup(nprocs: int = 2) -> Setup:
     )
 
 
-#: Setup fields added after sweeps were first recorded, with their unset value (ZeroSettings' defaults): a
-#: Setup that leaves them unset hashes as before they existed, so older sweeps still resume
-LATER_FIELDS: dict[str, dict[str, object]] = {
-    "batch": {"schedule": [], "max_tokens": None},
-    "zero": {
-        key: value
-        for key, value in ZeroSettings().model_dump(mode="json").items()
-        if key
-        in (
-            # ZeRO-Infinity (NVMe offload)
-            "nvme_path",
-            "buffer_count",
-            "buffer_size",
-            "max_in_cpu",
-            "optimizer_buffer_count",
-            "pin_memory",
-            "aio",
-            # PyTorch baselines (DDP, FSDP)
-            "engine",
-            # ZeRO++
-            "hpz_partition_size",
-            "quantized_weights",
-            "quantized_gradients",
-        )  # fmt: skip
-    },
-}
+#: the fields of each Setup section that the first sweeps were recorded with: a record of history, never
+#: edited; every field added since is one of the ``LATER_FIELDS``
+FIRST_FIELDS: dict[str, tuple[str, ...]] = {
+    "model": (
+        "arch", "family", "ffn", "heads", "hidden", "kv_heads", "largest_layer_params", "layers",
+        "max_seq_len", "name", "params", "source", "tied_embeddings", "vocab",
+    ),
+    "cluster": ("cpu_ram_per_node_bytes", "gpu", "gpus_per_node", "interconnect", "nodes"),
+    "zero": (
+        "activation_checkpointing", "allgather_bucket_size", "contiguous_gradients", "max_live_parameters",
+        "max_reuse_distance", "momentum", "offload_optimizer", "offload_param", "optimizer", "overlap_comm",
+        "param_persistence_threshold", "precision", "prefetch_bucket_size", "reduce_bucket_size", "stage",
+        "zero_init",
+    ),
+    "batch": ("grad_accum", "micro_batch", "seq_len", "train_batch"),
+}  # fmt: skip
+
+
+def later_fields() -> dict[str, dict[str, object]]:
+    """Every Setup field not in ``FIRST_FIELDS``, with its unset value (its default, as JSON): a Setup
+    that leaves them unset hashes as before they existed, so older sweeps still resume. TypeError for a
+    later field without a default (older records could not say its value)."""
+    from pydantic import TypeAdapter
+
+    later: dict[str, dict[str, object]] = {}
+    for section, info in Setup.model_fields.items():
+        for key, field in info.annotation.model_fields.items():
+            if key in FIRST_FIELDS[section]:
+                continue
+            if field.is_required():
+                raise TypeError(f"{section}.{key}: a field added to Setup needs a default (older sweeps)")
+            default = field.get_default(call_default_factory=True)
+            unset = TypeAdapter(field.annotation).dump_python(default, mode="json")
+            later.setdefault(section, {})[key] = unset
+    return later
+
+
+#: derived from the schema by ``later_fields``: a new field can never be forgotten here
+LATER_FIELDS = later_fields()
 
 
 def config_id(setup: Setup) -> str:

@@ -1,0 +1,132 @@
+"""Shared launches: one real 2-rank sweep for every test module that declares configurations.
+
+A module that needs real 2-rank records declares them as ``TWO_RANK_SETUPS`` (a list of Setups, or a
+function of a session folder returning one) and, for test-only faults, ``TWO_RANK_FAULTS`` (index in
+that list -> ``"raise"``, ``"die"`` or ``"hang"``), and takes the ``two_rank_sweep`` fixture. The
+session runs the union of what the *selected* tests' modules declare in one ``run_sweep`` (a "die"
+forces one relaunch; "hang" configurations go last, where their timeout ends the launch), so a test
+run alone launches only what its module needs. Configurations are keyed by ``config_id``: the same
+Setup declared twice runs once.
+
+``replay_launches`` stands in for ``kit.run.sweep``'s launch in tests whose subject is what happens
+around a launch (a panel's Run button, ``zerokit run``'s resume, ``tune``'s ranking): every parent-side
+step of ``run_sweep`` runs, and the launch appends the records this session's real launch measured for
+the same configurations, at the steps asked for.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kit.records import append_record, load_records
+from kit.run import sweep as runner
+from kit.run.results import Results
+from kit.schema import Setup
+
+NPROCS = 2
+#: the shared sweep's measured steps and warm-up: every module's step counts fit inside them
+STEPS, WARMUP = 3, 1
+#: the watchdog: longest time without progress before a configuration counts as hung
+TIMEOUT_S = 40.0
+SWEEP = "two-rank"
+
+
+class TwoRankSweep:
+    """The shared sweep's records, and views of them restricted to some configurations."""
+
+    def __init__(self, runs: Path):
+        self.runs = runs
+        self.folder = runs / SWEEP
+        self.records = load_records(self.folder / "records.jsonl")
+
+    def of(self, setups: list[Setup], warmup: int = WARMUP, steps: int = STEPS) -> list[dict]:
+        """The records of ``setups`` (on ``NPROCS`` ranks), the steps ``warmup .. warmup + steps - 1``."""
+        if not (warmup >= WARMUP and warmup + steps <= WARMUP + STEPS):
+            raise ValueError(f"steps: the shared sweep measured steps {WARMUP}..{WARMUP + STEPS - 1}")
+        ids = {runner.config_id(runner.on_ranks(s, NPROCS)) for s in setups}
+        return [
+            r
+            for r in self.records
+            if r["config_id"] in ids and (r.get("step") is None or warmup <= r["step"] < warmup + steps)
+        ]
+
+    def results(self, setups: list[Setup], **steps) -> Results:
+        return Results(self.of(setups, **steps), self.folder / "records.jsonl")
+
+    def copy(self, setups: list[Setup], runs_dir: Path, sweep: str) -> Path:
+        """``runs_dir/sweep`` holding only ``setups``' records (and the heartbeats and launch specs): a
+        sweep folder a test may resume or change."""
+        folder = runs_dir / sweep
+        shutil.copytree(self.folder / "heartbeats", folder / "heartbeats")
+        for spec in self.folder.glob("launch-*.json"):
+            shutil.copy(spec, folder)
+        for record in self.of(setups):
+            append_record(str(folder / "records.jsonl"), {**record, "sweep": sweep})
+        return folder
+
+
+def _declared(module, base: Path) -> tuple[list[Setup], dict[int, str]]:
+    setups = module.TWO_RANK_SETUPS
+    setups = setups(base) if callable(setups) else setups
+    return list(setups), dict(getattr(module, "TWO_RANK_FAULTS", {}))
+
+
+@pytest.fixture(scope="session")
+def two_rank_sweep(request, tmp_path_factory) -> TwoRankSweep:
+    """One launch (two with a "die" fault) over the configurations of every selected module."""
+    modules = []
+    for item in request.session.items:
+        if "two_rank_sweep" in item.fixturenames and item.module not in modules:
+            modules.append(item.module)
+    base = tmp_path_factory.getbasetemp()
+    first, last, faults = [], [], {}
+    for module in modules:
+        setups, module_faults = _declared(module, base)
+        for i, setup in enumerate(setups):
+            fault = module_faults.get(i)
+            (last if fault == "hang" else first).append((setup, fault))
+    union = first + last
+    for i, (_, fault) in enumerate(union):
+        if fault:
+            faults[i] = fault
+    runs = tmp_path_factory.mktemp("shared-runs")
+    runner.run_sweep(
+        [s for s, _ in union], sweep=SWEEP, runs_dir=runs, nprocs=NPROCS, steps=STEPS, warmup=WARMUP,
+        timeout_s=TIMEOUT_S, progress=False, faults=faults,
+    )  # fmt: skip
+    return TwoRankSweep(runs)
+
+
+@pytest.fixture
+def replay_launches(monkeypatch, two_rank_sweep) -> list[list[str]]:
+    """``kit.run.sweep``'s launch replaced by the shared sweep's records; returns, per launch, the
+    labels it was asked to run."""
+    launched: list[list[str]] = []
+
+    def launch(base, pending, folder, bar, *, nprocs, on_event, **_) -> list[dict]:
+        assert nprocs == NPROCS and base["seed"] == 0 and base["instrument"], "not what the shared sweep ran"
+        launched.append([c["label"] for c in pending])
+        run_id = time.strftime("%Y%m%dT%H%M%S") + f".{time.time_ns() % 1_000_000_000:09d}"
+        for config in pending:
+            setup = Setup.model_validate(config["setup"])
+            records = two_rank_sweep.of([setup], warmup=base["warmup"], steps=base["steps"])
+            assert records, f"{config['label']}: not in the shared sweep; add it to TWO_RANK_SETUPS"
+            _emit(on_event, {"event": "start", "config_id": config["config_id"], "label": config["label"]})
+            for record in records:
+                append_record(base["records"], {**record, "sweep": base["sweep"], "run_id": run_id})
+            _emit(on_event, {"event": "done", "config_id": config["config_id"], "label": config["label"]})
+            bar.update(1)
+        return []
+
+    monkeypatch.setattr(runner, "_launch", launch)
+    return launched
+
+
+def _emit(on_event: Callable[[dict], None] | None, event: dict) -> None:
+    if on_event is not None:
+        on_event(event)
