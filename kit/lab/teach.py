@@ -459,10 +459,10 @@ def checkpoint_size_table(setup: Setup, stages: tuple[int, ...] = (0, 1, 2, 3)) 
 
 
 def calibration(setup: Setup, runs_dir: str, stages: tuple[int, ...] = (0, 1, 2, 3), steps: int = 3):
-    """The step-time model against a measurement: ``setup`` at each stage timed on this machine's
-    ``setup.dp`` CPU ranks in one bare launch (no instrumentation, so that the time is the step's), this
-    machine's own matmul rate and gloo bandwidth measured, and ``kit.scaleout.calibrate``'s table of
-    predicted beside measured step times."""
+    """The step-time model against a measurement: ``setup`` at each stage timed on ``setup.dp`` ranks of
+    this machine in one bare launch (no instrumentation, so that the time is the step's); on CPU ranks
+    the machine's own matmul rate and gloo bandwidth measured (``cpu_machine``), on GPUs their
+    datasheets; ``kit.scaleout.calibrate``'s table of predicted beside measured step times."""
     from kit.run.sweep import run_sweep
     from kit.scaleout.calibrate import calibrate, cpu_machine, matmul_shape
 
@@ -474,5 +474,42 @@ def calibration(setup: Setup, runs_dir: str, stages: tuple[int, ...] = (0, 1, 2,
         steps=steps,
         instrument=False,
     )
-    machine = cpu_machine(setup.dp, (setup.zero.precision,), matmul_shape(setup))
+    on_cpu = any(r.get("device") == "cpu" for r in measured.records)
+    machine = cpu_machine(setup.dp, (setup.zero.precision,), matmul_shape(setup)) if on_cpu else None
     return calibrate(measured, machine)
+
+
+def bucket_grid(setup: Setup, reduce_buckets, prefetch_buckets) -> list[Setup]:
+    """Stage 3 of ``setup`` with every reduce bucket size beside every prefetch bucket size (elements)."""
+    return [
+        setup.replace(zero={"stage": 3, "reduce_bucket_size": r, "prefetch_bucket_size": p})
+        for r in reduce_buckets
+        for p in prefetch_buckets
+    ]
+
+
+def run_together(groups: dict[str, list[Setup]], *, sweep: str, runs_dir, nprocs: int, **options) -> dict:
+    """The Setups of several comparisons measured in one launch (``run_sweep``: the ranks start once, not
+    once per comparison), the ``Results`` split back per comparison; ``options`` go to ``run_sweep``."""
+    from kit.run.results import Results
+    from kit.run.sweep import config_id, on_ranks, run_sweep
+
+    every = [s for group in groups.values() for s in group]
+    results = run_sweep(every, sweep=sweep, runs_dir=runs_dir, nprocs=nprocs, **options)
+    out = {}
+    for name, group in groups.items():
+        ids = {config_id(on_ranks(s, nprocs)) for s in group}
+        out[name] = Results([r for r in results.records if r["config_id"] in ids], results.path)
+    return out
+
+
+def schedule_table(setup: Setup) -> pd.DataFrame:
+    """A batch schedule step by step: from which step each batch holds (micro batch, grad accum, global
+    batch) and the estimate's MiB per GPU there (``Setup.batch_states``, ``kit.estimate``)."""
+    from kit.estimate import estimate
+
+    rows = []
+    for step, s in setup.batch_states():
+        batch = s.batch.model_dump(exclude={"schedule", "seq_len"})
+        rows.append({"from step": step, **batch, "estimate MiB/GPU": estimate(s).per_gpu_bytes / 2**20})
+    return pd.DataFrame(rows)
