@@ -323,3 +323,23 @@ def test_the_notebook_profile_is_small_under_smoke_and_real_otherwise(monkeypatc
     real = profile("02")
     assert (real.smoke, real.nprocs, real.runs_dir, real.toy_setup().model.hidden) == (False, 8, "runs", 768)
     assert profile("02", smoke=True).smoke  # the notebook's SMOKE wins over the environment
+
+
+def test_bucket_grid_crosses_every_reduce_bucket_with_every_prefetch():
+    grid = teach.bucket_grid(_toy(stage=2), (10_000, 1_000_000), (0, 50_000))
+    assert [(s.zero.stage, s.zero.reduce_bucket_size, s.zero.prefetch_bucket_size) for s in grid] == [
+        (3, 10_000, 0), (3, 10_000, 50_000), (3, 1_000_000, 0), (3, 1_000_000, 50_000),
+    ]  # fmt: skip
+
+
+def test_schedule_table_shows_each_batch_of_a_ramp_with_its_estimate():
+    from kit.batch import ramp
+    from kit.estimate import estimate
+
+    ramped = _toy(stage=2).replace(batch={"micro_batch": 2, "grad_accum": 1, "schedule": ramp(4, 16, 3, 4)})
+    table = teach.schedule_table(ramped)
+    states = ramped.batch_states()
+    assert table["from step"].tolist() == [step for step, _ in states] and len(states) > 1
+    assert table["train_batch"].tolist() == [s.batch.train_batch for _, s in states]
+    assert table["train_batch"].iloc[-1] == 16 and set(table["micro_batch"]) == {2}  # GAS grows, micro stays
+    assert table["estimate MiB/GPU"].tolist() == [estimate(s).per_gpu_bytes / 2**20 for _, s in states]
