@@ -1,22 +1,31 @@
 """zero-kit: estimate, compare and export DeepSpeed ZeRO settings before you book a cluster.
 
-The one data flow (docs/architecture.md): build a ``Setup`` (model, cluster, ZeRO settings, batch),
-then estimate it (``kit.estimate.estimate``), export it (``kit.ds_config.to_ds_config``), or run it
-for real (``run_sweep``, read back as ``Results``). The top level is the small API the notebooks and
-README use; everything else lives in subpackages named for their room:
+The one data flow (docs/architecture.md), each step one name here:
+
+- build a ``Setup`` (``ModelSpec``, ``Cluster``, ``ZeroSettings``, ``Batch``; ``models`` makes the
+  ModelSpec from a preset, a config.json, a model file or a count; ``decompositions`` lists the batch
+  splits);
+- estimate it: ``estimate.estimate(setup)`` (the ``kit.estimate`` package: memory, step time, plans);
+  ``plan(setup, ...)``: every GPU type, cluster size and ZeRO variant that fits, timed and priced;
+- export it: ``to_ds_config(setup)``; read an existing one back: ``explain_ds_config(path, model=...)``;
+- run it for real: ``run_sweep([setups])``, read back as ``Results``; ``tune(setup, budget_bytes=...)``
+  measures the candidates that fit and keeps the fastest;
+- in a notebook: ``memory_panel``, ``comparison_panel``, ``plan_panel`` and ``monitor_panel``;
+  ``monitor.heartbeat`` in any training loop feeds the last one.
+
+The rooms (subpackages) behind these names:
 
 - ``kit`` itself: the torch-free core (``schema``, ``batch``, ``models``, ``gpus``, ``ds_config``,
-  ``rules``, ``components``, ``records``, ``units``, ``paths``; ``monitor``: heartbeats of every rank,
-  ``kit.monitor.heartbeat(engine_or_none, folder, ...)`` in a training loop, read back by ``read``);
+  ``rules``, ``components``, ``records``, ``units``, ``paths``, ``monitor``);
 - ``kit.estimate``: memory model, activations, planning, checkpoint sizes (never imports torch);
-- ``kit.run``: launcher, sweep runner, results (the parent side);
+- ``kit.run``: launcher, sweep runner, results, tuning (the parent side);
 - ``kit.ranks``: what runs inside a launched rank;
 - ``kit.scaleout``: hostfiles, launch commands, network presets, doctor, commtest, checkpoints;
-- ``kit.lab``: notebook panels, plots, teaching tables;
+- ``kit.lab``: the notebooks' panels, figures, teaching tables and smoke profile;
 - ``kit.cli``: the ``zerokit`` command, one module per command group.
 
-Heavy dependencies are imported where a feature needs them: ``import kit`` needs only pydantic;
-``run_sweep``, ``Results`` and the panels are loaded on first use.
+``import kit`` needs only pydantic: every name of ``_LAZY`` is loaded from its module on first use
+(pandas, ipywidgets, DeepSpeed's parser come with the feature that needs them).
 """
 
 from typing import Any
@@ -25,36 +34,45 @@ from kit import estimate, models, monitor
 from kit.batch import BatchError, decompositions
 from kit.schema import Batch, Cluster, ModelSpec, Setup, ZeroSettings
 
+__version__ = "0.1.0"
+
+#: name -> (module, attribute), loaded on first use so that ``import kit`` stays light
+_LAZY = {
+    "plan": ("kit.estimate.plan", "search"),
+    "to_ds_config": ("kit.ds_config", "to_ds_config"),
+    "explain_ds_config": ("kit.estimate.review", "explain_ds_config"),
+    "run_sweep": ("kit.run.sweep", "run_sweep"),
+    "Results": ("kit.run.results", "Results"),
+    "tune": ("kit.run.tune", "tune"),
+    "memory_panel": ("kit.lab.memory_panel", "memory_panel"),
+    "comparison_panel": ("kit.lab.comparison_panel", "comparison_panel"),
+    "plan_panel": ("kit.lab.plan_panel", "plan_panel"),
+    "monitor_panel": ("kit.lab.monitor_panel", "monitor_panel"),
+}
+
 __all__ = [
     "Batch",
     "BatchError",
     "Cluster",
     "ModelSpec",
-    "Results",
     "Setup",
     "ZeroSettings",
-    "comparison_panel",
     "decompositions",
     "estimate",
-    "memory_panel",
     "models",
     "monitor",
-    "run_sweep",
+    *_LAZY,
 ]
-__version__ = "0.1.0"
-
-#: names loaded on first use, so that ``import kit`` stays light (pandas, ipywidgets)
-_LAZY = {
-    "run_sweep": "kit.run.sweep",
-    "Results": "kit.run.results",
-    "memory_panel": "kit.lab.widgets",
-    "comparison_panel": "kit.lab.widgets",
-}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module 'kit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

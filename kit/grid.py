@@ -205,3 +205,16 @@ def _offloaded(plain: Variant, level: str, to: str) -> Variant:
 def _takes_zeropp(v: Variant) -> bool:
     """Whether ZeRO++ applies: DeepSpeed at stage 3 (``kit.rules.zeropp_problem``)."""
     return problem(replace(v, hpz_partition_size=1, quantized_weights=True)) is None
+
+
+def zeropp_variants(gpus_per_node: int) -> dict[str, dict]:
+    """ZeRO-3 and its ZeRO++ variants as ZeroSettings changes: hpZ over the node, qwZ, qgZ, all three."""
+    hpz = {"hpz_partition_size": gpus_per_node}
+    qwz, qgz = {"quantized_weights": True}, {"quantized_gradients": True}
+    return {
+        "ZeRO-3": {},
+        "hpZ": hpz,
+        "qwZ": qwz,
+        "qgZ": qgz,
+        "ZeRO++ (hpZ + qwZ + qgZ)": {**hpz, **qwz, **qgz},
+    }

@@ -447,7 +447,3 @@ def one_line_error(error: ValidationError | ValueError, prefix: str = "") -> str
         else:
             parts.append(f"{loc}: {msg}")
     return "; ".join(parts)
-
-
-#: the former name, kept while ``kit.lab.widgets`` (being split) still imports it
-explain = one_line_error

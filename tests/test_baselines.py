@@ -230,7 +230,7 @@ def test_bytes_sent_per_step_match_the_prediction(sweep):
 
 
 def test_the_comparison_panel_offers_the_baselines_beside_the_stages():
-    from kit.lab.widgets import ComparisonPanel
+    from kit.lab.comparison_panel import ComparisonPanel
 
     panel = ComparisonPanel(stages=("ddp", "fsdp", 3))
     panel.offload_optimizer.value = True
@@ -241,7 +241,7 @@ def test_the_comparison_panel_offers_the_baselines_beside_the_stages():
 
 @pytest.mark.distributed
 def test_the_engines_table_and_advice_come_from_the_measurements(sweep):
-    from kit.lab.engines import advice, engines_table
+    from kit.lab.engine_report import advice, engines_table
 
     table = engines_table(sweep).set_index("configuration")
     assert list(table["engine"])[: len(NAMES)] == [

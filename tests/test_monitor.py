@@ -347,7 +347,8 @@ def test_the_heartbeats_plot_has_a_line_per_rank(tmp_path):
 
 
 def test_the_monitor_panel_refreshes_by_button_and_timer(tmp_path):
-    from kit.lab.widgets import ComparisonPanel, monitor_panel
+    from kit.lab.comparison_panel import ComparisonPanel
+    from kit.lab.monitor_panel import monitor_panel
 
     panel = monitor_panel(tmp_path, interval_s=0.05)
     assert panel.snapshot is None and panel.error.startswith("folder: ")

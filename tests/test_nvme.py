@@ -373,7 +373,7 @@ def test_nvme_run_measures_what_the_estimate_says(nvme_sweep, name):
 
 
 def test_memory_panel_offers_nvme_and_shows_the_bytes_per_node():
-    from kit.lab.widgets import memory_panel
+    from kit.lab.memory_panel import memory_panel
 
     p = memory_panel()
     p.stage.value = 3

@@ -3,7 +3,7 @@
 import pytest
 
 from kit import models
-from kit.components import MODEL_STATES
+from kit.components import MEASURED, MODEL_STATES
 from kit.lab import teach
 from kit.schema import Setup
 
@@ -105,7 +105,7 @@ def _record(setup: Setup, config_id: str, rank: int, step: int, **fields) -> dic
     return {**record, **fields}
 
 
-def test_states_check_compares_every_rank_with_rank_states():
+def test_results_states_puts_every_rank_measured_beside_its_estimate():
     from kit.estimate import rank_states
     from kit.run.results import Results
 
@@ -114,21 +114,87 @@ def test_states_check_compares_every_rank_with_rank_states():
     for rank in (0, 1):
         exact = rank_states(setup, rank)
         measured = dict(exact["device"], gradients=exact["device"]["gradients"] + (2 if rank else 0))
-        records.append(_record(setup, "a", rank, 2, measured=measured, measured_host=exact["host"]))
+        device = {
+            "measured": {**measured, "activations": 7},
+            "estimate": {**exact["device"], "activations": 5},
+        }
+        host = {"measured_host": exact["host"], "estimate_host": exact["host"]}
+        records.append(_record(setup, "a", rank, 1, loss=5.0, **device, **host))
+        records.append(_record(setup, "a", rank, 2, loss=5.0, **device, **host))  # the last step counts
     records.append(_record(setup, "a", 0, 3, measured={}, measured_host={}, status="error"))  # ignored
-    check = teach.states_check(Results(records))
-    assert len(check) == 2 * 8
-    wrong = check[check["difference"] != 0]
+    states = Results(records).states()
+    assert len(states) == 2 * 8 and set(states["step"]) == {2}  # 4 device + 4 host components per rank
+    wrong = states[states["difference"] != 0]
     assert wrong[["rank", "where", "component", "difference"]].values.tolist() == [
         [1, "device", "gradients", 2]
     ]
     # stage 2 shards gradients by the tensors touching each rank's partition: the two ranks differ
-    grads = check[(check["component"] == "gradients") & (check["where"] == "device")]["predicted"].tolist()
+    grads = states[(states["component"] == "gradients") & (states["where"] == "device")]["estimate"].tolist()
     assert grads == [
         rank_states(setup, 0)["device"]["gradients"],
         rank_states(setup, 1)["device"]["gradients"],
     ]
     assert grads[0] != grads[1]
+    with_activations = Results(records).states(MEASURED)
+    activations = with_activations[with_activations["component"] == "activations"]
+    assert activations[["rank", "where", "measured", "estimate"]].values.tolist() == [
+        [0, "device", 7, 5],
+        [1, "device", 7, 5],
+    ]
+    summary = Results(records).summary().iloc[0]  # rank 0's device pairs, from the same table
+    assert (summary["measured_activations"], summary["estimate_activations"]) == (7, 5)
+    assert summary["measured_gradients"] == summary["estimate_gradients"] == grads[0]
+
+
+def test_an_unknown_status_is_an_error_not_an_oom():
+    from kit.run.results import Results
+
+    setup = _toy(stage=2)
+    records = [_record(setup, "a", 0, 2), _record(setup, "a", 1, 2, status="exploded")]
+    with pytest.raises(ValueError, match=r"^status: 'exploded' in the records of a is not one of error, oom"):
+        Results(records).summary()
+    worst = [_record(setup, "b", 0, 2, status="timeout"), _record(setup, "b", 1, 2, status="oom")]
+    assert Results(worst).summary()["status"].tolist() == ["oom"]
+
+
+def _engine_records(speeds: dict[str, float], held: dict[str, int]) -> list[dict]:
+    """Step records of one configuration per name of ``speeds`` (ddp, fsdp or a ZeRO stage) that held
+    ``held[name]`` bytes on rank 0 (measured = estimated) and ran at ``speeds[name]`` samples/s."""
+    rows = []
+    for name, speed in speeds.items():
+        zero = (
+            {"engine": name, "stage": 0 if name == "ddp" else 3}
+            if not name.isdigit()
+            else {"stage": int(name)}
+        )
+        setup = _toy(**zero)
+        parts = {"parameters": held[name], "gradients": 0, "optimizer_states": 0, "buffers": 0}
+        fields = dict(measured=parts, estimate=parts, samples_per_s=speed, loss=5.0, step_time_s=1 / speed)
+        rows += [_record(setup, name, 0, 2, comm_wire_bytes=10**6, **fields)]
+    return rows
+
+
+def test_the_engine_advice_follows_the_numbers():
+    from kit.lab.engine_report import advice
+    from kit.run.results import Results
+
+    held = {"ddp": 5_000_000, "0": 4_000_000, "fsdp": 1_000_000, "3": 2_000_000}
+    text = advice(Results(_engine_records({"ddp": 90.0, "0": 100.0, "fsdp": 50.0, "3": 60.0}, held)))
+    lines = text.splitlines()
+    z0, z3, fsdp = _toy(stage=0).label, _toy(stage=3).label, _toy(engine="fsdp", stage=3).label
+    assert (
+        lines[0]
+        == f"- Fastest here: **{z0}** (100.0 samples/s); fewest bytes held per rank: **{fsdp}** (1.00 MB)."
+    )
+    assert "1.25x the bytes held" in lines[1] and "0.9x the speed" in lines[1]  # ddp vs z0
+    assert lines[-1].startswith("- So, by the room per rank for model states and buffers")
+    assert f"4.00 MB or more: **{z0}** (100.0 samples/s, 1x the fastest's speed)" in lines[-1]
+    assert f"2.00 MB or more: **{z3}** (60.0 samples/s, 0.6x the fastest's speed)" in lines[-1]
+    assert f"1.00 MB or more: **{fsdp}**" in lines[-1] and "The other 1 are no faster" in lines[-1]  # ddp
+    # other measurements, other advice: FSDP now the fastest and the leanest
+    text = advice(Results(_engine_records({"ddp": 90.0, "0": 100.0, "fsdp": 150.0, "3": 60.0}, held)))
+    assert text.splitlines()[-1].startswith(f"- So: **{fsdp}** is both the fastest and the leanest here")
+    assert "4.00 MB or more" not in text
 
 
 def test_sweep_table_medians_per_configuration():
@@ -160,3 +226,120 @@ def test_sweep_table_medians_per_configuration():
     ]
     with pytest.raises(ValueError, match=r"^settings/metrics: no column setup_zero_nope"):
         teach.sweep_table(Results(records), ("zero.nope",))
+
+
+def test_estimates_table_shows_each_estimate_and_the_settings_asked_for(llama7b):
+    from kit.estimate import estimate
+
+    small, large = (
+        llama7b.replace(zero={"stage": 3, "reduce_bucket_size": n}) for n in (5_000_000, 500_000_000)
+    )
+    offloaded = llama7b.replace(zero={"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"})
+    estimates = [estimate(s) for s in (small, large, offloaded)]
+    table = teach.estimates_table(estimates, ("zero.reduce_bucket_size",))
+    assert table["label"].tolist() == [small.label, large.label, offloaded.label]
+    assert table["zero.reduce_bucket_size"].tolist() == [
+        5_000_000,
+        500_000_000,
+        offloaded.zero.reduce_bucket_size,
+    ]
+    for row, e in zip(table.itertuples(index=False), estimates, strict=True):
+        assert row[2:] == (
+            e.per_gpu_bytes / 2**30,
+            e.model_states_bytes / 2**30,
+            e.components["buffers"] / 2**30,
+            e.cpu_bytes_per_node / 2**30,
+        )
+    assert table["buffers GiB"][0] < table["buffers GiB"][1]  # stage 3 allocates its reduce bucket
+    assert table["CPU RAM GiB per node"][2] > table["CPU RAM GiB per node"][0]
+
+
+def test_batch_splits_keep_the_global_batch_then_double_it_by_accumulation():
+    splits = teach.batch_splits(_toy(stage=2), micro_batch=4)
+    pairs = [(s.batch.micro_batch, s.batch.grad_accum, s.batch.train_batch) for s in splits]
+    assert pairs == [(4, 1, 8), (2, 2, 8), (1, 4, 8), (4, 2, 16)]  # 2 ranks
+    assert [(s.batch.micro_batch, s.batch.grad_accum) for s in teach.batch_splits(_toy(), 1)] == [
+        (1, 1),
+        (1, 2),
+    ]
+    with pytest.raises(ValueError, match=r"^micro_batch: must be a whole number >= 1, got 0$"):
+        teach.batch_splits(_toy(), 0)
+
+
+def test_round_trip_tables_read_the_reports():
+    state = {"global_step": 2}
+    reports = [
+        {"label": "z2 bf16 mb2", "name": "stage2-0", "client_state": state, "resume_equal": True,
+         "consolidated": {"equal": True}, "losses": [5.0, 4.0, 3.0, 2.0], "resumed_losses": [3.0, 2.0]},
+        {"label": "z3 bf16 mb2", "name": "stage3-1", "client_state": state, "resume_equal": False,
+         "consolidated": {"equal": True}, "losses": [5.5, 4.5, 3.5, 2.5], "resumed_losses": [3.5, 2.6]},
+    ]  # fmt: skip
+    table = teach.roundtrip_table(reports)
+    assert table["resumed = uninterrupted"].tolist() == [True, False]
+    assert table["client_state"].tolist() == [{"global_step": 2}] * 2
+    losses = teach.resume_losses(reports, save_step=2)
+    assert list(losses.columns) == [
+        "z2 bf16 mb2",
+        "z3 bf16 mb2",
+        "z2 bf16 mb2 (resumed)",
+        "z3 bf16 mb2 (resumed)",
+    ]
+    assert losses["z3 bf16 mb2 (resumed)"].tolist()[2:] == [3.5, 2.6]
+    assert losses["z3 bf16 mb2 (resumed)"].isna().tolist() == [True, True, False, False]
+
+
+def test_checkpoint_size_table_adds_up_each_stage(llama7b):
+    from kit.estimate.checkpoint_size import checkpoint_bytes
+
+    table = teach.checkpoint_size_table(llama7b)
+    assert table[["stage", "file"]].values.tolist() == [
+        [s, k] for s in range(4) for k in ("model_states", "optim_states")
+    ]
+    for stage in range(4):
+        rows = table[table["stage"] == stage]
+        assert rows["GB all"].sum() * 1e9 == pytest.approx(
+            checkpoint_bytes(llama7b.replace(zero={"stage": stage}))["total_bytes"]
+        )
+        assert (rows["GB all"] == rows["files"] * rows["GB per file"]).all()
+
+
+def test_the_notebook_profile_is_small_under_smoke_and_real_otherwise(monkeypatch):
+    from kit.lab.notebook import profile
+    from kit.run.sweep import TOY_ZERO
+
+    monkeypatch.setenv("ZEROKIT_SMOKE", "1")
+    small = profile("02")
+    assert (small.smoke, small.nprocs, small.steps, small.micro_batch) == (True, 2, 2, 2)
+    assert small.runs_dir.split("/")[-1].startswith("zerokit-02-")
+    toy = small.toy_setup(zero={"precision": "fp32"})
+    assert (toy.model.layers, toy.model.hidden, toy.cluster.world_size, toy.batch.micro_batch) == (
+        2,
+        64,
+        2,
+        2,
+    )
+    assert toy.zero.precision == "fp32" and toy.zero.reduce_bucket_size == TOY_ZERO["reduce_bucket_size"]
+    monkeypatch.setenv("ZEROKIT_SMOKE", "0")
+    real = profile("02")
+    assert (real.smoke, real.nprocs, real.runs_dir, real.toy_setup().model.hidden) == (False, 8, "runs", 768)
+    assert profile("02", smoke=True).smoke  # the notebook's SMOKE wins over the environment
+
+
+def test_bucket_grid_crosses_every_reduce_bucket_with_every_prefetch():
+    grid = teach.bucket_grid(_toy(stage=2), (10_000, 1_000_000), (0, 50_000))
+    assert [(s.zero.stage, s.zero.reduce_bucket_size, s.zero.prefetch_bucket_size) for s in grid] == [
+        (3, 10_000, 0), (3, 10_000, 50_000), (3, 1_000_000, 0), (3, 1_000_000, 50_000),
+    ]  # fmt: skip
+
+
+def test_schedule_table_shows_each_batch_of_a_ramp_with_its_estimate():
+    from kit.batch import ramp
+    from kit.estimate import estimate
+
+    ramped = _toy(stage=2).replace(batch={"micro_batch": 2, "grad_accum": 1, "schedule": ramp(4, 16, 3, 4)})
+    table = teach.schedule_table(ramped)
+    states = ramped.batch_states()
+    assert table["from step"].tolist() == [step for step, _ in states] and len(states) > 1
+    assert table["train_batch"].tolist() == [s.batch.train_batch for _, s in states]
+    assert table["train_batch"].iloc[-1] == 16 and set(table["micro_batch"]) == {2}  # GAS grows, micro stays
+    assert table["estimate MiB/GPU"].tolist() == [estimate(s).per_gpu_bytes / 2**20 for _, s in states]

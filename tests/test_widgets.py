@@ -4,6 +4,8 @@ import contextlib
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,15 +16,9 @@ from kit import models
 from kit.components import MEASURED
 from kit.estimate import estimate
 from kit.gpus import gpu
-from kit.lab import teach
-from kit.lab.widgets import (
-    DESCRIPTION_WIDTH,
-    WARMUP,
-    ComparisonPanel,
-    MemoryPanel,
-    comparison_panel,
-    memory_panel,
-)
+from kit.lab.comparison_panel import WARMUP, ComparisonPanel, comparison_panel
+from kit.lab.memory_panel import MemoryPanel, memory_panel
+from kit.lab.ui import DESCRIPTION_WIDTH
 from kit.paths import MODELS
 from kit.records import append_record, load_records
 from kit.run.sweep import config_id, on_ranks
@@ -175,6 +171,55 @@ def test_verdict_says_whether_it_fits_and_by_how_much(panel):
     assert est.fits["H100-SXM-80GB"] and "fits: " in panel.verdict.value
     assert f"{(capacity - est.per_gpu_bytes) / GIB:,.2f} GiB free" in panel.verdict.value
     assert f"<b class='zk-per-gpu'>{est.per_gpu_bytes / GIB:,.2f} GiB</b>" in panel.summary.value
+
+
+def test_the_verdict_is_the_estimates_own_when_cpu_ram_is_short(llama):
+    offloaded = {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}
+    panel = memory_panel(llama.replace(zero=offloaded, cluster={"cpu_ram_per_node_bytes": 2**30}))
+    est = panel.estimate
+    assert not est.fits["H100-SXM-80GB"]  # the GPU has room, the node's 1 GiB of RAM does not
+    capacity = gpu("H100-SXM-80GB").memory_gib * GIB
+    over = (est.cpu_bytes_per_node - 2**30) / GIB
+    verdict = panel.verdict.value
+    assert (
+        "&#10008; does not fit: " in verdict
+        and f"{(capacity - est.per_gpu_bytes) / GIB:,.2f} GiB free" in verdict
+    )
+    assert (
+        f"CPU RAM per node {est.cpu_bytes_per_node / GIB:,.2f} GiB of 1.00 GiB, {over:,.2f} GiB over"
+        in verdict
+    )
+
+
+def test_import_kit_offers_the_data_flow_and_the_four_panels_and_stays_light():
+    code = """
+import json, sys, kit
+heavy = [m for m in ("pandas", "ipywidgets", "matplotlib", "torch", "deepspeed") if m in sys.modules]
+print(json.dumps({"heavy": heavy, "names": kit.__all__}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    face = json.loads(done.stdout)
+    assert face["heavy"] == []  # only pydantic until a name is used
+    import kit
+    from kit.ds_config import to_ds_config
+    from kit.estimate.plan import search
+    from kit.estimate.review import explain_ds_config
+    from kit.lab.monitor_panel import monitor_panel
+    from kit.lab.plan_panel import plan_panel
+    from kit.run.results import Results
+    from kit.run.sweep import run_sweep
+    from kit.run.tune import tune
+
+    flow = {
+        "plan": search, "to_ds_config": to_ds_config, "explain_ds_config": explain_ds_config,
+        "run_sweep": run_sweep, "Results": Results, "tune": tune, "memory_panel": memory_panel,
+        "comparison_panel": comparison_panel, "plan_panel": plan_panel, "monitor_panel": monitor_panel,
+    }  # fmt: skip
+    assert {name: getattr(kit, name) for name in flow} == flow
+    assert set(flow) | {"Setup", "estimate", "models", "monitor"} <= set(face["names"]) <= set(dir(kit))
+    assert kit.estimate.estimate(Setup(model=models.preset("gpt2"), batch={})).per_gpu_bytes > 0
+    with pytest.raises(AttributeError, match="module 'kit' has no attribute 'nope'"):
+        kit.nope  # noqa: B018
 
 
 def test_formula_table_has_units_and_separators(panel):
@@ -384,7 +429,7 @@ def test_comparison_panel_run_button(tmp_path, replay_launches):
     summary = panel.results.summary()
     assert summary["label"].tolist() == ["z0 bf16 mb2", "z2 bf16 mb2"]
     assert summary["status"].tolist() == ["ok", "ok"]
-    check = teach.states_check(panel.results)
+    check = panel.results.states()
     assert len(check) == 2 * 2 * 8  # configurations x ranks x (4 device + 4 host components)
     assert (check["difference"] == 0).all()
     assert (tmp_path / "panel" / "records.jsonl").exists()
@@ -392,7 +437,7 @@ def test_comparison_panel_run_button(tmp_path, replay_launches):
 
 def test_plan_panel_shows_what_the_planner_says():
     from kit.estimate import plan
-    from kit.lab.widgets import plan_panel
+    from kit.lab.plan_panel import plan_panel
 
     start = Setup(
         model=models.preset("llama-2-7b"), zero={"stage": 0}, batch={"micro_batch": 8, "seq_len": 4096}

@@ -13,8 +13,8 @@ from kit.cli import main
 from kit.ds_config import read_ds_config, to_ds_config, validate_ds_config
 from kit.estimate import estimate, partition, perf, plan, rank_states
 from kit.estimate.review import explain_ds_config
+from kit.lab.memory_panel import memory_panel
 from kit.lab.teach import zeropp_table
-from kit.lab.widgets import memory_panel
 from kit.rules import DS_PERSISTENCE_THRESHOLD
 from kit.run import launcher, sweep
 from kit.schema import Setup, one_line_error

@@ -210,7 +210,8 @@ def _batch_schedule(args: argparse.Namespace) -> dict:
 
 
 def render(results) -> str:
-    """The summary table: throughput and rank 0's model states, measured beside the estimate (MB)."""
+    """The summary table: throughput and rank 0's bytes measured beside the estimate (MB), the pairs
+    ``Results.summary()`` reads from ``Results.states()``."""
     table = results.summary()
     width = max([28, *(len(label) + 1 for label in table["label"])])  # e.g. "z3 opt-nvme param-nvme bf16 mb2"
     lines = [

@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from kit.ds_keys import ZEROPP_OFF  # noqa: F401 (kit.lab.widgets imports it from here until its split)
 from kit.estimate import baselines, partition
 from kit.estimate.result import Term, total
 from kit.gpus import DEFAULT_NVME, gpu, network, nvme
@@ -307,19 +306,6 @@ def collectives(setup: Setup) -> list[Collective]:
     else:
         out.append(Collective(reduce, across, round(k * ring * m), f"(N-1)/N M x k={k}"))
     return out
-
-
-def zeropp_variants(gpus_per_node: int) -> dict[str, dict]:
-    """ZeRO-3 and its ZeRO++ variants as ZeroSettings changes: hpZ over the node, qwZ, qgZ, all three."""
-    hpz = {"hpz_partition_size": gpus_per_node}
-    qwz, qgz = {"quantized_weights": True}, {"quantized_gradients": True}
-    return {
-        "ZeRO-3": {},
-        "hpZ": hpz,
-        "qwZ": qwz,
-        "qgZ": qgz,
-        "ZeRO++ (hpZ + qwZ + qgZ)": {**hpz, **qwz, **qgz},
-    }
 
 
 def comm_by_scope(setup: Setup) -> dict[str, int]:

@@ -44,10 +44,10 @@ def search_variants(setup: Setup, nodes: int) -> list[dict]:
     """What ``search`` tries on a cluster of ``nodes`` nodes (``kit.grid.variants``): each ZeRO stage with
     nothing, the optimizer, or the optimizer and the parameters offloaded to CPU, then stage 3 offloading
     to NVMe (optimizer, optimizer + parameters); on several nodes, where they pay, ZeRO++ (hpZ over the
-    whole node, and hpZ + qwZ + qgZ: ``perf.zeropp_variants``); PyTorch's own engines beside them (the
+    whole node, and hpZ + qwZ + qgZ: ``grid.zeropp_variants``); PyTorch's own engines beside them (the
     grid refuses them in fp16: they need a loss scaler)."""
     precision = setup.zero.precision
-    named = perf.zeropp_variants(setup.cluster.gpus_per_node)
+    named = grid.zeropp_variants(setup.cluster.gpus_per_node)
     zeropp = [named["hpZ"], named["ZeRO++ (hpZ + qwZ + qgZ)"]] if nodes > 1 else []
     levels = ("none", "optimizer", "all")
     cpu = grid.variants(ZERO_STAGES, offload=levels, zeropp=zeropp, precision=precision)

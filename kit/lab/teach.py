@@ -1,7 +1,9 @@
-"""Tables and pictures the tutorials teach with: ranks, shards, bytes per parameter, what fits where.
+"""Tables and pictures the tutorials teach with: ranks, shards, bytes per parameter, what fits where, and
+the few sweeps and reports the notebooks run (batch splits, checkpoint round trips, a calibration).
 
-Every number comes from ``kit`` (the batch math, ``kit.estimate``); these functions only arrange it
-for reading. Figures are static matplotlib; tables are pandas DataFrames.
+Every number comes from ``kit`` (the batch math, ``kit.estimate``, ``kit.run``, ``kit.scaleout``); these
+functions only arrange it for reading, so that a notebook's cells stay a few lines. Figures are static
+matplotlib; tables are pandas DataFrames. Bytes measured beside the estimate: ``Results.states()``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from kit.components import MODEL_STATES
+from kit.ds_keys import EXAMPLE_NVME_PATH
 from kit.rules import FP32, SHARDED, element_bytes, master_bytes, optimizer_states
 from kit.schema import Setup
 from kit.units import whole_number
@@ -201,58 +204,23 @@ def sweep_table(results: Results, settings: tuple[str, ...] = (), metrics: tuple
     return table.join(groups[list(metrics)].median()).reset_index(drop=True)
 
 
-def states_check(results: Results) -> pd.DataFrame:
-    """Model-state bytes every rank measured beside ``kit.estimate.rank_states``' exact prediction.
-
-    One row per (configuration, rank, where, component) of every ok step record: ``where`` is
-    ``device`` or ``host`` (offloaded); ``difference = measured - predicted`` is 0 when the estimator
-    knows exactly what DeepSpeed allocated on that rank.
-    """
-    from kit.estimate import rank_states
-
-    rows, predictions = [], {}
-    for record in results.records:
-        if record.get("status") != "ok":
-            continue
-        key = (record["config_id"], record["rank"])
-        if key in predictions:
-            continue
-        predictions[key] = rank_states(Setup.model_validate(record["setup"]), record["rank"])
-        measured = {"device": record["measured"], "host": record["measured_host"]}
-        measured["nvme"] = {"buffers": 0, **(record.get("measured_nvme") or {})}  # swap files hold no buffers
-        for where, predicted in predictions[key].items():
-            for component, value in predicted.items():
-                rows.append(
-                    {
-                        "label": record["label"],
-                        "rank": record["rank"],
-                        "where": where,
-                        "component": component,
-                        "predicted": value,
-                        "measured": measured[where][component],
-                    }
-                )
-    table = pd.DataFrame(rows, columns=["label", "rank", "where", "component", "predicted", "measured"])
-    table["difference"] = table["measured"] - table["predicted"]
-    return table
-
-
 def _stage(stage: int) -> None:
     if stage not in SHARDED:
         raise ValueError(f"stage: choose 0, 1, 2 or 3, got {stage!r}")
 
 
 def zeropp_table(setup: Setup) -> pd.DataFrame:
-    """ZeRO-3 beside its ZeRO++ variants for ``setup``'s model and cluster (``perf.zeropp_variants``):
+    """ZeRO-3 beside its ZeRO++ variants for ``setup``'s model and cluster (``kit.grid.zeropp_variants``):
     memory per GPU, the ZeRO++ paper's cross-node volume per collective in units of M (16-bit model bytes;
     ``kit.rules.zeropp_paper_volume``: 3 M for ZeRO-3, 0.5 + 0 + 0.25 = 0.75 M for all three) and this
     model's bytes per GPU per step inside the node and across nodes (``perf.collectives``) with the
     communication time of the step-time model."""
+    from kit import grid
     from kit.estimate import estimate, perf
     from kit.rules import ZERO3_COLLECTIVES, zeropp_paper_volume
 
     rows = []
-    for name, change in perf.zeropp_variants(setup.cluster.gpus_per_node).items():
+    for name, change in grid.zeropp_variants(setup.cluster.gpus_per_node).items():
         s = setup.replace(
             zero={
                 "stage": 3,
@@ -356,7 +324,7 @@ def infinity_bandwidth(
     return pd.DataFrame(rows)
 
 
-def nvme_table(setup: Setup, nvme_path: str = "/local_nvme") -> pd.DataFrame:
+def nvme_table(setup: Setup, nvme_path: str = EXAMPLE_NVME_PATH) -> pd.DataFrame:
     """Stage 3 with CPU offload beside ZeRO-Infinity's NVMe offload for ``setup``'s model and cluster:
     GiB per GPU, pinned CPU RAM and swap files per node, predicted step time and slowdown vs CPU offload
     (``kit.estimate``, ``kit.estimate.perf``; parameter ``buffer_size`` sized to the largest tensor)."""
@@ -386,3 +354,171 @@ def nvme_table(setup: Setup, nvme_path: str = "/local_nvme") -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows).set_index("variant")
+
+
+def estimates_table(estimates: list, settings: tuple[str, ...] = ()) -> pd.DataFrame:
+    """One row per ``kit.estimate`` result: its label, the Setup fields named in ``settings`` (dotted, e.g.
+    ``"zero.reduce_bucket_size"``), GiB per GPU, the model states and buffers on the GPU and the CPU RAM
+    per node (offload's share)."""
+    rows = []
+    for e in estimates:
+        row = {"label": e.setup.label}
+        for name in settings:
+            section, field = name.split(".")
+            row[name] = getattr(getattr(e.setup, section), field)
+        row.update(
+            {
+                "GPU GiB per rank": e.per_gpu_bytes / 2**30,
+                "model states on GPU GiB": e.model_states_bytes / 2**30,
+                "buffers GiB": e.components["buffers"] / 2**30,
+                "CPU RAM GiB per node": e.cpu_bytes_per_node / 2**30,
+            }
+        )
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def batch_splits(setup: Setup, micro_batch: int = 4) -> list[Setup]:
+    """One global batch split every way a power of two allows (micro ``micro_batch`` x GAS 1, half of it x
+    GAS 2, ... micro 1), then micro ``micro_batch`` x GAS 2: twice the batch by accumulation alone."""
+    whole_number("micro_batch", micro_batch, 1)
+    splits, micro = [], micro_batch
+    while micro >= 1 and micro_batch % micro == 0:
+        splits.append((micro, micro_batch // micro))
+        micro //= 2
+    splits.append((micro_batch, 2))
+    return [setup.replace(batch={"micro_batch": m, "grad_accum": g}) for m, g in splits]
+
+
+def roundtrip_table(reports: list[dict]) -> pd.DataFrame:
+    """Per setup of a checkpoint round trip (``kit.scaleout.checkpoints.run_roundtrip``): the client state
+    read back, whether resuming equals the uninterrupted run, and ``zero_to_fp32`` the live fp32 weights."""
+    return pd.DataFrame(
+        {
+            "setup": r["label"],
+            "client_state": r["client_state"],
+            "resumed = uninterrupted": r["resume_equal"],
+            "zero_to_fp32 = live fp32": r["consolidated"]["equal"],
+        }
+        for r in reports
+    )
+
+
+def resume_losses(reports: list[dict], save_step: int) -> pd.DataFrame:
+    """The loss per step of every round trip, uninterrupted beside resumed (from ``save_step`` on)."""
+    steps = len(reports[0]["losses"])
+    losses = pd.DataFrame({r["label"]: r["losses"] for r in reports}, index=pd.RangeIndex(steps, name="step"))
+    for r in reports:
+        losses[r["label"] + " (resumed)"] = [None] * save_step + r["resumed_losses"]
+    return losses
+
+
+def checkpoint_sizes(reports: list[dict], setups: list[Setup], folder) -> pd.DataFrame:
+    """Per setup and file kind, the bytes ``kit.estimate.checkpoint_size`` predicts for one file beside the
+    largest file of that kind the round trip wrote (``checkpoint_layout`` of ``folder / report name``)."""
+    from pathlib import Path
+
+    from kit.estimate.checkpoint_size import checkpoint_bytes
+    from kit.scaleout.checkpoints import checkpoint_layout
+
+    rows = []
+    for r, s in zip(reports, setups, strict=True):
+        predicted, written = checkpoint_bytes(s), checkpoint_layout(Path(folder) / r["name"])
+        for kind in ("model_states", "optim_states"):
+            files = written[written["kind"] == kind]["bytes"]
+            rows.append(
+                {
+                    "setup": r["label"],
+                    "file": kind,
+                    "predicted": predicted[kind]["bytes"],
+                    "written": files.max(),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def checkpoint_size_table(setup: Setup, stages: tuple[int, ...] = (0, 1, 2, 3)) -> pd.DataFrame:
+    """What one checkpoint of ``setup`` takes on disk at each stage, per file kind: the number of files,
+    GB (1e9 bytes) per file and in all, and the formula (``kit.estimate.checkpoint_size``)."""
+    from kit.estimate.checkpoint_size import checkpoint_bytes
+
+    rows = []
+    for stage in stages:
+        sizes = checkpoint_bytes(setup.replace(zero={"stage": stage}))
+        for kind in ("model_states", "optim_states"):
+            k = sizes[kind]
+            rows.append(
+                {
+                    "stage": stage,
+                    "file": kind,
+                    "files": k["files"],
+                    "GB per file": k["bytes"] / 1e9,
+                    "GB all": k["files"] * k["bytes"] / 1e9,
+                    "formula": k["formula"],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def calibration(setup: Setup, runs_dir: str, stages: tuple[int, ...] = (0, 1, 2, 3), steps: int = 3):
+    """The step-time model against a measurement: ``setup`` at each stage timed on ``setup.dp`` ranks of
+    this machine in one bare launch (no instrumentation, so that the time is the step's); on CPU ranks
+    the machine's own matmul rate and gloo bandwidth measured (``cpu_machine``), on GPUs their
+    datasheets; ``kit.run.calibrate``'s table of predicted beside measured step times."""
+    from kit.run.calibrate import calibrate, cpu_machine, matmul_shape
+    from kit.run.sweep import run_sweep
+    from kit.scaleout.commtest import allreduce_bus_gbps
+
+    measured = run_sweep(
+        [setup.replace(zero={"stage": s}) for s in stages],
+        sweep="calibrate",
+        runs_dir=runs_dir,
+        nprocs=setup.dp,
+        steps=steps,
+        instrument=False,
+    )
+    on_cpu = any(r.get("device") == "cpu" for r in measured.records)
+    machine = (
+        cpu_machine(
+            setup.dp, (setup.zero.precision,), matmul_shape(setup), bus_gbps=allreduce_bus_gbps(setup.dp)
+        )
+        if on_cpu
+        else None
+    )
+    return calibrate(measured, machine)
+
+
+def bucket_grid(setup: Setup, reduce_buckets, prefetch_buckets) -> list[Setup]:
+    """Stage 3 of ``setup`` with every reduce bucket size beside every prefetch bucket size (elements)."""
+    return [
+        setup.replace(zero={"stage": 3, "reduce_bucket_size": r, "prefetch_bucket_size": p})
+        for r in reduce_buckets
+        for p in prefetch_buckets
+    ]
+
+
+def run_together(groups: dict[str, list[Setup]], *, sweep: str, runs_dir, nprocs: int, **options) -> dict:
+    """The Setups of several comparisons measured in one launch (``run_sweep``: the ranks start once, not
+    once per comparison), the ``Results`` split back per comparison; ``options`` go to ``run_sweep``."""
+    from kit.run.results import Results
+    from kit.run.sweep import config_id, on_ranks, run_sweep
+
+    every = [s for group in groups.values() for s in group]
+    results = run_sweep(every, sweep=sweep, runs_dir=runs_dir, nprocs=nprocs, **options)
+    out = {}
+    for name, group in groups.items():
+        ids = {config_id(on_ranks(s, nprocs)) for s in group}
+        out[name] = Results([r for r in results.records if r["config_id"] in ids], results.path)
+    return out
+
+
+def schedule_table(setup: Setup) -> pd.DataFrame:
+    """A batch schedule step by step: from which step each batch holds (micro batch, grad accum, global
+    batch) and the estimate's MiB per GPU there (``Setup.batch_states``, ``kit.estimate``)."""
+    from kit.estimate import estimate
+
+    rows = []
+    for step, s in setup.batch_states():
+        batch = s.batch.model_dump(exclude={"schedule", "seq_len"})
+        rows.append({"from step": step, **batch, "estimate MiB/GPU": estimate(s).per_gpu_bytes / 2**20})
+    return pd.DataFrame(rows)

@@ -2,8 +2,10 @@
 
 ``Results.df`` has one row per record (nested fields flattened with ``_``: ``measured_parameters``,
 ``estimate_activations``, ``setup_zero_stage``, ``comm_bytes_all_gather``...). ``summary()`` has one
-row per configuration. When a configuration was attempted more than once (a resumed sweep), only its
-latest launch counts.
+row per configuration. ``states()`` is the one table of bytes measured beside the estimate (every rank,
+device, host and NVMe); ``summary()``, ``brief()``, ``zerokit run``'s table and the notebooks' engine
+report read it. When a configuration was attempted more than once (a resumed sweep), only its latest
+launch counts.
 """
 
 from __future__ import annotations
@@ -12,12 +14,20 @@ from pathlib import Path
 
 import pandas as pd
 
-from kit.components import MEASURED, MODEL_STATES
+from kit.components import HELD, MEASURED, MODEL_STATES
 from kit.records import load_records
 
 #: a configuration's status is its worst record's: error > oom > timeout > cancelled (stopped by the
 #: user, ``run_sweep(cancel=...)``) > ok
 SEVERITY = {"error": 4, "oom": 3, "timeout": 2, "cancelled": 1, "ok": 0}
+#: where a rank keeps its states, and the record fields that measured and estimated them there
+PLACES = {
+    "device": ("measured", "estimate"),
+    "host": ("measured_host", "estimate_host"),
+    "nvme": ("measured_nvme", "estimate_nvme"),
+}
+#: the columns of ``Results.states()``
+STATE_COLUMNS = ["config_id", "label", "rank", "step", "where", "component", "measured", "estimate"]
 
 
 class Results:
@@ -51,9 +61,13 @@ class Results:
         whole-GPU peak estimate beside the measured peak)."""
         if self.df.empty:
             return pd.DataFrame(columns=["config_id", "label", "status", "error"])
+        device = self.states(MEASURED).query("rank == 0 and where == 'device'")
+        rank0: dict[str, dict[str, tuple[int, int]]] = {}
+        for r in device.itertuples():
+            rank0.setdefault(r.config_id, {})[r.component] = (int(r.measured), int(r.estimate))
         rows = []
         for cid, group in self.df.groupby("config_id", sort=False):
-            status = max(group["status"], key=lambda s: SEVERITY.get(s, 3))
+            status = worst_status(group["status"], cid)
             # the runner's own record (no rank) says why a launch failed; rank errors follow from it
             errors = group.sort_values("rank", na_position="first")["error"].dropna()
             row = {"config_id": cid, "label": group["label"].iloc[0], "status": status}
@@ -74,12 +88,36 @@ class Results:
                 for key in peaks:
                     if key in steps:
                         row[key] = steps[key].max()
-                for part in MEASURED:
-                    for side in ("measured", "estimate"):
-                        if f"{side}_{part}" in steps:  # not in a bare (uninstrumented) run
-                            row[f"{side}_{part}"] = int(steps[f"{side}_{part}"].iloc[-1])
+                for part, pair in rank0.get(cid, {}).items():  # none in a bare (uninstrumented) run
+                    row[f"measured_{part}"], row[f"estimate_{part}"] = pair
             rows.append(row)
         return pd.DataFrame(rows)
+
+    def states(self, components: tuple[str, ...] = HELD) -> pd.DataFrame:
+        """Bytes measured beside the estimate: one row per ok configuration, rank, place and component,
+        from each rank's last measured step. ``where`` is ``device`` (the GPU), ``host`` (offloaded to CPU
+        RAM) or ``nvme`` (this rank's swap files); ``estimate`` is what ``kit.estimate`` predicted in the
+        rank for it (``rank_states``; ``activations``, on the device, the whole-GPU estimate's);
+        ``difference = measured - estimate``, 0 when the estimator knows exactly what was allocated.
+        ``components``: the model states and buffers by default, ``kit.components.MEASURED`` adds the
+        activations. A bare (uninstrumented) run has no rows."""
+        last: dict[tuple[str, int], dict] = {}
+        for r in self.records:
+            if r.get("status") == "ok" and r.get("rank") is not None and r.get("measured"):
+                key = (r["config_id"], r["rank"])
+                if key not in last or r["step"] >= last[key]["step"]:
+                    last[key] = r
+        rows = [
+            [cid, r["label"], rank, r["step"], where, c, measured[c], estimated[c]]
+            for (cid, rank), r in sorted(last.items(), key=lambda kv: (kv[1]["order"], kv[0][1]))
+            for where, (m, e) in PLACES.items()
+            for measured, estimated in [(r.get(m) or {}, r.get(e) or {})]
+            for c in components
+            if c in measured and c in estimated
+        ]
+        table = pd.DataFrame(rows, columns=STATE_COLUMNS)
+        table["difference"] = table["measured"] - table["estimate"]
+        return table
 
     def brief(self) -> pd.DataFrame:
         """The few columns a reader compares, one row per configuration, in units (``summary()`` has
@@ -118,6 +156,17 @@ class Results:
             item["measured"] = ok[-1].get("measured") if ok else None
             out.append(item)
         return out
+
+
+def worst_status(statuses, config_id: str = "") -> str:
+    """The worst of a configuration's record statuses (``SEVERITY``); an unknown one is an error."""
+    unknown = sorted(set(statuses) - set(SEVERITY))
+    if unknown:
+        raise ValueError(
+            f"status: {', '.join(map(repr, unknown))} in the records of {config_id or 'a configuration'} "
+            f"is not one of {', '.join(SEVERITY)}"
+        )
+    return max(statuses, key=SEVERITY.__getitem__)
 
 
 def _latest_attempts(records: list[dict]) -> list[dict]:

@@ -1,0 +1,484 @@
+"""The memory panel: choose a model, cluster, ZeRO settings and batch; see bytes per GPU, whether it fits,
+and why (``kit.estimate``), and export the choice (``write_config``, ``launch_command``).
+
+The panel never computes: every change builds a Setup from the controls and calls ``kit.estimate``; the
+verdict is the estimate's own (``Estimate.fits``); every button calls a plain method a notebook cell can
+call too, so tests and CI exercise the same path as a click.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as w
+
+from kit.ds_keys import EXAMPLE_NVME_PATH
+from kit.gpus import gpu_names
+from kit.lab import ui
+from kit.rules import offload_problem
+from kit.schema import ModelSpec, Setup
+from kit.units import GIB, parse_count
+
+#: the swap folder the memory panel offers for NVMe offload (it estimates; nothing is written)
+
+
+class MemoryPanel:
+    """Choose a model, cluster, ZeRO settings and batch; see bytes per GPU, whether it fits, and why.
+
+    State after every change: ``setup`` (a Setup, or None while the controls are invalid), ``estimate``
+    (``kit.estimate.Estimate`` or None) and ``error`` (the one-line reason, or None). ``verdict`` is the
+    one line that says whether it fits and by how much.
+    """
+
+    def __init__(self, setup: Setup | None = None):
+        from kit import models
+
+        self.base = setup or default_setup()
+        self.error: str | None = None
+        self.setup: Setup | None = None
+        self.estimate: Any = None
+        self._quiet = False
+        base, z, b = self.base, self.base.zero, self.base.batch
+        presets = models.preset_names()
+        sources = [("preset", "preset"), ("config.json / model.py", "config"), ("parameter count", "count")]
+        given = base.model.name not in presets
+        if given:
+            sources.insert(0, (f"{base.model.name} (given)", "given"))
+        self.model_source = ui.toggle(sources, "given" if given else "preset", "model", "auto")
+        self.preset = w.Dropdown(
+            options=presets, value=presets[0] if given else base.model.name, description="preset"
+        )
+        self.config_path = w.Text(placeholder="config.json or my_model.py", description="file")
+        self.params = w.Text(
+            value=f"{base.model.params:,}", description="parameters", continuous_update=False
+        )
+        self.largest_layer = w.Text(
+            value="",
+            placeholder="derived from the count",
+            description="largest layer",
+            continuous_update=False,
+        )
+        self.gpu = w.Dropdown(options=gpu_names(), value=base.cluster.gpu, description="GPU")
+        self.nodes = w.BoundedIntText(value=base.cluster.nodes, min=1, max=4096, description="nodes")
+        self.gpus_per_node = w.BoundedIntText(
+            value=base.cluster.gpus_per_node, min=1, max=64, description="GPUs per node"
+        )
+        self.stage = ui.toggle([0, 1, 2, 3], z.stage, "ZeRO stage", "42px")
+        self.offload_optimizer = ui.toggle(
+            ["none", "cpu", "nvme"], z.offload_optimizer, "offload optimizer", "56px"
+        )
+        self.offload_param = ui.toggle(["none", "cpu", "nvme"], z.offload_param, "offload params", "56px")
+        # ZeRO-Infinity: the swap folder NVMe offload writes to (one for both offloads)
+        self.nvme_path = w.Text(value=z.nvme_path or EXAMPLE_NVME_PATH, description="NVMe path")
+        self.offload_reason = w.HTML()
+        # ZeRO++ (stage 3): hpZ's in-node secondary partition, qwZ int8 weights, qgZ int4 gradients
+        self.hpz = w.BoundedIntText(value=z.hpz_partition_size, min=1, max=64, description="hpZ size")
+        self.quantized_weights = w.Checkbox(value=z.quantized_weights, description="qwZ int8 weights")
+        self.quantized_gradients = w.Checkbox(value=z.quantized_gradients, description="qgZ int4 gradients")
+        self.precision = ui.toggle(["fp32", "fp16", "bf16"], z.precision, "precision", "56px")
+        self.optimizer = w.Dropdown(
+            options=["adamw", "adam", "sgd"], value=z.optimizer, description="optimizer"
+        )
+        self.micro_batch = w.BoundedIntText(value=b.micro_batch, min=1, max=65536, description="micro batch")
+        self.batch_by = ui.toggle(
+            [("grad accum", "grad_accum"), ("global batch", "train_batch")],
+            "grad_accum",
+            "keep fixed",
+            "110px",
+        )
+        self.grad_accum = w.BoundedIntText(value=b.grad_accum, min=1, max=65536, description="grad accum")
+        self.train_batch = w.BoundedIntText(
+            value=b.train_batch, min=1, max=1 << 30, description="global batch"
+        )
+        self.seq_len = w.BoundedIntText(value=b.seq_len, min=1, max=1_048_576, description="seq len")
+        self.activation_checkpointing = w.Checkbox(
+            value=z.activation_checkpointing, description="activation checkpointing", indent=True
+        )
+        self.reduce_bucket = ui.bucket_slider("reduce bucket", z.reduce_bucket_size)
+        self.allgather_bucket = ui.bucket_slider("allgather bucket", z.allgather_bucket_size)
+        self.prefetch_bucket = ui.bucket_slider("s3 prefetch", z.prefetch_bucket_size)
+        self.max_live_parameters = ui.bucket_slider("s3 max live", z.max_live_parameters)
+        self.config_file = w.Text(value="ds_config.json", description="write to")
+        self.write_button = ui.button("Write ds_config.json", "save")
+        self.command_button = ui.button("Show launch command", "terminal")
+        self.message = w.HTML()
+        self.verdict = w.HTML()
+        self.summary = w.HTML()
+        self.formulas = w.HTML()
+        self.plot = w.Image(format="png")
+        self.command = w.Textarea(layout=w.Layout(width="100%", height="5em", display="none"), disabled=True)
+
+        for control in self._inputs():
+            ui.cell(control)
+            control.observe(self.update, names="value")
+        ui.cell(self.config_file)
+        self.activation_checkpointing.layout.width = "auto"
+        self.write_button.on_click(lambda _: self._report(self._write_clicked))
+        self.command_button.on_click(lambda _: self._report(self._show_command))
+        self.widget = w.VBox(
+            [
+                w.HTML("<b>Memory before booking</b>: bytes per GPU for the settings below (kit.estimate)"),
+                ui.section("Model"),
+                self.model_source,
+                ui.row(self.preset, self.config_path),
+                ui.row(self.params, self.largest_layer),
+                ui.section("Cluster"),
+                ui.row(self.gpu, self.nodes, self.gpus_per_node),
+                ui.section("ZeRO"),
+                ui.row(self.stage, self.precision),
+                ui.row(self.offload_optimizer, self.offload_param),
+                self.nvme_path,
+                ui.row(self.optimizer, self.activation_checkpointing),
+                ui.row(self.hpz, self.quantized_weights, self.quantized_gradients),
+                self.offload_reason,
+                ui.section("Batch"),
+                ui.row(self.micro_batch, self.batch_by),
+                ui.row(self.grad_accum, self.train_batch, self.seq_len),
+                ui.section("Buckets (elements)"),
+                ui.row(self.reduce_bucket, self.allgather_bucket),
+                ui.row(self.prefetch_bucket, self.max_live_parameters),
+                self.verdict,
+                w.HBox([self.plot, self.summary], layout=w.Layout(align_items="flex-start")),
+                self.formulas,
+                ui.row(self.config_file, self.write_button, self.command_button),
+                self.message,
+                self.command,
+            ]
+        )
+        self.widget.add_class("zk-memory-panel")
+        for name in ("stage", "offload_optimizer", "offload_param", "micro_batch", "verdict", "summary"):
+            getattr(self, name).add_class(f"zk-{name.replace('_', '-')}")
+        self.update()
+
+    def update(self, change: dict | None = None) -> None:
+        """Rebuild the Setup from the controls and re-estimate (every control calls this on change)."""
+        if self._quiet:
+            return
+        self._sync_controls()
+        from kit.estimate import estimate
+
+        if change and change.get("owner") is self.model_source and change.get("new") == "count":
+            with self._holding():  # a typed count derives its largest layer unless one is given
+                self.largest_layer.value = ""
+        try:
+            spec = self._model_spec()
+            with self._holding():  # the count boxes show the model in use, whichever source chose it
+                self.params.value = f"{spec.params:,}"
+                if self.model_source.value != "count" or self.largest_layer.value.strip():
+                    self.largest_layer.value = f"{spec.largest_layer_params:,}"
+            setup = self._build_setup(spec)
+            result = estimate(setup)
+        except ui.ERRORS as error:
+            self.setup, self.estimate, self.error = None, None, ui.one_line(error)
+        else:
+            self.setup, self.estimate, self.error = setup, result, None
+            with self._holding():
+                self.grad_accum.value = setup.batch.grad_accum
+                self.train_batch.value = setup.batch.train_batch
+        self._render()
+
+    def write_config(self, path: str | Path = "ds_config.json") -> Path:
+        """Write the current Setup as a DeepSpeed config (``kit.ds_config.write_ds_config``); returns the
+        file's absolute path."""
+        from kit.ds_config import write_ds_config
+
+        write_ds_config(self._valid_setup(), path)
+        return Path(path).resolve()
+
+    def launch_command(self, script: str = "train.py", master_addr: str = "$MASTER_ADDR") -> str:
+        """The paste-able ``deepspeed`` command for ``script`` with this Setup (``kit.scaleout.commands``);
+        several nodes read ``hostfile`` (write it with ``zerokit hostfile``) and meet at ``master_addr``."""
+        from kit.scaleout import commands
+
+        setup = self._valid_setup()
+        nodes = setup.cluster.nodes > 1
+        argv = commands.deepspeed_command(
+            setup,
+            script,
+            ds_config=self.config_file.value,
+            hostfile="hostfile" if nodes else None,
+            master_addr=master_addr if nodes else None,
+        )
+        return commands.shell_line(argv)
+
+    def _build_setup(self, spec: ModelSpec) -> Setup:
+        base = self.base
+        cluster = {
+            **base.cluster.model_dump(),
+            "gpu": self.gpu.value,
+            "nodes": self.nodes.value,
+            "gpus_per_node": self.gpus_per_node.value,
+        }
+        zero = {
+            **base.zero.model_dump(),
+            "stage": self.stage.value,
+            "offload_optimizer": self.offload_optimizer.value,
+            "offload_param": self.offload_param.value,
+            # the path box counts only when something goes to NVMe (else the Setup keeps its own)
+            "nvme_path": (self.nvme_path.value.strip() or None)
+            if "nvme" in (self.offload_optimizer.value, self.offload_param.value)
+            else base.zero.nvme_path,
+            "precision": self.precision.value,
+            "optimizer": self.optimizer.value,
+            "activation_checkpointing": self.activation_checkpointing.value,
+            "hpz_partition_size": self.hpz.value,
+            "quantized_weights": self.quantized_weights.value,
+            "quantized_gradients": self.quantized_gradients.value,
+            "reduce_bucket_size": round(self.reduce_bucket.value),
+            "allgather_bucket_size": round(self.allgather_bucket.value),
+            "prefetch_bucket_size": round(self.prefetch_bucket.value),
+            "max_live_parameters": round(self.max_live_parameters.value),
+        }
+        if self.optimizer.value != "sgd":
+            zero["momentum"] = 0.0
+        fixed = self.batch_by.value
+        batch = {
+            "micro_batch": self.micro_batch.value,
+            fixed: getattr(self, fixed).value,
+            "seq_len": self.seq_len.value,
+        }
+        return Setup(model=spec, cluster=cluster, zero=zero, batch=batch)
+
+    def _model_spec(self) -> ModelSpec:
+        from kit import models
+
+        source = self.model_source.value
+        if source == "given":
+            return self.base.model
+        if source == "preset":
+            return models.preset(self.preset.value)
+        if source == "config":
+            if not self.config_path.value.strip():
+                raise ValueError("config.json: give the path to a Hugging Face config.json or a model file")
+            return models.resolve(self.config_path.value.strip())
+        count = _count("parameters", self.params.value)
+        largest = (
+            _count("largest layer", self.largest_layer.value) if self.largest_layer.value.strip() else None
+        )
+        return models.from_count(count, largest)
+
+    def _sync_controls(self) -> None:
+        """Enable only what the stage and choices allow, saying why a control is off."""
+        with self._holding():
+            stage = self.stage.value
+            reasons = []
+            for field, control in (
+                ("offload_optimizer", self.offload_optimizer),
+                ("offload_param", self.offload_param),
+            ):
+                asked = {"offload_optimizer": "none", "offload_param": "none", field: "cpu"}
+                problem = offload_problem(stage, **asked)
+                control.disabled = problem is not None
+                if problem:
+                    control.value = "none"
+                    reasons.append(": ".join(problem))
+                elif control.value == "nvme" and stage != 3:
+                    control.value = "cpu"  # stages 1-2 have no NVMe swapper
+                    reasons.append(": ".join(offload_problem(stage, **{**asked, field: "nvme"})))
+            self.nvme_path.disabled = "nvme" not in (self.offload_optimizer.value, self.offload_param.value)
+            self.offload_reason.value = "".join(
+                f"<div style='margin-left:{ui.DESCRIPTION_WIDTH};color:#666'><i>{html.escape(r)}</i></div>"
+                for r in reasons
+            )
+            source = self.model_source.value
+            self.preset.disabled = source != "preset"
+            self.config_path.disabled = source != "config"
+            self.params.disabled = self.largest_layer.disabled = source != "count"
+            self.grad_accum.disabled = self.batch_by.value != "grad_accum"
+            self.train_batch.disabled = self.batch_by.value != "train_batch"
+            self.prefetch_bucket.disabled = self.max_live_parameters.disabled = stage != 3
+            for control, off in (
+                (self.hpz, 1),
+                (self.quantized_weights, False),
+                (self.quantized_gradients, False),
+            ):
+                control.disabled = stage != 3  # ZeRO++ is stage 3 only (kit.rules.zeropp_problem)
+                if stage != 3:
+                    control.value = off
+            self.allgather_bucket.disabled = stage not in (1, 2)
+
+    def _render(self) -> None:
+        from kit.lab.plots import estimated_memory
+
+        if self.error:
+            style = f"{ui.VERDICT_STYLE}color:{ui.RED}"
+            self.verdict.value = f"<div style='{style}'>{html.escape(self.error)}</div>"
+            self.summary.value = self.formulas.value = ""
+            self.plot.layout.display = "none"
+            return
+        est, setup = self.estimate, self.setup
+        c, b = setup.cluster, setup.batch
+        self.verdict.value = verdict_html(est)
+        ram = c.cpu_ram_per_node_bytes
+        others = [name for name, ok in est.fits.items() if ok and name != c.gpu]
+        facts = [
+            ("setting", f"<b>{html.escape(setup.label)}</b>"),
+            ("cluster", f"{c.nodes} x {c.gpus_per_node} {html.escape(c.gpu)}"),
+            (
+                "per GPU",
+                f"<b class='zk-per-gpu'>{est.per_gpu_bytes / GIB:,.2f} GiB</b> of {_gpu_gib(c.gpu):,.2f} GiB",
+            ),
+            ("model states", f"{est.model_states_bytes / GIB:,.2f} GiB per GPU"),
+            (
+                "CPU RAM per node",
+                f"{est.cpu_bytes_per_node / GIB:,.2f} GiB" + (f" of {ram / GIB:,.0f} GiB" if ram else ""),
+            ),
+            *(
+                [("NVMe per node", f"<span class='zk-nvme'>{est.nvme_bytes_per_node / GIB:,.2f} GiB</span>")]
+                if est.nvme_bytes_per_node
+                else []
+            ),
+            ("batch", f"{b.micro_batch} x {setup.dp} x {b.grad_accum} = {b.train_batch:,}"),
+            ("", "<span style='color:#666'>micro x GPUs x grad accum</span>"),
+        ]
+        also = html.escape(", ".join(others) or "no other GPU in the catalogue")
+        self.summary.value = ui.facts_html(facts) + (
+            "<div style='font-size:12px;color:#555;margin:6px 0 0 12px;max-width:300px'>"
+            f"also fits on: {also}</div>"
+        )
+        self.formulas.value = formula_table_html(est)
+        self.plot.value = ui.figure_png(estimated_memory([est]))
+        self.plot.layout.display = None
+
+    def _inputs(self) -> list[w.ValueWidget]:
+        return [
+            self.model_source,
+            self.preset,
+            self.config_path,
+            self.params,
+            self.largest_layer,
+            self.gpu,
+            self.nodes,
+            self.gpus_per_node,
+            self.stage,
+            self.offload_optimizer,
+            self.offload_param,
+            self.hpz,
+            self.quantized_weights,
+            self.quantized_gradients,
+            self.precision,
+            self.optimizer,
+            self.micro_batch,
+            self.batch_by,
+            self.grad_accum,
+            self.train_batch,
+            self.seq_len,
+            self.activation_checkpointing,
+            self.reduce_bucket,
+            self.allgather_bucket,
+            self.prefetch_bucket,
+            self.max_live_parameters,
+        ]
+
+    def _valid_setup(self) -> Setup:
+        if self.setup is None:
+            raise ValueError(self.error or "setup: the controls do not describe a valid Setup")
+        return self.setup
+
+    def _write_clicked(self) -> str:
+        path = self.write_config(self.config_file.value)
+        est, gpu = self.estimate, self.setup.cluster.gpu
+        if est.fits[gpu]:
+            return f"wrote {path} ({self.setup.label}: fits the {gpu})"
+        return f"wrote {path}, but warning: {html.unescape(ui.strip_tags(verdict_html(est)))}"
+
+    def _show_command(self) -> str:
+        self.command.value = self.launch_command()
+        self.command.layout.display = None
+        return "launch command below"
+
+    def _report(self, action) -> None:
+        try:
+            text = action()
+        except ui.ERRORS as error:
+            self.message.value = ui.colored(ui.one_line(error))
+        else:
+            self.message.value = ui.colored(text, ui.RED if "warning" in text else ui.GREEN)
+
+    @contextlib.contextmanager
+    def _holding(self) -> Iterator[None]:
+        """Set controls without each change triggering another update."""
+        quiet, self._quiet = self._quiet, True
+        try:
+            yield
+        finally:
+            self._quiet = quiet
+
+
+def memory_panel(setup: Setup | None = None) -> MemoryPanel:
+    """The memory panel, starting from ``setup`` (default: ``default_setup()``); display ``.widget``."""
+    return MemoryPanel(setup)
+
+
+def default_setup() -> Setup:
+    """A 7B-class preset on one node of 8 H100s, ZeRO-2 bf16, micro batch 1."""
+    from kit import models
+
+    names = models.preset_names()
+    name = next((n for n in names if "7b" in n.lower()), names[0])
+    return Setup(model=models.preset(name), batch={"micro_batch": 1})
+
+
+def verdict_html(est) -> str:
+    """One line: the estimate's verdict for its GPU (``Estimate.fits``, the node's CPU RAM included) and by
+    how much: GiB free or over on the GPU, and the CPU RAM per node when the cluster gives one."""
+    setup = est.setup
+    name, need = setup.cluster.gpu, est.per_gpu_bytes
+    capacity = _gpu_gib(name) * GIB
+    room = capacity - need
+    parts = [
+        f"{need / GIB:,.2f} GiB per GPU of the {html.escape(name)}'s {capacity / GIB:,.2f} GiB, "
+        + (
+            f"{room / GIB:,.2f} GiB free ({need / capacity:.0%} used)"
+            if room >= 0
+            else f"{-room / GIB:,.2f} GiB over ({need / capacity:.0%})"
+        )
+    ]
+    ram, cpu = setup.cluster.cpu_ram_per_node_bytes, est.cpu_bytes_per_node
+    if ram is not None:
+        over = f", {(cpu - ram) / GIB:,.2f} GiB over" if cpu > ram else ""
+        parts.append(f"CPU RAM per node {cpu / GIB:,.2f} GiB of {ram / GIB:,.2f} GiB{over}")
+    fits = est.fits[name]
+    text = ("&#10004; fits: " if fits else "&#10008; does not fit: ") + "; ".join(parts)
+    color = ui.GREEN if fits else ui.RED
+    return f"<div class='zk-verdict-line' style='{ui.VERDICT_STYLE}color:{color}'><b>{text}</b></div>"
+
+
+def formula_table_html(est) -> str:
+    """The estimate's components as a table: GiB, bytes with separators, and the formula behind each."""
+    rows = [[name.replace("_", " "), t.bytes / GIB, t.bytes, t.formula] for name, t in est.terms.items()]
+    rows.append(["total per GPU", est.per_gpu_bytes / GIB, est.per_gpu_bytes, "sum of the above"])
+    total_row = len(rows) - 1
+    rows.append(
+        ["CPU RAM per node", est.cpu_bytes_per_node / GIB, est.cpu_bytes_per_node, est.cpu_term.formula]
+    )
+    if est.nvme_bytes_per_node:
+        rows.append(
+            ["NVMe per node", est.nvme_bytes_per_node / GIB, est.nvme_bytes_per_node, est.nvme_term.formula]
+        )
+    return ui.table_html(
+        ["component", "GiB", "bytes", "formula"],
+        rows,
+        ["{}", "{:,.2f}", "{:,}", "{}"],
+        bold_rows=(total_row,),
+    )
+
+
+def _count(name: str, text: str) -> int:
+    try:
+        value = parse_count(text)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
+    if value < 1:
+        raise ValueError(f"{name}: must be a count >= 1, got {text.strip()}")
+    return value
+
+
+def _gpu_gib(name: str) -> float:
+    from kit.gpus import gpu
+
+    return gpu(name).memory_gib

@@ -1,0 +1,178 @@
+"""What the four panels share: controls laid out in columns, HTML tables and lines, figures as PNG.
+
+The forms are columns of one width (``CELL``) with every label ``DESCRIPTION_WIDTH`` wide; numbers carry
+units and separators; an invalid choice shows one line (``one_line``: ``kit.schema.one_line_error``'s) in red
+instead of a traceback. Nothing here knows a Setup: the panels (``memory_panel``, ``comparison_panel``,
+``plan_panel``, ``monitor_panel``) build them and call ``kit``.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import re
+from collections.abc import Sequence
+
+import ipywidgets as w
+from IPython.display import Image, clear_output, display
+from pydantic import ValidationError
+
+from kit.schema import one_line_error
+from kit.units import MIB
+
+#: the errors a panel shows as one line (an invalid Setup, a bad value, a file that is not there)
+ERRORS = (ValidationError, ValueError, OSError)
+#: bucket sliders span 1e4 .. 1e10 elements on a log scale (DeepSpeed's defaults are 5e7 .. 1e9).
+BUCKET_MIN_EXP, BUCKET_MAX_EXP = 4, 10
+#: room for the longest control label ("offload optimizer") so none is cut off; every label of a panel
+#: has this width, so that the labels line up in columns
+DESCRIPTION_WIDTH = "115px"
+#: the width of one control, its label included: the forms are columns of this width
+CELL = "265px"
+#: a slider's width: two to a row, with room for the track
+SLIDER = "400px"
+#: the verdict line: large enough to be read first
+VERDICT_STYLE = "font-size:1.25em;margin:6px 0;"
+#: the colours of a problem and of a success
+RED, GREEN = "#b00", "#1a7f37"
+
+
+def one_line(error: BaseException) -> str:
+    """The one line a panel shows for ``error`` (``kit.schema.one_line_error`` for a validation error)."""
+    if isinstance(error, ValidationError | ValueError):
+        return one_line_error(error)
+    if isinstance(error, OSError) and error.filename:
+        return f"config.json: {error.filename}: {error.strerror}"
+    return str(error).splitlines()[0]
+
+
+def colored(text: str, color: str = RED) -> str:
+    """``text`` escaped, in ``color`` (red: a problem)."""
+    return f"<span style='color:{color}'>{html.escape(text)}</span>"
+
+
+def table_html(
+    header: Sequence[str], rows: Sequence[Sequence], formats: Sequence[str], bold_rows: Sequence[int] = ()
+) -> str:
+    """A compact HTML table: numbers right-aligned in ``formats`` (missing ones as a dash), labels on one
+    line, only the last (free-text) column wrapping."""
+    cell_style = "padding:2px 7px;border-bottom:1px solid #e4e4e4;"
+    head = "".join(
+        f"<th style='{cell_style}text-align:{'left' if f == '{}' else 'right'};white-space:nowrap'>"
+        f"{html.escape(h)}</th>"
+        for h, f in zip(header, formats, strict=True)
+    )
+    body = []
+    for i, values in enumerate(rows):
+        cells = []
+        for j, (value, fmt) in enumerate(zip(values, formats, strict=True)):
+            text = "&ndash;" if _missing(value) else html.escape(fmt.format(value))
+            wrap = "normal" if j == len(values) - 1 and fmt == "{}" and j > 0 else "nowrap"
+            align = "left" if fmt == "{}" else "right"
+            weight = "font-weight:bold;" if i in bold_rows else ""
+            cells.append(f"<td style='{cell_style}{weight}text-align:{align};white-space:{wrap}'>{text}</td>")
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    return (
+        "<table class='zk-html-table' style='border-collapse:collapse;font-size:12px;"
+        "font-variant-numeric:tabular-nums;margin:4px 0'>"
+        f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+def facts_html(facts: list[tuple[str, str]]) -> str:
+    """Two columns of (name, HTML value) pairs, the names grey."""
+    rows = "".join(
+        f"<tr><td style='color:#666;padding:1px 10px 1px 0;white-space:nowrap;vertical-align:top'>{k}</td>"
+        f"<td style='padding:1px 0;white-space:nowrap'>{v}</td></tr>"
+        for k, v in facts
+    )
+    return f"<table style='font-size:13px;margin-left:12px'>{rows}</table>"
+
+
+def strip_tags(text: str) -> str:
+    """An HTML line as plain text (tags removed, entities kept)."""
+    return re.sub(r"<[^>]+>", "", text)
+
+
+def mib(nbytes: int | None) -> float | None:
+    """Bytes in MiB (None stays None: a table shows it as a dash)."""
+    return None if nbytes is None else nbytes / MIB
+
+
+def figure_png(fig, dpi: int = 100) -> bytes:
+    """``fig`` (a Figure outside pyplot's state) as PNG bytes, for an ``ipywidgets.Image``."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def show_figure(output: w.Output, fig, clear: bool = True) -> None:
+    """Show ``fig`` as a PNG in ``output``, whatever the notebook's matplotlib backend."""
+    with output:
+        if clear:
+            clear_output(wait=True)
+        display(Image(figure_png(fig, dpi=80)))
+
+
+def toggle(options, value, description: str, button_width: str) -> w.ToggleButtons:
+    """Toggle buttons with their label inline, as every other control's (ipywidgets puts it above)."""
+    buttons = w.ToggleButtons(
+        options=options,
+        value=value,
+        description=description,
+        style={"description_width": DESCRIPTION_WIDTH, "button_width": button_width},
+    )
+    buttons.add_class("widget-inline-hbox")
+    return buttons
+
+
+def button(description: str, icon: str, **options) -> w.Button:
+    """A button as wide as its label (ipywidgets' fixed width cuts long labels off)."""
+    return w.Button(
+        description=description, icon=icon, layout=w.Layout(width="auto", min_width="90px"), **options
+    )
+
+
+def bucket_slider(description: str, value: int) -> w.FloatLogSlider:
+    """A log slider of elements from 1e4 to 1e10 (``value`` clipped into that range)."""
+    value = min(max(value, 10**BUCKET_MIN_EXP), 10**BUCKET_MAX_EXP)
+    return w.FloatLogSlider(
+        value=value,
+        base=10,
+        min=BUCKET_MIN_EXP,
+        max=BUCKET_MAX_EXP,
+        step=0.1,
+        description=description,
+        readout_format=".3s",
+        continuous_update=False,
+    )
+
+
+def cell(control: w.Widget) -> w.Widget:
+    """``control`` one column wide (a slider wider), its label ``DESCRIPTION_WIDTH`` wide."""
+    control.style.description_width = DESCRIPTION_WIDTH
+    if isinstance(control, w.FloatLogSlider):
+        control.layout.width = SLIDER
+    elif not isinstance(control, w.ToggleButtons):
+        control.layout.width = CELL
+    return control
+
+
+def row(*controls: w.Widget) -> w.HBox:
+    """Controls side by side, wrapping onto the next line when the notebook is narrow."""
+    return w.HBox(
+        list(controls), layout=w.Layout(flex_flow="row wrap", align_items="center", grid_gap="4px 12px")
+    )
+
+
+def section(title: str) -> w.HTML:
+    """A small upper-case heading with a rule under it."""
+    return w.HTML(
+        f"<div style='margin:8px 0 2px;color:#555;font-size:11px;font-weight:bold;letter-spacing:.06em;"
+        f"text-transform:uppercase;border-bottom:1px solid #ddd'>{html.escape(title)}</div>",
+        layout=w.Layout(width="100%"),
+    )
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
