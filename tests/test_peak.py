@@ -98,3 +98,43 @@ def test_offloaded_states_are_not_device_bytes(sweep):
     # the offloaded fp32 master, exp_avg and exp_avg_sq are host RAM: the optimizer phase is lighter
     host = next(r for r in sweep.records if r["label"] == "z2 opt-off bf16 mb2")["measured_host"]
     assert offloaded["optimizer"] <= on_device["optimizer"] - host["optimizer_states"] + host["gradients"]
+
+
+def _tolerance(r: dict, phase: str) -> tuple[float, float]:
+    """(low, high) bounds on measured / predicted for one record's phase (see the comments)."""
+    from kit.estimate.peak import gloo_lingering, timeline
+
+    setup = Setup.model_validate(r["setup"])
+    z, predicted = setup.zero, r["estimate"]["phases"][phase]
+    if phase == "optimizer":
+        # gloo's collective copies live as long as Python keeps their work handle: a step's optimizer
+        # phase may still see the previous all-gather's copy or the reduce-scatter's clone (NCCL makes
+        # neither); the prediction leaves them out, the bound lets them in
+        return 0.97, 1.03 * (predicted + gloo_lingering(setup).bytes) / predicted
+    moment = timeline(setup, r["rank"], implementation="single", backend="gloo").moments[phase]
+    if moment == "in the last block's backward" and z.precision != "fp32":
+        # not modelled: in the last block's backward a 16-bit CPU run also holds one allocation of
+        # ~150 kB inside AddmmBackward's mm that the op alone does not make (fp32 runs match to 0.3 %)
+        return 0.97, 1.08
+    return 0.97, 1.03
+
+
+def test_predicted_peak_per_phase_matches_every_rank(sweep):
+    from kit.estimate import peak
+
+    assert peak.PHASES == PHASES
+    errors = []
+    for r in sweep.records:
+        if r["step"] < 1:  # step 0 creates Adam's states in its optimizer phase: not modelled
+            continue
+        measured, predicted = r["measured"]["phases"], r["estimate"]["phases"]
+        assert list(predicted) == list(PHASES)
+        assert r["estimate"]["peak_tensor_bytes"] == max(predicted.values())
+        for phase in PHASES:
+            low, high = _tolerance(r, phase)
+            ratio = measured[phase] / predicted[phase]
+            if not low <= ratio <= high:
+                errors.append(
+                    f"{r['label']} rank {r['rank']} {phase}: {measured[phase]:,} vs {predicted[phase]:,}"
+                )
+    assert not errors, errors

@@ -95,7 +95,17 @@ def render(result) -> str:
     ]
     for name, term in result.terms.items():
         lines.append(f"{name:18}{term.bytes / GIB:9.2f}  {term.formula}")
-    lines.append(f"{'total':18}{result.per_gpu_bytes / GIB:9.2f}")
+    lines.append(f"{'total':18}{result.per_gpu_bytes / GIB:9.2f}  every component at once (the fit uses it)")
+    if result.timeline:
+        lines += ["", f"{'peak per phase':18}{'GiB':>9}  formula (kit.estimate.peak)"]
+        formulas = result.timeline.formulas()
+        for phase, bytes_ in result.phases.items():
+            mark = " (peak)" if phase == result.peak_phase else ""
+            lines.append(f"{phase + mark:18}{bytes_ / GIB:9.2f}  {formulas[phase]}")
+        lines.append(
+            f"{'overhead':18}{result.peak_overhead.bytes / GIB:9.2f}  {result.peak_overhead.formula}"
+        )
+        lines.append(f"{'peak per GPU':18}{result.peak_per_gpu_bytes / GIB:9.2f}  the peak phase + overhead")
     if result.trace:
         t = result.trace
         lines.append(
