@@ -234,7 +234,7 @@ def test_peak_timeline_in_the_estimate_and_its_json():
 
 def test_peak_optimizer_temporaries_follow_the_torch_implementation():
     from kit.estimate import partition
-    from kit.estimate.peak import timeline
+    from kit.estimate.memory import peak_timeline as timeline
 
     s = setup_for(preset("llama-2-7b"), 3)
     sub = partition.partition_numel(s)  # one sub group (sub_group_size 1e9 > S)
@@ -247,7 +247,7 @@ def test_peak_optimizer_temporaries_follow_the_torch_implementation():
 
 def test_peak_checkpointing_and_buckets_move_the_phase_they_belong_to():
     from kit.estimate.activations import _head_activations
-    from kit.estimate.peak import timeline
+    from kit.estimate.memory import peak_timeline as timeline
 
     s = Setup(model=toy_spec(), cluster={"gpus_per_node": 2}, batch={"micro_batch": 2})
     ckpt = timeline(s.replace(zero={"activation_checkpointing": True}))

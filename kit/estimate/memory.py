@@ -99,7 +99,7 @@ def estimate(setup: Setup, formula: Formula = "deepspeed", trace: bool = False) 
     side = _trace_beside(setup) if trace or act.formula.startswith("traced") else None
     cpu = _cpu_per_node(setup, host)
     disk = nvme.nvme_bytes_per_node(setup, states["nvme"]) if "nvme" in states else NONE
-    line = peak.timeline(setup, partition.worst_rank(setup), activations=act)
+    line = peak.timeline(setup, partition.worst_rank(setup), device, act)
     return Estimate(
         setup,
         "deepspeed",
@@ -112,6 +112,21 @@ def estimate(setup: Setup, formula: Formula = "deepspeed", trace: bool = False) 
         timeline=line,
         peak_overhead=gpu_overheads(setup, line.peak_tensor_bytes),
     )
+
+
+def peak_timeline(
+    setup: Setup,
+    rank: int = 0,
+    *,
+    implementation: peak.Implementation = "fused",
+    backend: peak.Backend = "nccl",
+    activations: Term | None = None,
+) -> peak.Timeline:
+    """``kit.estimate.peak.timeline`` of rank ``rank`` with its device states (and the estimate's
+    activations when given, else the formula's or the trace's)."""
+    device = _faithful_states(setup, rank)["device"]
+    act = activations if activations is not None else _activations(setup)
+    return peak.timeline(setup, rank, device, act, implementation=implementation, backend=backend)
 
 
 def gpu_overheads(setup: Setup, allocated: int) -> Term:

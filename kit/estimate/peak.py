@@ -30,8 +30,9 @@ takes the largest of a few moments, each a sum of ``Term``s by category (``CATEG
 ``backend="gloo"`` (the CPU accelerator) adds the copies gloo's collectives make where NCCL writes in
 place: the all-gather of the updated 16-bit partitions (16-bit Psi, stages 1-2) and of a persistent
 stage-3 tensor (the largest), at the moment they are made. Those copies (and gloo's reduce-scatter's
-clone of its input) are freed when Python drops the collective's work handle, so a later optimizer
-phase may still see them: ``gloo_lingering`` sizes them; they are not in the prediction.
+clone of its input) are freed when Python drops the collective's work handle, so a later phase (the
+optimizer step, the next micro-step's or step's forward) may still see them: ``gloo_lingering`` sizes
+them; they are not in the prediction.
 
 What it cannot see: the temporaries inside an op (kernels' workspaces), the head's loss for models
 without a language-model head (a formula family's head only), the backward working set of a model
@@ -93,21 +94,20 @@ class Timeline:
 
 def timeline(
     setup: Setup,
-    rank: int = 0,
+    rank: int,
+    device: dict[str, Term],
+    activations: Term,
     *,
     implementation: Implementation = "fused",
     backend: Backend = "nccl",
-    activations: Term | None = None,
 ) -> Timeline:
-    """The predicted peak per phase of a step (from the second on) of rank ``rank`` of ``setup``.
+    """The predicted peak per phase of a step (from the second on) of rank ``rank`` of ``setup``, from
+    the states it holds on the device (``device``, ``kit.estimate.memory``'s) and its saved activations.
 
     ``implementation``: the torch optimizer's path (``"fused"`` for DeepSpeed's FusedAdam; the kit's runs
     use ``torch_adam``: ``"foreach"`` on CUDA, ``"single"`` on CPU); ``backend``: the collectives' (see the
-    module's doc); ``activations``: the estimate's activations Term when it has one (else the formula's)."""
-    from kit.estimate.memory import _activations, _faithful_states
-
-    device = _faithful_states(setup, rank)["device"]
-    act = activations if activations is not None else _activations(setup)
+    module's doc). ``kit.estimate.memory.peak_timeline`` fills in the states."""
+    act = activations
     shape = _Shape(setup, act)
     resident = _resident(setup, device)
     forward = {**resident, "activations": shape.forward, "temporaries": shape.loss + shape.batch}
@@ -351,17 +351,23 @@ def _optimizer(setup, device, resident, implementation, backend) -> dict[str, di
 
 
 def gloo_lingering(setup: Setup) -> Term:
-    """Copies gloo's collectives make that live as long as Python keeps their work handle (so an
-    optimizer phase may or may not see them): the all-gather of the updated 16-bit flat partitions
-    (stages 1-2), the reduce-scatter's clone of the last gradient bucket and the all-gather of the
-    largest persistent tensor (stage 3). Not part of the prediction (NCCL makes neither)."""
+    """Copies gloo's collectives make that live as long as Python keeps their work handle, so that a
+    later phase (the optimizer step, the next micro-step's or step's forward) may or may not still see
+    them: stages 1-2, the all-gather of the updated 16-bit flat partitions and the reduction of one
+    gradient bucket; stage 3, the reduce-scatter's clone of the last bucket and the all-gather of the
+    largest persistent tensor. Not part of the prediction (NCCL makes none of them)."""
     z = setup.zero
     if z.engine != "deepspeed" or z.stage == 0:
         return NONE
     p, psi, n = element_bytes(z.precision), setup.model.params, setup.dp
     if z.stage in (1, 2):
         flat = partition.partition_numel(setup) * n
-        return Term(p * flat, f"{p} B x {flat:,} (gloo's all-gather copy of the updated partitions)")
+        bucket = min(z.reduce_bucket_size, flat)
+        return Term(
+            p * (flat + bucket),
+            f"{p} B x ({flat:,} + {bucket:,}) (gloo's all-gather copy of the updated partitions, its "
+            "reduction's copy of a gradient bucket)",
+        )
     last = psi % z.reduce_bucket_size or min(psi, z.reduce_bucket_size)
     persistent = [t for t in partition.numels(setup) if t <= z.param_persistence_threshold]
     largest = -(-max(persistent) // n) * n if persistent else 0

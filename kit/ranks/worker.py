@@ -194,11 +194,11 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
 def _peak(setup, rank: int, whole_gpu) -> dict:
     """The predicted peak per phase of this rank's step (``kit.estimate.peak``): the runner steps
     ``torch_adam`` (torch's single-tensor path on CPU, foreach on CUDA) over gloo or NCCL."""
-    from kit.estimate import peak
+    from kit.estimate.memory import peak_timeline
     from kit.ranks import measure
 
     cpu = measure.on_cpu()
-    line = peak.timeline(
+    line = peak_timeline(
         setup,
         rank,
         implementation="single" if cpu else "foreach",
