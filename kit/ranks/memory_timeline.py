@@ -151,8 +151,9 @@ def replay(result, known: dict[int, int], host: set[int]) -> dict[str, int]:
         if size > 0:
             if ptr in host or any(start <= t <= end for start, end in host_windows):
                 continue  # a host buffer, or allocated by host-side work
+            # an address still live was freed unseen (a free the profiler missed): the new storage replaces it
+            level += size - live.get(ptr, 0)
             live[ptr] = size
-            level += size
         else:
             level -= live.pop(ptr, 0)
         for start, end, name in phases:
