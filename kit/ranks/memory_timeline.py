@@ -18,7 +18,8 @@ a ``host_side()`` block (the wrapped torch optimizer's step on offloaded states)
 more than a step of a small model, so on CPU it runs only when asked (``zerokit run --memory-timeline``).
 
 What it cannot see: on CPU, a storage allocated before any profiling and freed during the window (the
-CPU allocator does not report such a free, so that storage still counts after it), non-tensor
+CPU allocator does not report such a free, so that storage still counts after it), and one freed on a
+thread the profiler does not record (gloo's: a collective's copy) until its address is reused, non-tensor
 allocations the profiler does not record, and the caching allocator's fragmentation (a GPU's reserved
 bytes); on CUDA, allocations made outside PyTorch's allocator (NCCL's buffers, the CUDA context).
 """
