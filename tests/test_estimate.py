@@ -214,3 +214,50 @@ def test_stage1_with_grad_accum_holds_full_gradients():
 def test_unknown_formula_is_rejected():
     with pytest.raises(ValueError, match="formula: must be one of deepspeed, zero-paper"):
         estimate(setup_for(preset("gpt2")), formula="guess")
+
+
+def test_peak_timeline_in_the_estimate_and_its_json():
+    from kit.estimate.memory import ALLOCATOR_FRAGMENTATION, CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
+    from kit.estimate.peak import PHASES
+
+    e = estimate(setup_for(preset("llama-2-7b"), 3))
+    data = e.to_dict()
+    assert list(data["phases"]) == list(PHASES)
+    assert data["peak_tensor_bytes"] == max(data["phases"].values()) == data["phases"][data["peak_phase"]]
+    overhead = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES + int(e.peak_tensor_bytes * ALLOCATOR_FRAGMENTATION)
+    assert data["peak_per_gpu_bytes"] == e.peak_tensor_bytes + overhead
+    assert data["per_gpu_bytes"] == sum(e.components.values())  # the component list keeps its meaning
+    assert all(data["formulas"][f"phase.{p}"] for p in PHASES)
+    paper = estimate(setup_for(preset("llama-2-7b"), 3), formula="zero-paper").to_dict()
+    assert paper["peak_tensor_bytes"] is None and paper["phases"] is None
+
+
+def test_peak_optimizer_temporaries_follow_the_torch_implementation():
+    from kit.estimate import partition
+    from kit.estimate.memory import peak_timeline as timeline
+
+    s = setup_for(preset("llama-2-7b"), 3)
+    sub = partition.partition_numel(s)  # one sub group (sub_group_size 1e9 > S)
+    fused, foreach, single = (
+        timeline(s, implementation=i).totals["optimizer"] for i in ("fused", "foreach", "single")
+    )
+    assert foreach - fused == 4 * sub  # _foreach_sqrt: one fp32 copy of the sub group
+    assert single - fused == 2 * 4 * sub  # sqrt and its quotient of the one flat tensor
+
+
+def test_peak_checkpointing_and_buckets_move_the_phase_they_belong_to():
+    from kit.estimate.activations import _head_activations
+    from kit.estimate.memory import peak_timeline as timeline
+
+    s = Setup(model=toy_spec(), cluster={"gpus_per_node": 2}, batch={"micro_batch": 2})
+    ckpt = timeline(s.replace(zero={"activation_checkpointing": True}))
+    m, b = s.model, s.batch
+    # bf16: in forward only the blocks' inputs (2 B x s b h each) and the head's saved tensors are live;
+    # the block recomputed in backward is not
+    inputs = m.layers * 2 * b.seq_len * b.micro_batch * m.hidden
+    assert ckpt.phases["forward"]["activations"].bytes == inputs + _head_activations(s, 1).bytes
+    # stage 2: overlap_comm's second ipg bucket is live in the last block's backward, not in forward
+    one, two = timeline(s), timeline(s.replace(zero={"overlap_comm": True}))
+    assert one.moments["backward"] == "in the last block's backward"
+    assert two.totals["backward"] - one.totals["backward"] == 2 * s.zero.reduce_bucket_size
+    assert two.totals["forward"] == one.totals["forward"]

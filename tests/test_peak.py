@@ -98,3 +98,66 @@ def test_offloaded_states_are_not_device_bytes(sweep):
     # the offloaded fp32 master, exp_avg and exp_avg_sq are host RAM: the optimizer phase is lighter
     host = next(r for r in sweep.records if r["label"] == "z2 opt-off bf16 mb2")["measured_host"]
     assert offloaded["optimizer"] <= on_device["optimizer"] - host["optimizer_states"] + host["gradients"]
+
+
+def _tolerance(r: dict, phase: str) -> tuple[float, float]:
+    """(low, high) bounds on measured / predicted for one record's phase (see the comments)."""
+    from kit.estimate.memory import peak_timeline
+    from kit.estimate.peak import gloo_lingering
+
+    setup = Setup.model_validate(r["setup"])
+    predicted = r["estimate"]["phases"][phase]
+    high = 1.03
+    moment = peak_timeline(setup, r["rank"], implementation="single", backend="gloo").moments[phase]
+    if moment == "in the last block's backward" and setup.zero.precision != "fp32":
+        # not modelled: a CPU kernel's scratch. In the last block's backward the weight gradient's bf16
+        # mm (x^T of 256 x 128 by 128 x 64) allocates 148,608 B inside aten::mm besides its output (the
+        # same mm alone does so too; in fp32 it allocates none, and fp32 runs match to 0.3 %)
+        high = 1.08
+    # a copy one of gloo's collectives made and freed on its own thread goes on counting in the CPU
+    # measurement (the profiler sees no free), in some launches and ranks, not in others: the
+    # prediction leaves them out (NCCL makes none), the upper bound lets them in. Where none lingers
+    # the phases match within 0.8 % (the kernel scratch above aside).
+    return 0.97, high * (predicted + gloo_lingering(setup).bytes) / predicted
+
+
+def test_predicted_peak_per_phase_matches_every_rank(sweep):
+    from kit.estimate import peak
+
+    assert peak.PHASES == PHASES
+    errors = []
+    for r in sweep.records:
+        if r["step"] < 1:  # step 0 creates Adam's states in its optimizer phase: not modelled
+            continue
+        measured, predicted = r["measured"]["phases"], r["estimate"]["phases"]
+        assert list(predicted) == list(PHASES)
+        assert r["estimate"]["peak_tensor_bytes"] == max(predicted.values())
+        for phase in PHASES:
+            low, high = _tolerance(r, phase)
+            ratio = measured[phase] / predicted[phase]
+            if not low <= ratio <= high:
+                errors.append(
+                    f"{r['label']} rank {r['rank']} {phase}: {measured[phase]:,} vs {predicted[phase]:,}"
+                )
+    assert not errors, errors
+
+
+def test_peak_timeline_plot_stacks_the_prediction_beside_the_measurement(sweep):
+    from kit.estimate.memory import peak_timeline
+    from kit.estimate.peak import CATEGORIES
+    from kit.lab import plots
+
+    r = next(r for r in sweep.records if r["label"] == "z3 bf16 mb2" and r["rank"] == 0 and r["step"] == 1)
+    line = peak_timeline(Setup.model_validate(r["setup"]), 0, implementation="single", backend="gloo")
+    assert line.totals == r["estimate"]["phases"]
+    ax = plots.peak_timeline(line, r["measured"]["phases"]).axes[0]
+    drawn = [c for c in CATEGORIES if any(t.bytes for t in (line.phases[p][c] for p in PHASES))]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == [c.replace("_", " ") for c in CATEGORIES] + ["measured"]
+    measured = [b.get_height() for b in ax.patches[-len(PHASES) :]]
+    assert measured == pytest.approx([r["measured"]["phases"][p] / 2**20 for p in PHASES])
+    stacked = [sum(b.get_height() for b in ax.patches[i : -len(PHASES) : len(PHASES)]) for i in range(3)]
+    assert stacked == pytest.approx([line.totals[p] / 2**20 for p in PHASES])
+    assert drawn and [t.get_text() for t in ax.get_xticklabels()] == list(PHASES)
+    bold = [t.get_text() for t in ax.get_xticklabels() if t.get_fontweight() == "bold"]
+    assert bold == [line.peak_phase] == ["backward"]

@@ -95,7 +95,24 @@ def render(result) -> str:
     ]
     for name, term in result.terms.items():
         lines.append(f"{name:18}{term.bytes / GIB:9.2f}  {term.formula}")
-    lines.append(f"{'total':18}{result.per_gpu_bytes / GIB:9.2f}")
+    lines.append(f"{'total':18}{result.per_gpu_bytes / GIB:9.2f}  every component at once (the fit uses it)")
+    if result.timeline:
+        lines += [
+            "",
+            f"{'peak per phase':18}{'GiB':>9}  what is live at its peak, GiB (--json: every formula)",
+        ]
+        line = result.timeline
+        for phase, terms in line.phases.items():
+            mark = " (peak)" if phase == result.peak_phase else ""
+            parts = [f"{k.replace('_', ' ')} {t.bytes / GIB:.2f}" for k, t in terms.items() if t.bytes]
+            extra = terms["temporaries"]
+            how = f" ({extra.formula})" if extra.bytes else ""
+            live = f"{line.moments[phase]}: {' + '.join(parts)}{how}"
+            lines.append(f"{phase + mark:18}{line.totals[phase] / GIB:9.2f}  {live}")
+        lines.append(
+            f"{'overhead':18}{result.peak_overhead.bytes / GIB:9.2f}  {result.peak_overhead.formula}"
+        )
+        lines.append(f"{'peak per GPU':18}{result.peak_per_gpu_bytes / GIB:9.2f}  the peak phase + overhead")
     if result.trace:
         t = result.trace
         lines.append(

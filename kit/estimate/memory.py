@@ -35,7 +35,7 @@ import math
 from typing import Literal
 
 from kit.components import HELD
-from kit.estimate import baselines, nvme, partition
+from kit.estimate import baselines, nvme, partition, peak
 from kit.estimate.activations import activations
 from kit.estimate.paper import zero_paper
 from kit.estimate.result import NONE, Estimate, Term, total
@@ -95,18 +95,50 @@ def estimate(setup: Setup, formula: Formula = "deepspeed", trace: bool = False) 
         "activations": act,
         "buffers": device["buffers"] + transient.pop("buffers", None),
     }
-    allocated = sum(t.bytes for t in terms.values())
+    terms["overhead"] = gpu_overheads(setup, sum(t.bytes for t in terms.values()))
+    side = _trace_beside(setup) if trace or act.formula.startswith("traced") else None
+    cpu = _cpu_per_node(setup, host)
+    disk = nvme.nvme_bytes_per_node(setup, states["nvme"]) if "nvme" in states else NONE
+    line = peak.timeline(setup, partition.worst_rank(setup), device, act)
+    return Estimate(
+        setup,
+        "deepspeed",
+        terms,
+        host,
+        cpu,
+        _notes(setup),
+        side,
+        nvme_term=disk,
+        timeline=line,
+        peak_overhead=gpu_overheads(setup, line.peak_tensor_bytes),
+    )
+
+
+def peak_timeline(
+    setup: Setup,
+    rank: int = 0,
+    *,
+    implementation: peak.Implementation = "fused",
+    backend: peak.Backend = "nccl",
+    activations: Term | None = None,
+) -> peak.Timeline:
+    """``kit.estimate.peak.timeline`` of rank ``rank`` with its device states (and the estimate's
+    activations when given, else the formula's or the trace's)."""
+    device = _faithful_states(setup, rank)["device"]
+    act = activations if activations is not None else _activations(setup)
+    return peak.timeline(setup, rank, device, act, implementation=implementation, backend=backend)
+
+
+def gpu_overheads(setup: Setup, allocated: int) -> Term:
+    """What a GPU holds beside the tensors: the CUDA context, NCCL's buffers (more than one rank) and
+    the caching allocator's slack on ``allocated`` bytes."""
     slack = int(allocated * ALLOCATOR_FRAGMENTATION)
     nccl = NCCL_BUFFER_BYTES if setup.dp > 1 else 0
-    terms["overhead"] = Term(
+    return Term(
         CUDA_CONTEXT_BYTES + nccl + slack,
         f"CUDA context {gib(CUDA_CONTEXT_BYTES)} + NCCL buffers {gib(nccl)} + allocator slack "
         f"{ALLOCATOR_FRAGMENTATION:.0%} x {gib(allocated)} = {gib(CUDA_CONTEXT_BYTES + nccl + slack)}",
     )
-    side = _trace_beside(setup) if trace or act.formula.startswith("traced") else None
-    cpu = _cpu_per_node(setup, host)
-    disk = nvme.nvme_bytes_per_node(setup, states["nvme"]) if "nvme" in states else NONE
-    return Estimate(setup, "deepspeed", terms, host, cpu, _notes(setup), side, nvme_term=disk)
 
 
 def _activations(setup: Setup) -> Term:

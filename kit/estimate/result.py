@@ -54,6 +54,10 @@ class Estimate:
     trace: Any = None
     #: ZeRO-Infinity: bytes of swap files on one node's NVMe drives (``kit.estimate.nvme``)
     nvme_term: Term = NONE
+    #: the predicted peak per phase of a step (``kit.estimate.peak.Timeline``; None for the paper's formula)
+    timeline: Any = None
+    #: the GPU-only overheads beside the tensors: CUDA context, NCCL buffers, allocator slack on the peak
+    peak_overhead: Term = NONE
 
     @property
     def components(self) -> dict[str, int]:
@@ -69,6 +73,9 @@ class Estimate:
         out = {k: t.formula for k, t in self.terms.items()}
         out.update({f"host.{k}": t.formula for k, t in self.host_terms.items() if t.bytes})
         out["cpu_per_node"] = self.cpu_term.formula
+        if self.timeline:
+            out.update({f"phase.{k}": v for k, v in self.timeline.formulas().items()})
+            out["peak_overhead"] = self.peak_overhead.formula
         if self.nvme_term.bytes:
             out["nvme_per_node"] = self.nvme_term.formula
         return out
@@ -76,6 +83,26 @@ class Estimate:
     @property
     def per_gpu_bytes(self) -> int:
         return sum(self.components.values())
+
+    @property
+    def peak_tensor_bytes(self) -> int | None:
+        """The largest phase's live device-tensor bytes (``kit.estimate.peak``)."""
+        return self.timeline.peak_tensor_bytes if self.timeline else None
+
+    @property
+    def peak_phase(self) -> str | None:
+        return self.timeline.peak_phase if self.timeline else None
+
+    @property
+    def phases(self) -> dict[str, int] | None:
+        """``{phase: bytes}``, the peak of each phase of a step."""
+        return self.timeline.totals if self.timeline else None
+
+    @property
+    def peak_per_gpu_bytes(self) -> int | None:
+        """The timeline's peak plus the GPU-only overheads; ``per_gpu_bytes`` (the components' sum, an
+        upper bound: every buffer live at once) stays what the fit rule and the plan use."""
+        return self.timeline.peak_tensor_bytes + self.peak_overhead.bytes if self.timeline else None
 
     @property
     def model_states_bytes(self) -> int:
@@ -112,6 +139,10 @@ class Estimate:
             "params": s.model.params,
             "largest_layer_params": s.model.largest_layer_params,
             "per_gpu_bytes": self.per_gpu_bytes,
+            "peak_tensor_bytes": self.peak_tensor_bytes,
+            "peak_phase": self.peak_phase,
+            "phases": self.phases,
+            "peak_per_gpu_bytes": self.peak_per_gpu_bytes,
             "model_states_bytes": self.model_states_bytes,
             "components": self.components,
             "host_bytes_per_rank": self.host,

@@ -265,3 +265,43 @@ def heartbeats(snapshot) -> Figure:
         ax.set_xlabel("seconds since the first heartbeat")
     memory_ax.legend(fontsize="x-small")
     return fig
+
+
+def peak_timeline(timeline, measured: dict[str, int] | None = None, title: str = "") -> Figure:
+    """The predicted peak of each phase of a step (``kit.estimate.peak.Timeline``, e.g. an
+    ``Estimate.timeline``), stacked by category, with the measured peak of each phase beside it
+    (``measured``: a record's ``measured.phases``, {phase: bytes}); the peak phase's label in bold."""
+    from kit.estimate.peak import CATEGORIES
+
+    colors = {**COLORS, "temporaries": "#CCB974"}
+    totals = timeline.totals
+    unit, name = (GIB, "GiB") if max(totals.values()) >= GIB else (MIB, "MiB")
+    phases = list(timeline.phases)
+    width = 0.38 if measured else 0.6
+    shift = width / 2 if measured else 0.0
+    x = [i - shift for i in range(len(phases))]
+    fig = Figure(figsize=(7.5, 4), layout="constrained")
+    ax = fig.subplots()
+    series = {c: [timeline.phases[p][c].bytes / unit for p in phases] for c in CATEGORIES}
+    _stack(ax, x, series, colors=colors, width=width)
+    tops = [totals[p] / unit for p in phases]
+    for xi, top in zip(x, tops, strict=True):
+        ax.annotate(
+            f"{top:,.2f}", (xi, top), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=8
+        )
+    if measured:
+        got = [measured[p] / unit for p in phases]
+        bars = ax.bar([i + shift for i in range(len(phases))], got, width=width, color="white",
+                      edgecolor="black", hatch="//", label="measured")  # fmt: skip
+        ax.bar_label(bars, fmt="{:,.2f}", fontsize=8, padding=2)
+        tops += got
+    ax.set_xticks(range(len(phases)), phases)
+    for label in ax.get_xticklabels():
+        if label.get_text() == timeline.peak_phase:
+            label.set_fontweight("bold")
+    ax.set_ylabel(f"{name} live on the GPU")
+    peak = timeline.peak_phase
+    ax.set_title(title or f"peak per phase of a step: {peak} ({totals[peak] / unit:,.2f} {name})")
+    _headroom(ax, tops, 1.15)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return fig

@@ -18,7 +18,8 @@ a ``host_side()`` block (the wrapped torch optimizer's step on offloaded states)
 more than a step of a small model, so on CPU it runs only when asked (``zerokit run --memory-timeline``).
 
 What it cannot see: on CPU, a storage allocated before any profiling and freed during the window (the
-CPU allocator does not report such a free, so that storage still counts after it), non-tensor
+CPU allocator does not report such a free, so that storage still counts after it), and one freed on a
+thread the profiler does not record (gloo's: a collective's copy) until its address is reused, non-tensor
 allocations the profiler does not record, and the caching allocator's fragmentation (a GPU's reserved
 bytes); on CUDA, allocations made outside PyTorch's allocator (NCCL's buffers, the CUDA context).
 """
@@ -151,8 +152,9 @@ def replay(result, known: dict[int, int], host: set[int]) -> dict[str, int]:
         if size > 0:
             if ptr in host or any(start <= t <= end for start, end in host_windows):
                 continue  # a host buffer, or allocated by host-side work
+            # an address still live was freed unseen (a free the profiler missed): the new storage replaces it
+            level += size - live.get(ptr, 0)
             live[ptr] = size
-            level += size
         else:
             level -= live.pop(ptr, 0)
         for start, end, name in phases:

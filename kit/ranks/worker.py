@@ -175,6 +175,8 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
                 record["measured"].update(memory.result())
             record["measured_host"] = held["host"]
             record["estimate"] = {**resident["device"], "activations": whole_gpu.components["activations"]}
+            if memory is not None:  # the timeline this rank's run follows: torch_adam, its backend
+                record["estimate"].update(_peak(now, rank, whole_gpu))
             record["estimate_host"] = resident["host"]
             if setup.zero.nvme:  # ZeRO-Infinity: the swap files under nvme_path, after the step
                 record["measured_nvme"] = nvme_files.swap_file_bytes(setup.zero.nvme_path, rank)
@@ -187,6 +189,23 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
         _beat(spec, base, eng, step=step, samples_per_s=record["samples_per_s"], loss=loss)
         if rank == 0:
             emit({"event": "step", **_progress(record)})
+
+
+def _peak(setup, rank: int, whole_gpu) -> dict:
+    """The predicted peak per phase of this rank's step (``kit.estimate.peak``): the runner steps
+    ``torch_adam`` (torch's single-tensor path on CPU, foreach on CUDA) over gloo or NCCL."""
+    from kit.estimate.memory import peak_timeline
+    from kit.ranks import measure
+
+    cpu = measure.on_cpu()
+    line = peak_timeline(
+        setup,
+        rank,
+        implementation="single" if cpu else "foreach",
+        backend="gloo" if cpu else "nccl",
+        activations=whole_gpu.terms["activations"],
+    )
+    return {"peak_tensor_bytes": line.peak_tensor_bytes, "phases": line.totals}
 
 
 def _most(before: dict, after: dict) -> dict:

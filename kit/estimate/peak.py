@@ -1,0 +1,387 @@
+"""The peak of device-tensor bytes in each phase of a training step, predicted from the code paths.
+
+A step's phases are those ``kit.ranks.memory_timeline`` measures: ``forward`` (the micro batch, the
+forward and the loss), ``backward`` and ``optimizer`` (``engine.step()``). In each phase the model
+takes the largest of a few moments, each a sum of ``Term``s by category (``CATEGORIES``):
+
+- **forward**, at the loss: the resident states, the activations saved so far (with checkpointing the
+  blocks' inputs, not the block recomputed in backward), the 16-bit logits and their fp32 upcast
+  (Hugging Face's loss calls ``logits.float()``; the log-softmax output is a saved activation), the
+  micro batch's token ids; at stage 3 the parameters gathered in flight (``kit.rules.stage3_gathered``
+  over the tensors it releases).
+- **backward**, (a) at the loss's backward: every saved activation, plus the fp32 gradients of the
+  logits ``nll_loss_backward`` and ``log_softmax_backward`` make (4 B x b s v each); (b) in the last
+  block's backward: the gradient bucket stages 1-2 allocate at the first gradient hook
+  (``stage_1_and_2.py``: ``reduce_bucket_size`` elements, two with ``overlap_comm``), the blocks' saved
+  activations (the head's are freed), a tied embedding's gradient from the head (autograd holds it until
+  the embedding's own use adds to it) and the block's backward working set (the MLP's down-projection:
+  its input gradient b s f, its weight gradient f h, the incoming gradient b s h); (c) at its end: the
+  gradients of this rank (and the bucket).
+- **optimizer**: stages 1-2 flatten this rank's gradient partition into an fp32 copy (4 B x P) and
+  step the torch optimizer on it; stage 3 first partitions its persistent parameters
+  (``_partition_all_parameters``: their full copies are freed, regathered after the update) and steps
+  one sub group with its fp32 gradient; stage 0's ``BF16_Optimizer`` keeps the 16-bit gradients and
+  their fp32 copy (4 B x Psi). The optimizer's temporaries follow torch's ``adam.py``: the single-tensor
+  path (a CPU tensor's default) allocates ``exp_avg_sq.sqrt()`` and its quotient, 2 x 4 B x the largest
+  tensor it steps; ``_multi_tensor_adam`` (foreach, CUDA's default for ``torch_adam``) one
+  ``_foreach_sqrt`` copy of every tensor, 4 B x their sum; fused kernels (DeepSpeed's FusedAdam, what a
+  ds_config without ``torch_adam`` gets on CUDA) none.
+
+``backend="gloo"`` (the CPU accelerator) adds the copies gloo's collectives make where NCCL writes in
+place: the all-gather of the updated 16-bit partitions (16-bit Psi, stages 1-2) and of a persistent
+stage-3 tensor (the largest), at the moment they are made. Those copies (and gloo's reduce-scatter's
+clone of its input) may be freed on one of gloo's threads, where the CPU profiler does not see the
+free, so a later phase of a CPU measurement (the optimizer step, the next micro-step's or step's
+forward) may go on counting them: ``gloo_lingering`` sizes them; they are not in the prediction.
+
+What it cannot see: the temporaries inside an op (kernels' workspaces: on CPU a bf16 ``mm`` of a
+transposed input allocates a scratch beside its output, 148,608 B for the toy's 256 x 128 by 128 x
+64), the head's loss for models without a language-model head (a formula family's head only), the
+backward working set of a model traced rather than given by a formula (its largest layer's gradient
+stands for it), step 0 (Adam's states are created during its optimizer phase: the model is of step 1
+on), NCCL's own buffers and the caching allocator's slack (``kit.estimate.memory`` adds both as
+overheads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kit.estimate import partition
+from kit.estimate.activations import FORMULA_FAMILIES, _head_activations, formula
+from kit.estimate.result import NONE, Term
+from kit.rules import DS_SUB_GROUP_SIZE, FP32, element_bytes, optimizer_states, stage3_gathered
+from kit.schema import Setup
+
+#: the phases of a step, in order (``kit.ranks.memory_timeline.PHASES``)
+PHASES = ("forward", "backward", "optimizer")
+#: what each byte of a phase is (the plot's stack)
+CATEGORIES = ("parameters", "gradients", "optimizer_states", "buffers", "activations", "temporaries")
+#: the torch optimizer's implementation: its temporaries
+Implementation = Literal["fused", "foreach", "single"]
+Backend = Literal["nccl", "gloo"]
+#: int64 token ids of the micro batch
+TOKEN_ID_BYTES = 8
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Per phase, the terms live at its peak moment, by category; ``moments`` says which moment."""
+
+    phases: dict[str, dict[str, Term]]
+    moments: dict[str, str]
+
+    @property
+    def totals(self) -> dict[str, int]:
+        return {name: sum(t.bytes for t in terms.values()) for name, terms in self.phases.items()}
+
+    @property
+    def peak_tensor_bytes(self) -> int:
+        return max(self.totals.values())
+
+    @property
+    def peak_phase(self) -> str:
+        totals = self.totals
+        return max(PHASES, key=totals.__getitem__)
+
+    def formulas(self) -> dict[str, str]:
+        """One line per phase: the moment and its terms."""
+        return {
+            name: f"{self.moments[name]}: "
+            + " + ".join(f"{k} [{t.formula}]" for k, t in terms.items() if t.bytes)
+            for name, terms in self.phases.items()
+        }
+
+
+def timeline(
+    setup: Setup,
+    rank: int,
+    device: dict[str, Term],
+    activations: Term,
+    *,
+    implementation: Implementation = "fused",
+    backend: Backend = "nccl",
+) -> Timeline:
+    """The predicted peak per phase of a step (from the second on) of rank ``rank`` of ``setup``, from
+    the states it holds on the device (``device``, ``kit.estimate.memory``'s) and its saved activations.
+
+    ``implementation``: the torch optimizer's path (``"fused"`` for DeepSpeed's FusedAdam; the kit's runs
+    use ``torch_adam``: ``"foreach"`` on CUDA, ``"single"`` on CPU); ``backend``: the collectives' (see the
+    module's doc). ``kit.estimate.memory.peak_timeline`` fills in the states."""
+    act = activations
+    shape = _Shape(setup, act)
+    resident = _resident(setup, device)
+    forward = {**resident, "activations": shape.forward, "temporaries": shape.loss + shape.batch}
+    moments = {"forward": "at the loss"}
+    gathered = _gathered(setup)
+    if gathered.bytes:
+        forward["buffers"] += gathered
+    backward_at_loss = {
+        **resident,
+        "activations": shape.forward,
+        "temporaries": shape.loss_grads + shape.batch,
+    }
+    backward_at_loss["buffers"] += gathered
+    block = {
+        **resident,
+        "buffers": resident["buffers"] + _bucket(setup) + gathered,
+        "activations": shape.blocks,
+        "temporaries": shape.tied + shape.block_backward + shape.batch,
+    }
+    end = {**resident, "buffers": resident["buffers"] + _bucket(setup)}
+    end["gradients"] = _end_gradients(setup, device, resident["gradients"])
+    candidates = {"at the loss's backward": backward_at_loss, "in the last block's backward": block}
+    candidates["at its end"] = end
+    moments["backward"], backward = _largest(candidates)
+    moments["optimizer"], optimizer = _largest(_optimizer(setup, device, resident, implementation, backend))
+    for terms in (forward, backward, optimizer):
+        terms.update({k: terms.get(k, NONE) for k in CATEGORIES if k not in terms})
+    phases = {
+        name: {k: terms[k] for k in CATEGORIES}
+        for name, terms in zip(PHASES, (forward, backward, optimizer), strict=True)
+    }
+    return Timeline(phases, moments)
+
+
+def _largest(candidates: dict[str, dict[str, Term]]) -> tuple[str, dict[str, Term]]:
+    name = max(candidates, key=lambda k: sum(t.bytes for t in candidates[k].values()))
+    return name, dict(candidates[name])
+
+
+class _Shape:
+    """The activation-shaped terms of one micro-step."""
+
+    def __init__(self, setup: Setup, act: Term) -> None:
+        m, b = setup.model, setup.batch
+        p = element_bytes(setup.zero.precision)
+        lm = (
+            m.family in FORMULA_FAMILIES
+            and m.is_transformer
+            and not m.source
+            and m.vocab
+            and m.family != "dit"
+        )
+        tokens = b.micro_batch * b.seq_len
+        logits = tokens * (m.vocab or 0) if lm else 0
+        upcast = FP32 * logits if p != FP32 else 0
+        self.loss = (
+            Term(
+                p * logits + upcast,
+                f"logits {p} B x b s v" + (" + their fp32 upcast 4 B x b s v" if upcast else ""),
+            )
+            if logits
+            else NONE
+        )
+        self.loss_grads = (
+            Term(
+                2 * FP32 * logits, "nll_loss and log_softmax backward: 2 x 4 B x b s v (fp32 logit gradients)"
+            )
+            if logits
+            else NONE
+        )
+        self.batch = Term(TOKEN_ID_BYTES * tokens, "token ids 8 B x b s") if m.vocab else NONE
+        formulaic = m.family in FORMULA_FAMILIES and m.is_transformer and not m.source
+        if formulaic:
+            scale = p // 2
+            head = _head_activations(setup, scale)
+            full = formula(
+                setup.model_copy(
+                    update={"zero": setup.zero.model_copy(update={"activation_checkpointing": False})}
+                )
+            )
+            per_layer = (full.bytes - head.bytes) // m.layers
+            recomputed = per_layer if setup.zero.activation_checkpointing else 0
+            self.forward = Term(
+                act.bytes - recomputed,
+                act.formula + (" - one layer recomputed in backward only" if recomputed else ""),
+            )
+            self.blocks = Term(act.bytes - head.bytes, f"{act.formula} - the head's {head.bytes:,} B (freed)")
+            s, h, f = b.seq_len, m.hidden, m.ffn or 4 * m.hidden
+            mb = b.micro_batch
+            self.block_backward = Term(
+                p * (s * mb * f + f * h + s * mb * h),
+                f"{p} B x (b s f + f h + b s h): the MLP down-projection's input and weight gradients and "
+                "the incoming one",
+            )
+            tied = m.vocab * h if m.tied_embeddings and m.vocab else 0
+            self.tied = (
+                Term(p * tied, f"{p} B x v h (the tied embedding's gradient from the head)") if tied else NONE
+            )
+        else:
+            largest = setup.model.largest_layer_params
+            self.forward = self.blocks = act
+            self.block_backward = Term(p * largest, f"{p} B x largest layer (its gradient)")
+            self.tied = NONE
+
+
+def _resident(setup: Setup, device: dict[str, Term]) -> dict[str, Term]:
+    """The states held between steps (and between micro-steps): stages 0-2 free the gradients after the
+    step (``zero_grad(set_to_none=True)``), except across micro-steps of gradient accumulation."""
+    z = setup.zero
+    out = {k: device[k] for k in ("parameters", "optimizer_states", "buffers")}
+    held = z.engine == "deepspeed" and z.stage == 3
+    if held or setup.batch.grad_accum > 1:
+        grads = device["gradients"]
+        if z.engine == "deepspeed" and z.stage in (0, 1) and setup.batch.grad_accum > 1:
+            p, psi = element_bytes(z.precision), setup.model.params
+            grads = Term(p * psi, f"{p} B x Psi (full gradients accumulated across micro-steps)")
+        out["gradients"] = grads if held else Term(grads.bytes, f"{grads.formula}, held across micro-steps")
+    else:
+        out["gradients"] = NONE
+    return out
+
+
+def _end_gradients(setup: Setup, device: dict[str, Term], held: Term) -> Term:
+    if setup.zero.engine == "deepspeed" and setup.zero.stage == 3:
+        return held
+    return device["gradients"]
+
+
+def _bucket(setup: Setup) -> Term:
+    """Stages 1-2: the ipg bucket(s) allocated at the first gradient hook, freed after backward; DDP's
+    and FSDP's staging (``kit.estimate.baselines.transient``)."""
+    from kit.estimate import baselines
+
+    z = setup.zero
+    if z.engine != "deepspeed":
+        return baselines.transient(setup).get("buffers", NONE)
+    if z.stage not in (1, 2) or not z.contiguous_gradients:
+        return NONE
+    p, count = element_bytes(z.precision), 2 if z.overlap else 1
+    return Term(
+        count * p * z.reduce_bucket_size,
+        f"{count} x {p} B x reduce_bucket_size {z.reduce_bucket_size:,} (ipg bucket)",
+    )
+
+
+def _gathered(setup: Setup) -> Term:
+    """Stage 3: parameters gathered in flight, of the tensors it releases (persistent ones are resident)."""
+    z = setup.zero
+    if z.engine != "deepspeed" or z.stage != 3:
+        return NONE
+    released = [t for t in partition.numels(setup) if t > z.param_persistence_threshold]
+    if not released:
+        return NONE
+    p = element_bytes(z.precision)
+    n = stage3_gathered(sum(released), max(released), z.prefetch_bucket_size, z.max_live_parameters)
+    return Term(p * n, f"{p} B x {n:,} gathered (largest released tensor + prefetch, capped by max_live)")
+
+
+def _temporaries(setup: Setup, tensors: list[int], implementation: Implementation) -> Term:
+    """The torch optimizer's own allocations stepping fp32 tensors of ``tensors`` elements."""
+    z = setup.zero
+    if not optimizer_states(z.optimizer, z.momentum) or z.optimizer == "sgd" or implementation == "fused":
+        return NONE
+    if implementation == "foreach":
+        n = sum(tensors)
+        return Term(FP32 * n, f"_foreach_sqrt: 4 B x {n:,} (every tensor)")
+    n = max(tensors)
+    return Term(2 * FP32 * n, f"sqrt and its quotient: 2 x 4 B x {n:,} (the largest tensor)")
+
+
+def _optimizer(setup, device, resident, implementation, backend) -> dict[str, dict[str, Term]]:
+    z, psi = setup.zero, setup.model.params
+    p = element_bytes(z.precision)
+    gloo = backend == "gloo"
+    base = dict(resident)
+    if z.engine != "deepspeed":
+        tensors = list(partition.numels(setup))
+        return {
+            "during the update": {
+                **base,
+                "gradients": device["gradients"],
+                "temporaries": _temporaries(setup, tensors, implementation),
+            }
+        }
+    if z.stage == 0:
+        tensors = list(partition.numels(setup))
+        grads = device["gradients"]
+        if p != FP32:  # BF16_Optimizer / FP16: an fp32 copy of every gradient
+            grads += Term(FP32 * psi, "4 B x Psi (fp32 gradient copies)")
+        return {
+            "during the update": {
+                **base,
+                "gradients": grads,
+                "temporaries": _temporaries(setup, tensors, implementation),
+            }
+        }
+    if z.stage in (1, 2):
+        part = partition.partition_numel(setup)
+        out = {}
+        if z.offload_optimizer == "none":
+            out["during the update"] = {
+                **base,
+                "gradients": Term(FP32 * part, f"4 B x P (fp32 gradient partition, P = {part:,})"),
+                "temporaries": _temporaries(setup, [part], implementation),
+            }
+        else:
+            out["during the update"] = base
+        if gloo:
+            flat = part * setup.dp
+            out["at the all-gather"] = {
+                **base,
+                "temporaries": Term(p * flat, f"{p} B x padded Psi (gloo's all-gather copy)"),
+            }
+        return out
+    # stage 3
+    numels = partition.numels(setup)
+    persistent = [t for t in numels if t <= z.param_persistence_threshold]
+    whole = p * sum(-(-t // setup.dp) * setup.dp for t in persistent)
+    out = {}
+    if z.offload_optimizer == "none":
+        sub = min(partition.partition_numel(setup), DS_SUB_GROUP_SIZE)
+        params = Term(
+            base["parameters"].bytes - whole,
+            f"{base['parameters'].formula} - persistent tensors partitioned for the step",
+        )
+        out["during the update"] = {
+            **base,
+            "parameters": params,
+            "gradients": base["gradients"] + Term(FP32 * sub, f"4 B x {sub:,} (a sub group's fp32 gradient)"),
+            "temporaries": _temporaries(setup, [sub], implementation),
+        }
+    else:
+        out["during the update"] = base
+    if gloo and persistent:
+        largest = -(-max(persistent) // setup.dp) * setup.dp
+        out["at the persistent all-gather"] = {
+            **base,
+            "temporaries": Term(p * largest, f"{p} B x {largest:,} (gloo's all-gather copy)"),
+        }
+    return out
+
+
+def gloo_lingering(setup: Setup) -> Term:
+    """Copies gloo's collectives make that a CPU measurement may go on counting after they are freed
+    (when the last reference goes on one of gloo's threads, the profiler does not see the free), so a
+    later phase may or may not include them: stage 0, the all-reduce's flat gradient bucket; stages
+    1-2, the all-gather of the updated 16-bit flat partitions and the reduction of one gradient bucket;
+    stage 3, the reduce-scatter's clone of the last bucket and the all-gather of the largest persistent
+    tensor. Not part of the prediction (NCCL makes none of them)."""
+    z = setup.zero
+    if z.engine != "deepspeed":
+        return NONE
+    if z.stage == 0:
+        p, bucket = element_bytes(z.precision), min(setup.model.params, z.reduce_bucket_size)
+        return Term(p * bucket, f"{p} B x {bucket:,} (the all-reduce's flat gradient bucket)")
+    p, psi, n = element_bytes(z.precision), setup.model.params, setup.dp
+    if z.stage in (1, 2):
+        flat = partition.partition_numel(setup) * n
+        bucket = min(z.reduce_bucket_size, flat)
+        return Term(
+            p * (flat + bucket),
+            f"{p} B x ({flat:,} + {bucket:,}) (gloo's all-gather copy of the updated partitions, its "
+            "reduction's copy of a gradient bucket)",
+        )
+    last = psi % z.reduce_bucket_size or min(psi, z.reduce_bucket_size)
+    persistent = [t for t in partition.numels(setup) if t <= z.param_persistence_threshold]
+    largest = -(-max(persistent) // n) * n if persistent else 0
+    return Term(
+        p * (last + largest),
+        f"{p} B x ({last:,} + {largest:,}) (gloo's reduce-scatter clone of the last bucket, the all-gather "
+        "copy of the largest persistent tensor)",
+    )
+
+
+__all__ = ["CATEGORIES", "PHASES", "Timeline", "gloo_lingering", "timeline"]
