@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 #: stdout prefix of the worker's event lines
@@ -42,10 +43,24 @@ def load_records(path: str | os.PathLike) -> list[dict]:
 
 
 def emit(event: dict) -> None:
-    """Print one event line (rank 0)."""
-    print(EVENT + json.dumps(event, default=str), flush=True)
+    """Print one event line (rank 0) with a single write: the ranks share one pipe and run with
+    ``PYTHONUNBUFFERED``, under which ``print`` writes the text and its newline apart, so another rank's
+    output could land between them."""
+    sys.stdout.write(EVENT + json.dumps(event, default=str) + "\n")
+    sys.stdout.flush()
 
 
 def parse_event(line: str) -> dict | None:
-    """The event of an output line, or None for any other line."""
-    return json.loads(line[len(EVENT) :]) if line.startswith(EVENT) else None
+    """The event of an output line, or None for any other line. The event may stand after another
+    rank's unfinished output on the same line, and be followed by more of it."""
+    start = line.find(EVENT)
+    if start < 0:
+        return None
+    try:
+        event, _ = _DECODER.raw_decode(line, start + len(EVENT))
+    except json.JSONDecodeError:
+        return None  # the marker inside some other text
+    return event if isinstance(event, dict) and "event" in event else None
+
+
+_DECODER = json.JSONDecoder()
