@@ -199,6 +199,12 @@ def commtest_two_nodes(tmp_path_factory) -> dict:
     return {"returncode": done.returncode, "json": out, "stderr": done.stderr, "plot": plot}
 
 
+def pytest_collection_modifyitems(items: list) -> None:
+    """The NVMe runs last: they wait for DeepSpeed's async_io op, which ``make test`` builds meanwhile
+    (tests/build_async_io.py); the order of every other test is kept."""
+    items.sort(key=lambda item: "nvme_sweep" in item.fixturenames)
+
+
 def _modules_using(request, fixture: str) -> list:
     """The modules of the selected tests that take ``fixture``, in collection order."""
     modules = []
