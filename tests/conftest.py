@@ -1,4 +1,5 @@
-"""Shared launches: one real 2-rank sweep for every test module that declares configurations.
+"""Shared launches: one real 2-rank sweep, one 2-node x 2-rank session and one commtest for every test
+module that needs them.
 
 A module that needs real 2-rank records declares them as ``TWO_RANK_SETUPS`` (a list of Setups, or a
 function of a session folder returning one) and, for test-only faults, ``TWO_RANK_FAULTS`` (index in
@@ -12,6 +13,12 @@ Setup declared twice runs once.
 around a launch (a panel's Run button, ``zerokit run``'s resume, ``tune``'s ranking): every parent-side
 step of ``run_sweep`` runs, and the launch appends the records this session's real launch measured for
 the same configurations, at the steps asked for.
+
+``local_nodes_run`` does for 2 simulated nodes x 2 ranks (``kit.run.local_nodes``) what ``two_rank_sweep``
+does on one node: one launch over the ``LOCAL_NODE_SETUPS`` the selected tests' modules declare.
+``commtest_two_nodes`` is one correct ``zerokit commtest --hostfile`` run on 2 simulated nodes x 2 ranks,
+read by every test of a correct commtest (the collectives' checks, rank mapping, bandwidth, plot, the
+per-node report); tests of a failure (a wrong, late or missing rank) launch their own.
 """
 
 from __future__ import annotations
@@ -79,13 +86,9 @@ def _declared(module, base: Path) -> tuple[list[Setup], dict[int, str]]:
 @pytest.fixture(scope="session")
 def two_rank_sweep(request, tmp_path_factory) -> TwoRankSweep:
     """One launch (two with a "die" fault) over the configurations of every selected module."""
-    modules = []
-    for item in request.session.items:
-        if "two_rank_sweep" in item.fixturenames and item.module not in modules:
-            modules.append(item.module)
     base = tmp_path_factory.getbasetemp()
     first, last, faults = [], [], {}
-    for module in modules:
+    for module in _modules_using(request, "two_rank_sweep"):
         setups, module_faults = _declared(module, base)
         for i, setup in enumerate(setups):
             fault = module_faults.get(i)
@@ -130,3 +133,83 @@ def replay_launches(monkeypatch, two_rank_sweep) -> list[list[str]]:
 def _emit(on_event: Callable[[dict], None] | None, event: dict) -> None:
     if on_event is not None:
         on_event(event)
+
+
+# --- simulated nodes: one 2 x 2 local-node launch ---------------------------------------------------------
+
+#: the local-node session's measured steps and warm-up (each module's steps fit inside them)
+NODE_STEPS, NODE_WARMUP = 2, 1
+
+
+class LocalNodesRun:
+    """The records of the shared 2-node x 2-rank launch (``kit.run.local_nodes``), by configuration."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows = rows
+
+    def of(self, setups: list[Setup], steps: tuple[int, ...] | None = None) -> list[dict]:
+        """The records of ``setups`` at ``steps`` (default: every measured step)."""
+        measured = tuple(range(NODE_WARMUP, NODE_WARMUP + NODE_STEPS))
+        if steps is not None and not set(steps) <= set(measured):
+            raise ValueError(f"steps: the local-node session measured steps {measured}")
+        ids = {runner.config_id(s) for s in setups}
+        return [r for r in self.rows if r["config_id"] in ids and r["step"] in (steps or measured)]
+
+
+@pytest.fixture(scope="session")
+def local_nodes_run(request, tmp_path_factory) -> LocalNodesRun:
+    """One launch on 2 simulated nodes over the ``LOCAL_NODE_SETUPS`` of every selected module (all of
+    one cluster shape), keyed by ``config_id``."""
+    from kit.run.local_nodes import run_setups_on_local_nodes
+
+    union: dict[str, Setup] = {}
+    for module in _modules_using(request, "local_nodes_run"):
+        for setup in module.LOCAL_NODE_SETUPS:
+            union.setdefault(runner.config_id(setup), setup)
+    folder = tmp_path_factory.mktemp("local-nodes")
+    rows = run_setups_on_local_nodes(
+        list(union.values()), folder, steps=NODE_STEPS, warmup=NODE_WARMUP, timeout_s=600
+    )
+    return LocalNodesRun(rows)
+
+
+# --- commtest: one correct launch on 2 simulated nodes x 2 ranks, through the CLI ------------------------
+
+#: message sizes of the shared commtest (small enough for CPU ranks; two, so each line has two points)
+COMMTEST_SIZES = (8192, 1 << 20)
+
+
+@pytest.fixture(scope="session")
+def commtest_two_nodes(tmp_path_factory) -> dict:
+    """``zerokit commtest --hostfile H --plot P --json`` on two simulated nodes (``localhost`` and
+    ``127.0.0.1``, 2 slots each: world size 4): its exit status, JSON, output tails and the plot's path."""
+    import json
+    import subprocess
+    import sys
+
+    from kit.scaleout.hostfile import make_hosts, write_hostfile
+
+    folder = tmp_path_factory.mktemp("commtest")
+    hostfile = write_hostfile(make_hosts(["localhost", "127.0.0.1"], 2), folder / "hostfile")
+    plot = folder / "bw.png"
+    argv = [sys.executable, "-m", "kit", "commtest", "--hostfile", str(hostfile), "--iters", "2"]
+    argv += ["--sizes", *map(str, COMMTEST_SIZES), "--plot", str(plot), "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    out = json.loads(done.stdout) if done.stdout.startswith("{") else None
+    why = f"{done.stdout[-1500:]}\n{done.stderr[-1500:]}"  # what an assertion on the exit status shows
+    return {"returncode": done.returncode, "json": out, "output": why, "plot": plot}
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """The NVMe runs last: they wait for DeepSpeed's async_io op, which ``make test`` builds meanwhile
+    (tests/build_async_io.py); the order of every other test is kept."""
+    items.sort(key=lambda item: "nvme_sweep" in item.fixturenames)
+
+
+def _modules_using(request, fixture: str) -> list:
+    """The modules of the selected tests that take ``fixture``, in collection order."""
+    modules = []
+    for item in request.session.items:
+        if fixture in item.fixturenames and item.module not in modules:
+            modules.append(item.module)
+    return modules

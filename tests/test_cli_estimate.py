@@ -1,5 +1,6 @@
 """`zerokit estimate` / `plan`: one JSON object with --json, exit 2 with one stderr line on bad input."""
 
+import csv
 import json
 import subprocess
 import sys
@@ -7,8 +8,16 @@ import sys
 import pytest
 
 from kit.cli import main
+from kit.estimate import estimate, plan
 from kit.estimate.checkpoint_size import checkpoint_bytes
+from kit.paths import DATA
 from kit.schema import Setup
+
+
+def _gpus() -> dict[str, dict]:
+    """data/gpus.csv's rows by name, read here (not through kit.gpus)."""
+    with open(DATA / "gpus.csv", newline="") as f:
+        return {row["name"]: row for row in csv.DictReader(f)}
 
 
 def run_cli(capsys, *argv):
@@ -24,17 +33,22 @@ def test_estimate_json_contract(capsys):
     )  # fmt: skip
     assert code == 0 and err == ""
     data = json.loads(out)
-    for key in (
-        "params",
-        "largest_layer_params",
-        "per_gpu_bytes",
-        "model_states_bytes",
-        "cpu_bytes_per_node",
-    ):
-        assert isinstance(data[key], int)
-    assert set(data["components"]) == {
-        "parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead"
-    }  # fmt: skip
+    psi, dp = 6_738_415_616, 8  # Llama-2-7B's parameters, over 8 data-parallel ranks
+    norms = 2 * 32 + 1  # its RMSNorm weights (4,096 each): below the persistence threshold, kept whole
+    assert (data["params"], data["largest_layer_params"]) == (psi, 32_000 * 4096)  # the embedding is largest
+    assert data["components"] == {
+        "parameters": 2 * (psi // dp + norms * 4096),  # bf16 partition + the norms whole
+        "gradients": 2 * psi // dp,  # bf16, partitioned
+        "optimizer_states": 12 * psi // dp,  # fp32 master weights + Adam's 2 moments, partitioned
+        "activations": data["components"]["activations"],
+        "buffers": data["components"]["buffers"],
+        "overhead": data["components"]["overhead"],
+    }
+    assert data["model_states_bytes"] == 16 * psi // dp + 2 * norms * 4096
+    # 8 ranks x (2 GiB process + zero.Init's construction of the largest layer in fp32)
+    assert data["cpu_bytes_per_node"] == 8 * (2 * 2**30 + 4 * 32_000 * 4096)
+    assert data["nvme_bytes_per_node"] == 0 and set(data["host_bytes_per_rank"].values()) == {0}
+    assert data == json.loads(json.dumps(estimate(Setup.model_validate(data["setup"])).to_dict()))
     assert data["per_gpu_bytes"] == sum(data["components"].values())
     assert data["setup"]["batch"] == {
         "micro_batch": 1,
@@ -44,7 +58,13 @@ def test_estimate_json_contract(capsys):
         "schedule": [],
         "max_tokens": None,
     }
-    assert data["params"] == 6_738_415_616 and data["fits"]["H100-SXM-80GB"] is True
+    # fits: the bytes within each GPU's memory in data/gpus.csv, which must compute in bf16
+    assert data["fits"] == {
+        name: data["per_gpu_bytes"] <= float(row["memory_gib"]) * 2**30
+        and float(row["bf16_dense_tflops"]) > 0
+        for name, row in _gpus().items()
+    }
+    assert data["fits"]["H100-SXM-80GB"] and not data["fits"]["A100-SXM-40GB"]
     setup = Setup.model_validate(data["setup"])
     assert data["checkpoint_bytes"] == checkpoint_bytes(setup)["total_bytes"]
 
@@ -102,7 +122,15 @@ def test_plan_lists_smallest_cluster_and_batches(capsys):
     assert [b["micro_batch"] for b in data["batch_options"]] == [8, 4, 2, 1]
     stage3 = next(r for r in data["smallest_cluster"] if r["variant"].startswith("z3 bf16"))
     assert stage3["gpus"] == 2  # one A100-80GB is too small for ZeRO-3 without offload; two suffice
-    assert data["train_batch"] == 64 and data["evaluated"] > 1000 and data["fitting"] > 0
+    assert data["train_batch"] == 64 and data["evaluated"] > 1000
+    # fitting: the rows of the planner's own table for the same search that fit, by the fit rule applied
+    # here to its per-GPU bytes: the capacity less the 10 % headroom, and bf16 (no V100)
+    setup = Setup.model_validate(data["setup"])
+    table = plan.search(setup, train_batch=64).table
+    assert data["evaluated"] == len(table) and data["headroom"] == plan.DEFAULT_HEADROOM == 0.1
+    bf16 = {name: float(row["bf16_dense_tflops"]) > 0 for name, row in _gpus().items()}
+    rule = (table.per_gpu_gib <= table.capacity_gib * 0.9) & table.gpu.map(bf16)
+    assert (table.fits == rule).all() and 0 < data["fitting"] == int(rule.sum()) < len(table)
     cheapest = data["setups"]
     assert len(cheapest) == 10 and [r["cost_usd"] for r in cheapest] == sorted(
         r["cost_usd"] for r in cheapest

@@ -14,6 +14,15 @@ def fixture(name: str) -> str:
     return (FIXTURES / name).read_text()
 
 
+def _sysfs(root: Path, ca: str, state: str, gid: str) -> Path:
+    port = root / ca / "ports" / "1"
+    (port / "gids").mkdir(parents=True)
+    (port / "state").write_text(state + "\n")
+    (port / "link_layer").write_text("InfiniBand\n")
+    (port / "gids" / "0").write_text(gid + "\n")
+    return root
+
+
 def test_parse_ip_addr_reads_state_link_type_and_ipv4():
     found = {
         i.name: (i.up, i.link_type, i.ipv4)
@@ -37,12 +46,7 @@ def test_parse_ibstat_ports():
 
 
 def test_sysfs_ports_match_ibstat(tmp_path):
-    for ca, state, gid in (("mlx5_0", "4: ACTIVE", "fe80:0000:0000:0000:0c42:a103:00c0:ffee"),):
-        port = tmp_path / ca / "ports" / "1"
-        (port / "gids").mkdir(parents=True)
-        (port / "state").write_text(state + "\n")
-        (port / "link_layer").write_text("InfiniBand\n")
-        (port / "gids" / "0").write_text(gid + "\n")
+    _sysfs(tmp_path, "mlx5_0", "4: ACTIVE", "fe80:0000:0000:0000:0c42:a103:00c0:ffee")
     assert interfaces.read_sys_infiniband(tmp_path) == [
         interfaces.IbPort("mlx5_0", 1, "Active", "InfiniBand", "0c42a10300c0ffee")
     ]
@@ -81,7 +85,82 @@ def test_bridges_and_loopback_are_never_chosen(name):
     assert interfaces.VIRTUAL.match(name)
 
 
-def test_doctor_names_the_interface_on_this_machine():
+def _tools(monkeypatch, outputs: dict[str, str]):
+    """The doctor's external tools print the fixture ``outputs[argv[0]]`` (absent: not installed)."""
+    found = {tool: (0, fixture(name)) for tool, name in outputs.items()}
+    monkeypatch.setattr(doctor, "run_tool", lambda argv, timeout_s=5.0: found.get(argv[0]))
+
+
+IB_DETAIL = (
+    "NCCL_SOCKET_IFNAME=ib0, MASTER_ADDR=203.0.113.21, NCCL_IB_HCA=mlx5_0:1: IP over InfiniBand on mlx5_0 "
+    "port 1 (Active, GUID 0x0c42a10300c0ffee): bootstrap and data on the fabric; NCCL_IB_HCA=mlx5_0:1 lists "
+    "the active adapters"
+)
+
+
+def test_doctor_on_an_infiniband_node_from_ibstat_or_sysfs(monkeypatch, tmp_path):
+    _tools(monkeypatch, {"ip": "infiniband_ip_addr.json", "ibstat": "infiniband_ibstat.txt"})
+    expected = doctor.Check("nccl interface", "ok", IB_DETAIL, "zerokit launch-cmd --interface ib0")
+    assert doctor.check_interface() == expected
+    # without ibstat, the ports come from sysfs: the same verdict
+    root = _sysfs(tmp_path, "mlx5_0", "4: ACTIVE", "fe80:0000:0000:0000:0c42:a103:00c0:ffee")
+    _sysfs(root, "mlx5_1", "1: DOWN", "fe80:0000:0000:0000:0c42:a103:00c0:ffef")
+    read = interfaces.read_sys_infiniband
+    monkeypatch.setattr(interfaces, "read_sys_infiniband", lambda: read(root))
+    _tools(monkeypatch, {"ip": "infiniband_ip_addr.json"})
+    assert doctor.check_interface() == expected
+    # no active port: the IPoIB interface is not preferred; two real interfaces up: the exclusion form
+    monkeypatch.setattr(interfaces, "read_sys_infiniband", lambda: [])
     check = doctor.check_interface()
-    assert check.name == "nccl interface" and check.status == "ok"
-    assert check.detail.startswith("NCCL_SOCKET_IFNAME=")
+    assert check.status == "ok" and check.fix == ""
+    assert check.detail.startswith("NCCL_SOCKET_IFNAME=^docker0,lo, MASTER_ADDR=198.51.100.21: 2 interfaces")
+
+
+def test_doctor_on_efa_ethernet_docker_and_without_ip(monkeypatch):
+    _tools(monkeypatch, {"ip": "efa_ip_addr.json", "fi_info": "efa_fi_info.txt"})
+    assert doctor.check_interface() == doctor.Check(
+        "nccl interface",
+        "ok",
+        "NCCL_SOCKET_IFNAME=ens32, MASTER_ADDR=203.0.113.11: EFA carries the data (libfabric); this is the "
+        "instance's IP interface",
+        "zerokit launch-cmd --interface ens32",
+    )
+    _tools(monkeypatch, {"ip": "ethernet_ip_addr.json"})
+    assert doctor.check_interface() == doctor.Check(
+        "nccl interface",
+        "ok",
+        "NCCL_SOCKET_IFNAME=eth0, MASTER_ADDR=192.0.2.10: the only interface that is up with IPv4, besides "
+        "loopback and container bridges",
+        "zerokit launch-cmd --interface eth0",
+    )
+    _tools(monkeypatch, {"ip": "docker_ip_addr.json"})
+    check = doctor.check_interface()
+    assert check.detail.startswith("NCCL_SOCKET_IFNAME=^docker0,lo,br-5e8d1c2a7f10,veth3f2a1b0, MASTER_ADDR=")
+    assert check.fix == ""  # an exclusion list is no --interface value
+    _tools(monkeypatch, {})
+    assert doctor.check_interface() == doctor.Check(
+        "nccl interface", "info", "ip -j addr unavailable", "install iproute2 to see the interfaces"
+    )
+
+
+def test_doctor_on_this_machine_names_one_of_its_own_addresses():
+    """Whatever this machine is: the address named is one of its interfaces' (psutil, not ``ip``)."""
+    import socket
+
+    import psutil
+
+    check = doctor.check_interface()
+    if check.status == "info":  # no iproute2 here
+        assert check.detail == "ip -j addr unavailable"
+        return
+    values = dict(part.split("=", 1) for part in check.detail.split(": ", 1)[0].split(", "))
+    addresses = {
+        name: {a.address for a in found if a.family == socket.AF_INET}
+        for name, found in psutil.net_if_addrs().items()
+    }
+    ifname = values["NCCL_SOCKET_IFNAME"]
+    if ifname.startswith("^"):
+        excluded = set(ifname[1:].split(","))
+        assert any(values["MASTER_ADDR"] in a for n, a in addresses.items() if n not in excluded)
+    else:
+        assert values["MASTER_ADDR"] in addresses[ifname]

@@ -17,11 +17,17 @@ from kit.lab.memory_panel import memory_panel
 from kit.lab.teach import zeropp_table
 from kit.rules import DS_PERSISTENCE_THRESHOLD
 from kit.run import launcher, sweep
+from kit.run.local_nodes import hpz_toy_setups, run_setups_on_local_nodes
 from kit.schema import Setup, one_line_error
 
 LLAMA = models.preset("llama-2-7b")
 TWO_NODES = {"nodes": 2, "gpus_per_node": 8}
 ALL_THREE = {"hpz_partition_size": 8, "quantized_weights": True, "quantized_gradients": True}
+#: measured on 2 simulated nodes x 2 (tests/conftest.py's shared session): stage 3, stage 3 + hpZ (persistence
+#: threshold 1,000, no prefetch, no reuse), and hpZ with optimizer and parameters offloaded to CPU
+HPZ_RUNS = list(hpz_toy_setups().values())
+HPZ_RUNS.append(HPZ_RUNS[1].replace(zero={"offload_optimizer": "cpu", "offload_param": "cpu"}))
+LOCAL_NODE_SETUPS = HPZ_RUNS
 
 
 def llama(nodes: int = 2, **zero) -> Setup:
@@ -261,8 +267,8 @@ def test_memory_panel_zeropp_controls():
 
 
 @pytest.mark.distributed
-def test_hpz_measured_on_two_simulated_nodes(tmp_path):
-    """Stage 3 and stage 3 + hpZ=2 on 4 CPU ranks as 2 nodes x 2 (one launch for all configurations).
+def test_hpz_measured_on_two_simulated_nodes(local_nodes_run):
+    """Stage 3 and stage 3 + hpZ=2 on 4 CPU ranks as 2 nodes x 2 (the shared local-node launch), step 1.
 
     Asserted: (1) every rank's measured model-state bytes equal ``rank_states`` exactly, so the
     secondary partition is what the estimate says (a third configuration offloads optimizer and
@@ -274,12 +280,8 @@ def test_hpz_measured_on_two_simulated_nodes(tmp_path):
     other all-gathers run inside the node, and the cross-node bytes on the wire fall, as
     ``perf.collectives`` predicts.
     """
-    from kit.run.local_nodes import hpz_toy_setups, run_setups_on_local_nodes
-
-    spec = models.toy_spec()
-    setups = list(hpz_toy_setups().values())  # persistence threshold 1,000, no prefetch, no reuse
-    setups.append(setups[1].replace(zero={"offload_optimizer": "cpu", "offload_param": "cpu"}))
-    rows = run_setups_on_local_nodes(setups, tmp_path / "zeropp", steps=1, warmup=1)
+    spec, setups = models.toy_spec(), HPZ_RUNS
+    rows = local_nodes_run.of(setups, steps=(1,))
     labels = {"z3 bf16 mb1", "z3 hpz2 bf16 mb1", "z3 opt-off param-off hpz2 bf16 mb1"}
     assert {(r["label"], r["status"]) for r in rows} == {(label, "ok") for label in labels}
     by = {(r["label"], r["rank"]): r for r in rows}
@@ -309,8 +311,6 @@ def test_hpz_measured_on_two_simulated_nodes(tmp_path):
 
 
 def test_local_nodes_refuses_before_launch(tmp_path, monkeypatch):
-    from kit.run.local_nodes import hpz_toy_setups, run_setups_on_local_nodes
-
     toys = hpz_toy_setups()
     with pytest.raises(ValueError, match=r"^cluster.nodes: must be >= 2 for a multi-node rehearsal, got 1$"):
         run_setups_on_local_nodes([toys["ZeRO-3"].replace(cluster={"nodes": 1})], tmp_path)

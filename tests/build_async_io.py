@@ -1,0 +1,34 @@
+"""DeepSpeed's async_io op (NVMe offload's reads and writes) JIT-built ahead of tests/test_nvme.py.
+
+``make test`` starts this in the background at ``nice 10`` while lint and the other tests run (the build is
+about 320 CPU-seconds of g++ on 2 cores); the NVMe run's ranks then load the built op, or wait on torch's
+build lock until this build ends. It builds in the ranks' environment (``worker_env``: the venv's ninja
+first on PATH, the CPU accelerator without CUDA), so the ranks' ninja finds nothing to redo.
+Prints one line: the seconds it took, or why nothing was built.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def main() -> int:
+    from kit.run.launcher import worker_env
+
+    os.environ.update({k: v for k, v in worker_env(1).items() if k in ("PATH", "DS_ACCELERATOR")})
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    if not AsyncIOBuilder().is_compatible(verbose=False):
+        print("async_io: not built, libaio is missing (make libaio)")
+        return 1
+    start = time.perf_counter()
+    AsyncIOBuilder().load(verbose=False)
+    where = os.environ.get("TORCH_EXTENSIONS_DIR", "~/.cache/torch_extensions")
+    print(f"async_io: ready in {time.perf_counter() - start:.0f} s ({where})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
