@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.records import append_record, load_records
+from kit.units import first_line
 
 #: a rank whose last heartbeat is older than this (seconds) is stale ...
 STALE_S = 5.0
@@ -155,7 +156,7 @@ def running(engine=None, folder: str | os.PathLike = ".", **fixed) -> Iterator:
     try:
         yield beat
     except BaseException as error:
-        heartbeat(engine, folder, **{**fixed, "status": "failed", "error": _first_line(error)})
+        heartbeat(engine, folder, **{**fixed, "status": "failed", "error": first_line(error, typed=True)})
         raise
     heartbeat(engine, folder, **{**fixed, "status": "finished"})
 
@@ -218,11 +219,6 @@ def _number(value) -> float | None:
         return float(value)
     except (TypeError, ValueError, RuntimeError):
         return None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 # ----------------------------------------------------------------------------------------------- reading

@@ -9,9 +9,10 @@ import json
 
 import pytest
 
-from kit import estimate, grid
+from kit import estimate
 from kit.cli import main
 from kit.ds_config import read_ds_config, to_ds_config, validate_ds_config
+from kit.ds_keys import EXAMPLE_NVME_PATH
 from kit.estimate import infinity, nvme, perf, plan
 from kit.lab import teach
 from kit.models import resolve, toy_spec
@@ -238,7 +239,7 @@ def test_plan_lists_nvme_setups_with_their_slowdown():
     assert len(slow) and (slow.slowdown > 1).all()
     row = slow.index[0]
     i = p.table.index[(p.table.label == slow.loc[row, "label"])][0]
-    assert p.setup(i).zero.nvme_path == grid.NVME_PATH
+    assert p.setup(i).zero.nvme_path == EXAMPLE_NVME_PATH
 
 
 # --- the ZeRO-Infinity paper ------------------------------------------------------------------------------
