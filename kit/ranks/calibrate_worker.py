@@ -75,7 +75,8 @@ class Bare:
             args = tuple(engine._to(x, self.device, self.dtype) for x in args)
             kwargs = {k: engine._to(x, self.device, self.dtype) for k, x in kwargs.items()}
             self.inputs[micro_batch] = (args, kwargs)
-            self.step(micro_batch)  # warm-up: the first backward allocates the gradients
+            for _ in range(2):  # warm-up: the first backward allocates the gradients, the allocator settles
+                self.step(micro_batch)
         return seconds(lambda: self.step(micro_batch), self.device, 1, warmup=0)
 
     def step(self, micro_batch: int) -> None:

@@ -111,7 +111,7 @@ def measure(
     engines: tuple[str, ...] = DEFAULT_ENGINES,
     *,
     steps: int = 5,
-    warmup: int = 1,
+    warmup: int = 2,
     repeat: int = 5,
     iters: int = 5,
     sizes: tuple[int, ...] = CALIBRATION_SIZES,
@@ -167,7 +167,7 @@ def _parse(output: str) -> dict:
 
 def fit(lines: dict, base: Setup) -> Calibration:
     """The calibration from the worker's measurements (``_parse``): each rate from its own measurement,
-    then each engine's fixed costs as what those rates leave unexplained in its micro-steps."""
+    then each engine's fixed costs as what those rates leave unexplained in its micro-steps (>= 0)."""
     machine, m = lines["machine"], base.model
     per_token = perf.flops_per_token(base)[0]
     tflops, fixed = _compute_rate(lines, per_token)
@@ -221,9 +221,10 @@ def fit(lines: dict, base: Setup) -> Calibration:
         # the micro-step's compute as measured beside it, not as the rates predict it
         per_micro += bare - (two.compute.seconds - one.compute.seconds)
         tensors = len(partition.numels(setup))
+        # an engine's bookkeeping costs time or nothing: a negative residual is the shared machine's noise
         engines[item["key"]] = EngineCost(
-            step_s_per_tensor=((last - micro) - per_step) / tensors,
-            micro_step_s_per_tensor=(micro - per_micro) / tensors,
+            step_s_per_tensor=max(0.0, (last - micro) - per_step) / tensors,
+            micro_step_s_per_tensor=max(0.0, micro - per_micro) / tensors,
         )
         medians[item["key"]] = {"micro_step_s": micro, "last_micro_step_s": last, "bare_s": bare}
     return replace(cal, engines=engines, measured={**cal.measured, "engines": medians})
