@@ -83,7 +83,8 @@ class Calibration:
 
     @property
     def label(self) -> str:
-        return f"calibrated on {self.device} ({self.ranks} ranks, {self.backend}, {self.created[:16]})"
+        ranks = f"{self.ranks} rank{'s' if self.ranks > 1 else ''}"
+        return f"calibrated on {self.device} ({ranks}, {self.backend}, {self.created[:16]})"
 
     def share(self, gpus_per_node: int) -> tuple[float, float]:
         """(compute, other) slowdown of a rank on a node of ``gpus_per_node`` ranks against the

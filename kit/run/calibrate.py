@@ -89,7 +89,7 @@ def describe(cal: Calibration) -> str:
             f"Adam: {cal.adam_s_per_param * 1e9:.1f} ns/param on the device, "
             f"{cal.host_adam_s_per_param * 1e9:.1f} on the host; copies: to host "
             f"{cal.to_host_gbps:.2f} GB/s, to device {cal.to_device_gbps:.2f} GB/s",
-            f"collectives (latency + bus bandwidth): {links}",
+            f"collectives (latency + bus bandwidth): {links or 'none (one rank: the datasheet links)'}",
             f"engines, fixed per tensor (per step / per micro-step, {cal.tensors} tensors): {engines}",
         ]
     )
