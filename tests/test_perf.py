@@ -115,3 +115,112 @@ def test_every_formula_is_shown():
         and "overlap_comm" in parts["exposed_comm"]["formula"]
     )
     assert "CPU Adam" in parts["offload"]["formula"]
+
+
+def calibration(**changes):
+    from kit.estimate.calibration import Calibration, EngineCost, Link
+
+    fields = dict(
+        device="cpu", accelerator="cpu", backend="gloo", ranks=2, cores=2, threads_per_rank=1,
+        model="toy", layers=2, tensors=28, precision="fp32", tflops=0.05, micro_fixed_s=0.004,
+        adam_s_per_param=2e-8, host_adam_s_per_param=3e-8, to_host_gbps=4.0, to_device_gbps=5.0,
+        collectives={
+            "all_reduce": Link(3e-4, 0.7), "all_gather": Link(5e-4, 0.3), "reduce_scatter": Link(1e-3, 0.5)
+        },
+        engines={
+            "z2": EngineCost(2e-4, 1e-4), "z3": EngineCost(1e-4, 3e-4), "z3+offload": EngineCost(5e-4, 0)
+        },
+        created="2026-01-01T00:00:00+00:00", host="here", versions={"torch": "t", "deepspeed": "d"},
+    )  # fmt: skip
+    return Calibration(**{**fields, **changes})
+
+
+def toy(**zero) -> Setup:
+    from kit.run.sweep import TOY_ZERO
+
+    return Setup(
+        model=models.toy_spec(),
+        cluster={"gpus_per_node": 2},
+        zero={**TOY_ZERO, "precision": "fp32", **zero},
+        batch={"micro_batch": 3, "grad_accum": 2, "seq_len": 64},
+    )
+
+
+def test_a_calibration_replaces_the_datasheet_term_by_term():
+    from kit.estimate import partition
+
+    cal, s = calibration(), toy(stage=3)
+    t = perf.step_time(s, calibration=cal)
+    per_token = perf.flops_per_token(s)[0]
+    blocks = s.model.layers + 1
+    compute = 2 * (per_token * 3 * 64 / 0.05e12 + 0.004 * blocks / 3)
+    assert t.compute.seconds == pytest.approx(compute)
+    calls = {op: n for op, n, _ in perf.collective_calls(s)}
+    big = sum(1 for n in partition.numels(s) if n > s.zero.param_persistence_threshold)
+    assert calls["all_gather"] == 2 * 2 * big + 1  # forward and backward per tensor, the persistent once
+    links = cal.collectives
+    by_op = {"forward all-gather": "all_gather", "backward all-gather": "all_gather"}
+    by_op |= {"persistent all-gather": "all_gather", "gradient reduce-scatter": "reduce_scatter"}
+    bandwidth = sum(c.bytes / (links[by_op[c.name]].bus_gbps * 1e9) for c in perf.collectives(s))
+    latency = sum(n * links[op].latency_s for op, n, _ in perf.collective_calls(s))
+    assert t.comm.seconds == pytest.approx(bandwidth + latency)
+    assert t.exposed_comm.seconds == t.comm.seconds  # gloo blocks: overlap_comm hides nothing on CPU
+    tensors = len(partition.numels(s))
+    assert t.fixed.seconds == pytest.approx(tensors * (1e-4 + 2 * 3e-4))
+    assert t.optimizer.seconds == pytest.approx(partition.partition_numel(s) * 2e-8)
+    assert t.step_s == pytest.approx(sum(p.seconds for p in (t.compute, t.comm, t.optimizer, t.fixed)))
+    assert t.to_dict()["calibration"] == cal.label and "engine z3" in t.fixed.formula
+    assert perf.step_time(s).to_dict()["calibration"] == "uncalibrated"
+    assert perf.step_time(s).fixed.seconds == 0
+
+
+def test_a_calibration_offload_and_engine_fallback():
+    cal = calibration()
+    s = toy(stage=2, offload_optimizer="cpu")
+    t = perf.step_time(s, calibration=cal)
+    from kit.estimate import partition
+
+    part = partition.partition_numel(s)
+    down, up = 4 * part * 2, 4 * part  # gradients every micro-step at stage 2, parameters once
+    assert t.offload.seconds == pytest.approx(down / 4e9 + up / 5e9 + part * 3e-8)
+    assert t.optimizer.seconds == 0
+    assert "engine z2" in t.fixed.formula  # not calibrated with offload: the stage's own costs
+    assert "engine none" in perf.step_time(toy(stage=1), calibration=cal).fixed.formula
+
+
+def test_ranks_beyond_the_cores_share_them():
+    cal = calibration()
+    assert cal.share(2) == (1.0, 1.0)
+    assert cal.share(4) == (2.0, 2.0)  # 4 ranks of one thread on 2 cores
+    assert cal.share(1) == (0.5, 1.0)  # one rank gets both cores' threads for its matmuls
+    assert calibration(accelerator="cuda").share(8) == (1.0, 1.0)
+    s = toy(stage=2).replace(cluster={"gpus_per_node": 4})
+    two = perf.step_time(toy(stage=2), calibration=cal)
+    four = perf.step_time(s, calibration=cal)
+    assert four.compute.seconds == pytest.approx(2 * two.compute.seconds)
+
+
+def test_calibration_file_round_trip(tmp_path):
+    from kit.estimate.calibration import Calibration
+
+    cal = calibration()
+    cal.save(tmp_path / "c.json")
+    assert Calibration.load(tmp_path / "c.json") == cal
+    (tmp_path / "bad.json").write_text('{"kind": "other"}')
+    with pytest.raises(ValueError, match="^kind: not a zerokit calibration"):
+        Calibration.load(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="^tflops: a measured rate must be > 0"):
+        calibration(tflops=0)
+    assert calibration(device="NVIDIA H200").gpus(["H100-SXM-80GB", "H200-SXM-141GB"]) == ["H200-SXM-141GB"]
+
+
+def test_a_calibration_of_one_gpu_takes_the_links_from_the_datasheet():
+    cal = calibration(device="NVIDIA H100 80GB HBM3", accelerator="cuda", backend="nccl", ranks=1)
+    cal = calibration(**{**cal.__dict__, "collectives": {}})
+    s = llama()
+    t = perf.step_time(s, calibration=cal)
+    sent = perf.comm_bytes(s)[0]
+    assert t.comm.seconds == pytest.approx(sent / (perf.hardware(s).intra_gbps * 0.8e9))
+    assert t.compute.seconds == pytest.approx(
+        4 * (perf.flops_per_token(s)[0] * 2 * 4096 / 0.05e12 + 0.004 * 33 / 3)
+    )

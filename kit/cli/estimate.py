@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kit.cli.args import UsageError, add_setup_args, count, items, print_json, setup_from_args
-from kit.estimate.perf import Assumptions
+from kit.estimate.perf import Assumptions, step_time
 from kit.units import GIB
 
 
@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also trace the activations under FakeTensorMode (imports torch), beside the formula",
     )
+    add_calibration(p)
     p.set_defaults(func=run_estimate)
 
     p = sub.add_parser(
@@ -56,7 +57,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     a = p.add_argument_group("performance-model assumptions (kit.estimate.perf.Assumptions)")
     for name, value in vars(Assumptions()).items():
         a.add_argument(f"--{name.replace('_', '-')}", type=float, default=value, help=f"default {value:g}")
+    add_calibration(p)
     p.set_defaults(func=run_plan)
+
+
+def add_calibration(p) -> None:
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="step times from this machine's calibration (zerokit calibrate --measure), not the datasheet",
+    )
+
+
+def _calibration(args: argparse.Namespace):
+    from kit.estimate.calibration import Calibration
+
+    return Calibration.load(args.calibration) if args.calibration else None
 
 
 def run_estimate(args: argparse.Namespace) -> int:
@@ -72,10 +88,17 @@ def run_estimate(args: argparse.Namespace) -> int:
                 print(f"{name:16} {params / 1e9:8.3f} B params")
         return 0
     result = estimate(setup_from_args(args), formula=args.formula, trace=args.trace)
+    calibration = _calibration(args)
+    timed = step_time(result.setup, calibration=calibration) if calibration else None
     if args.json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), **({"step_time": timed.to_dict()} if timed else {})})
     else:
         print(render(result))
+        if timed:
+            print(f"step time: {timed.step_s:.4g} s ({timed.calibration})")
+            for name in ("compute", "exposed_comm", "optimizer", "offload", "fixed"):
+                part = getattr(timed, name)
+                print(f"  {name:13}{part.seconds:10.4g} s  {part.formula}")
     return 0
 
 
@@ -160,6 +183,7 @@ def run_plan(args: argparse.Namespace) -> int:
         price=_prices(args.price, items(args.gpus)),
         assumptions=assume,
         fabric=args.network,
+        calibration=_calibration(args),
     )
     fix = plan.make_it_fit(setup, headroom=headroom, assumptions=assume, fabric=args.network)
     clusters = plan.smallest_cluster(setup, max_nodes=args.max_nodes)
@@ -187,6 +211,7 @@ def run_plan(args: argparse.Namespace) -> int:
         f"{int(found.table.fits.sum()):,} fit"
     )
     print("assumptions: " + ", ".join(f"{k} {v:g}" for k, v in vars(assume).items()))
+    print(f"step times: {found.calibration}")
     for line in found.skipped:
         print(f"skipped {line}")
     print("\nPareto front, wall-clock time vs cost (fastest first):")

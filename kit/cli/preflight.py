@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from kit.cli.args import UsageError, add_json, print_json, stdout_to_stderr
+from kit.cli.args import UsageError, add_json, add_model_overrides, items, print_json, stdout_to_stderr
 from kit.rules import DEFAULT_MASTER_PORT
 
 
@@ -51,7 +51,30 @@ def register(sub) -> None:
         "measured median step time. CPU records use this machine's measured matmul rate and gloo bandwidth.",
     )
     p.add_argument("sweep", nargs="?", help="a sweep folder (runs/<sweep>) or its records.jsonl")
-    p.add_argument("--nprocs", type=int, default=2, help="ranks the sweep ran on (for the CPU measurement)")
+    p.add_argument(
+        "--nprocs",
+        type=int,
+        default=2,
+        help="ranks to measure on (--measure), or the sweep ran on (default 2)",
+    )
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="predict the sweep from this calibration (zerokit calibrate --measure)",
+    )
+    m = p.add_argument_group("--measure: one short launch measuring what the step-time model needs")
+    m.add_argument("--measure", action="store_true", help="measure this machine into --out")
+    m.add_argument("--out", default="calibration.json", help="the calibration file (default %(default)s)")
+    m.add_argument("--model", help="the model to measure (default: a toy GPT, 4 x 256, 3.3M parameters)")
+    add_model_overrides(m)
+    m.add_argument("--micro-batch", type=int, default=2, help="micro batch (and twice it) (default 2)")
+    m.add_argument("--seq-len", type=int, default=64, help="tokens per sample (default 64)")
+    m.add_argument("--precision", default="fp32", help="fp32 (default), bf16 or fp16")
+    m.add_argument(
+        "--engines",
+        help="engines to time, comma-separated (default: z0,z1,z2,z3,z2+offload,z3+offload,ddp,fsdp)",
+    )
+    m.add_argument("--steps", type=int, default=5, help="timed steps per engine (default 5)")
     p.add_argument(
         "--nvme",
         metavar="PATH",
@@ -96,30 +119,40 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
     if args.nvme:
         return _nvme_bandwidth(args)
+    if args.measure:
+        return _measure(args)
     if not args.sweep:
-        raise UsageError("sweep: give a sweep folder (runs/<sweep>), or --nvme PATH")
+        raise UsageError("sweep: give a sweep folder (runs/<sweep>), --measure or --nvme PATH")
 
     results = Results.load(args.sweep)
     ok = [r for r in results.records if r.get("status") == "ok" and "device" in r]
     if not ok:
         raise UsageError(f"sweep: {args.sweep} has no measured configuration to compare with")
-    machine = None
-    if any(r["device"] == "cpu" for r in ok):
+    machine = calibration = None
+    if args.calibration:
+        from kit.estimate.calibration import Calibration
+
+        calibration = Calibration.load(args.calibration)
+    elif any(r["device"] == "cpu" for r in ok):
         setup = Setup.model_validate(ok[0]["setup"])
         precisions = tuple(sorted({r["setup"]["zero"]["precision"] for r in ok}))
         bus = allreduce_bus_gbps(args.nprocs)
         machine = cal.cpu_machine(args.nprocs, precisions, cal.matmul_shape(setup), bus_gbps=bus)
-    table = cal.calibrate(results, machine)
+    table = cal.calibrate(results, machine, calibration)
     error = cal.median_abs_error(table)
+    label = calibration.label if calibration else "uncalibrated"
     if args.json:
         print_json(
             {
                 "configs": table.to_dict(orient="records"),
                 "median_abs_error": error,
+                "max_abs_error": float(table.error.abs().max()) if len(table) else None,
                 "machine": vars(machine) if machine else None,
+                "calibration": label,
             }
         )
         return 0
+    print(f"predictions: {label}")
     if machine:
         rates = ", ".join(f"{k} {v * 1e3:.1f} GFLOP/s" for k, v in machine.tflops.items())
         print(
@@ -129,6 +162,44 @@ def calibrate_command(args: argparse.Namespace) -> int:
     shown = table.assign(error=table.error.map("{:+.0%}".format))
     print(shown.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     print(f"median |predicted / measured - 1| = {error:.0%} over {len(table)} configurations")
+    return 0
+
+
+def _measure(args: argparse.Namespace) -> int:
+    """``zerokit calibrate --measure``: one launch measuring this machine, written to ``--out``."""
+    from kit import models
+    from kit.run import calibrate as cal
+    from kit.run.sweep import TOY_ZERO
+    from kit.schema import Setup
+
+    spec = models.resolve(args.model) if args.model else cal.DEFAULT_MODEL
+    changes = {
+        name: getattr(args, name)
+        for name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts")
+        if getattr(args, name) is not None
+    }
+    if args.set:
+        raise UsageError("set: --measure takes the named overrides (--layers, --hidden, ...), not --set")
+    spec = models.override(spec, changes) if changes else spec
+    if args.steps < 1:
+        raise UsageError(f"steps: must be >= 1, got {args.steps}")
+    base = Setup(
+        model=spec,
+        cluster={"gpus_per_node": args.nprocs},
+        zero={**TOY_ZERO, "precision": args.precision},
+        batch={"micro_batch": args.micro_batch, "seq_len": args.seq_len},
+    )
+    engines = tuple(items(args.engines)) or cal.DEFAULT_ENGINES
+    for key in engines:
+        cal.engine_setup(base, key)  # a bad name: one line before anything launches
+    with stdout_to_stderr():
+        found = cal.measure(base, args.nprocs, engines, steps=args.steps)
+    found.save(args.out)
+    if args.json:
+        print_json({"out": args.out, **found.to_dict()})
+        return 0
+    print(cal.describe(found))
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -69,6 +69,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grad-accum", type=int, default=1)
     add_seq_len(p)
     p.add_argument("--out", help="write the best configuration's ds_config.json here")
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="predict each candidate's step time (zerokit calibrate --measure)",
+    )
     p.set_defaults(func=run)
 
 
@@ -117,6 +122,10 @@ def plan_from_args(args: argparse.Namespace) -> tuple:
         "keep": args.keep,
         "nprocs": args.nprocs,
     }
+    if args.calibration:
+        from kit.estimate.calibration import Calibration
+
+        options["calibration"] = Calibration.load(args.calibration)
     return setup, options
 
 
@@ -139,6 +148,10 @@ def render(tuned, out: str | None) -> str:
     for label, _, reason in tuned.pruned:
         lines.append(f"pruned: {label}: {reason}")
     lines.append("")
+    lines.append(f"step times: {tuned.calibration}")
+    for _, row in tuned.table.dropna(subset=["predicted_s"]).iterrows():
+        measured = "not measured" if math.isnan(row["measured_s"]) else f"measured {row['measured_s']:.3f} s"
+        lines.append(f"  {row['label']:36} predicted {row['predicted_s']:.3f} s, {measured}")
     if tuned.best is None:
         lines.append("best: none (no candidate ran successfully; see the status column and the records)")
     else:

@@ -30,9 +30,11 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from kit.estimate import baselines, partition
+from kit.estimate.calibration import Calibration, Link, engine_key
 from kit.estimate.result import Term, total
 from kit.gpus import DEFAULT_NVME, gpu, network, nvme
 from kit.rules import (
+    DDP_BUCKET_CAP_MB,
     FP32,
     QUANTIZED_GRADIENT_BYTES,
     QUANTIZED_WEIGHT_BYTES,
@@ -130,12 +132,13 @@ class StepTime:
     optimizer: Part  # the optimizer step on the GPU (zero when offloaded)
     offload: Part
     comm_bytes: int  # sent by one GPU per optimizer step
+    fixed: Part = Part(0.0, "uncalibrated: the engine's fixed costs are not modelled")
+    calibration: str | None = None  # what the rates were measured on (None: datasheet assumptions)
 
     @property
     def step_s(self) -> float:
-        return (
-            self.compute.seconds + self.exposed_comm.seconds + self.optimizer.seconds + self.offload.seconds
-        )
+        parts = (self.compute, self.exposed_comm, self.optimizer, self.offload, self.fixed)
+        return sum(p.seconds for p in parts)
 
     @property
     def tokens_per_s(self) -> float:
@@ -162,8 +165,10 @@ class StepTime:
     def to_dict(self) -> dict:
         parts = {"compute": self.compute, "comm": self.comm, "exposed_comm": self.exposed_comm}
         parts["optimizer"] = self.optimizer
+        parts["fixed"] = self.fixed
         return {
             "step_s": self.step_s,
+            "calibration": self.calibration or "uncalibrated",
             "tokens_per_s": self.tokens_per_s,
             "samples_per_s": self.samples_per_s,
             "comm_bytes_per_gpu": self.comm_bytes,
@@ -316,8 +321,17 @@ def comm_by_scope(setup: Setup) -> dict[str, int]:
     return out
 
 
-def step_time(setup: Setup, hw: Hardware | None = None, assume: Assumptions | None = None) -> StepTime:
-    """Predicted seconds per optimizer step of ``setup`` on ``hw`` (default: ``hardware(setup)``)."""
+def step_time(
+    setup: Setup,
+    hw: Hardware | None = None,
+    assume: Assumptions | None = None,
+    calibration: Calibration | None = None,
+) -> StepTime:
+    """Predicted seconds per optimizer step of ``setup`` on ``hw`` (default: ``hardware(setup)``); with a
+    ``calibration`` (``kit.estimate.calibration``) from its measured rates and fixed costs instead of the
+    datasheet and ``assume`` (``calibrated``)."""
+    if calibration is not None:
+        return calibrated(setup, calibration, hw, assume)
     hw = hw or hardware(setup)
     assume = assume or Assumptions()
     b, c, z = setup.batch, setup.cluster, setup.zero
@@ -392,15 +406,21 @@ def _offload(setup: Setup, hw: Hardware, assume: Assumptions) -> Part:
             f"{assume.host_memory_gbps:g} GB/s host memory"
         )
     if z.nvme:
-        swap = nvme_traffic(setup)
-        g = setup.cluster.gpus_per_node
-        read, write = g * swap["read"].bytes, g * swap["write"].bytes
-        seconds += read / (hw.nvme_read_gbps * 1e9) + write / (hw.nvme_write_gbps * 1e9)
-        formula += (
-            f" + NVMe: {g} GPUs x ({swap['read'].formula}) read / {hw.nvme_read_gbps:g} GB/s + {g} GPUs x "
-            f"({swap['write'].formula}) written / {hw.nvme_write_gbps:g} GB/s per node"
-        )
+        swap = _nvme(setup, hw)
+        seconds, formula = seconds + swap.seconds, f"{formula} + {swap.formula}"
     return Part(seconds, formula)
+
+
+def _nvme(setup: Setup, hw: Hardware) -> Part:
+    """The swap files' reads and writes per step over the node's drives (``nvme_traffic``)."""
+    swap = nvme_traffic(setup)
+    g = setup.cluster.gpus_per_node
+    read, write = g * swap["read"].bytes, g * swap["write"].bytes
+    return Part(
+        read / (hw.nvme_read_gbps * 1e9) + write / (hw.nvme_write_gbps * 1e9),
+        f"NVMe: {g} GPUs x ({swap['read'].formula}) read / {hw.nvme_read_gbps:g} GB/s + {g} GPUs x "
+        f"({swap['write'].formula}) written / {hw.nvme_write_gbps:g} GB/s per node",
+    )
 
 
 def nvme_traffic(setup: Setup) -> dict[str, Term]:
@@ -436,3 +456,172 @@ def with_assumptions(assume: Assumptions | None = None, **changes: float) -> Ass
     if unknown:
         raise ValueError(f"{sorted(unknown)[0]}: not an assumption; choose from {', '.join(asdict(base))}")
     return replace(base, **changes)
+
+
+#: the collective each of ``collectives``' entries is timed as (stages 0-2 and the baselines: all-reduce)
+TIMED_AS = {"forward all-gather": "all_gather", "backward all-gather": "all_gather"}
+TIMED_AS |= {"persistent all-gather": "all_gather", "gradient reduce-scatter": "reduce_scatter"}
+
+
+def collective_calls(setup: Setup) -> list[tuple[str, int, str]]:
+    """Collective calls one rank issues per optimizer step: ``(op, calls, formula)``, the code paths
+    ``comm_bytes`` counts the bytes of, each call paying a latency whatever its size.
+
+    P = parameters, k = micro-steps, T = tensors above ``param_persistence_threshold``. Stage 0 all-reduces
+    the gradients in buckets of ``reduce_bucket_size`` elements at the boundary; stages 1-2 reduce them in
+    such buckets (stage 2 every micro-step, stage 1 at the boundary) and all-gather the updated partitions
+    in buckets of ``allgather_bucket_size``; stage 3 gathers each parameter tensor it does not persist in
+    forward and again in backward (DeepSpeed fetches per parameter, ahead by ``prefetch_bucket_size``) and
+    reduce-scatters the gradients in buckets every micro-step, and gathers the persistent ones once after
+    the step; every stage also all-reduces the gradient norm for clipping (1 call). DDP all-reduces
+    buckets of 25 MB at the boundary; FSDP gathers each block (and the root) in forward and backward and
+    reduce-scatters it every micro-step.
+    """
+    n, z, k = setup.dp, setup.zero, setup.batch.grad_accum
+    if n == 1:
+        return []
+    params = setup.model.params
+    tensors = partition.numels(setup)
+    if z.engine == "ddp":
+        buckets = math.ceil(4 * params / (DDP_BUCKET_CAP_MB * 2**20))
+        return [("all_reduce", buckets, f"ceil(4 B x P / {DDP_BUCKET_CAP_MB} MB) buckets")]
+    if z.engine != "deepspeed":
+        units = (setup.model.layers or 0) + 1
+        gathers = (2 if z.stage == 3 else 1) * k * units
+        return [
+            (
+                "all_gather",
+                gathers,
+                f"{'2' if z.stage == 3 else '1'} x k={k} x {units} units (blocks + root)",
+            ),
+            ("reduce_scatter", k * units, f"k={k} x {units} units"),
+        ]
+    reduce = math.ceil(params / z.reduce_bucket_size)
+    gather = math.ceil(params / z.allgather_bucket_size)
+    norm = ("all_reduce", 1, "gradient norm")
+    if z.stage == 0:
+        return [("all_reduce", reduce, f"ceil(P / reduce_bucket_size {z.reduce_bucket_size:,})"), norm]
+    if z.stage in (1, 2):
+        times = k if z.stage == 2 else 1
+        return [
+            (
+                "all_reduce",
+                times * reduce,
+                f"{times} x ceil(P / reduce_bucket_size {z.reduce_bucket_size:,})",
+            ),
+            ("all_gather", gather, f"ceil(P / allgather_bucket_size {z.allgather_bucket_size:,})"),
+            norm,
+        ]
+    big = sum(1 for t in tensors if t > z.param_persistence_threshold)
+    persistent = len(tensors) - big
+    out = [
+        ("all_gather", 2 * k * big, f"2 x k={k} x T={big} tensors gathered"),
+        ("reduce_scatter", k * reduce, f"k={k} x ceil(P / reduce_bucket_size {z.reduce_bucket_size:,})"),
+    ]
+    if persistent:
+        out.append(("all_gather", 1, f"the {persistent} persistent tensors after the step"))
+    return [*out, norm]
+
+
+def calibrated(
+    setup: Setup, cal: Calibration, hw: Hardware | None = None, assume: Assumptions | None = None
+) -> StepTime:
+    """``step_time`` from a calibration: each term a measured rate, plus the engine's fixed costs.
+
+    s = the calibration's slowdown of a rank of this node (``Calibration.share``: CPU ranks sharing
+    cores), k = micro-steps, B = blocks (layers + 1), n = tensors:
+    compute = k (FLOPs / tflops + micro_fixed_s B / B_cal) s_compute; communication = sum over
+    collectives of bytes / bus_gbps + calls x latency x (N-1)/(N_cal-1), x s; optimizer = P x
+    adam_s_per_param x s; offload = the bytes of ``_offload`` over the measured copies + P x
+    host_adam_s_per_param x s (NVMe from ``hw``); bytes across nodes at most over the fabric's datasheet
+    bandwidth per GPU (``hw``, x ``assume.link_efficiency``); fixed = n (step_s_per_tensor + k
+    micro_step_s_per_tensor) x s, of this engine as calibrated. A calibration of one rank has no links:
+    the datasheet's intra-node bandwidth x ``assume.link_efficiency``, no latency. On a GPU
+    ``overlap_comm`` hides ``assume.overlap`` of the communication; gloo's CPU collectives block, so on
+    a CPU machine nothing.
+    """
+    assume = assume or Assumptions()
+    b, c, z, m = setup.batch, setup.cluster, setup.zero, setup.model
+    k = b.grad_accum
+    s_compute, s = cal.share(c.gpus_per_node)
+    per_token, how = flops_per_token(setup)
+    flops = per_token * b.micro_batch * b.seq_len
+    blocks, cal_blocks = (m.layers or 0) + 1, cal.layers + 1
+    compute = Part(
+        k * (flops / (cal.tflops * 1e12) + cal.micro_fixed_s * blocks / cal_blocks) * s_compute,
+        f"k={k} x (({how}) x {b.micro_batch * b.seq_len:,} tokens / {cal.tflops * 1e3:.3g} GFLOP/s + "
+        f"{cal.micro_fixed_s * 1e3:.3g} ms x {blocks}/{cal_blocks} blocks) x {s_compute:g} (shared cores)",
+    )
+    sent = comm_bytes(setup)[0]
+    seconds, why = 0.0, []
+    # across nodes the calibration's links do not reach: the fabric's datasheet bandwidth per GPU
+    across = (
+        (hw or hardware(setup)).inter_gbps * assume.link_efficiency / c.gpus_per_node if c.nodes > 1 else 0
+    )
+    datasheet = Link(0.0, (hw or hardware(setup)).intra_gbps * assume.link_efficiency)
+    for part in collectives(setup):
+        gbps = (cal.link(TIMED_AS.get(part.name, "all_reduce")) or datasheet).bus_gbps
+        gbps = min(gbps, across) if part.scope == "inter" and across else gbps
+        seconds += part.bytes / (gbps * 1e9)
+        why.append(f"{part.bytes:,} B / {gbps:.3g} GB/s")
+    hops = (setup.dp - 1) / max(1, cal.ranks - 1)
+    for op, calls, formula in collective_calls(setup):
+        latency = (cal.link(op) or datasheet).latency_s
+        seconds += calls * latency * hops
+        why.append(f"{calls} {op} ({formula}) x {latency * 1e6:.3g} us x {hops:g}")
+    comm = Part(seconds * s, " + ".join(why) + f", x {s:g}" if why else "one rank: no communication")
+    hidden = assume.overlap if z.overlap and cal.accelerator != "cpu" else 0.0
+    exposed = Part(comm.seconds * (1 - hidden), f"{1 - hidden:g} x communication")
+    part = partition.partition_numel(setup)
+    if z.offload_optimizer == "none":
+        optimizer = Part(
+            part * cal.adam_s_per_param * s,
+            f"P ({part:,}) x {cal.adam_s_per_param * 1e9:.3g} ns Adam x {s:g}",
+        )
+    else:
+        optimizer = Part(0.0, "on the host (offload)")
+    offload = _calibrated_offload(setup, cal, hw, s)
+    key = engine_key(z.stage, z.engine, z.offload_optimizer, z.offload_param)
+    cost, which = cal.engine(key)
+    n = len(partition.numels(setup))
+    fixed = Part(
+        n * (cost.step_s_per_tensor + k * cost.micro_step_s_per_tensor) * s,
+        f"n={n} tensors x ({cost.step_s_per_tensor * 1e6:.3g} us per step + k={k} x "
+        f"{cost.micro_step_s_per_tensor * 1e6:.3g} us per micro-step) x {s:g}, engine {which}",
+    )
+    measured_link = cal.link("all_reduce") or datasheet
+    hw = Hardware(
+        name=f"{cal.device}, {cal.backend} (calibrated)",
+        peak_tflops=cal.tflops,
+        intra_gbps=measured_link.bus_gbps,
+        inter_gbps=measured_link.bus_gbps,
+        host_gbps=cal.to_device_gbps,
+        memory_gbps=0.0,
+        source=cal.label,
+    )
+    return StepTime(setup, hw, assume, compute, comm, exposed, optimizer, offload, sent, fixed, cal.label)
+
+
+def _calibrated_offload(setup: Setup, cal: Calibration, hw: Hardware | None, s: float) -> Part:
+    z, k = setup.zero, setup.batch.grad_accum
+    if z.offload_optimizer == "none" and z.offload_param == "none":
+        return Part(0.0, "no offload")
+    p, part = element_bytes(z.precision), partition.partition_numel(setup)
+    down = up = 0
+    if z.offload_optimizer != "none":
+        down += p * part * (k if z.stage >= 2 else 1)  # gradients to the host
+        up += p * part  # updated parameters back
+    if z.offload_param != "none":
+        up += 2 * k * p * part
+    seconds = down / (cal.to_host_gbps * 1e9) + up / (cal.to_device_gbps * 1e9)
+    formula = f"{down:,} B to host / {cal.to_host_gbps:.3g} GB/s + {up:,} B to device / "
+    formula += f"{cal.to_device_gbps:.3g} GB/s"
+    if z.offload_optimizer != "none":
+        seconds += part * cal.host_adam_s_per_param
+        formula += f" + P ({part:,}) x {cal.host_adam_s_per_param * 1e9:.3g} ns host Adam"
+    seconds *= s
+    formula = f"({formula}) x {s:g}"
+    if z.nvme:
+        swap = _nvme(setup, hw or hardware(setup))
+        seconds, formula = seconds + swap.seconds, f"{formula} + {swap.formula} (datasheet)"
+    return Part(seconds, formula)

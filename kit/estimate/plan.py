@@ -19,6 +19,7 @@ from kit import batch as batch_math
 from kit import grid
 from kit.ds_keys import EXAMPLE_NVME_PATH, ZEROPP_OFF
 from kit.estimate import partition, perf
+from kit.estimate.calibration import Calibration
 from kit.fit import estimate_fit, fit
 from kit.gpus import catalogue, gpu, prices
 from kit.rules import BASELINES
@@ -207,6 +208,7 @@ class Plan:
     assumptions: perf.Assumptions
     seconds: float
     skipped: list[str] = field(default_factory=list)
+    calibration: str = "uncalibrated"  # what the step times come from
 
     @property
     def setups_per_s(self) -> float:
@@ -272,6 +274,7 @@ class Plan:
             "tokens": self.tokens,
             "headroom": self.headroom,
             "assumptions": self.assumptions.__dict__,
+            "calibration": self.calibration,
             "skipped": self.skipped,
             "setups": records(fit if limit is None else fit.head(limit)),
             "pareto": records(self.pareto()),
@@ -292,6 +295,7 @@ def search(
     price: dict[str, float] | None = None,
     assumptions: perf.Assumptions | None = None,
     fabric: str | None = None,
+    calibration: Calibration | None = None,
 ) -> Plan:
     """Every setup of ``setup``'s model and precision: GPU types x cluster sizes x ZeRO variants x
     checkpointing x every (micro batch, grad accum) pair making ``train_batch`` (default: setup's).
@@ -300,6 +304,8 @@ def search(
     ``setup.cluster.gpus_per_node``; sizes the global batch does not divide are skipped. A setup fits when
     its estimate leaves ``headroom`` of the GPU's memory free. Time and cost are for a run of ``tokens``
     (default ``TOKENS_PER_PARAM`` x params) at ``price`` USD per GPU-hour (default: data/prices.csv).
+    With a ``calibration`` (``kit.estimate.calibration``) step times come from it, and only the GPU types
+    it was measured on are planned (ValueError when none of ``gpus`` is).
     """
     start = time.perf_counter()
     from kit.estimate import estimate
@@ -312,6 +318,13 @@ def search(
     tokens = tokens or TOKENS_PER_PARAM * setup.model.params
     assume = assumptions or perf.Assumptions()
     names = gpus or list(catalogue())
+    if calibration is not None:
+        names = calibration.gpus(names)
+        if not names:
+            raise ValueError(
+                f"calibration: measured on {calibration.device}, none of the GPU types planned; plan "
+                "--gpus with its data/gpus.csv name, or calibrate on the GPU you plan for"
+            )
     rates = {**{name: usd for name, (usd, _) in prices().items()}, **(price or {})}
     skipped, hardware = [], {}
     for name in names:
@@ -353,7 +366,7 @@ def search(
             est = estimate(candidate)
             scope = perf.comm_by_scope(candidate)
             for name, hw in hardware.items():
-                t = perf.step_time(candidate, hw, assume)  # the GPU enters only through hw
+                t = perf.step_time(candidate, hw, assume, calibration)  # the GPU enters only through hw
                 run = t.run(tokens, rates[name])
                 capacity = gpu(name).memory_bytes
                 rows.append(
@@ -392,7 +405,8 @@ def search(
                     }
                 )
     table = pd.DataFrame(rows)
-    return Plan(setup, table, tokens, headroom, assume, time.perf_counter() - start, skipped)
+    label = calibration.label if calibration else "uncalibrated"
+    return Plan(setup, table, tokens, headroom, assume, time.perf_counter() - start, skipped, label)
 
 
 def make_it_fit(

@@ -17,16 +17,242 @@ rates (GPU records use datasheet figures, not a measurement of this machine).
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
+import socket
 import statistics
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from kit.estimate import perf
+from kit.estimate import partition, perf
+from kit.estimate.calibration import TAG, Calibration, EngineCost, Link
+from kit.models import override, toy_spec
+from kit.rules import bus_factor
 from kit.run.results import Results
 from kit.schema import Setup
+
+#: the per-rank script of ``measure``
+WORKER = "kit.ranks.calibrate_worker"
+#: engines ``measure`` times by default: each stage, optimizer offload at stages 2 and 3, DDP and FSDP
+DEFAULT_ENGINES = ("z0", "z1", "z2", "z3", "z2+offload", "z3+offload", "ddp", "fsdp")
+#: message sizes of the collectives (bytes): latency from the small ones, bandwidth from the large
+CALIBRATION_SIZES = (4096, 65536, 1 << 20, 16 << 20)
+
+
+#: what ``zerokit calibrate --measure`` measures without --model: a toy GPT of 4 blocks of width 256
+DEFAULT_MODEL = override(toy_spec(), {"hidden": 256, "layers": 4, "ffn": 1024})
+
+
+def holdout(base: Setup, nprocs: int = 2) -> list[Setup]:
+    """Configurations a calibration of ``base`` (``measure``: micro batches mb and 2 mb alone, every
+    engine at mb and grad accum 2) never runs, to check it on: each stage at grad accum 3 or micro batch
+    3, optimizer offload at stages 2 and 3, a model twice as deep and one twice as wide, on one node of
+    ``nprocs`` ranks (with 4 ranks, stages 1-3 at ``base``'s batch)."""
+    on = base.replace(cluster={"nodes": 1, "gpus_per_node": nprocs}, batch={"grad_accum": 1})
+    if nprocs != 2:
+        return [on.replace(zero={"stage": s}) for s in (1, 2, 3)]
+    m = base.model
+    deep = override(m, {"layers": 2 * m.layers})
+    wide = override(m, {"hidden": 2 * m.hidden, "ffn": 2 * m.ffn})
+    return [
+        on.replace(zero={"stage": 0}, batch={"grad_accum": 3}),
+        on.replace(zero={"stage": 1}, batch={"micro_batch": 3}),
+        on.replace(zero={"stage": 2}, batch={"grad_accum": 3}),
+        on.replace(zero={"stage": 3}, batch={"micro_batch": 3}),
+        on.replace(zero={"stage": 2, "offload_optimizer": "cpu"}, batch={"micro_batch": 3}),
+        on.replace(zero={"stage": 3, "offload_optimizer": "cpu"}, batch={"grad_accum": 3}),
+        on.replace(model=deep, zero={"stage": 2}),
+        on.replace(model=wide, zero={"stage": 3}),
+    ]
+
+
+def describe(cal: Calibration) -> str:
+    """A calibration in a few readable lines."""
+    links = ", ".join(
+        f"{op} {c.latency_s * 1e6:.0f} us + {c.bus_gbps:.2f} GB/s"
+        for op, c in sorted(cal.collectives.items())
+    )
+    engines = ", ".join(
+        f"{k} {e.step_s_per_tensor * 1e6:+.0f}/{e.micro_step_s_per_tensor * 1e6:+.0f} us"
+        for k, e in cal.engines.items()
+    )
+    return "\n".join(
+        [
+            f"{cal.label}; torch {cal.versions['torch']}, deepspeed {cal.versions['deepspeed']}; "
+            f"{cal.seconds:.0f} s",
+            f"compute: {cal.tflops * 1e3:.1f} GFLOP/s per rank + {cal.micro_fixed_s * 1e3:.1f} ms per "
+            f"micro-step ({cal.model}, {cal.layers} blocks, {cal.precision})",
+            f"Adam: {cal.adam_s_per_param * 1e9:.1f} ns/param on the device, "
+            f"{cal.host_adam_s_per_param * 1e9:.1f} on the host; copies: to host "
+            f"{cal.to_host_gbps:.2f} GB/s, to device {cal.to_device_gbps:.2f} GB/s",
+            f"collectives (latency + bus bandwidth): {links or 'none (one rank: the datasheet links)'}",
+            f"engines, fixed per tensor (per step / per micro-step, {cal.tensors} tensors): {engines}",
+        ]
+    )
+
+
+def engine_setup(base: Setup, key: str) -> Setup:
+    """``base`` with the engine ``key`` names (``kit.estimate.calibration.engine_key``)."""
+    if key in ("ddp", "fsdp"):
+        return base.replace(zero={"engine": key, "stage": 0 if key == "ddp" else 3})
+    stage, _, offload = key.partition("+")
+    if not (stage[:1] == "z" and stage[1:] in ("0", "1", "2", "3")) or offload not in ("", "offload"):
+        raise ValueError(f"engines: {key!r} is not an engine; choose from {', '.join(DEFAULT_ENGINES)}")
+    return base.replace(zero={"stage": int(stage[1:]), "offload_optimizer": "cpu" if offload else "none"})
+
+
+def measure(
+    base: Setup,
+    nprocs: int = 2,
+    engines: tuple[str, ...] = DEFAULT_ENGINES,
+    *,
+    steps: int = 5,
+    warmup: int = 2,
+    repeat: int = 5,
+    iters: int = 5,
+    sizes: tuple[int, ...] = CALIBRATION_SIZES,
+    timeout_s: float = 300.0,
+) -> Calibration:
+    """One launch of ``kit.ranks.calibrate_worker`` on ``nprocs`` ranks measuring ``base``'s model (its
+    micro batch and the one twice as large, grad accum 2 for the engines), fitted by ``fit``; one rank
+    (a single GPU) measures no collectives."""
+    from kit.run.launcher import launch_argv, run_launch, worker_env
+
+    if nprocs < 1:
+        raise ValueError(f"nprocs: must be >= 1 (one rank measures no collectives), got {nprocs}")
+    base = base.replace(cluster={"nodes": 1, "gpus_per_node": nprocs}, batch={"grad_accum": 2})
+    configs = [{"key": key, "setup": engine_setup(base, key).model_dump(mode="json")} for key in engines]
+    spec = {
+        "setup": base.model_dump(mode="json"),
+        "engines": configs,
+        "micro_batches": [base.batch.micro_batch, 2 * base.batch.micro_batch],
+        "adam_numel": max(base.model.params, 1 << 22),
+        "copy_bytes": 64 << 20,
+        "sizes": list(sizes) if nprocs > 1 else [],
+        "iters": iters,
+        "repeat": repeat,
+        "steps": steps,
+        "warmup": warmup,
+        "seed": 0,
+    }
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="zerokit-calibrate-") as folder:
+        path = os.path.join(folder, "spec.json")
+        with open(path, "w") as f:
+            json.dump(spec, f)
+        rc, output = run_launch(launch_argv(WORKER, ["--spec", path], nprocs), worker_env(nprocs), timeout_s)
+    lines = _parse(output)
+    if rc != 0 or "done" not in lines:
+        tail = " | ".join(output.strip().splitlines()[-3:]) or "no output"
+        raise RuntimeError(f"calibrate: the measuring launch failed (exit status {rc}): {tail}")
+    return replace(fit(lines, base), seconds=time.monotonic() - start)
+
+
+def _parse(output: str) -> dict:
+    found: dict = {"engine": []}
+    for line in output.splitlines():
+        at = line.find(TAG + " ")
+        if at >= 0:
+            item = json.loads(line[at + len(TAG) + 1 :])
+            if item["kind"] == "engine":
+                found["engine"].append(item["value"])
+            else:
+                found[item["kind"]] = item["value"]
+    return found
+
+
+def fit(lines: dict, base: Setup) -> Calibration:
+    """The calibration from the worker's measurements (``_parse``): each rate from its own measurement,
+    then each engine's fixed costs as what those rates leave unexplained in its micro-steps (>= 0)."""
+    machine, m = lines["machine"], base.model
+    per_token = perf.flops_per_token(base)[0]
+    tflops, fixed = _compute_rate(lines, per_token)
+    n = machine["world_size"]
+    links = {}
+    for op in sorted({c["op"] for c in lines["collective"]}):
+        rows = [c for c in lines["collective"] if c["op"] == op]
+        x = [c["size_bytes"] * bus_factor(op, n) for c in rows]
+        y = [c["s"] for c in rows]
+        per_byte, latency = _line(x, y)
+        links[op] = Link(latency_s=max(0.0, latency), bus_gbps=1 / per_byte / 1e9)
+    adam, copy = lines["adam"], lines["copy"]
+    cal = Calibration(
+        device=machine["device"],
+        accelerator="cuda" if machine["backend"] == "nccl" else "cpu",
+        backend=machine["backend"],
+        ranks=n,
+        cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+        threads_per_rank=machine["threads_per_rank"],
+        model=f"{m.family} {m.layers} x {m.hidden}, {m.params:,} parameters",
+        layers=base.model.layers or 0,
+        tensors=len(partition.numels(base)),
+        precision=base.zero.precision,
+        tflops=tflops,
+        micro_fixed_s=fixed,
+        adam_s_per_param=adam["device_s"] / adam["numel"],
+        host_adam_s_per_param=adam["host_s"] / adam["numel"],
+        to_host_gbps=copy["bytes"] / copy["to_host_s"] / 1e9,
+        to_device_gbps=copy["bytes"] / copy["to_device_s"] / 1e9,
+        collectives=links,
+        engines={},
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        host=socket.gethostname(),
+        versions={"torch": machine["torch"], "deepspeed": machine["deepspeed"]},
+        measured={
+            "compute": lines["compute"],
+            "collectives": lines["collective"],
+            "adam": adam,
+            "copy": copy,
+        },
+    )
+    engines, medians = {}, {}
+    for item in lines["engine"]:
+        setup = Setup.model_validate(item["setup"])
+        micro = statistics.median(t for step in item["micro_steps_s"] for t in step[:-1])
+        last = statistics.median(step[-1] for step in item["micro_steps_s"])
+        bare = statistics.median(item["bare_s"])
+        one = perf.step_time(setup.replace(batch={"grad_accum": 1}), calibration=cal)
+        two = perf.step_time(setup.replace(batch={"grad_accum": 2}), calibration=cal)
+        per_micro, per_step = two.step_s - one.step_s, 2 * one.step_s - two.step_s  # per_step + k per_micro
+        # the micro-step's compute as measured beside it, not as the rates predict it
+        per_micro += bare - (two.compute.seconds - one.compute.seconds)
+        tensors = len(partition.numels(setup))
+        # an engine's bookkeeping costs time or nothing: a negative residual is the shared machine's noise
+        engines[item["key"]] = EngineCost(
+            step_s_per_tensor=max(0.0, (last - micro) - per_step) / tensors,
+            micro_step_s_per_tensor=max(0.0, micro - per_micro) / tensors,
+        )
+        medians[item["key"]] = {"micro_step_s": micro, "last_micro_step_s": last, "bare_s": bare}
+    return replace(cal, engines=engines, measured={**cal.measured, "engines": medians})
+
+
+def _compute_rate(lines: dict, per_token: float) -> tuple[float, float]:
+    """(TFLOP/s, fixed seconds per micro-step) of forward + backward: seconds = fixed + FLOPs / rate.
+
+    The micro batch's seconds are the median of every time it was measured (the compute rounds and
+    beside each engine's steps: the whole launch's load); the larger micro batch enters only as the
+    median ratio of the two within a round, kept between 1 and the FLOPs' ratio (fixed >= 0)."""
+    c = lines["compute"]
+    small, large = (per_token * t for t in c["tokens"][:2])
+    seconds = statistics.median(
+        [r[0] for r in c["rounds_s"]] + [t for item in lines["engine"] for t in item["bare_s"]]
+    )
+    ratio = min(max(statistics.median(r[1] / r[0] for r in c["rounds_s"]), 1.0), large / small)
+    per_flop = seconds * (ratio - 1) / (large - small)
+    if per_flop <= 0:  # the larger batch took no longer: no fixed part is measurable
+        return small / seconds / 1e12, 0.0
+    return 1 / per_flop / 1e12, seconds - small * per_flop
+
+
+def _line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Least-squares slope and intercept of y over x."""
+    mx, my = statistics.fmean(x), statistics.fmean(y)
+    slope = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sum((a - mx) ** 2 for a in x)
+    return slope, my - slope * mx
 
 
 @dataclass(frozen=True)
@@ -98,16 +324,22 @@ def cpu_machine(
     return CpuMachine(threads, tflops, bus_gbps, copy_gbps)
 
 
-def calibrate(results: Results, machine: CpuMachine | None = None) -> pd.DataFrame:
+def calibrate(
+    results: Results, machine: CpuMachine | None = None, calibration: Calibration | None = None
+) -> pd.DataFrame:
     """Per configuration of a sweep: measured median step time, the model's prediction (and its parts),
-    and the error ``predicted / measured - 1``. CPU records need ``machine`` (``cpu_machine()``)."""
+    and the error ``predicted / measured - 1``. With a ``calibration`` (``measure``) every record is
+    predicted from it; without, CPU records need ``machine`` (``cpu_machine()``) and GPU records use
+    the datasheet."""
     rows = []
     for config in results.summary().itertuples():
         if config.status != "ok":
             continue
         first = next(r for r in results.records if r["config_id"] == config.config_id and "device" in r)
         setup, device = Setup.model_validate(first["setup"]), first["device"]
-        if device == "cpu":
+        if calibration is not None:
+            t = perf.step_time(setup, calibration=calibration)
+        elif device == "cpu":
             if machine is None:
                 raise ValueError(
                     "machine: CPU records need the machine measured: calibrate(results, cpu_machine())"
@@ -126,6 +358,7 @@ def calibrate(results: Results, machine: CpuMachine | None = None) -> pd.DataFra
                 "comm_s": t.exposed_comm.seconds,
                 "optimizer_s": t.optimizer.seconds,
                 "offload_s": t.offload.seconds,
+                "fixed_s": t.fixed.seconds,
                 "error": t.step_s / measured - 1,
             }
         )

@@ -3,7 +3,10 @@
 ``tune(setup)`` builds the candidates, prunes by ``kit.estimate`` what cannot fit the memory budget per
 GPU (those are reported with their estimate and never run), runs the rest with ``run_sweep`` (one
 launch, resumable: re-running the same ``sweep`` measures only what is missing) and ranks them by
-measured throughput, the median samples/s over the measured steps of rank 0.
+measured throughput, the median samples/s over the measured steps of rank 0. With a calibration
+(``kit.estimate.calibration``) every candidate also gets its predicted step time: the measured ones
+beside their measured median (``error`` = predicted / measured - 1), the unmeasured ones (pruned or
+failed) ranked after them by predicted samples/s; without one ``predicted_s`` is empty ("uncalibrated").
 
 What a candidate is:
 
@@ -30,6 +33,7 @@ from typing import Any
 import pandas as pd
 
 from kit import grid
+from kit.estimate.calibration import Calibration
 from kit.run.results import Results
 from kit.run.sweep import config_id, on_ranks, run_sweep
 from kit.schema import Setup
@@ -39,7 +43,7 @@ OFFLOADS = ("none", "cpu")
 KEEPS = ("train_batch", "grad_accum")
 COLUMNS = [
     "label", "stage", "offload", "micro_batch", "grad_accum", "train_batch", "estimated_gib",
-    "samples_per_s", "status", "rank",
+    "samples_per_s", "status", "rank", "predicted_s", "measured_s", "error",
 ]  # fmt: skip
 
 
@@ -68,6 +72,7 @@ class Tuned:
     records: Path
     budget_bytes: int
     results: Results = field(repr=False)
+    calibration: str = "uncalibrated"
 
     def write_ds_config(self, path: str | Path, **options: Any) -> Path:
         """Write the best configuration's ds_config.json (``kit.ds_config.write_ds_config``)."""
@@ -88,6 +93,7 @@ class Tuned:
         return {
             "records": str(self.records),
             "budget_bytes": self.budget_bytes,
+            "calibration": self.calibration,
             "best": best,
             "candidates": rows,
             "pruned": [{"label": lab, "estimated_bytes": b, "reason": r} for lab, b, r in self.pruned],
@@ -149,6 +155,7 @@ def tune(
     runs_dir: str | Path = "runs",
     nprocs: int = 2,
     progress: bool = True,
+    calibration: Calibration | None = None,
     **options: Any,
 ) -> Tuned:
     """Measure every candidate that the estimate says fits ``budget_bytes`` per GPU, in one launch, and
@@ -186,17 +193,22 @@ def tune(
         [c.setup for c in kept], sweep=sweep, runs_dir=runs_dir, nprocs=nprocs, steps=steps,
         progress=progress, **options,
     )  # fmt: skip
-    table = _table(found, kept, results)
+    table = _table(found, kept, results, calibration)
     best = None
     if (table["rank"] == 1).any():
         label = table.loc[table["rank"] == 1, "label"].iloc[0]
         best = next(c.setup for c in kept if c.label == label)
-    return Tuned(best, table, pruned, results.path, budget_bytes, results)
+    label = calibration.label if calibration else "uncalibrated"
+    return Tuned(best, table, pruned, results.path, budget_bytes, results, label)
 
 
-def _table(found: list[Candidate], kept: list[Candidate], results: Results) -> pd.DataFrame:
+def _table(
+    found: list[Candidate], kept: list[Candidate], results: Results, calibration: Calibration | None = None
+) -> pd.DataFrame:
     """One row per candidate: measured ones ranked by median samples/s (1 = fastest), then the failed,
-    then the pruned."""
+    then the pruned; with a ``calibration`` the unmeasured ones by predicted samples/s within each."""
+    from kit.estimate import perf
+
     summary = results.summary().set_index("config_id")
     ran = {id(c) for c in kept}
     rows = []
@@ -211,18 +223,26 @@ def _table(found: list[Candidate], kept: list[Candidate], results: Results) -> p
         row.update(grad_accum=s.batch.grad_accum, train_batch=s.batch.train_batch)
         row["estimated_gib"] = round(c.estimated_bytes / GIB, 4)
         row["samples_per_s"], row["status"] = float("nan"), "pruned"
+        row["measured_s"] = row["error"] = float("nan")
+        row["predicted_s"] = (
+            perf.step_time(s, calibration=calibration).step_s if calibration else float("nan")
+        )
         if id(c) in ran:
             cid = config_id(s)
             row["status"] = summary.loc[cid, "status"] if cid in summary.index else "missing"
             if row["status"] == "ok":
                 row["samples_per_s"] = float(summary.loc[cid, "samples_per_s"])
+                row["measured_s"] = float(summary.loc[cid, "step_time_s"])
+                row["error"] = row["predicted_s"] / row["measured_s"] - 1
         rows.append(row)
     table = pd.DataFrame(rows)
     ok = table["status"] == "ok"
     table["rank"] = pd.Series(pd.NA, index=table.index, dtype="Int64")
     table.loc[ok, "rank"] = table.loc[ok, "samples_per_s"].rank(ascending=False, method="first").astype(int)
     order = table["rank"].fillna(len(table) + 1).astype(int) + (table["status"] == "pruned").astype(int)
-    return table.iloc[order.argsort(kind="stable")].reset_index(drop=True)[COLUMNS]
+    predicted = (table["train_batch"] / table["predicted_s"]).fillna(0)  # NaN without a calibration
+    table = table.assign(_order=order, _speed=-predicted).sort_values(["_order", "_speed"], kind="stable")
+    return table.reset_index(drop=True)[COLUMNS]
 
 
 def _choices(name: str, values, allowed: tuple) -> list:

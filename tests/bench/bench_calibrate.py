@@ -1,40 +1,59 @@
-"""The step-time model against measurement on this machine: a compute-heavy toy GPT (3.3M parameters,
-hidden 256, fp32, 512 tokens per micro batch) at stages 0-3, with offload and with gradient accumulation,
-2 CPU ranks, bare loop; the machine's matmul rate and gloo bandwidth measured independently. Prints each
-configuration's error and the median |error| (``kit.run.calibrate``)."""
+"""The step-time model against measurement on this machine, calibrated and not: a compute-heavy toy GPT
+(3.3M parameters, 4 blocks of width 256, fp32, 64 tokens per sample), 2 CPU ranks.
+
+First one ``zerokit calibrate --measure`` launch (``kit.run.calibrate.measure``: the model alone at micro
+batches 2 and 4, every engine at micro batch 2 and grad accum 2, collectives, Adam, copies), then,
+right after it, the configurations it never ran (``kit.run.calibrate.holdout``: grad accum 3, micro
+batch 3, offload, twice as deep, twice as wide; stages 1-3 on 4 ranks), each predicted from the
+calibration and, as before, from the uncalibrated model with this machine's matmul rate and gloo
+bandwidth (``cpu_machine``). Prints each configuration's error and the median and largest |error|.
+"""
 
 import tempfile
 
-from kit.models import override, toy_spec
-from kit.run.calibrate import calibrate, cpu_machine, matmul_shape, median_abs_error
+from kit.run.calibrate import (
+    DEFAULT_MODEL,
+    calibrate,
+    cpu_machine,
+    holdout,
+    matmul_shape,
+    measure,
+    median_abs_error,
+)
 from kit.run.sweep import TOY_ZERO, run_sweep
 from kit.scaleout.commtest import allreduce_bus_gbps
 from kit.schema import Setup
 
 
 def main() -> None:
-    spec = override(toy_spec(), {"hidden": 256, "layers": 4, "ffn": 1024})
     base = Setup(
-        model=spec,
+        model=DEFAULT_MODEL,
         cluster={"nodes": 1, "gpus_per_node": 2},
         zero={**TOY_ZERO, "precision": "fp32"},
-        batch={"micro_batch": 8, "seq_len": 64},
+        batch={"micro_batch": 2, "seq_len": 64},
     )
-    setups = [base.replace(zero={"stage": s}) for s in (0, 1, 2, 3)]
-    setups += [
-        base.replace(zero={"stage": 2, "offload_optimizer": "cpu"}),
-        base.replace(batch={"micro_batch": 4, "grad_accum": 2}),
-    ]
+    found = measure(base, 2)
+    print(f"calibration_launch: {found.seconds:.1f} s")
+    print(f"calibration_compute: {found.tflops * 1e3:.1f} GFLOP/s")
+    tables = []
     with tempfile.TemporaryDirectory() as runs:
-        results = run_sweep(
-            setups, sweep="calibrate", runs_dir=runs, steps=4, progress=False, instrument=False
-        )
+        for nprocs in (2, 4):
+            results = run_sweep(
+                holdout(base, nprocs), sweep=f"holdout{nprocs}", runs_dir=runs, nprocs=nprocs, steps=4,
+                progress=False, instrument=False,
+            )  # fmt: skip
+            tables.append((nprocs, results, calibrate(results, calibration=found)))
     machine = cpu_machine(2, ("fp32",), matmul_shape(base), bus_gbps=allreduce_bus_gbps(2))
-    print(f"cpu_matmul_per_rank: {machine.tflops['fp32'] * 1e3:.1f} GFLOP/s")
-    print(f"gloo_allreduce_busbw: {machine.bus_gbps:.2f} GB/s")
-    table = calibrate(results, machine)
-    for row in table.itertuples():
-        name = row.label.replace(" ", "_")
-        times = f"measured {row.measured_s:.3f} s, predicted {row.predicted_s:.3f} s"
-        print(f"calibration_{name}: {times}, {row.error:+.0%}")
-    print(f"calibration_median_abs_error: {median_abs_error(table):.2f} ratio")
+    errors = []
+    for nprocs, results, table in tables:
+        before = calibrate(results, machine).set_index("label").error
+        for row in table.itertuples():
+            name = f"{row.label.replace(' ', '_')}_{nprocs}ranks"
+            times = f"measured {row.measured_s:.3f} s, predicted {row.predicted_s:.3f} s"
+            print(f"calibrated_{name}: {times}, {row.error:+.0%} (uncalibrated {before[row.label]:+.0%})")
+            errors.append(abs(row.error))
+    errors.sort()
+    median = errors[len(errors) // 2] if len(errors) % 2 else sum(errors[len(errors) // 2 - 1 :][:2]) / 2
+    print(f"calibrated_median_abs_error: {median:.3f} ratio (goal <= 0.10)")
+    print(f"calibrated_max_abs_error: {max(errors):.3f} ratio (goal <= 0.25)")
+    print(f"uncalibrated_median_abs_error: {median_abs_error(calibrate(tables[0][1], machine)):.3f} ratio")

@@ -1,0 +1,168 @@
+"""A calibration: this machine's rates and fixed costs as the step-time model needs them, as small JSON.
+
+``zerokit calibrate --measure`` measures it in one launch (``kit.run.calibrate.measure``) and
+``kit.estimate.perf.step_time(..., calibration=)`` predicts with it. Every number is measured, none is
+fitted to the step times it is later compared with:
+
+- ``tflops``, ``micro_fixed_s``: forward + backward of the calibration model alone, at two micro batches:
+  seconds = ``micro_fixed_s`` + FLOPs / ``tflops`` (the FLOPs of ``perf.flops_per_token``);
+- ``adam_s_per_param`` (on the device) and ``host_adam_s_per_param`` (the CPU, for optimizer offload);
+- ``to_host_gbps``, ``to_device_gbps``: host-device copies (offload);
+- ``collectives``: per collective, latency per call and bus bandwidth, a line through commtest's timings
+  (none from one rank, a single GPU: the datasheet's links then);
+- ``engines``: per engine (``engine_key``) the fixed seconds per optimizer step and per micro-step that
+  the terms above leave unexplained in that engine's own measured micro-steps (DeepSpeed's bookkeeping,
+  hooks, allocator calls), per parameter tensor of the calibration model (``tensors``);
+- ``ranks``, ``cores``, ``threads_per_rank``: how it ran; on a CPU machine a setup with more ranks than
+  cores shares them (``share``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+#: ``kind`` of a calibration file
+KIND = "zerokit-calibration"
+VERSION = 1
+#: stdout tag of the measuring rank's lines (``kit.ranks.calibrate_worker``)
+TAG = "ZEROKIT_CALIBRATION"
+
+
+@dataclass(frozen=True)
+class Link:
+    """One collective's cost per call: ``latency_s`` + bytes sent per rank / ``bus_gbps``."""
+
+    latency_s: float
+    bus_gbps: float
+
+
+@dataclass(frozen=True)
+class EngineCost:
+    """Fixed seconds of an engine per parameter tensor: per optimizer step and per micro-step."""
+
+    step_s_per_tensor: float
+    micro_step_s_per_tensor: float
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """This machine measured (see the module's doc for each field); ``save`` / ``load`` as JSON."""
+
+    device: str
+    accelerator: str  # "cuda" or "cpu"
+    backend: str  # "nccl" or "gloo"
+    ranks: int
+    cores: int
+    threads_per_rank: int
+    model: str
+    layers: int
+    tensors: int
+    precision: str
+    tflops: float
+    micro_fixed_s: float
+    adam_s_per_param: float
+    host_adam_s_per_param: float
+    to_host_gbps: float
+    to_device_gbps: float
+    collectives: dict[str, Link]
+    engines: dict[str, EngineCost]
+    created: str
+    host: str
+    versions: dict[str, str]
+    seconds: float = 0.0  # the launch's wall time
+    measured: dict = field(default_factory=dict)  # the raw medians the fields came from
+
+    def __post_init__(self) -> None:
+        for name in ("tflops", "adam_s_per_param", "host_adam_s_per_param", "to_host_gbps", "to_device_gbps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: a measured rate must be > 0, got {getattr(self, name)!r}")
+        if self.ranks < 1 or self.cores < 1 or self.threads_per_rank < 1:
+            raise ValueError(f"ranks: must be >= 1 (ranks, cores, threads_per_rank), got {self.ranks}")
+
+    @property
+    def label(self) -> str:
+        ranks = f"{self.ranks} rank{'s' if self.ranks > 1 else ''}"
+        return f"calibrated on {self.device} ({ranks}, {self.backend}, {self.created[:16]})"
+
+    def share(self, gpus_per_node: int) -> tuple[float, float]:
+        """(compute, other) slowdown of a rank on a node of ``gpus_per_node`` ranks against the
+        calibration's own: on a CPU machine each rank gets ``max(1, cores // ranks)`` threads (the
+        launcher's OMP_NUM_THREADS) and ranks x threads beyond the cores share them; a GPU is its own."""
+        if self.accelerator != "cpu":
+            return 1.0, 1.0
+
+        def threads_and_share(n: int) -> tuple[int, float]:
+            threads = max(1, self.cores // n)
+            return threads, max(1.0, n * threads / self.cores)
+
+        t0, s0 = threads_and_share(self.ranks)
+        t, s = threads_and_share(gpus_per_node)
+        return (s / s0) * (t0 / t), s / s0
+
+    def link(self, op: str) -> Link | None:
+        """``op``'s measured cost (all_reduce's for a collective not measured; None when one rank measured
+        none: the datasheet's links then)."""
+        return self.collectives.get(op) or self.collectives.get("all_reduce")
+
+    def engine(self, key: str) -> tuple[EngineCost, str]:
+        """The fixed costs of engine ``key``, and which measured engine they are: the engine itself, the
+        same stage without offload, or none (zero costs)."""
+        if key in self.engines:
+            return self.engines[key], key
+        base = key.split("+")[0]
+        if base in self.engines:
+            return self.engines[base], base
+        return EngineCost(0.0, 0.0), "none"
+
+    def gpus(self, names) -> list[str]:
+        """Those of ``names`` (data/gpus.csv) this calibration's device is: the name's first part (``H200``
+        of ``H200-SXM-141GB``) in the device's (``NVIDIA H200``)."""
+        words = self.device.upper().replace("-", " ").split()
+        return [n for n in names if n.split("-")[0].upper() in words]
+
+    def to_dict(self) -> dict:
+        return {"kind": KIND, "version": VERSION, **asdict(self)}
+
+    def save(self, path: str | os.PathLike) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+            f.write("\n")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Calibration:
+        if data.get("kind") != KIND:
+            raise ValueError(f"kind: not a zerokit calibration (expected {KIND!r}, got {data.get('kind')!r})")
+        if data.get("version") != VERSION:
+            raise ValueError(
+                f"version: this kit reads calibration version {VERSION}, got {data.get('version')!r}"
+            )
+        data = {k: v for k, v in data.items() if k not in ("kind", "version")}
+        data["collectives"] = {op: Link(**v) for op, v in data["collectives"].items()}
+        data["engines"] = {k: EngineCost(**v) for k, v in data["engines"].items()}
+        try:
+            return cls(**data)
+        except TypeError as error:
+            raise ValueError(f"calibration: {error}") from error
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Calibration:
+        """A calibration file; ValueError with one line when it is not one."""
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, json.JSONDecodeError) as error:
+            raise ValueError(f"calibration: cannot read {path}: {error}") from error
+        if not isinstance(data, dict):
+            raise ValueError(f"calibration: {path} is not a JSON object")
+        return cls.from_dict(data)
+
+
+def engine_key(stage: int, engine: str, offload_optimizer: str, offload_param: str) -> str:
+    """The name engines are calibrated under: ``ddp``, ``fsdp``, ``fsdp-grad-op`` or ``z<stage>``, with
+    ``+offload`` when the optimizer (or the parameters) live on the host."""
+    if engine != "deepspeed":
+        return engine if engine == "ddp" or stage == 3 else "fsdp-grad-op"
+    offload = offload_optimizer != "none" or offload_param != "none"
+    return f"z{stage}" + ("+offload" if offload else "")

@@ -1,0 +1,234 @@
+"""The per-rank script of ``zerokit calibrate --measure``: what the step-time model needs, measured here.
+
+By hand (``kit.run.calibrate.measure`` writes the spec and runs exactly this)::
+
+    DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 PYTHONPATH=. \\
+        deepspeed --num_gpus 2 --module kit.ranks.calibrate_worker --spec runs/calibration-spec.json
+
+Every rank measures at the same time as the others (a barrier before each measurement), so the rates
+include what ranks sharing a machine do to each other; rank 0 prints one ``ZEROKIT_CALIBRATION {json}``
+line per measurement, which the parent fits (``kit.run.calibrate.fit``):
+
+- ``compute``: forward and backward of the spec's model alone (no engine) at each micro batch of
+  ``micro_batches``, in rounds;
+- ``adam``: one ``torch.optim.Adam`` step on ``adam_numel`` elements, on the device and on the host;
+- ``copy``: device to host and host to device copies of ``copy_bytes``;
+- ``collective``: commtest's timed collectives (``kit.ranks.commtest_worker.time_collective``) per size;
+- ``engine``: per engine of ``engines`` (a Setup with grad accum >= 2), each micro-step of each timed
+  step: ``train_step`` of ``kit.ranks.engine``, as a sweep steps it, timed at the end of every
+  ``engine.step()``; the last micro-step of a step carries the optimizer step and the boundary's work.
+
+Seconds are CUDA events on a GPU (NCCL), ``perf_counter`` on the CPU accelerator (gloo).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import sys
+import time
+
+from kit.estimate.calibration import TAG
+from kit.scaleout.commtest import TIMED
+
+
+def seconds(fn, device, repeat: int, warmup: int = 1) -> float:
+    """Median seconds of ``fn()`` over ``repeat`` calls after ``warmup`` (CUDA events on a GPU)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class Bare:
+    """The spec's model without an engine: one forward + backward of a micro batch, timed."""
+
+    def __init__(self, setup, device, dtype):
+        from kit import workloads
+
+        self.setup, self.device, self.dtype = setup, device, dtype
+        self.workload = workloads.for_model(setup.model)
+        self.model = self.workload.build().to(device=device, dtype=dtype)
+        self.inputs: dict[int, tuple] = {}
+
+    def seconds(self, micro_batch: int) -> float:
+        from kit.ranks import engine
+
+        if micro_batch not in self.inputs:
+            at = self.setup.replace(batch={"micro_batch": micro_batch, "grad_accum": 1})
+            args, kwargs = engine.micro_batch(self.workload, at, 0, 0, 1)
+            args = tuple(engine._to(x, self.device, self.dtype) for x in args)
+            kwargs = {k: engine._to(x, self.device, self.dtype) for k, x in kwargs.items()}
+            self.inputs[micro_batch] = (args, kwargs)
+            for _ in range(2):  # warm-up: the first backward allocates the gradients, the allocator settles
+                self.step(micro_batch)
+        return seconds(lambda: self.step(micro_batch), self.device, 1, warmup=0)
+
+    def step(self, micro_batch: int) -> None:
+        args, kwargs = self.inputs[micro_batch]
+        self.workload.loss(self.model(*args, **kwargs)).backward()
+
+
+def compute(spec: dict, bare: Bare) -> dict:
+    """Forward + backward without an engine at each micro batch of ``micro_batches``, in turn for
+    ``repeat`` rounds: seconds per round (a changing load on a shared machine falls on a round's
+    micro batches alike, so their ratio holds)."""
+    seq = bare.setup.batch.seq_len
+    _barrier()
+    rounds = [[bare.seconds(mb) for mb in spec["micro_batches"]] for _ in range(spec["repeat"])]
+    return {"micro_batches": spec["micro_batches"], "tokens": [mb * seq for mb in spec["micro_batches"]]} | {
+        "rounds_s": rounds
+    }
+
+
+def adam(numel: int, device, repeat: int) -> dict:
+    """Seconds of one Adam step on ``numel`` fp32 elements, on ``device`` and on the host."""
+    import torch
+
+    out = {"numel": numel}
+    for where in {device.type: device, "cpu": torch.device("cpu")}.values():
+        p = torch.nn.Parameter(torch.zeros(numel, device=where))
+        p.grad = torch.ones_like(p)
+        opt = torch.optim.Adam([p], lr=1e-4)
+        _barrier()
+        out["host_s" if where.type == "cpu" else "device_s"] = seconds(opt.step, where, repeat)
+        del opt, p
+    if device.type == "cpu":
+        out["device_s"] = out["host_s"]
+    return out
+
+
+def copies(nbytes: int, device, repeat: int) -> dict:
+    """Seconds of a device-to-host and a host-to-device copy of ``nbytes`` (pinned host memory on a GPU)."""
+    import torch
+
+    on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    _barrier()
+    down = seconds(lambda: host.copy_(on_device, non_blocking=True), device, repeat)
+    up = seconds(lambda: on_device.copy_(host, non_blocking=True), device, repeat)
+    return {"bytes": nbytes, "to_host_s": down, "to_device_s": up}
+
+
+def collectives(sizes: list[int], device, iters: int) -> list[dict]:
+    """Seconds per call of commtest's collectives over message sizes (the full buffer, as nccl-tests)."""
+    import torch.distributed as dist
+
+    from kit.ranks.commtest_worker import buffer_numel, time_collective
+
+    out = []
+    for op in TIMED:
+        for size in sizes:
+            numel = buffer_numel(size, dist.get_world_size())
+            out.append({"op": op, "size_bytes": 4 * numel, "s": time_collective(op, numel, device, iters, 1)})
+    return out
+
+
+def engine_steps(config: dict, spec: dict, rank: int, world: int, bare: Bare) -> dict:
+    """Each micro-step's seconds of ``config``'s engine over the timed steps (after ``warmup`` steps),
+    and after each step the same micro batch's forward + backward without the engine (``bare_s``): the
+    engine's own cost is the difference of two times measured under the same load."""
+    from deepspeed.accelerator import get_accelerator
+
+    from kit.ranks import engine
+    from kit.schema import Setup
+
+    setup = Setup.model_validate(config["setup"])
+    run = engine.build_engine(setup, spec["seed"])
+    marks: list[float] = []
+
+    @contextlib.contextmanager
+    def phase(name):
+        yield
+        if name == "optimizer":
+            get_accelerator().synchronize()
+            marks.append(time.perf_counter())
+
+    try:
+        for step in range(spec["warmup"]):
+            engine.train_step(run.engine, run.workload, setup, step, rank, world, seed=spec["seed"])
+        steps, reference = [], []
+        for step in range(spec["warmup"], spec["warmup"] + spec["steps"]):
+            _barrier()
+            marks.clear()
+            get_accelerator().synchronize()
+            start = time.perf_counter()
+            engine.train_step(
+                run.engine, run.workload, setup, step, rank, world, seed=spec["seed"], phase=phase
+            )
+            ends = [start, *marks]
+            steps.append([b - a for a, b in zip(ends, ends[1:], strict=False)])
+            reference.append(bare.seconds(setup.batch.micro_batch))
+    finally:
+        engine.teardown(run.engine)
+        del run
+    return {"key": config["key"], "setup": config["setup"], "micro_steps_s": steps, "bare_s": reference}
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import deepspeed
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    from kit.ranks import engine
+    from kit.ranks.commtest_worker import emit
+    from kit.schema import Setup
+
+    spec, rank, world = engine.join(argv, "Measure this machine for the step-time model (zerokit calibrate).")
+    cuda = get_accelerator().device_name() == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)  # before any collective: NCCL runs on this rank's own GPU
+    setup = Setup.model_validate(spec["setup"])
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.zero.precision, torch.float32)
+
+    def report(kind: str, value) -> None:
+        if rank == 0:
+            emit(TAG, {"kind": kind, "value": value})
+
+    report(
+        "machine",
+        {
+            "device": torch.cuda.get_device_name() if cuda else "cpu",
+            "backend": torch.distributed.get_backend(),
+            "world_size": world,
+            "threads_per_rank": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "deepspeed": deepspeed.__version__,
+        },
+    )
+    bare = Bare(setup, device, dtype)
+    report("compute", compute(spec, bare))
+    report("adam", adam(spec["adam_numel"], device, spec["repeat"]))
+    report("copy", copies(spec["copy_bytes"], device, spec["repeat"]))
+    report("collective", collectives(spec["sizes"], device, spec["iters"]))
+    for config in spec["engines"]:
+        report("engine", engine_steps(config, spec, rank, world, bare))
+        _barrier()
+    report("done", True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
