@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from kit.records import append_record, load_records
-from kit.run import sweep as runner
 from kit.run.results import Results
+from kit.run.sweep import config_id, on_ranks, run_sweep
 from kit.schema import Setup
 
 NPROCS = 2
@@ -55,7 +55,7 @@ class TwoRankSweep:
         """The records of ``setups`` (on ``NPROCS`` ranks), the steps ``warmup .. warmup + steps - 1``."""
         if not (warmup >= WARMUP and warmup + steps <= WARMUP + STEPS):
             raise ValueError(f"steps: the shared sweep measured steps {WARMUP}..{WARMUP + STEPS - 1}")
-        ids = {runner.config_id(runner.on_ranks(s, NPROCS)) for s in setups}
+        ids = {config_id(on_ranks(s, NPROCS)) for s in setups}
         return [
             r
             for r in self.records
@@ -98,7 +98,7 @@ def two_rank_sweep(request, tmp_path_factory) -> TwoRankSweep:
         if fault:
             faults[i] = fault
     runs = tmp_path_factory.mktemp("shared-runs")
-    runner.run_sweep(
+    run_sweep(
         [s for s, _ in union], sweep=SWEEP, runs_dir=runs, nprocs=NPROCS, steps=STEPS, warmup=WARMUP,
         timeout_s=TIMEOUT_S, progress=False, faults=faults,
     )  # fmt: skip
@@ -126,7 +126,7 @@ def replay_launches(monkeypatch, two_rank_sweep) -> list[list[str]]:
             bar.update(1)
         return []
 
-    monkeypatch.setattr(runner, "_launch", launch)
+    monkeypatch.setattr("kit.run.sweep._launch", launch)
     return launched
 
 
@@ -152,7 +152,7 @@ class LocalNodesRun:
         measured = tuple(range(NODE_WARMUP, NODE_WARMUP + NODE_STEPS))
         if steps is not None and not set(steps) <= set(measured):
             raise ValueError(f"steps: the local-node session measured steps {measured}")
-        ids = {runner.config_id(s) for s in setups}
+        ids = {config_id(s) for s in setups}
         return [r for r in self.rows if r["config_id"] in ids and r["step"] in (steps or measured)]
 
 
@@ -165,7 +165,7 @@ def local_nodes_run(request, tmp_path_factory) -> LocalNodesRun:
     union: dict[str, Setup] = {}
     for module in _modules_using(request, "local_nodes_run"):
         for setup in module.LOCAL_NODE_SETUPS:
-            union.setdefault(runner.config_id(setup), setup)
+            union.setdefault(config_id(setup), setup)
     folder = tmp_path_factory.mktemp("local-nodes")
     rows = run_setups_on_local_nodes(
         list(union.values()), folder, steps=NODE_STEPS, warmup=NODE_WARMUP, timeout_s=600
