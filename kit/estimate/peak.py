@@ -65,6 +65,13 @@ Backend = Literal["nccl", "gloo"]
 TOKEN_ID_BYTES = 8
 
 
+def runner_path(device: str) -> tuple[Implementation, Backend]:
+    """The optimizer implementation and backend the kit's runner steps on ``device`` (a record's
+    ``device``): ``torch_adam``'s single-tensor path over gloo on the CPU accelerator, foreach over NCCL
+    on a GPU."""
+    return ("single", "gloo") if device == "cpu" else ("foreach", "nccl")
+
+
 @dataclass(frozen=True)
 class Timeline:
     """Per phase, the terms live at its peak moment, by category; ``moments`` says which moment."""
