@@ -154,3 +154,39 @@ def test_peak_timeline_plot_stacks_the_prediction_beside_the_measurement(sweep):
     assert drawn and [t.get_text() for t in ax.get_xticklabels()] == list(PHASES)
     bold = [t.get_text() for t in ax.get_xticklabels() if t.get_fontweight() == "bold"]
     assert bold == [line.peak_phase] == ["backward"]
+
+
+def test_peak_tables_read_rank_0s_last_step(sweep):
+    from kit.lab import teach
+    from kit.units import MIB
+
+    last = {r["label"]: r for r in sweep.records if r["rank"] == 0 and r["step"] == 1}
+    table = teach.peak_table(sweep)
+    assert len(table) == len(SETUPS) * len(PHASES)
+    assert list(dict.fromkeys(table["configuration"])) == [s.label for s in SETUPS]
+    for _, row in table.iterrows():
+        r = last[row["configuration"]]
+        assert row["measured MiB"] == r["measured"]["phases"][row["phase"]] / MIB
+        assert row["predicted MiB"] == r["estimate"]["phases"][row["phase"]] / MIB
+        assert (row["peak"] != "") == (
+            row["phase"] == max(r["estimate"]["phases"], key=r["estimate"]["phases"].get)
+        )
+    terms = teach.peak_terms(sweep, "forward")
+    z3 = last["z3 bf16 mb2"]["estimate"]["phases"]["forward"]
+    assert terms.loc["total", "z3 bf16 mb2"] == round(z3 / MIB, 3)
+    assert "reduce_bucket_size" in terms.loc["buffers formula", "z3 bf16 mb2"]
+
+
+def test_configurations_sharing_a_label_are_named_by_the_setting_that_differs(sweep):
+    import copy
+
+    from kit.lab import teach
+    from kit.run.results import Results
+
+    (z3,) = [r for r in sweep.records if r["label"] == "z3 bf16 mb2" and r["rank"] == 0 and r["step"] == 1]
+    small = copy.deepcopy(z3)
+    small["config_id"] += "-small"
+    small["setup"]["zero"]["reduce_bucket_size"] = 20_000
+    names = set(teach.peak_table(Results([z3, small]))["configuration"])
+    bucket = z3["setup"]["zero"]["reduce_bucket_size"]
+    assert names == {f"z3 bf16 mb2 reduce_bucket_size={bucket:,}", "z3 bf16 mb2 reduce_bucket_size=20,000"}

@@ -477,17 +477,22 @@ def peak_records(results) -> list[dict]:
     return list(last.values())
 
 
-def peak_plot(record: dict):
-    """``plots.peak_timeline`` of one record: the timeline predicted for its setting, rank and device
-    (``kit.estimate.peak.runner_path``) beside the phases it measured."""
+def record_timeline(record: dict):
+    """The timeline predicted for one record's setting, rank and device (``kit.estimate.peak.runner_path``:
+    the optimizer path and backend its run stepped), as its ``estimate.phases`` were."""
     from kit.estimate.memory import peak_timeline
     from kit.estimate.peak import runner_path
-    from kit.lab import plots
 
     implementation, backend = runner_path(record["device"])
-    line = peak_timeline(
-        Setup.model_validate(record["setup"]), record["rank"], implementation=implementation, backend=backend
-    )
+    setup = Setup.model_validate(record["setup"])
+    return peak_timeline(setup, record["rank"], implementation=implementation, backend=backend)
+
+
+def peak_plot(record: dict):
+    """``plots.peak_timeline`` of one record: its predicted timeline beside the phases it measured."""
+    from kit.lab import plots
+
+    line = record_timeline(record)
     peak, measured = line.peak_phase, record["measured"]["phases"]
     title = (
         f"{record['label']}: predicted peak in {peak} ({line.totals[peak] / MIB:,.2f} MiB), "
