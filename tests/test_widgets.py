@@ -16,7 +16,7 @@ from kit import models
 from kit.components import MEASURED
 from kit.estimate import estimate
 from kit.gpus import gpu
-from kit.lab.comparison_panel import WARMUP, ComparisonPanel, comparison_panel
+from kit.lab.comparison_panel import WARMUP, ComparisonPanel, comparison_panel, peak_plot, peak_records
 from kit.lab.memory_panel import MemoryPanel, memory_panel
 from kit.lab.ui import DESCRIPTION_WIDTH
 from kit.paths import MODELS
@@ -492,3 +492,69 @@ def test_comparison_panel_offloads_to_nvme_and_adds_zeropp_variants_at_stage_3()
     assert len(panel.estimates) == len(panel.setups) == 6
     panel.hpz.value = 3  # hpZ's group must divide the node's 2 ranks
     assert panel.error.startswith("hpz_partition_size: must divide gpus_per_node (2)")
+
+
+def test_memory_panel_shows_the_predicted_peak_timeline_before_anything_runs(panel):
+    assert panel.estimate.timeline is not None and panel.timeline_plot.layout.display is None
+    stage_2 = bytes(panel.timeline_plot.value)
+    assert stage_2.startswith(b"\x89PNG")
+    panel.stage.value = 3  # another setting, another timeline
+    assert panel.estimate.peak_phase in ("forward", "backward", "optimizer")
+    stage_3 = bytes(panel.timeline_plot.value)
+    assert stage_3.startswith(b"\x89PNG") and stage_3 != stage_2
+    panel.batch_by.value = "train_batch"
+    panel.train_batch.value = 100  # not a multiple of micro batch x GPUs: no estimate, no plot
+    assert panel.error and panel.timeline_plot.layout.display == "none"
+
+
+def timeline_sweep(panel: ComparisonPanel, folder) -> None:
+    """records.jsonl as if ``panel``'s configurations had run with the memory timeline: each record's
+    real setting and device, its phases a stub 1 % above the timeline predicted for it."""
+    from kit.estimate.memory import peak_timeline
+
+    finished_sweep(panel, folder)
+    path = folder / panel.sweep.value / "records.jsonl"
+    records = load_records(path)
+    path.unlink()
+    for record, setup in zip(
+        records, [s for s in panel.setups for _ in range(2 * panel.steps.value)], strict=True
+    ):
+        setup = on_ranks(setup, panel.nprocs.value)
+        line = peak_timeline(setup, record["rank"], implementation="single", backend="gloo")
+        record.update(setup=setup.model_dump(mode="json"), device="cpu")
+        record["measured"]["phases"] = {p: int(b * 1.01) for p, b in line.totals.items()}
+        append_record(str(path), record)
+
+
+def test_memory_timeline_checkbox_runs_the_timeline_and_plots_it_beside_the_prediction(tmp_path, monkeypatch):
+    import kit.run.sweep
+
+    asked, run_sweep = [], kit.run.sweep.run_sweep
+    monkeypatch.setattr(kit.run.sweep, "run_sweep", lambda *a, **kw: asked.append(kw) or run_sweep(*a, **kw))
+    panel = comparison_panel(stages=(2, 3), nprocs=2, steps=2, runs_dir=tmp_path, sweep="peak")
+    assert panel.memory_timeline.value is False  # off by default: on CPU the profiler costs ~19x a step
+    panel.memory_timeline.value = True
+    timeline_sweep(panel, tmp_path)
+    panel.run()
+    assert asked[-1]["memory_timeline"] is True
+    # the 4 sweep plots, then one peak timeline per configuration (rank 0, its last step)
+    assert len(panel.plots.children) == 4 + 2
+    records = peak_records(panel.results)
+    assert [(r["label"], r["rank"], r["step"]) for r in records] == [
+        ("z2 bf16 mb2", 0, WARMUP + 1), ("z3 bf16 mb2", 0, WARMUP + 1)
+    ]  # fmt: skip
+    ax = peak_plot(records[1]).axes[0]
+    assert ax.get_title().startswith("z3 bf16 mb2: predicted peak in backward (")
+    assert [t.get_text() for t in ax.get_legend().get_texts()][-1] == "measured"
+    measured = [b.get_height() for b in ax.patches[-3:]]
+    assert measured == pytest.approx([b / 2**20 for b in records[1]["measured"]["phases"].values()])
+    panel.memory_timeline.value = False
+    panel.run()  # every configuration reused: the same records, the switch passed as it now is
+    assert asked[-1]["memory_timeline"] is False
+
+
+def test_a_sweep_without_the_timeline_shows_no_peak_plot(tmp_path):
+    panel = comparison_panel(stages=(0, 2), nprocs=2, runs_dir=tmp_path, sweep="plain")
+    finished_sweep(panel, tmp_path)
+    panel.run()
+    assert len(panel.plots.children) == 4 and not peak_records(panel.results)

@@ -29,10 +29,8 @@ takes the largest of a few moments, each a sum of ``Term``s by category (``CATEG
 
 ``backend="gloo"`` (the CPU accelerator) adds the copies gloo's collectives make where NCCL writes in
 place: the all-gather of the updated 16-bit partitions (16-bit Psi, stages 1-2) and of a persistent
-stage-3 tensor (the largest), at the moment they are made. Those copies (and gloo's reduce-scatter's
-clone of its input) may be freed on one of gloo's threads, where the CPU profiler does not see the
-free, so a later phase of a CPU measurement (the optimizer step, the next micro-step's or step's
-forward) may go on counting them: ``gloo_lingering`` sizes them; they are not in the prediction.
+stage-3 tensor (the largest), at the moment they are made (``kit.ranks.memory_timeline`` settles each
+collective, so a CPU measurement sees these copies freed when they really are).
 
 What it cannot see: the temporaries inside an op (kernels' workspaces: on CPU a bf16 ``mm`` of a
 transposed input allocates a scratch beside its output, 148,608 B for the toy's 256 x 128 by 128 x
@@ -63,6 +61,13 @@ Implementation = Literal["fused", "foreach", "single"]
 Backend = Literal["nccl", "gloo"]
 #: int64 token ids of the micro batch
 TOKEN_ID_BYTES = 8
+
+
+def runner_path(device: str) -> tuple[Implementation, Backend]:
+    """The optimizer implementation and backend the kit's runner steps on ``device`` (a record's
+    ``device``): ``torch_adam``'s single-tensor path over gloo on the CPU accelerator, foreach over NCCL
+    on a GPU."""
+    return ("single", "gloo") if device == "cpu" else ("foreach", "nccl")
 
 
 @dataclass(frozen=True)
@@ -352,36 +357,4 @@ def _optimizer(setup, device, resident, implementation, backend) -> dict[str, di
     return out
 
 
-def gloo_lingering(setup: Setup) -> Term:
-    """Copies gloo's collectives make that a CPU measurement may go on counting after they are freed
-    (when the last reference goes on one of gloo's threads, the profiler does not see the free), so a
-    later phase may or may not include them: stage 0, the all-reduce's flat gradient bucket; stages
-    1-2, the all-gather of the updated 16-bit flat partitions and the reduction of one gradient bucket;
-    stage 3, the reduce-scatter's clone of the last bucket and the all-gather of the largest persistent
-    tensor. Not part of the prediction (NCCL makes none of them)."""
-    z = setup.zero
-    if z.engine != "deepspeed":
-        return NONE
-    if z.stage == 0:
-        p, bucket = element_bytes(z.precision), min(setup.model.params, z.reduce_bucket_size)
-        return Term(p * bucket, f"{p} B x {bucket:,} (the all-reduce's flat gradient bucket)")
-    p, psi, n = element_bytes(z.precision), setup.model.params, setup.dp
-    if z.stage in (1, 2):
-        flat = partition.partition_numel(setup) * n
-        bucket = min(z.reduce_bucket_size, flat)
-        return Term(
-            p * (flat + bucket),
-            f"{p} B x ({flat:,} + {bucket:,}) (gloo's all-gather copy of the updated partitions, its "
-            "reduction's copy of a gradient bucket)",
-        )
-    last = psi % z.reduce_bucket_size or min(psi, z.reduce_bucket_size)
-    persistent = [t for t in partition.numels(setup) if t <= z.param_persistence_threshold]
-    largest = -(-max(persistent) // n) * n if persistent else 0
-    return Term(
-        p * (last + largest),
-        f"{p} B x ({last:,} + {largest:,}) (gloo's reduce-scatter clone of the last bucket, the all-gather "
-        "copy of the largest persistent tensor)",
-    )
-
-
-__all__ = ["CATEGORIES", "PHASES", "Timeline", "gloo_lingering", "timeline"]
+__all__ = ["CATEGORIES", "PHASES", "Timeline", "runner_path", "timeline"]

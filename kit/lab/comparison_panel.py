@@ -109,6 +109,9 @@ class ComparisonPanel:
         self.steps = w.BoundedIntText(value=steps, min=1, max=10_000, description="steps")
         self.sweep = w.Text(value=sweep, description="sweep")
         self.runs_dir = w.Text(value=str(runs_dir), description="runs dir")
+        # each phase's measured peak beside the predicted timeline; on CPU the profiler costs ~19x a toy step
+        self.memory_timeline = w.Checkbox(value=False, description="memory timeline", indent=False)
+        self.memory_timeline.layout.width = "auto"
         self.run_button = ui.button("Run", "play", button_style="primary")
         self.stop_button = ui.button("Stop", "stop", button_style="danger", disabled=True)
         self.message = w.HTML()
@@ -142,7 +145,7 @@ class ComparisonPanel:
                 ui.row(self.layers, self.hidden, self.heads),
                 ui.row(self.vocab, self.seq_len),
                 ui.section("Run"),
-                ui.row(self.nprocs, self.steps),
+                ui.row(self.nprocs, self.steps, self.memory_timeline),
                 ui.row(self.sweep, self.runs_dir, self.run_button, self.stop_button),
                 w.HBox(
                     [self.bar, self.message], layout=w.Layout(align_items="center", flex_flow="row nowrap")
@@ -163,6 +166,7 @@ class ComparisonPanel:
             "runs_dir",
             "stages",
             "steps",
+            "memory_timeline",
         ):
             getattr(self, name).add_class(f"zk-{name.replace('_', '-')}")
         self._set_busy(False)
@@ -272,6 +276,7 @@ class ComparisonPanel:
             steps=self.steps.value,
             warmup=WARMUP,
             progress=False,
+            memory_timeline=self.memory_timeline.value,
             cancel=self._cancel.is_set,
             on_event=self._on_event,
         )
@@ -332,6 +337,10 @@ class ComparisonPanel:
                 image = w.Image(value=ui.figure_png(draw(results)), format="png")
                 image.layout.max_width = "100%"
                 images.append(image)
+        for record in peak_records(results):
+            image = w.Image(value=ui.figure_png(peak_plot(record)), format="png")
+            image.layout.max_width = "100%"
+            images.append(image)
         self.plots.children = images
         self.table.value = results_html(results)
 
@@ -343,7 +352,7 @@ class ComparisonPanel:
         self.run_button.icon = "hourglass-half" if busy else "play"
         self.stop_button.disabled = not busy
         shape = (self.layers, self.hidden, self.heads, self.vocab)
-        for control in (*self._inputs(), self.sweep, self.runs_dir):
+        for control in (*self._inputs(), self.sweep, self.runs_dir, self.memory_timeline):
             control.disabled = busy or (control in shape and not self.toy)
         if busy:
             self.widget.add_class("zk-busy")
@@ -455,3 +464,38 @@ def results_html(results) -> str:
     brief = results.brief()
     formats = [BRIEF_FORMATS.get(c, "{}") for c in brief.columns]
     return ui.table_html(list(brief.columns), brief.values.tolist(), formats)
+
+
+def peak_records(results) -> list[dict]:
+    """Per configuration, rank 0's last measured step that carries a memory timeline (a sweep run with
+    ``memory_timeline=True``; on a GPU always), in the sweep's order."""
+    last: dict[str, dict] = {}
+    for r in results.records:
+        timed = r.get("status") == "ok" and r["rank"] == 0 and "phases" in r.get("measured", {})
+        if timed and r["step"] >= last.get(r["config_id"], r)["step"]:
+            last[r["config_id"]] = r
+    return list(last.values())
+
+
+def record_timeline(record: dict):
+    """The timeline predicted for one record's setting, rank and device (``kit.estimate.peak.runner_path``:
+    the optimizer path and backend its run stepped), as its ``estimate.phases`` were."""
+    from kit.estimate.memory import peak_timeline
+    from kit.estimate.peak import runner_path
+
+    implementation, backend = runner_path(record["device"])
+    setup = Setup.model_validate(record["setup"])
+    return peak_timeline(setup, record["rank"], implementation=implementation, backend=backend)
+
+
+def peak_plot(record: dict):
+    """``plots.peak_timeline`` of one record: its predicted timeline beside the phases it measured."""
+    from kit.lab import plots
+
+    line = record_timeline(record)
+    peak, measured = line.peak_phase, record["measured"]["phases"]
+    title = (
+        f"{record['label']}: predicted peak in {peak} ({line.totals[peak] / MIB:,.2f} MiB), "
+        f"measured {measured[peak] / MIB:,.2f} MiB"
+    )
+    return plots.peak_timeline(line, measured, title=title)

@@ -110,6 +110,8 @@ class MemoryPanel:
         self.summary = w.HTML()
         self.formulas = w.HTML()
         self.plot = w.Image(format="png")
+        # the predicted peak per phase of a step (kit.estimate.peak), before anything runs
+        self.timeline_plot = w.Image(format="png")
         self.command = w.Textarea(layout=w.Layout(width="100%", height="5em", display="none"), disabled=True)
 
         for control in self._inputs():
@@ -143,6 +145,7 @@ class MemoryPanel:
                 ui.row(self.prefetch_bucket, self.max_live_parameters),
                 self.verdict,
                 w.HBox([self.plot, self.summary], layout=w.Layout(align_items="flex-start")),
+                self.timeline_plot,
                 self.formulas,
                 ui.row(self.config_file, self.write_button, self.command_button),
                 self.message,
@@ -302,13 +305,13 @@ class MemoryPanel:
             self.allgather_bucket.disabled = stage not in (1, 2)
 
     def _render(self) -> None:
-        from kit.lab.plots import estimated_memory
+        from kit.lab.plots import estimated_memory, peak_timeline
 
         if self.error:
             style = f"{ui.VERDICT_STYLE}color:{ui.RED}"
             self.verdict.value = f"<div style='{style}'>{html.escape(self.error)}</div>"
             self.summary.value = self.formulas.value = ""
-            self.plot.layout.display = "none"
+            self.plot.layout.display = self.timeline_plot.layout.display = "none"
             return
         est, setup = self.estimate, self.setup
         c, b = setup.cluster, setup.batch
@@ -343,6 +346,8 @@ class MemoryPanel:
         self.formulas.value = formula_table_html(est)
         self.plot.value = ui.figure_png(estimated_memory([est]))
         self.plot.layout.display = None
+        self.timeline_plot.value = ui.figure_png(peak_timeline(est.timeline)) if est.timeline else b""
+        self.timeline_plot.layout.display = None if est.timeline else "none"
 
     def _inputs(self) -> list[w.ValueWidget]:
         return [

@@ -17,22 +17,44 @@ the host is left out: the storages the state walk puts there (``host``) and what
 a ``host_side()`` block (the wrapped torch optimizer's step on offloaded states). The profiler costs
 more than a step of a small model, so on CPU it runs only when asked (``zerokit run --memory-timeline``).
 
+Gloo's frees: the profiler records a thread's allocations and frees only while that thread carries its
+state, and gloo's worker thread holds a finished collective's work (its tensors, and the copies it made)
+a moment after the caller's wait returns: about half of a toy's synchronous all-reduces still have
+their tensor held there when the call returns. Whenever the caller dropped its last reference first
+(a flat gradient bucket, say), the storage was freed on gloo's thread, unrecorded, and went on counting
+in later phases (up to 45 % of a phase under load). So while recording on CPU every collective of
+DeepSpeed's backend is settled (``settled_collectives``): waited at once, and returned only once its
+tensors are held no more than before the call; the storages its work allocated die with the work, by the
+end of the collective's window. The caller's own frees then happen on its thread, when they really do,
+as a GPU's allocator would count them.
+
 What it cannot see: on CPU, a storage allocated before any profiling and freed during the window (the
-CPU allocator does not report such a free, so that storage still counts after it), and one freed on a
-thread the profiler does not record (gloo's: a collective's copy) until its address is reused, non-tensor
-allocations the profiler does not record, and the caching allocator's fragmentation (a GPU's reserved
-bytes); on CUDA, allocations made outside PyTorch's allocator (NCCL's buffers, the CUDA context).
+CPU allocator does not report such a free, so that storage still counts after it), any other free on a
+thread the profiler does not record until its address is reused, non-tensor allocations the profiler
+does not record, and the caching allocator's fragmentation (a GPU's reserved bytes); on CUDA,
+allocations made outside PyTorch's allocator (NCCL's buffers, the CUDA context).
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
+import time
 from collections.abc import Iterator
 
 #: the phases of a step, in order
 PHASES = ("forward", "backward", "optimizer")
 _PHASE = "zerokit::phase::"
 _HOST = "zerokit::host"
+_COLLECTIVE = "zerokit::collective"
+#: the backend methods (``deepspeed.comm.comm.cdb``, a ``TorchBackend``) a CPU recording settles
+COLLECTIVES = (
+    "all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
+    "all_gather", "all_gather_into_tensor", "all_gather_base", "all_gather_coalesced", "all_to_all_single",
+    "all_to_all",
+)  # fmt: skip
+#: the longest a collective waits for gloo's worker to let go of its tensors
+SETTLE_S = 1.0
 
 
 class StepMemory:
@@ -60,7 +82,11 @@ class StepMemory:
             return
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True) as prof:
+        activities = [ProfilerActivity.CPU]
+        with (
+            profile(activities=activities, profile_memory=True, record_shapes=True) as prof,
+            settled_collectives(),
+        ):
             yield self
         self.phases = replay(prof.profiler.kineto_results, self.known, self.host)
 
@@ -135,6 +161,10 @@ def replay(result, known: dict[int, int], host: set[int]) -> dict[str, int]:
         (n.start_time_ns, n.end_time_ns, n.name[len(_PHASE) :]) for n in nodes if n.name.startswith(_PHASE)
     ]
     host_windows = [(n.start_time_ns, n.end_time_ns) for n in nodes if n.name == _HOST]
+    collectives = sorted((n.start_time_ns, n.end_time_ns) for n in nodes if n.name == _COLLECTIVE)
+    ends: list[
+        tuple[int, int, int]
+    ] = []  # (a collective's end, pointer, allocation time): its work's storages
     events = [
         (n.start_time_ns, n.typed[1].ptr, n.typed[1].alloc_size)
         for n in nodes
@@ -144,7 +174,13 @@ def replay(result, known: dict[int, int], host: set[int]) -> dict[str, int]:
     level = sum(live.values())
     peaks: dict[str, int] = {}
     entered = 0  # phases whose entry level is counted
+    born: dict[int, int] = {}  # pointer -> when its live storage was allocated
     for t, ptr, size in events:
+        while ends and ends[0][0] < t:  # a collective's work died by its end, on whichever thread
+            _, dead, at = heapq.heappop(ends)
+            if born.get(dead) == at:
+                level -= live.pop(dead, 0)
+                born.pop(dead)
         while entered < len(phases) and phases[entered][0] <= t:
             name = phases[entered][2]
             peaks[name] = max(peaks.get(name, 0), level)
@@ -155,14 +191,96 @@ def replay(result, known: dict[int, int], host: set[int]) -> dict[str, int]:
             # an address still live was freed unseen (a free the profiler missed): the new storage replaces it
             level += size - live.get(ptr, 0)
             live[ptr] = size
+            born[ptr] = t
+            end = _within(collectives, t)
+            if end is not None:
+                heapq.heappush(ends, (end, ptr, t))
         else:
             level -= live.pop(ptr, 0)
+            born.pop(ptr, None)
         for start, end, name in phases:
             if start <= t <= end:
                 peaks[name] = max(peaks.get(name, 0), level)
     for _, _, name in phases[entered:]:
         peaks[name] = max(peaks.get(name, 0), level)
     return {name: peaks[name] for name in PHASES if name in peaks}
+
+
+def _within(windows: list[tuple[int, int]], t: int) -> int | None:
+    """The end of the (sorted, disjoint) window holding time ``t``, if any."""
+    import bisect
+
+    i = bisect.bisect_right(windows, (t, float("inf"))) - 1
+    return windows[i][1] if i >= 0 and windows[i][0] <= t <= windows[i][1] else None
+
+
+@contextlib.contextmanager
+def settled_collectives() -> Iterator[None]:
+    """Within the block, each collective of DeepSpeed's backend returns only once its work is done and
+    gloo's worker thread has let go of it (see ``_settle``); restores the methods after."""
+    from deepspeed.comm import comm
+
+    cdb = comm.cdb
+    if cdb is None:
+        yield
+        return
+    saved = {name: vars(cdb)[name] for name in COLLECTIVES if name in vars(cdb)}
+    for name in COLLECTIVES:
+        method = getattr(cdb, name, None)
+        if method is not None:
+            setattr(cdb, name, _settle(method))
+    try:
+        yield
+    finally:
+        for name in COLLECTIVES:
+            vars(cdb).pop(name, None)
+        vars(cdb).update(saved)
+
+
+def _settle(method):
+    """``method`` run under ``_COLLECTIVE``: an asynchronous one waited at once (its handle's ``wait`` is
+    then a no-op), and the call returns only once every tensor it was given is held no more than before
+    (gloo's worker thread keeps the finished work, and with it those tensors, a moment after the wait
+    returns: were the caller's reference dropped first, the storage would be freed on that thread, where
+    the profiler does not record the free). Storages the work itself allocated (gloo's reduce-scatter
+    clones its input) die with it: the replay frees them at the window's end."""
+    from torch.profiler import record_function
+
+    def settled(*args, **kwargs):
+        tensors = [t for t in _tensor_args(args, kwargs) if hasattr(t, "_use_count")]
+        held = [t._use_count() for t in tensors]
+        with record_function(_COLLECTIVE):
+            work = method(*args, **kwargs)
+            asynchronous = work is not None
+            if asynchronous:
+                work.wait()
+                del work
+            deadline = time.monotonic() + SETTLE_S
+            while any(t._use_count() > n for t, n in zip(tensors, held, strict=True)):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0)
+        return _Done() if asynchronous else None
+
+    return settled
+
+
+class _Done:
+    """The handle of a collective already waited for."""
+
+    def wait(self, *_, **__) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def _tensor_args(args: tuple, kwargs: dict) -> Iterator:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, (list, tuple)):
+            yield from value
+        else:
+            yield value
 
 
 def _live_before(nodes, events, known: dict[int, int], host: set[int]) -> dict[int, int]:

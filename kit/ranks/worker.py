@@ -195,14 +195,15 @@ def _peak(setup, rank: int, whole_gpu) -> dict:
     """The predicted peak per phase of this rank's step (``kit.estimate.peak``): the runner steps
     ``torch_adam`` (torch's single-tensor path on CPU, foreach on CUDA) over gloo or NCCL."""
     from kit.estimate.memory import peak_timeline
+    from kit.estimate.peak import runner_path
     from kit.ranks import measure
 
-    cpu = measure.on_cpu()
+    implementation, backend = runner_path("cpu" if measure.on_cpu() else "cuda")
     line = peak_timeline(
         setup,
         rank,
-        implementation="single" if cpu else "foreach",
-        backend="gloo" if cpu else "nccl",
+        implementation=implementation,
+        backend=backend,
         activations=whole_gpu.terms["activations"],
     )
     return {"peak_tensor_bytes": line.peak_tensor_bytes, "phases": line.totals}
