@@ -18,7 +18,8 @@ import pytest
 
 from kit import estimate
 from kit.ds_config import to_ds_config
-from kit.estimate import baselines, perf
+from kit.estimate import baselines
+from kit.estimate.comm import comm_bytes
 from kit.models import preset, toy_spec
 from kit.rules import BASELINES, baseline_name
 from kit.run.sweep import TOY_ZERO, check, config_id
@@ -99,11 +100,11 @@ def test_fsdp_gathers_one_unit_at_a_time_and_grad_op_keeps_them_all():
 def test_communication_per_step_ddp_twice_fsdp_three_times_the_model():
     ring = (NPROCS - 1) / NPROCS
     m32, k = 4 * TOY.model.params, TOY.batch.grad_accum
-    assert perf.comm_bytes(variant("ddp"))[0] == round(2 * ring * m32)
-    assert perf.comm_bytes(variant("fsdp"))[0] == round(3 * k * ring * m32)
-    assert perf.comm_bytes(variant("fsdp-grad-op"))[0] == round(2 * k * ring * m32)
-    assert perf.comm_bytes(variant("fsdp", precision="bf16"))[0] == round(3 * k * ring * m32 / 2)
-    assert perf.comm_bytes(variant("ddp", precision="bf16"))[0] == round(2 * ring * m32)  # fp32 grads
+    assert comm_bytes(variant("ddp"))[0] == round(2 * ring * m32)
+    assert comm_bytes(variant("fsdp"))[0] == round(3 * k * ring * m32)
+    assert comm_bytes(variant("fsdp-grad-op"))[0] == round(2 * k * ring * m32)
+    assert comm_bytes(variant("fsdp", precision="bf16"))[0] == round(3 * k * ring * m32 / 2)
+    assert comm_bytes(variant("ddp", precision="bf16"))[0] == round(2 * ring * m32)  # fp32 grads
 
 
 def test_labels_and_bad_settings_name_the_field():

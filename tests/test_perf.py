@@ -6,6 +6,7 @@ import pytest
 
 from kit import models
 from kit.estimate import perf
+from kit.estimate.comm import collective_calls, collectives, comm_bytes
 from kit.gpus import gpu, network
 from kit.schema import Setup
 
@@ -42,23 +43,21 @@ def test_comm_bytes_per_stage_against_stage_0(stage, grad_accum, ratio):
     base = llama(stage=0).replace(batch={"micro_batch": 2, "grad_accum": grad_accum})
     s = base.replace(zero={"stage": stage})
     m, n = 2 * s.model.params, s.dp
-    assert perf.comm_bytes(base)[0] == round(2 * (n - 1) / n * m)
-    assert perf.comm_bytes(s)[0] / perf.comm_bytes(base)[0] == pytest.approx(
-        ratio, rel=1e-4 if stage == 3 else 1e-9
-    )
+    assert comm_bytes(base)[0] == round(2 * (n - 1) / n * m)
+    assert comm_bytes(s)[0] / comm_bytes(base)[0] == pytest.approx(ratio, rel=1e-4 if stage == 3 else 1e-9)
     one = s.replace(cluster={"gpus_per_node": 1})
-    assert perf.comm_bytes(one)[0] == 0 and perf.step_time(one).comm.seconds == 0
+    assert comm_bytes(one)[0] == 0 and perf.step_time(one).comm.seconds == 0
 
 
 def test_comm_uses_the_slowest_link_and_overlap_hides_a_share():
     s = llama(stage=3)
     inside = perf.step_time(s)
-    sent = perf.comm_bytes(s)[0]
+    sent = comm_bytes(s)[0]
     assert inside.comm.seconds == pytest.approx(sent / (gpu(s.cluster.gpu).interconnect_gbps / 2 * 0.8e9))
     across = s.replace(cluster={"nodes": 2, "interconnect": "ethernet"})
     t = perf.step_time(across)
     per_gpu = network("ethernet").gbytes_per_node / 8
-    assert t.comm.seconds == pytest.approx(perf.comm_bytes(across)[0] / (per_gpu * 0.8e9))
+    assert t.comm.seconds == pytest.approx(comm_bytes(across)[0] / (per_gpu * 0.8e9))
     assert t.exposed_comm.seconds == pytest.approx(0.5 * t.comm.seconds)  # stage 3 overlaps by default
     stage2 = perf.step_time(llama())
     assert stage2.exposed_comm.seconds == stage2.comm.seconds  # overlap_comm is off at stages 0-2
@@ -155,14 +154,14 @@ def test_a_calibration_replaces_the_datasheet_term_by_term():
     blocks = s.model.layers + 1
     compute = 2 * (per_token * 3 * 64 / 0.05e12 + 0.004 * blocks / 3)
     assert t.compute.seconds == pytest.approx(compute)
-    calls = {op: n for op, n, _ in perf.collective_calls(s)}
+    calls = {op: n for op, n, _ in collective_calls(s)}
     big = sum(1 for n in partition.numels(s) if n > s.zero.param_persistence_threshold)
     assert calls["all_gather"] == 2 * 2 * big + 1  # forward and backward per tensor, the persistent once
     links = cal.collectives
     by_op = {"forward all-gather": "all_gather", "backward all-gather": "all_gather"}
     by_op |= {"persistent all-gather": "all_gather", "gradient reduce-scatter": "reduce_scatter"}
-    bandwidth = sum(c.bytes / (links[by_op[c.name]].bus_gbps * 1e9) for c in perf.collectives(s))
-    latency = sum(n * links[op].latency_s for op, n, _ in perf.collective_calls(s))
+    bandwidth = sum(c.bytes / (links[by_op[c.name]].bus_gbps * 1e9) for c in collectives(s))
+    latency = sum(n * links[op].latency_s for op, n, _ in collective_calls(s))
     assert t.comm.seconds == pytest.approx(bandwidth + latency)
     assert t.exposed_comm.seconds == t.comm.seconds  # gloo blocks: overlap_comm hides nothing on CPU
     tensors = len(partition.numels(s))
@@ -219,7 +218,7 @@ def test_a_calibration_of_one_gpu_takes_the_links_from_the_datasheet():
     cal = calibration(**{**cal.__dict__, "collectives": {}})
     s = llama()
     t = perf.step_time(s, calibration=cal)
-    sent = perf.comm_bytes(s)[0]
+    sent = comm_bytes(s)[0]
     assert t.comm.seconds == pytest.approx(sent / (perf.hardware(s).intra_gbps * 0.8e9))
     assert t.compute.seconds == pytest.approx(
         4 * (perf.flops_per_token(s)[0] * 2 * 4096 / 0.05e12 + 0.004 * 33 / 3)

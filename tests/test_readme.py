@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kit.cli import main
+from kit.estimate.comm import comm_by_scope
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 #: (command line, the output shown) for every ``$ .venv/bin/zerokit ...`` in a console block
@@ -30,9 +31,10 @@ def test_readme_example_prints_what_the_readme_shows(command, shown, capsys):
 
 def test_the_zeropp_figures_in_the_prose_are_the_estimates():
     """README's ZeRO++ paragraph (Llama-2-7B on 2 x 8 H100s, micro batch 1, seq 4096): bytes per GPU per
-    step across and inside nodes (``perf.comm_by_scope``) and the memory hpZ adds (``kit.estimate``)."""
+    step across and inside nodes (``kit.estimate.comm.comm_by_scope``) and the memory hpZ adds
+    (``kit.estimate``)."""
     from kit import models
-    from kit.estimate import estimate, perf
+    from kit.estimate import estimate
     from kit.schema import Setup
     from kit.units import GIB
 
@@ -53,9 +55,9 @@ def test_the_zeropp_figures_in_the_prose_are_the_estimates():
     zpp = z3.replace(zero={"hpz_partition_size": 8, "quantized_weights": True, "quantized_gradients": True})
     before, after = estimate(z3), estimate(zpp)
     computed = (
-        perf.comm_by_scope(z3)["inter"],
-        perf.comm_by_scope(zpp)["inter"],
-        perf.comm_by_scope(zpp)["intra"],
+        comm_by_scope(z3)["inter"],
+        comm_by_scope(zpp)["inter"],
+        comm_by_scope(zpp)["intra"],
         after.components["parameters"] - before.components["parameters"],
         after.per_gpu_bytes - before.per_gpu_bytes,
     )

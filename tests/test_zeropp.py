@@ -12,6 +12,7 @@ from kit import models
 from kit.cli import main
 from kit.ds_config import read_ds_config, to_ds_config, validate_ds_config
 from kit.estimate import estimate, partition, perf, plan, rank_states
+from kit.estimate.comm import collectives, comm_by_scope, comm_bytes
 from kit.estimate.review import explain_ds_config
 from kit.lab.memory_panel import memory_panel
 from kit.lab.teach import zeropp_table
@@ -154,7 +155,7 @@ def test_collectives_per_gpu_split_intra_inter():
     # tensors kept whole (the norms, <= stage3_param_persistence_threshold) are gathered once after the step
     mp = 2 * sum(t for t in partition.numels(llama()) if t <= llama().zero.param_persistence_threshold)
     mg = m - mp
-    z3 = {c.name: (c.scope, c.bytes) for c in perf.collectives(llama())}
+    z3 = {c.name: (c.scope, c.bytes) for c in collectives(llama())}
     assert z3 == {
         "forward all-gather": ("inter", round((n - 1) / n * mg)),
         "backward all-gather": ("inter", round((n - 1) / n * mg)),
@@ -162,8 +163,8 @@ def test_collectives_per_gpu_split_intra_inter():
         "gradient reduce-scatter": ("inter", round((n - 1) / n * m)),
     }
     assert 0 < mp < 1e-4 * m
-    assert perf.comm_bytes(llama())[0] == sum(b for _, b in z3.values())  # 3 (N-1)/N M, less M_p
-    pp = {c.name: (c.scope, c.bytes) for c in perf.collectives(llama(**ALL_THREE))}
+    assert comm_bytes(llama())[0] == sum(b for _, b in z3.values())  # 3 (N-1)/N M, less M_p
+    pp = {c.name: (c.scope, c.bytes) for c in collectives(llama(**ALL_THREE))}
     assert pp == {
         "forward all-gather": ("inter", round(0.5 * (n - 1) / n * mg)),
         "backward all-gather": ("intra", round(0.5 * (8 - 1) / 8 * mg)),
@@ -174,18 +175,18 @@ def test_collectives_per_gpu_split_intra_inter():
     # the step-time model sends each scope over its own link
     s = llama(**ALL_THREE)
     hw, assume = perf.hardware(s), perf.Assumptions()
-    scope = perf.comm_by_scope(s)
+    scope = comm_by_scope(s)
     slow = min(hw.intra_gbps, hw.inter_gbps / 8) * assume.link_efficiency * 1e9
     fast = hw.intra_gbps * assume.link_efficiency * 1e9
     t = perf.step_time(s, hw, assume)
     assert t.comm.seconds == pytest.approx(scope["inter"] / slow + scope["intra"] / fast)
     assert "inter-node" in t.comm.formula and "intra-node" in t.comm.formula
     # one node: nothing crosses a NIC, hpZ's group is the whole world again
-    one = {c.name: c.scope for c in perf.collectives(llama(nodes=1, hpz_partition_size=8))}
+    one = {c.name: c.scope for c in collectives(llama(nodes=1, hpz_partition_size=8))}
     assert set(one.values()) == {"intra"}
     # qgZ's all-to-all needs several nodes (stage3.py: num_nodes > 1); one node reduce-scatters as usual
     single = llama(nodes=1, quantized_gradients=True)
-    assert [c.name for c in perf.collectives(single)][-1] == "gradient reduce-scatter"
+    assert [c.name for c in collectives(single)][-1] == "gradient reduce-scatter"
     assert estimate(single).components["buffers"] == estimate(llama(nodes=1)).components["buffers"]
 
 
@@ -228,7 +229,7 @@ def test_plan_searches_zeropp_on_several_nodes():
     row = zpp[zpp.zeropp == "hpz8 qwz qgz"].iloc[0]
     s = found.setup(row.name)
     assert s.zero.hpz_partition_size == 8 and s.zero.quantized_weights and s.zero.quantized_gradients
-    assert row.comm_inter_gib * 2**30 == pytest.approx(perf.comm_by_scope(s)["inter"])
+    assert row.comm_inter_gib * 2**30 == pytest.approx(comm_by_scope(s)["inter"])
     same = table[(table.zeropp == "") & (table.stage == 3) & (table.offload_optimizer == "none")]
     same = same[(same.nodes == row.nodes) & (same.micro_batch == row.micro_batch)].iloc[0]
     assert row.step_s < same.step_s and row.comm_inter_gib < same.comm_inter_gib / 5
@@ -278,7 +279,7 @@ def test_hpz_measured_on_two_simulated_nodes(local_nodes_run):
     prediction says; (4) with hpZ the reduce-scatter is unchanged and still crosses nodes, the
     cross-node all-gathers shrink to one gather of each parameter partition per step (2 B x S), the
     other all-gathers run inside the node, and the cross-node bytes on the wire fall, as
-    ``perf.collectives`` predicts.
+    ``kit.estimate.comm.collectives`` predicts.
     """
     spec, setups = models.toy_spec(), HPZ_RUNS
     rows = local_nodes_run.of(setups, steps=(1,))
@@ -298,7 +299,7 @@ def test_hpz_measured_on_two_simulated_nodes(local_nodes_run):
     plain, hpz = by[("z3 bf16 mb1", 0)], by[("z3 hpz2 bf16 mb1", 0)]
     assert hpz["measured"]["parameters"] - plain["measured"]["parameters"] == secondary
     assert plain["comm_scope_bytes"]["intra"] == {} and plain["comm_scope_wire_bytes"]["intra"] == 0
-    assert perf.comm_by_scope(setups[0])["intra"] == 0
+    assert comm_by_scope(setups[0])["intra"] == 0
     s_elements = sum(math.ceil(t / 4) for t in models.tensor_numels(spec))
     assert hpz["comm_scope_bytes"]["inter"]["all_gather"] == 2 * s_elements
     assert hpz["comm_scope_bytes"]["intra"]["all_gather"] > 0
@@ -306,8 +307,8 @@ def test_hpz_measured_on_two_simulated_nodes(local_nodes_run):
     assert hpz["comm_scope_bytes"]["inter"]["reduce_scatter"] == plain["comm_bytes"]["reduce_scatter"]
     assert "reduce_scatter" not in hpz["comm_scope_bytes"]["intra"]
     assert hpz["comm_scope_wire_bytes"]["inter"] < plain["comm_scope_wire_bytes"]["inter"]
-    predicted = perf.comm_by_scope(setups[1])
-    assert predicted["intra"] > 0 and predicted["inter"] < perf.comm_by_scope(setups[0])["inter"]
+    predicted = comm_by_scope(setups[1])
+    assert predicted["intra"] > 0 and predicted["inter"] < comm_by_scope(setups[0])["inter"]
 
 
 def test_local_nodes_refuses_before_launch(tmp_path, monkeypatch):

@@ -29,19 +29,15 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from kit.estimate import baselines, partition
+from kit.estimate import partition
 from kit.estimate.calibration import Calibration, Link, engine_key
+from kit.estimate.comm import TIMED_AS, collective_calls, collectives, comm_by_scope, comm_bytes
 from kit.estimate.result import Term, total
 from kit.gpus import DEFAULT_NVME, gpu, network, nvme
 from kit.rules import (
-    DDP_BUCKET_CAP_MB,
     FP32,
-    QUANTIZED_GRADIENT_BYTES,
-    QUANTIZED_WEIGHT_BYTES,
-    ZERO3_COLLECTIVES,
     element_bytes,
     optimizer_states,
-    ring_share,
 )
 from kit.schema import Setup
 
@@ -198,129 +194,6 @@ def flops_per_token(setup: Setup) -> tuple[float, str]:
     return float(flops), formula
 
 
-def comm_bytes(setup: Setup) -> tuple[int, str]:
-    """Bytes one GPU sends per optimizer step, as DeepSpeed's ZeRO moves them (ring collectives).
-
-    M = 16-bit (or fp32) model bytes, N = data-parallel ranks, k = micro-steps per step. Stage 0
-    all-reduces gradients at the boundary (2 (N-1)/N M); stages 1-2 all-reduce the gradient buckets
-    (DeepSpeed's multi-rank bucket all-reduce: measured 1.5x stage 0 with the all-gather) and all-gather
-    the updated parameters ((N-1)/N M); stage 2 reduces every micro-step, stage 1 at the boundary; stage 3
-    all-gathers parameters in forward and backward and reduce-scatters gradients every micro-step
-    (3 (N-1)/N M k, the ZeRO paper's 1.5x); with ZeRO++ the sum of ``collectives`` (intra- and inter-node).
-    """
-    n, z = setup.dp, setup.zero
-    if n == 1:
-        return 0, "one rank: no communication"
-    if z.engine != "deepspeed":
-        volume, formula, m = baselines.comm(setup)
-        return round(volume), f"{formula}, M = {m:,} B, N = {n}"
-    m = element_bytes(z.precision) * setup.model.params
-    k = setup.batch.grad_accum
-    ring = ring_share(n)
-    if z.stage == 0:
-        volume, formula = 2 * ring * m, "2 (N-1)/N M (gradient all-reduce)"
-    elif z.stage == 1:
-        volume, formula = 3 * ring * m, "2 (N-1)/N M (gradient all-reduce) + (N-1)/N M (parameter all-gather)"
-    elif z.stage == 2:
-        volume = (2 * k + 1) * ring * m
-        formula = (
-            f"2 (N-1)/N M x k={k} (gradient all-reduce per micro-step) + (N-1)/N M (parameter all-gather)"
-        )
-    else:
-        parts = collectives(setup)
-        volume = sum(c.bytes for c in parts)
-        formula = " + ".join(f"{c.formula} [{c.scope}]" for c in parts)
-    return round(volume), f"{formula}, M = {m:,} B, N = {n}"
-
-
-@dataclass(frozen=True)
-class Collective:
-    """One collective of a step: bytes one GPU sends per optimizer step, inside its node (``intra``) or
-    across nodes (``inter``), and how they were counted."""
-
-    name: str
-    scope: str
-    bytes: int
-    formula: str
-
-
-def collectives(setup: Setup) -> list[Collective]:
-    """Stage 3's collectives per optimizer step, ZeRO++ included, split by scope (``ZERO3_COLLECTIVES``).
-
-    M = 16-bit model bytes, N = dp, g = GPUs per node, h = hpz_partition_size, k = micro-steps. A group
-    spanning nodes counts as ``inter`` (its ring crosses the NICs). Forward all-gather (N-1)/N M over
-    every rank; backward all-gather the same, or with hpZ (h-1)/h M inside the node from the secondary
-    partition; tensors of at most ``stage3_param_persistence_threshold`` elements (M_p of the M bytes, M_g
-    the rest) stay whole on every rank, so they are not gathered for a micro-step but once after each
-    optimizer step, updated (``_post_step``); qwZ sends both as int8 (``QUANTIZED_WEIGHT_BYTES`` per
-    element); gradients reduce-scatter (N-1)/N M, or with qgZ int4 (``QUANTIZED_GRADIENT_BYTES``) in
-    DeepSpeed's two hops (``all_to_all_quant_reduce``): (g-1)/g of the int4 gradient to the node's GPUs,
-    then the node-reduced 1/g of it, (nodes-1)/nodes to the same GPU of the other nodes (on one node
-    DeepSpeed reduce-scatters as without qgZ, ``stage3.py`` ``num_nodes > 1``). The quantization scales
-    are left out. Other stages and engines: one entry, ``comm_bytes``'s total, in the scope of the data-
-    parallel group.
-    """
-    n, z, c = setup.dp, setup.zero, setup.cluster
-    across = "inter" if c.nodes > 1 else "intra"
-    if z.stage != 3 or z.engine != "deepspeed":
-        sent, how = comm_bytes(setup)
-        return [Collective("all", across, sent, how)] if n > 1 else []
-    p = element_bytes(z.precision)
-    m, k, g, h = p * setup.model.params, setup.batch.grad_accum, c.gpus_per_node, z.hpz_partition_size
-    if n == 1:
-        return []
-    w = QUANTIZED_WEIGHT_BYTES / p if z.quantized_weights else 1.0
-    wname = f"{w:g} x " if z.quantized_weights else ""
-    forward, backward, reduce = ZERO3_COLLECTIVES
-    ring = ring_share(n)
-    mp = p * sum(t for t in partition.numels(setup) if t <= z.param_persistence_threshold)
-    mp = mp if partition.is_exact(setup) else 0
-    mg = m - mp
-    out = [Collective(forward, across, round(k * ring * w * mg), f"{wname}(N-1)/N M_g x k={k}")]
-    if h > 1:
-        out.append(
-            Collective(
-                backward, "intra", round(k * (h - 1) / h * w * mg), f"hpZ {wname}(h-1)/h M_g x k={k}, h={h}"
-            )
-        )
-    else:
-        out.append(Collective(backward, across, round(k * ring * w * mg), f"{wname}(N-1)/N M_g x k={k}"))
-    if mp:
-        out.append(
-            Collective("persistent all-gather", across, round(ring * mp), f"(N-1)/N M_p, M_p = {mp:,} B")
-        )
-    if z.quantized_gradients and c.nodes > 1:  # stage3.py: one node reduce-scatters as without qgZ
-        q = QUANTIZED_GRADIENT_BYTES / p
-        out.append(
-            Collective(
-                reduce + " (qgZ hop 1)",
-                "intra",
-                round(k * (g - 1) / g * q * m),
-                f"qgZ {q:g} x (g-1)/g M x k={k}, g={g}",
-            )
-        )
-        hop2 = (c.nodes - 1) / c.nodes * q * m / g
-        out.append(
-            Collective(
-                reduce + " (qgZ hop 2)",
-                "inter",
-                round(k * hop2),
-                f"qgZ {q:g} x (nodes-1)/nodes M / g x k={k}",
-            )
-        )
-    else:
-        out.append(Collective(reduce, across, round(k * ring * m), f"(N-1)/N M x k={k}"))
-    return out
-
-
-def comm_by_scope(setup: Setup) -> dict[str, int]:
-    """Bytes one GPU sends per optimizer step inside its node and across nodes (``collectives``)."""
-    out = {"intra": 0, "inter": 0}
-    for c in collectives(setup):
-        out[c.scope] += c.bytes
-    return out
-
-
 def step_time(
     setup: Setup,
     hw: Hardware | None = None,
@@ -456,71 +329,6 @@ def with_assumptions(assume: Assumptions | None = None, **changes: float) -> Ass
     if unknown:
         raise ValueError(f"{sorted(unknown)[0]}: not an assumption; choose from {', '.join(asdict(base))}")
     return replace(base, **changes)
-
-
-#: the collective each of ``collectives``' entries is timed as (stages 0-2 and the baselines: all-reduce)
-TIMED_AS = {"forward all-gather": "all_gather", "backward all-gather": "all_gather"}
-TIMED_AS |= {"persistent all-gather": "all_gather", "gradient reduce-scatter": "reduce_scatter"}
-
-
-def collective_calls(setup: Setup) -> list[tuple[str, int, str]]:
-    """Collective calls one rank issues per optimizer step: ``(op, calls, formula)``, the code paths
-    ``comm_bytes`` counts the bytes of, each call paying a latency whatever its size.
-
-    P = parameters, k = micro-steps, T = tensors above ``param_persistence_threshold``. Stage 0 all-reduces
-    the gradients in buckets of ``reduce_bucket_size`` elements at the boundary; stages 1-2 reduce them in
-    such buckets (stage 2 every micro-step, stage 1 at the boundary) and all-gather the updated partitions
-    in buckets of ``allgather_bucket_size``; stage 3 gathers each parameter tensor it does not persist in
-    forward and again in backward (DeepSpeed fetches per parameter, ahead by ``prefetch_bucket_size``) and
-    reduce-scatters the gradients in buckets every micro-step, and gathers the persistent ones once after
-    the step; every stage also all-reduces the gradient norm for clipping (1 call). DDP all-reduces
-    buckets of 25 MB at the boundary; FSDP gathers each block (and the root) in forward and backward and
-    reduce-scatters it every micro-step.
-    """
-    n, z, k = setup.dp, setup.zero, setup.batch.grad_accum
-    if n == 1:
-        return []
-    params = setup.model.params
-    tensors = partition.numels(setup)
-    if z.engine == "ddp":
-        buckets = math.ceil(4 * params / (DDP_BUCKET_CAP_MB * 2**20))
-        return [("all_reduce", buckets, f"ceil(4 B x P / {DDP_BUCKET_CAP_MB} MB) buckets")]
-    if z.engine != "deepspeed":
-        units = (setup.model.layers or 0) + 1
-        gathers = (2 if z.stage == 3 else 1) * k * units
-        return [
-            (
-                "all_gather",
-                gathers,
-                f"{'2' if z.stage == 3 else '1'} x k={k} x {units} units (blocks + root)",
-            ),
-            ("reduce_scatter", k * units, f"k={k} x {units} units"),
-        ]
-    reduce = math.ceil(params / z.reduce_bucket_size)
-    gather = math.ceil(params / z.allgather_bucket_size)
-    norm = ("all_reduce", 1, "gradient norm")
-    if z.stage == 0:
-        return [("all_reduce", reduce, f"ceil(P / reduce_bucket_size {z.reduce_bucket_size:,})"), norm]
-    if z.stage in (1, 2):
-        times = k if z.stage == 2 else 1
-        return [
-            (
-                "all_reduce",
-                times * reduce,
-                f"{times} x ceil(P / reduce_bucket_size {z.reduce_bucket_size:,})",
-            ),
-            ("all_gather", gather, f"ceil(P / allgather_bucket_size {z.allgather_bucket_size:,})"),
-            norm,
-        ]
-    big = sum(1 for t in tensors if t > z.param_persistence_threshold)
-    persistent = len(tensors) - big
-    out = [
-        ("all_gather", 2 * k * big, f"2 x k={k} x T={big} tensors gathered"),
-        ("reduce_scatter", k * reduce, f"k={k} x ceil(P / reduce_bucket_size {z.reduce_bucket_size:,})"),
-    ]
-    if persistent:
-        out.append(("all_gather", 1, f"the {persistent} persistent tensors after the step"))
-    return [*out, norm]
 
 
 def calibrated(

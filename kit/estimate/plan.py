@@ -20,6 +20,7 @@ from kit import grid
 from kit.ds_keys import EXAMPLE_NVME_PATH, ZEROPP_OFF
 from kit.estimate import partition, perf
 from kit.estimate.calibration import Calibration
+from kit.estimate.comm import comm_by_scope
 from kit.fit import estimate_fit, fit
 from kit.gpus import catalogue, gpu, prices
 from kit.rules import BASELINES
@@ -364,7 +365,7 @@ def search(
                 batch={"micro_batch": d.micro_batch, "grad_accum": d.grad_accum},
             )
             est = estimate(candidate)
-            scope = perf.comm_by_scope(candidate)
+            scope = comm_by_scope(candidate)
             for name, hw in hardware.items():
                 t = perf.step_time(candidate, hw, assume, calibration)  # the GPU enters only through hw
                 run = t.run(tokens, rates[name])

@@ -70,7 +70,7 @@ def memory(results: Results) -> Figure:
 
 def comm_volume(results: Results) -> Figure:
     """Bytes one rank sends per step, stacked by collective (all-reduce, reduce-scatter, all-gather...),
-    with the prediction (``kit.estimate.perf.comm_bytes``) as a black tick on each bar.
+    with the prediction (``kit.estimate.comm.comm_bytes``) as a black tick on each bar.
 
     From DeepSpeed's comms logger (a PyTorch baseline's own hooks), scaled to wire bytes
     (``kit.rules.wire_factor``).

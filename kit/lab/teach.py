@@ -14,6 +14,7 @@ import pandas as pd
 
 from kit.components import MODEL_STATES
 from kit.ds_keys import EXAMPLE_NVME_PATH
+from kit.estimate.comm import comm_by_scope
 from kit.rules import FP32, SHARDED, element_bytes, master_bytes, optimizer_states
 from kit.schema import Setup
 from kit.units import whole_number
@@ -213,8 +214,8 @@ def zeropp_table(setup: Setup) -> pd.DataFrame:
     """ZeRO-3 beside its ZeRO++ variants for ``setup``'s model and cluster (``kit.grid.zeropp_variants``):
     memory per GPU, the ZeRO++ paper's cross-node volume per collective in units of M (16-bit model bytes;
     ``kit.rules.zeropp_paper_volume``: 3 M for ZeRO-3, 0.5 + 0 + 0.25 = 0.75 M for all three) and this
-    model's bytes per GPU per step inside the node and across nodes (``perf.collectives``) with the
-    communication time of the step-time model."""
+    model's bytes per GPU per step inside the node and across nodes (``kit.estimate.comm.collectives``)
+    with the communication time of the step-time model."""
     from kit import grid
     from kit.estimate import estimate, perf
     from kit.rules import ZERO3_COLLECTIVES, zeropp_paper_volume
@@ -232,7 +233,7 @@ def zeropp_table(setup: Setup) -> pd.DataFrame:
         )
         z, e = s.zero, estimate(s)
         paper = zeropp_paper_volume(z.hpz_partition_size > 1, z.quantized_weights, z.quantized_gradients)
-        scope = perf.comm_by_scope(s)
+        scope = comm_by_scope(s)
         rows.append(
             {
                 "setting": name,
@@ -252,15 +253,16 @@ def zeropp_table(setup: Setup) -> pd.DataFrame:
 def zeropp_measured(records: list[dict]) -> pd.DataFrame:
     """Per configuration and rank of a multi-node run (``kit.run.local_nodes``): parameter bytes
     measured beside ``rank_states`` (hpZ's secondary partition included), and the bytes sent per step
-    inside the node and across nodes, measured (``comm_scope_wire_bytes``) beside ``perf.comm_by_scope``."""
-    from kit.estimate import perf, rank_states
+    inside the node and across nodes, measured (``comm_scope_wire_bytes``) beside
+    ``kit.estimate.comm.comm_by_scope``."""
+    from kit.estimate import rank_states
 
     rows = []
     for r in records:
         if r.get("status") != "ok":
             continue
         setup = Setup.model_validate(r["setup"])
-        predicted = perf.comm_by_scope(setup)
+        predicted = comm_by_scope(setup)
         rows.append(
             {
                 "label": r["label"],

@@ -30,6 +30,7 @@ import time
 import traceback
 
 from kit import model_files, monitor
+from kit.estimate.comm import comm_bytes
 from kit.records import append_record, emit
 from kit.rules import wire_bytes
 
@@ -98,7 +99,6 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
     with a schedule the model states are read again at every step and predicted for that step's batch.
     """
     from kit import estimate, workloads
-    from kit.estimate import perf
     from kit.ranks import comm_scopes, engine, measure, memory_timeline, nvme_files, state_walk
 
     instrument = spec.get("instrument", True)
@@ -183,7 +183,7 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
                 record["estimate_nvme"] = {k: resident["nvme"][k] for k in record["measured_nvme"]}
             record["estimate_peak_bytes"] = whole_gpu.per_gpu_bytes
             record.update(comm_bytes=comm, comm_wire_bytes=wire_bytes(comm, world))
-            record["estimate_comm_wire_bytes"] = perf.comm_bytes(now)[0]
+            record["estimate_comm_wire_bytes"] = comm_bytes(now)[0]
             record.update(comm_scope_bytes=scopes.bytes(), comm_scope_wire_bytes=scopes.wire_bytes())
         append_record(spec["records"], {**record, "status": "ok", "error": None})
         _beat(spec, base, eng, step=step, samples_per_s=record["samples_per_s"], loss=loss)

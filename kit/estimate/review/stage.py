@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kit.ds_keys import STAGE3_KEYS, ZEROPP_OFF
-from kit.estimate import perf
+from kit.estimate.comm import comm_bytes
 from kit.estimate.memory import estimate
 from kit.estimate.review.context import Context, Finding, noop
 from kit.fit import estimate_fit
@@ -19,7 +19,7 @@ def stage(x: Context) -> list[Finding]:
     s, e, n = x.setup, x.est, x.n
     key = x.key("stage") or "zero_optimization.stage"
     mem = x.gpu.memory_bytes
-    comm, how = perf.comm_bytes(s)
+    comm, how = comm_bytes(s)
     sharded = (
         " and ".join(SHARDED[x.stage]).replace("_", " ").replace("optimizer states and", "optimizer states,")
     )
@@ -30,7 +30,7 @@ def stage(x: Context) -> list[Finding]:
         s2 = s.replace(zero={"stage": 2, "offload_param": "none", "offload_optimizer": opt, **ZEROPP_OFF})
         e2 = estimate(s2)
         if estimate_fit(e2, headroom=1 - ROOM).ok:
-            comm2, how2 = perf.comm_bytes(s2)
+            comm2, how2 = comm_bytes(s2)
             ratio = comm / comm2
             message = (
                 f"{key}: stage 3 on {s.model.name} ({s.model.params:,} params) where stage 2 fits with room "

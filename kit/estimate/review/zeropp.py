@@ -4,7 +4,7 @@ across nodes."""
 from __future__ import annotations
 
 from kit.ds_keys import ZEROPP_KEYS
-from kit.estimate import perf
+from kit.estimate.comm import comm_by_scope
 from kit.estimate.review.context import Context, Finding
 from kit.units import size
 
@@ -23,19 +23,19 @@ def zeropp(x: Context) -> list[Finding]:
     if x.stage != 3:
         return []  # stage.stage3_keys says they do nothing below stage 3
     found = []
-    now = perf.comm_by_scope(x.setup)
+    now = comm_by_scope(x.setup)
     for k in ZEROPP_KEYS:
         field, off, what = k.field, k.off, WHAT[k.field]
         key = x.key(k.key)
         if not key or getattr(x.z, field) == off:
             continue
         without = x.setup.replace(zero={field: off})
-        before = perf.comm_by_scope(without)
+        before = comm_by_scope(without)
         cost = x.delta(**{field: off})
         message = (
             f"{key} {getattr(x.z, field)}: {what}: {'+' if cost >= 0 else '-'}{size(abs(cost))} per GPU; "
             f"per GPU per step across nodes {size(before['inter'])} -> {size(now['inter'])}, inside the "
-            f"node {size(before['intra'])} -> {size(now['intra'])} (kit.estimate.perf.collectives)"
+            f"node {size(before['intra'])} -> {size(now['intra'])} (kit.estimate.comm.collectives)"
         )
         if field != "hpz_partition_size":
             message += "; needs DeepSpeed's CUDA quantizer kernels (no CPU backend)"
