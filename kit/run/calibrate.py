@@ -314,11 +314,11 @@ def cpu_machine(
         for precision in precisions:
             a = torch.randn(m, k, dtype=dtypes[precision])
             b = torch.randn(k, n, dtype=dtypes[precision])
-            seconds = _median_seconds(lambda a=a, b=b: a @ b)
+            seconds = median_seconds(lambda a=a, b=b: a @ b)
             tflops[precision] = 2 * m * k * n / seconds / 1e12
         src = torch.empty(64 * 2**20, dtype=torch.uint8)
         dst = torch.empty_like(src)
-        copy_gbps = src.numel() / _median_seconds(lambda: dst.copy_(src)) / 1e9
+        copy_gbps = src.numel() / median_seconds(lambda: dst.copy_(src)) / 1e9
     finally:
         torch.set_num_threads(before)
     return CpuMachine(threads, tflops, bus_gbps, copy_gbps)
@@ -370,7 +370,8 @@ def median_abs_error(table: pd.DataFrame) -> float:
     return float(table.error.abs().median()) if len(table) else float("nan")
 
 
-def _median_seconds(fn, repeat: int = 5) -> float:
+def median_seconds(fn, repeat: int = 5) -> float:
+    """Median wall seconds of ``repeat`` calls of ``fn`` after one warm-up call."""
     fn()  # warm up
     times = []
     for _ in range(repeat):

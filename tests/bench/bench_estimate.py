@@ -2,23 +2,13 @@
 time as a ratio to ``python -c "import torch"`` (target well under 1: the estimate path imports no torch).
 """
 
-import statistics
 import subprocess
 import sys
-import time
 
 from kit import Setup
 from kit.estimate import estimate
 from kit.models import preset
-
-
-def median_seconds(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from kit.run.calibrate import median_seconds
 
 
 def main() -> None:
