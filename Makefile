@@ -11,8 +11,6 @@ TORCH_INDEX ?=
 # DeepSpeed's internals); keep in step with pyproject.toml and environment.yml.
 DEEPSPEED   ?= deepspeed>=0.19.8,<0.20
 STAMP  := $(VENV)/.installed
-# torch and DeepSpeed alone (enough to build DeepSpeed's ops while the rest installs)
-DS_STAMP := $(VENV)/.deepspeed
 
 export OMP_NUM_THREADS ?= 1
 # DeepSpeed's JIT-built ops (async_io for NVMe offload) in this venv, not ~/.cache/torch_extensions: their
@@ -23,13 +21,10 @@ export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 install: $(STAMP)
 
-$(DS_STAMP): pyproject.toml environment.yml
+$(STAMP): pyproject.toml environment.yml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q "$(DEEPSPEED)"
-	touch $(DS_STAMP)
-
-$(STAMP): $(DS_STAMP)
 	$(PY) -m pip install -q -e ".[all]"
 	touch $(STAMP)
 
@@ -41,10 +36,9 @@ lint: install
 	$(VENV)/bin/ruff format --check kit tests
 
 # The README's test command: lint, unit + 2-rank CPU integration tests, then every notebook. The async_io
-# op the NVMe tests need builds meanwhile, niced, in the background (tests/build_async_io.py; log in the
-# venv), from the moment DeepSpeed is installed: the kit and the test tools install beside it.
-test: libaio $(DS_STAMP)
-	PYTHONPATH=$(CURDIR) nice -n 10 $(PY) -m tests.build_async_io > $(VENV)/async_io_build.log 2>&1 &
+# op the NVMe tests need builds meanwhile, niced, in the background (tests/build_async_io.py; log in the venv).
+test: install libaio
+	nice -n 10 $(PY) -m tests.build_async_io > $(VENV)/async_io_build.log 2>&1 &
 	$(MAKE) --no-print-directory lint
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q tests
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q --nbmake notebooks
