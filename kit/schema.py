@@ -128,6 +128,9 @@ class AioSettings(_Frozen):
 class ZeroSettings(_Frozen):
     """The ZeRO knobs. Bucket sizes count elements, as in DeepSpeed's config.
 
+    ``engine`` ``ddp`` / ``fsdp`` runs PyTorch's own engine as a baseline standing for the ZeRO stage whose
+    states it shards (``kit.rules.BASELINES``), so the one ``stage`` field describes every engine.
+
     NVMe offload (ZeRO-Infinity, ``offload_* = "nvme"``): ``nvme_path`` (one folder for both swappers),
     the parameter swapper's ``buffer_count`` x ``buffer_size`` pinned buffers and ``max_in_cpu``
     (parameter elements kept in pinned RAM instead), the optimizer swapper's ``optimizer_buffer_count``,
