@@ -394,3 +394,21 @@ def test_run_refuses_a_config_deepspeed_refuses_before_launch(capsys, tmp_path):
     assert code == 2 and out == "" and not (tmp_path / "runs").exists()
     assert err.startswith("zerokit run: zero_optimization.overlap_comms: Extra inputs are not permitted")
     assert len(err.strip().splitlines()) == 1
+
+
+def test_the_stage_finding_names_the_per_gpu_total_as_what_it_is():
+    """The stage line's second figure is the whole per-GPU estimate (activations, buffers and overhead
+    included), not model states "in all"."""
+    from kit.paths import DATA
+    from kit.units import size
+
+    llama = models.resolve("llama-2-7b")
+    cluster = {"nodes": 2, "gpus_per_node": 8}
+    report = explain_ds_config(
+        DATA / "examples" / "ds_config_hf.json", model=llama, cluster=cluster, micro_batch=4, grad_accum=8
+    )
+    e = estimate(report.setup)
+    message = finding(report, "zero_optimization.stage").message
+    assert f"model states {size(e.model_states_bytes)} per GPU" in message
+    total = f"{size(e.per_gpu_bytes)} per GPU with activations ({size(e.components['activations'])})"
+    assert total in message and "in all" not in message

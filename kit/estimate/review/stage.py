@@ -51,7 +51,8 @@ def stage(x: Context) -> list[Finding]:
         f"{key}: ZeRO stage {x.stage} partitions {sharded or 'nothing'} over {n} GPU(s): model states "
         f"{size(e.model_states_bytes)} per GPU (parameters {size(c['parameters'])}, gradients "
         f"{size(c['gradients'])}, optimizer states {size(c['optimizer_states'])}), "
-        f"{size(e.per_gpu_bytes)} in all, {e.per_gpu_bytes / mem:.0%} of the {s.cluster.gpu}'s "
+        f"{size(e.per_gpu_bytes)} per GPU with activations ({size(c['activations'])}), buffers and overhead, "
+        f"{e.per_gpu_bytes / mem:.0%} of the {s.cluster.gpu}'s "
         f"{size(mem)}{why}; communication {size(comm)} per GPU per step ({how})"
     )
     verdict = estimate_fit(e)
