@@ -38,35 +38,6 @@ def test_replay_counts_live_tensors_per_phase_and_leaves_host_work_out():
     assert memory.result()["peak_tensor_bytes"] == phases["backward"]
 
 
-def test_a_collective_returns_once_its_worker_let_go_so_no_free_is_lost_on_that_thread():
-    import threading
-    import time
-
-    import torch
-
-    from kit.ranks.memory_timeline import _settle
-
-    def collective(tensor, async_op=False):
-        """Like gloo's: a worker thread holds the caller's tensor and a copy it made a moment past the
-        call, and frees them there (the profiler records no free on that thread)."""
-        work = [tensor.sin(), torch.empty(5000)]  # holds the caller's tensor (autograd); 4,000 + 20,000 B
-        threading.Thread(target=lambda: (time.sleep(0.05), work.clear())).start()
-
-    memory = StepMemory()
-    with memory.recording():
-        with memory.phase("forward"):
-            x = torch.empty(1000, requires_grad=True)  # 4,000 B
-            _settle(collective)(x)
-            del x  # the last reference: freed on this thread, recorded, since the worker has let go
-        with memory.phase("backward"):
-            y = torch.empty(250)  # 1,000 B
-            del y
-    phases, scalars = memory.result()["phases"], 64
-    assert 4000 + 4000 + 20000 <= phases["forward"] <= 4000 + 4000 + 20000 + scalars
-    # the work's storages died with it by the collective's end; the caller's went with its del
-    assert 1000 <= phases["backward"] <= 1000 + scalars
-
-
 def _setup(**zero) -> Setup:
     batch = zero.pop("batch", {})
     data = toy_setup(2).model_dump(mode="json")
