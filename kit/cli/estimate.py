@@ -338,10 +338,8 @@ def _recommendation(found, booked, command: list[str] | None) -> list[str]:
     alt = booked.alternatives
     if alt.empty:
         return lines
-    mark = booking.quantized(alt)
-    marked = alt.assign(label=[("! " if mark[i] else "  ") + alt.label[i] for i in alt.index])
     lines += ["", f"Alternatives ({booked.goal} first; why each differs from the booking):"]
-    lines.append(_table(marked, ALTERNATIVE_COLUMNS))
+    lines.append(_table(alt, ALTERNATIVE_COLUMNS))
     notes = dict.fromkeys(n for n in alt.numerics if n and n != flag)
     return lines + [f"! {note}" for note in notes]
 
@@ -375,11 +373,10 @@ def _your_setting(setup, found, fix, prices, calibration, args) -> list[str]:
 def _every_table(found, booked, top, fitting, clusters, batches, sized, setup) -> list[str]:
     """``--all``: the Pareto front, the picks per GPU, the cheapest setups, NVMe offload, the smallest
     cluster per variant and the decompositions, the first four within the same limits."""
+    from kit.estimate import booking
+
     limits = {"max_hours": booked.max_hours, "budget": booked.budget}
-    picks = found.best_per_gpu(**limits)
-    if not picks.empty:  # one row where a GPU type's cheapest setup is also its fastest
-        both = picks.duplicated(["gpu", "label"], keep=False)
-        picks = picks.assign(pick=picks.pick.where(~both, "both")).drop_duplicates(["gpu", "label"])
+    picks = booking.picks(found, **limits)
     lines = ["", "Pareto front, wall-clock time vs cost (fastest first):", _table(found.pareto(**limits))]
     lines += ["", "Cheapest and fastest per GPU type:", _table(picks, ["pick", *PLAN_COLUMNS])]
     lines += ["", f"Cheapest fitting setups, the best batch of each ({len(top)} of {len(fitting):,}):"]
@@ -400,7 +397,7 @@ def _every_table(found, booked, top, fitting, clusters, batches, sized, setup) -
         shown = batches.assign(fits=batches.fits.map({True: "fits", False: "does not fit"}))
         columns = ["micro_batch", "grad_accum", "train_batch", "activations_gib", "per_gpu_gib", "fits"]
         lines.append(_table(shown, columns))
-    return lines
+    return [*lines, "", booking.NOTE]
 
 
 def _clusters_text(clusters) -> str:
@@ -504,9 +501,12 @@ def _table(frame, columns: list[str] = PLAN_COLUMNS) -> str:
     """``frame``'s ``columns`` with units (``plan.readable``), text left and numbers right, in full."""
     if frame.empty:
         return "  (none)"
+    from kit.estimate.booking import marked
     from kit.estimate.plan import readable
 
     shown = readable(frame[columns])
+    if "label" in columns and "zeropp" in frame:
+        shown["label"] = marked(frame)
     cells = [[str(v) for v in shown[c]] for c in columns]
     widths = [max(len(c), *map(len, column)) for c, column in zip(columns, cells, strict=True)]
 

@@ -42,6 +42,19 @@ def quantized(table: pd.DataFrame) -> pd.Series:
     return table.zeropp.str.contains("qwz|qgz")
 
 
+def marked(table: pd.DataFrame) -> pd.Series:
+    """Each row's label, "! " before those that quantize (qwZ, qgZ: ``NOTE``), two spaces before others."""
+    return table.label.where(~quantized(table), "! " + table.label).where(
+        quantized(table), "  " + table.label
+    )
+
+
+#: the footnote of a "!" label
+NOTE = (
+    "! qwZ / qgZ: int8 weights / int4 gradients change the numerics; DeepSpeed implements them for CUDA only"
+)
+
+
 def bookable(table: pd.DataFrame) -> pd.Series:
     """The rows a recommendation may be: DeepSpeed (PyTorch's engines have no ds_config), no qwZ / qgZ."""
     return (table.engine == "deepspeed") & ~quantized(table)
@@ -143,3 +156,15 @@ def variant(row: pd.Series) -> str:
     if row.checkpointing:
         parts.append("checkpointing")
     return " + ".join(parts)
+
+
+def picks(plan, max_hours: float | None = None, budget: float | None = None) -> pd.DataFrame:
+    """``Plan.best_per_gpu`` within the limits, one row (pick "cheapest and fastest") where a GPU type's
+    cheapest setup is also its fastest."""
+    table = plan.best_per_gpu(max_hours, budget)
+    if table.empty:
+        return table
+    both = table.duplicated(["gpu", "label"], keep=False)
+    return table.assign(pick=table.pick.where(~both, "cheapest and fastest")).drop_duplicates(
+        ["gpu", "label"]
+    )
