@@ -223,7 +223,14 @@ def test_why_an_alternative_differs(searched):
     mi300 = other.copy()
     mi300["gpu"] = "MI300X"
     assert "for CUDA only, not on MI300X" in booking.numerics(mi300, "bf16")
-    assert booking.numerics(base, "fp16") == booking.FP16 and booking.numerics(base, "bf16") == ""
+    assert (
+        booking.numerics(base, "fp16") == booking.FP16 + "; the H100-SXM-80GB has bf16: plan --precision bf16"
+    )
+    v100 = base.copy()
+    v100["gpu"] = "V100-SXM2-32GB"
+    assert booking.numerics(v100, "fp16") == booking.FP16 and booking.numerics(base, "bf16") == ""
+    assert booking._compare(1.999, "faster", "slower", "the time") == "2.0x the time"
+    assert booking._compare(0.6, "faster", "slower", "the time") == "40 % faster"
 
 
 def test_readable_units_and_records_without_missing_markers(llama7b):

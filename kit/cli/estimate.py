@@ -226,8 +226,9 @@ def run_plan(args: argparse.Namespace) -> int:
     planned = list(dict.fromkeys(found.table.gpu))
     if setup.cluster.gpu not in planned:  # --gpus leaves it out: the recommended type's, or the first planned
         sized = sized.replace(cluster={"gpu": r.gpu if r is not None else planned[0]})
-    clusters = plan.smallest_cluster(sized, max_nodes=args.max_nodes)
-    batches = plan.batch_options(setup, setup.batch.train_batch) if given else None
+    every = args.json or args.all  # the tables only they show
+    clusters = plan.smallest_cluster(sized, max_nodes=args.max_nodes) if every else None
+    batches = plan.batch_options(setup, setup.batch.train_batch) if given and every else None
     fitting = found.options(**within)
     top = fitting if args.top == 0 else fitting.head(args.top)
     if args.json:

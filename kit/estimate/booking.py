@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from kit.fit import supports
 from kit.gpus import gpu
 
 #: what a plan can be asked for: the cheapest setup (within ``max_hours``), or the fastest (within a budget)
@@ -33,7 +34,9 @@ def numerics(row: pd.Series, precision: str) -> str:
     if reasons and gpu(row.gpu).vendor != "NVIDIA":
         reasons.append(f"DeepSpeed implements qwZ and qgZ for CUDA only, not on {row.gpu}")
     if precision == "fp16":
-        reasons.append(FP16)
+        reasons.append(
+            FP16 + (f"; the {row.gpu} has bf16: plan --precision bf16" if supports(row.gpu, "bf16") else "")
+        )
     return "; ".join(reasons)
 
 
@@ -138,7 +141,7 @@ def _compare(ratio: float, less: str, more: str, times: str) -> str:
         return ""
     if ratio < 1:
         return f"{(1 - ratio) * 100:.0f} % {less}"
-    return f"{(ratio - 1) * 100:.0f} % {more}" if ratio < 2 else f"{ratio:.1f}x {times}"
+    return f"{(ratio - 1) * 100:.0f} % {more}" if ratio < 1.995 else f"{ratio:.1f}x {times}"
 
 
 def variant(row: pd.Series) -> str:
