@@ -480,6 +480,11 @@ def test_plan_panel_shows_what_the_planner_says():
     assert [title for title, _, _ in p._tables()] == [
         "z0 bf16 mb8 gas4 on 1x8 H100-SXM-80GB does not fit; what makes it fit"
     ]  # no table lists a setup the summary says is out of time
+    p.max_hours.value = 0
+    p.train_batch.value = 100  # not a multiple of the start's 8 x 8: the plan stands, make-it-fit is left out
+    assert (
+        p.error is None and p.start is None and p.plan.table.micro_batch.mul(p.plan.table.gpus).le(100).all()
+    )
     p.tokens.value = "lots"
     assert p.error == "tokens: not a count: 'lots' (try 7e9, 7B or 350M)"
 

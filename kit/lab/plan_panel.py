@@ -44,7 +44,8 @@ class PlanPanel:
 
     State after every change: ``plan`` (``kit.estimate.plan.Plan`` or None), ``booking``
     (``kit.estimate.booking.Booking``), ``figure`` (the plot), ``fixes`` (the make-it-fit table of the
-    starting setup at the panel's global batch), ``start`` (that setup) and ``error`` (one line, or None).
+    starting setup at the panel's global batch), ``start`` (that setup; None when its micro batch cannot
+    make the global batch) and ``error`` (one line, or None).
     """
 
     def __init__(
@@ -142,8 +143,7 @@ class PlanPanel:
                 calibration=self._loaded(),
             )
             self.booking = booking.recommend(self.plan, self.goal.value, **self.limits)
-            self.start = self.base.replace(batch={"train_batch": self.train_batch.value})
-            self.fixes = plan.make_it_fit(self.start, headroom=self.headroom.value, assumptions=assume)
+            self.start, self.fixes = self._fixes(assume)
         except ui.ERRORS as error:
             self.plan, self.booking, self.error = None, None, ui.one_line(error)
             self.verdict.value = ui.colored(self.error)
@@ -171,6 +171,17 @@ class PlanPanel:
         if flagged:
             out.append(f"<span style='font-size:12px'>{html.escape(booking.NOTE)}</span>")
         return out
+
+    def _fixes(self, assume) -> tuple[Setup | None, Any]:
+        """The starting setup at the panel's global batch and what makes it fit (None, None when its micro
+        batch cannot make that global batch: the plan does not need it)."""
+        from kit.estimate import plan
+
+        try:
+            start = self.base.replace(batch={"train_batch": self.train_batch.value})
+        except ValueError:
+            return None, None
+        return start, plan.make_it_fit(start, headroom=self.headroom.value, assumptions=assume)
 
     def _tokens(self) -> float:
         """The run's length from the tokens box ("2T", "140B", "1e12")."""
@@ -224,7 +235,7 @@ class PlanPanel:
         if b.recommended is not None:
             out.append((f"Alternatives to the booking ({b.goal} first)", b.alternatives, _ALTERNATIVES))
         out.append(("Cheapest and fastest per GPU type", booking.picks(self.plan, **self.limits), _PICKS))
-        if not self.fixes.empty:
+        if self.fixes is not None and not self.fixes.empty:
             c = self.start.cluster
             title = (
                 f"{self.start.label} on {c.nodes}x{c.gpus_per_node} {c.gpu} does not fit; what makes it fit"
