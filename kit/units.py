@@ -52,3 +52,11 @@ def parse_count(text: str) -> int:
     except ValueError:
         raise ValueError(f"not a count: {text!r} (try 7e9, 7B or 350M)") from None
     return int(value)
+
+
+def count_text(value: float) -> str:
+    """A count as ``parse_count`` reads it back: ``2T``, ``134.8B``, ``350M``, ``4k``, ``12``."""
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.4g}{suffix}"
+    return f"{value:g}"

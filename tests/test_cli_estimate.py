@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 import subprocess
 import sys
 
@@ -147,13 +148,147 @@ def test_plan_lists_smallest_cluster_and_batches(capsys):
 
 
 def test_plan_text_shows_the_front_and_how_to_make_it_fit(capsys):
-    code, out, _ = run_cli(
-        capsys, "plan", "--model", "llama-2-7b", "--stage", "0", "--micro-batch", "8", "--seq-len", "4096",
-        "--gpus", "H100-SXM-80GB,A100-SXM-80GB", "--price", "H100-SXM-80GB=4", "--efficiency", "0.5",
-    )  # fmt: skip
+    argv = ["plan", "--model", "llama-2-7b", "--stage", "0", "--micro-batch", "8", "--seq-len", "4096",
+            "--gpus", "H100-SXM-80GB,A100-SXM-80GB", "--price", "H100-SXM-80GB=4",
+            "--efficiency", "0.5"]  # fmt: skip
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0 and "efficiency 0.5" in out and "$" in out and len(out.splitlines()) <= 40
+    # micro batch 8 alone: grad accum makes the plan's global batch, 1024, and make-it-fit keeps it
+    assert "Your setting, z0 bf16 mb8 gas16 on 1x8 H100-SXM-80GB: does not fit (" in out
+    assert "the smallest changes that make it fit" in out and "(global 1024 kept)" in out
+    assert "Pareto front, wall-clock" not in out and "(2 more with --all)" in out  # 5 of 7 shown
+    code, every, _ = run_cli(capsys, *argv, "--all")
+    for title in ("Pareto front, wall-clock time vs cost", "Cheapest and fastest per GPU type",
+                  "Cheapest fitting setups", "NVMe offload", "Smallest cluster of H100-SXM-80GB",
+                  "Decompositions of train_batch 1,024 on 8 GPUs"):  # fmt: skip
+        assert title in every
+    # a variant that fits nowhere is one clean line; a decomposition too big says so
+    assert "z0 bf16 mb8 gas16: does not fit on 512 GPUs" in every
+    assert "<NA>" not in every and "None" not in every and "nan" not in every
+    big = next(line for line in every.splitlines() if line.split()[:2] == ["8", "16"])
+    assert big.endswith("does not fit") and "GiB" in big
+    # one row per GPU type where its cheapest setup is also its fastest: none here (ZeRO++ is faster)
+    for pick in ("cheapest", "fastest"):
+        assert len(re.findall(rf"^{pick} +(!|) +H100-SXM-80GB", every, flags=re.M)) == 1
+    assert re.search(r"^fastest +! H100-SXM-80GB 64x8 z3 hpz8 qwz qgz", every, flags=re.M)  # flagged
+    assert every.rstrip().endswith("DeepSpeed implements them for CUDA only")  # what "!" means
+
+
+ISSUE_24 = ["plan", "--model", "llama-2-7b", "--seq-len", "4096", "--train-batch", "1024", "--tokens",
+            "2T", "--price", "H100-SXM-80GB=4.5", "--max-hours", "240"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def issue_plan():
+    """The plan of issue 24, as text, as JSON and as ``plan.search``'s own table."""
+    import contextlib
+    import io
+
+    texts = []
+    for extra in ([], ["--json"], ["--all"]):
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            assert main([*ISSUE_24, *extra]) == 0
+        texts.append(buffer.getvalue())
+    data = json.loads(texts[1])
+    found = plan.search(
+        Setup.model_validate(data["setup"]), train_batch=1024, tokens=2e12, price={"H100-SXM-80GB": 4.5}
+    )
+    return texts[0], data, texts[2], found
+
+
+def test_plan_answers_first_on_one_screen(issue_plan):
+    out, data, _, _ = issue_plan
+    lines = out.splitlines()
+    assert len(lines) <= 40 and max(map(len, lines)) < 200
+    assert "Book (the cheapest within 240 h): 512 x MI300X (64 nodes x 8), ZeRO-3 + hpZ8" in out
+    assert any(
+        line.startswith("ds_config: zerokit launch-cmd --model llama-2-7b --nodes 64") for line in lines
+    )
+    # no setting was given: no invented one, no make-it-fit, no decompositions
+    assert "Your setting" not in out and "smallest changes" not in out and "Decompositions" not in out
+    assert data["setting_given"] is False and data["make_it_fit"] == [] and data["batch_options"] == []
+    # every number formatted: no raw floats such as 6.649728, no missing-value markers
+    assert not re.search(r"\d\.\d{4,}", out) and "<NA>" not in out and "None" not in out
+    alternatives = lines[
+        lines.index("Alternatives (cheapest first; why each differs from the booking):") + 2 :
+    ]
+    rows = [line for line in alternatives if line.startswith(("  ", "! MI", "! H"))]
+    assert 1 <= len(rows) <= 5
+    assert "2x the GPUs" in out or "1/2 the GPUs" in out
+    assert re.search(r"\d+ % (faster|slower)", out) and re.search(r"\d+ % (cheaper|dearer)", out)
+
+
+def test_plan_flags_what_changes_the_numerics(issue_plan):
+    out, data, _, found = issue_plan
+    rec = data["recommended"]
+    assert "qwz" not in rec["zeropp"] and "qgz" not in rec["zeropp"] and rec["numerics"] == ""
+    cheapest = found.fitting(240)  # the cheapest fitting setup within 240 h quantizes: not recommended
+    assert "qwz qgz" in cheapest.iloc[0].zeropp and cheapest.iloc[0].cost_usd < rec["cost_usd"]
+    flagged = [a for a in data["alternatives"] if "qwz" in a["zeropp"]]
+    assert len(flagged) == 1 and flagged[0]["label"] == cheapest.iloc[0].label
+    assert "int8 weights" in flagged[0]["numerics"] and "CUDA only, not on MI300X" in flagged[0]["numerics"]
+    assert "changes numerics (!)" in flagged[0]["why"]
+    assert f"! {flagged[0]['label']}" in out and "! qwZ all-gathers int8 weights" in out
+
+
+def test_plan_filters_apply_to_every_table(issue_plan):
+    _, data, every, found = issue_plan
+    rows = data["setups"] + data["pareto"] + data["best_per_gpu"] + data["nvme_slowdown"]
+    rows += [data["recommended"], *data["alternatives"]]
+    assert all(r["hours"] <= 240 and r["fits"] for r in rows) and data["pareto"] and data["best_per_gpu"]
+    assert data["fitting"] == len(found.fitting(240)) and data["max_hours"] == 240
+    # the recommendation is the cheapest within 240 h of what DeepSpeed runs without quantizing
+    mine = found.fitting(240)
+    mine = mine[(mine.engine == "deepspeed") & ~mine.zeropp.str.contains("q")]
+    assert data["recommended"]["label"] == mine.iloc[0].label
+    hours = [float(h.replace(",", "")) for h in re.findall(r"([\d,]+\.\d) h\b", every)]
+    assert hours and max(hours) <= 240  # --all: no table lists a setup past the limit
+
+
+def test_plan_fastest_within_a_budget(capsys):
+    argv = [*ISSUE_24[:-2], "--goal", "fastest", "--budget", "300000", "--max-nodes", "32", "--json"]
+    code, out, _ = run_cli(capsys, *argv)
     assert code == 0
-    assert "Pareto front" in out and "efficiency 0.5" in out and "$" in out
-    assert "does not fit; the smallest changes that make it fit" in out and "(global 64 kept)" in out
+    data = json.loads(out)
+    rec = data["recommended"]
+    assert rec["cost_usd"] <= 300_000 and data["goal"] == "fastest"
+    table = plan.search(
+        Setup.model_validate(data["setup"]), train_batch=1024, max_nodes=32, tokens=2e12,
+        price={"H100-SXM-80GB": 4.5},
+    ).fitting(budget=300_000)  # fmt: skip
+    exact = table[(table.engine == "deepspeed") & ~table.zeropp.str.contains("q")]
+    assert rec["hours"] == exact.hours.min()
+    assert all(r["cost_usd"] <= 300_000 for r in data["pareto"] + data["alternatives"])
+    assert [a["hours"] for a in data["alternatives"]] == sorted(a["hours"] for a in data["alternatives"])
+
+
+def test_plan_ds_config_command_builds_the_recommended_setup(issue_plan):
+    from kit.cli import build_parser
+    from kit.cli.args import setup_from_args
+
+    _, data, _, found = issue_plan
+    command = data["recommended"]["ds_config_command"]
+    assert command[:2] == ["zerokit", "launch-cmd"] and command[-2:] == ["--out", "launch"]
+    built = setup_from_args(build_parser().parse_args(command[1:]))
+    i = found.table.index[found.table.label == data["recommended"]["label"]][0]
+    assert built.model_dump() == found.setup(i).model_dump()
+
+
+def test_plan_ds_config_command_carries_offload_nvme_and_zeropp(capsys):
+    from kit.cli import build_parser
+    from kit.cli.args import setup_from_args
+    from kit.cli.estimate import _ds_config_command
+
+    args = build_parser().parse_args(["plan", "--model", "llama-2-7b", "--layers", "8"])
+    found = plan.search(setup_from_args(args), train_batch=64, gpus=["H100-SXM-80GB"], max_nodes=2)
+    t = found.table
+    for i in [t.index[t.offload_param == "nvme"][0], t.index[t.zeropp == "hpz8 qwz qgz"][0],
+              t.index[(t.offload_optimizer == "cpu") & t.checkpointing][0]]:  # fmt: skip
+        command = _ds_config_command(args, found.setup(i))
+        assert "--layers" in command
+        built = setup_from_args(build_parser().parse_args(command[1:]))
+        assert built.model_dump() == found.setup(i).model_dump(), command
 
 
 @pytest.mark.parametrize(
@@ -164,6 +299,9 @@ def test_plan_text_shows_the_front_and_how_to_make_it_fit(capsys):
         (["--efficiency", "0"], "efficiency: must be in (0, 1]"),
         (["--network", "wifi"], "network: unknown network 'wifi'"),
         (["--headroom", "1"], "headroom: must be in [0, 1)"),
+        (["--budget", "0"], "budget: must be > 0 USD, got 0"),
+        (["--max-hours", "-1"], "max-hours: must be > 0 hours, got -1"),
+        (["--micro-batch", "3"], "train-batch: 1024 (the plan's default) is not a multiple of micro batch 3"),
         (
             ["--gpus", "V100-SXM2-16GB"],
             "gpus: none of them can be planned for (V100-SXM2-16GB: no bf16 support)",

@@ -412,3 +412,17 @@ def test_the_stage_finding_names_the_per_gpu_total_as_what_it_is():
     assert f"model states {size(e.model_states_bytes)} per GPU" in message
     total = f"{size(e.per_gpu_bytes)} per GPU with activations ({size(e.components['activations'])})"
     assert total in message and "in all" not in message
+
+
+def test_fp16_on_a_gpu_with_bf16_is_advised_bf16(capsys):
+    """fp16 on an A100 (issue 24: seed 1's config got no word): bf16 at the same rate, no loss scaler;
+    on a V100, which has no bf16, fp16 is kept."""
+    config = {"train_batch_size": 32, "fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+    a100 = explained(config, model=LLAMA, cluster={"gpus_per_node": 8, "gpu": "A100-SXM-80GB"}, micro_batch=1)
+    f = finding(a100, "fp16.enabled")
+    assert f.severity == "warning" and "5 exponent bits" in f.message
+    assert f.suggestion.startswith("bf16: the A100-SXM-80GB computes in bf16 (312 TFLOP/s, fp16 312)")
+    assert "set bf16.enabled true and fp16.enabled false" in f.suggestion
+    v100 = explained(config, model=GPT2, cluster={"gpus_per_node": 8, "gpu": "V100-SXM2-32GB"}, micro_batch=1)
+    kept = finding(v100, "fp16.enabled")
+    assert kept.severity == "info" and kept.suggestion == "keep it: the V100-SXM2-32GB has no bf16"

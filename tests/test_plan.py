@@ -1,6 +1,8 @@
 """Planning: every setup with its time and cost, the Pareto front, make-it-fit, the smallest cluster per ZeRO
 variant, the largest micro batch, a global batch's choices."""
 
+import re
+
 import pandas as pd
 import pytest
 
@@ -161,3 +163,81 @@ def test_make_it_fit_lists_changes_that_fit(llama7b):
     single = plan.make_it_fit(big.replace(zero={"stage": 3}))  # one knob suffices: no pairs are tried
     assert (single.changes == 1).all() and "activation checkpointing on" in set(single.change)
     assert plan.make_it_fit(llama7b.replace(zero={"stage": 3})).empty  # it already fits
+
+
+def test_every_table_keeps_to_the_limits(searched):
+    """max_hours and budget filter the Pareto front, the picks per GPU and the NVMe rows, not only the
+    cheapest setups (issue 24: the front listed setups of 3,201 to 49,815 h under --max-hours 240)."""
+    hours = searched.fitting().hours.median()
+    budget = searched.fitting().cost_usd.median()
+    assert searched.pareto().hours.max() > hours  # without a limit the front goes past it
+    for limits in ({"max_hours": hours}, {"budget": budget}, {"max_hours": hours, "budget": budget}):
+        tables = [searched.pareto(**limits), searched.best_per_gpu(**limits), searched.options(**limits)]
+        tables.append(plan.nvme_slowdown(searched, **limits))
+        for table in tables:
+            assert len(table) and table.fits.all()
+            assert table.hours.max() <= limits.get("max_hours", float("inf"))
+            assert table.cost_usd.max() <= limits.get("budget", float("inf"))
+        within = searched.fitting(**limits)
+        assert set(searched.pareto(**limits).index) == set(plan.front(within).index)
+    assert len(plan.nvme_slowdown(searched)) > len(plan.nvme_slowdown(searched, max_hours=hours))
+    assert searched.fitting(budget=1).empty and searched.pareto(budget=1).empty
+
+
+def test_the_booking_is_the_best_exact_setup_with_flagged_alternatives(searched):
+    from kit.estimate import booking
+
+    fit = searched.fitting()
+    for goal, key in (("cheapest", "cost_usd"), ("fastest", "hours")):
+        b = booking.recommend(searched, goal)
+        exact = fit[(fit.engine == "deepspeed") & ~fit.zeropp.str.contains("qwz|qgz")]
+        assert b.recommended[key] == exact[key].min() and b.fallback == ""
+        alt = b.alternatives
+        assert 1 <= len(alt) <= booking.ALTERNATIVES and b.recommended.name not in alt.index
+        assert list(alt[key]) == sorted(alt[key]) and (alt.why != "").all()
+        quantized = alt[alt.zeropp.str.contains("qwz")]
+        assert len(quantized) <= 1  # the best that quantizes, flagged, and only where it does better
+        for _, row in quantized.iterrows():
+            assert row[key] < b.recommended[key] and "int8 weights" in row.numerics
+            assert "changes numerics (!)" in row.why
+        assert not alt[alt.numerics == ""].zeropp.str.contains("q").any()  # unflagged: nothing quantized
+    with pytest.raises(ValueError, match=r"^goal: choose one of cheapest, fastest, got 'best'"):
+        booking.recommend(searched, "best")
+    empty = booking.recommend(searched, budget=1)
+    assert empty.recommended is None and empty.alternatives.empty and empty.fitting == 0
+
+
+def test_why_an_alternative_differs(searched):
+    from kit.estimate import booking
+
+    t = searched.table
+    base = t[(t.gpu == "H100-SXM-80GB") & (t.gpus == 8) & (t.stage == 2) & (t.zeropp == "")].iloc[0]
+    other = t[(t.gpu == "A100-SXM-80GB") & (t.gpus == 16) & (t.stage == 3) & (t.zeropp == "hpz8 qwz qgz")]
+    other = other[other.checkpointing == base.checkpointing].iloc[0]
+    text = booking.why(other, base)
+    assert text.startswith("A100-SXM-80GB, 2x the GPUs, ZeRO-3 + hpZ8 + qwZ + qgZ, ")
+    assert text.endswith("changes numerics (!)") and re.search(r"\d+ % (faster|slower)|x the time", text)
+    assert booking.why(base, base) == ""
+    assert booking.variant(t[t.engine == "fsdp"].iloc[0]) in ("FSDP", "FSDP grad-op")
+    assert booking.numerics(other, "bf16") == "qwZ all-gathers int8 weights; qgZ reduces int4 gradients"
+    mi300 = other.copy()
+    mi300["gpu"] = "MI300X"
+    assert "for CUDA only, not on MI300X" in booking.numerics(mi300, "bf16")
+    assert (
+        booking.numerics(base, "fp16") == booking.FP16 + "; the H100-SXM-80GB has bf16: plan --precision bf16"
+    )
+    v100 = base.copy()
+    v100["gpu"] = "V100-SXM2-32GB"
+    assert booking.numerics(v100, "fp16") == booking.FP16 and booking.numerics(base, "bf16") == ""
+    assert booking._compare(1.999, "faster", "slower", "the time") == "2.0x the time"
+    assert booking._compare(0.6, "faster", "slower", "the time") == "40 % faster"
+
+
+def test_readable_units_and_records_without_missing_markers(llama7b):
+    row = {"per_gpu_gib": 3171.97, "comm_inter_gib": 6.649728, "hours": 49814.9, "cost_usd": 243595.4}
+    shown = plan.readable(pd.DataFrame([row])).iloc[0]
+    assert list(shown) == ["3,172.0 GiB", "6.6 GiB", "49,814.9 h", "$243,595"]
+    clusters = plan.smallest_cluster(llama7b, max_nodes=1)
+    records = plan.records(clusters)
+    assert records[0]["gpus"] is None and records[0]["per_gpu_gib"] is None  # JSON null, not "<NA>"
+    assert all(isinstance(r["gpus"], int) for r in records if r["verdict"] == "fits")

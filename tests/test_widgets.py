@@ -436,27 +436,91 @@ def test_comparison_panel_run_button(tmp_path, replay_launches):
 
 
 def test_plan_panel_shows_what_the_planner_says():
-    from kit.estimate import plan
+    from kit.estimate import booking, plan
     from kit.lab.plan_panel import plan_panel
+    from kit.lab.ui import strip_tags
 
     start = Setup(
         model=models.preset("llama-2-7b"), zero={"stage": 0}, batch={"micro_batch": 8, "seq_len": 4096}
     )
-    p = plan_panel(start, train_batch=256, max_nodes=4)
-    assert (
-        p.error is None
-        and f"{len(p.plan.fitting()):,} of {len(p.plan.table):,} setups fit" in p.verdict.value
-    )
-    again = plan.search(start, train_batch=256, max_nodes=4, tokens=p.tokens.value * 1e9)
+    p = plan_panel(start, train_batch=256, max_nodes=4, tokens=2e12)  # the notebook's run length
+    summary = strip_tags(p.verdict.value)
+    assert p.error is None and p.tokens.value == "2T"  # shown as a count, read back by parse_count
+    assert f"{len(p.plan.fitting()):,} of {len(p.plan.table):,} setups fit" in summary
+    again = plan.search(start, train_batch=256, max_nodes=4, tokens=2e12)
     assert p.plan.table.cost_usd.tolist() == again.table.cost_usd.tolist()
-    assert not p.fixes.empty and p.fixes.fits.all()  # z0 with micro batch 8 does not fit an H100
+    assert f"Book, the cheapest: {booking.recommend(again).recommended.label}," in summary
+    # make-it-fit at the panel's global batch (256), not the starting setup's own (64)
+    assert p.start.batch.train_batch == 256 and not p.fixes.empty and p.fixes.fits.all()
+    assert {c for c in p.fixes.change if "micro batch" in c} and all(
+        "(global 256 kept)" in c for c in p.fixes.change if "micro batch" in c
+    )
+    html = "".join(p.tables_html())
+    assert all(change in html for change in p.fixes.change) and "..." not in html  # every row in full
     fast = p.plan.fitting().hours.min()
     p.efficiency.value = 0.8  # twice the default: compute takes half as long
     assert p.plan.assumptions.efficiency == 0.8 and p.plan.fitting().hours.min() < fast
+    # max hours filters the summary, the plot and every table alike
+    limit = round(float(p.plan.fitting().hours.median()))
+    p.max_hours.value = limit
+    within = p.plan.fitting(max_hours=limit)
+    assert f"{len(within):,} of {len(p.plan.table):,} setups fit with 10% headroom within {limit:,} h" in (
+        strip_tags(p.verdict.value)
+    )
+    ax = p.figure.axes[0]
+    assert sum(len(c.get_offsets()) for c in ax.collections) == len(within)
+    assert max(ax.lines[0].get_xdata()) <= limit and f"within {limit:,} h" in ax.get_title()
+    for _, frame, _ in p._tables():
+        assert "hours" not in frame or frame.hours.max() <= limit
+    assert booking.recommend(p.plan, max_hours=limit).recommended.label in p.verdict.value
     p.gpus.value = ("H100-SXM-80GB",)
     assert set(p.plan.table.gpu) == {"H100-SXM-80GB"}
     p.max_hours.value = 0.001
-    assert "none of" in p.verdict.value and "in time" in p.verdict.value
+    assert strip_tags(p.verdict.value).startswith("none of ") and "within 0.001 h" in p.verdict.value
+    assert [title for title, _, _ in p._tables()] == [
+        "z0 bf16 mb8 gas4 on 1x8 H100-SXM-80GB does not fit; what makes it fit"
+    ]  # no table lists a setup the summary says is out of time
+    p.max_hours.value = 0
+    p.train_batch.value = 100  # not a multiple of the start's 8 x 8: the plan stands, make-it-fit is left out
+    assert (
+        p.error is None and p.start is None and p.plan.table.micro_batch.mul(p.plan.table.gpus).le(100).all()
+    )
+    p.tokens.value = "lots"
+    assert p.error == "tokens: not a count: 'lots' (try 7e9, 7B or 350M)"
+
+
+def test_plan_panel_takes_a_calibration(tmp_path):
+    from kit.estimate import plan
+    from kit.lab.plan_panel import plan_panel
+
+    base = Setup(model=models.preset("llama-2-7b"), batch={"micro_batch": 1, "seq_len": 4096})
+    h100 = _h100_calibration()
+    p = plan_panel(base, train_batch=64, max_nodes=2, calibration=h100)
+    again = plan.search(base, train_batch=64, max_nodes=2, calibration=h100)
+    assert p.error is None and p.plan.calibration == h100.label and h100.label in p.verdict.value
+    assert set(p.plan.table.gpu) == {"H100-SXM-80GB"}  # only the calibrated GPU type is planned
+    assert p.plan.table.step_s.tolist() == again.table.step_s.tolist()
+    path = tmp_path / "calibration.json"
+    h100.save(path)
+    p.calibration.value = str(path)  # the file box: the same calibration, from its file
+    assert p.error is None and p.plan.table.step_s.tolist() == again.table.step_s.tolist()
+    p.calibration.value = str(tmp_path / "missing.json")
+    assert p.plan is None and p.error.startswith("calibration: cannot read")
+    p.calibration.value = ""
+    assert p.error is None and p.plan.calibration == h100.label  # back to the one given
+
+
+def _h100_calibration():
+    from kit.estimate.calibration import Calibration, EngineCost, Link
+
+    return Calibration(
+        device="NVIDIA H100 80GB HBM3", accelerator="cuda", backend="nccl", ranks=8, cores=64,
+        threads_per_rank=8, model="llama", layers=2, tensors=20, precision="bf16", tflops=600.0,
+        micro_fixed_s=0.002, adam_s_per_param=1e-11, host_adam_s_per_param=1e-9, to_host_gbps=25.0,
+        to_device_gbps=25.0, collectives={"all_reduce": Link(5e-5, 300.0), "all_gather": Link(5e-5, 300.0)},
+        engines={"z0": EngineCost(1e-4, 1e-4), "z3": EngineCost(2e-4, 3e-4)},
+        created="2026-01-01T00:00:00+00:00", host="gpu-box", versions={"torch": "t", "deepspeed": "d"},
+    )  # fmt: skip
 
 
 def test_comparison_panel_takes_a_batch_schedule():

@@ -70,15 +70,17 @@ def _nvme_fields(setup: Setup, change: dict) -> dict:
     return fields
 
 
-def nvme_slowdown(plan: Plan) -> pd.DataFrame:
+def nvme_slowdown(plan: Plan, max_hours: float | None = None, budget: float | None = None) -> pd.DataFrame:
     """The NVMe rows of ``plan`` beside the same setup with CPU offload (optimizer, or optimizer and
-    parameters): ``slowdown`` = step time / CPU offload's step time, ``nvme_gib_per_node`` the swap files."""
+    parameters): ``slowdown`` = step time / CPU offload's step time, ``nvme_gib_per_node`` the swap files.
+    With ``max_hours`` or ``budget`` (USD), only the fitting NVMe rows within them (``Plan.fitting``)."""
     t = plan.table
     keys = ["gpu", "nodes", "gpus_per_node", "checkpointing", "micro_batch", "grad_accum"]
     cpu = t[(t.stage == 3) & (t.offload_optimizer == "cpu") & (t.zeropp == "")]
+    shown = t if max_hours is None and budget is None else plan.fitting(max_hours, budget)
     rows = []
     for param in ("none", "nvme"):
-        nv = t[(t.offload_optimizer == "nvme") & (t.offload_param == param)]
+        nv = shown[(shown.offload_optimizer == "nvme") & (shown.offload_param == param)]
         same = cpu[cpu.offload_param == ("none" if param == "none" else "cpu")]
         merged = nv.merge(
             same[[*keys, "step_s", "per_gpu_gib", "cpu_gib_per_node"]], on=keys, suffixes=("", "_cpu")
@@ -194,6 +196,16 @@ def _powers_of_two_up_to(n: int) -> list[int]:
     return sizes if sizes[-1] == n else [*sizes, n]
 
 
+def front(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``frame`` no other row beats on both wall-clock time and cost, fastest first."""
+    rows, best = [], float("inf")
+    for i, row in frame.sort_values(["hours", "cost_usd"]).iterrows():
+        if row.cost_usd < best:
+            rows.append(i)
+            best = row.cost_usd
+    return frame.loc[rows]
+
+
 @dataclass
 class Plan:
     """Every setup ``search`` evaluated (``table``, one row each) and how fast it went.
@@ -234,39 +246,40 @@ class Plan:
             batch={"micro_batch": int(row.micro_batch), "grad_accum": int(row.grad_accum)},
         )
 
-    def fitting(self, max_hours: float | None = None) -> pd.DataFrame:
-        """The setups that fit with the headroom (and finish within ``max_hours``), cheapest first."""
+    def fitting(self, max_hours: float | None = None, budget: float | None = None) -> pd.DataFrame:
+        """The setups that fit with the headroom (and finish within ``max_hours``, and cost at most
+        ``budget`` USD), cheapest first. Every other table filters through it."""
         fit = self.table[self.table.fits]
         if max_hours is not None:
             fit = fit[fit.hours <= max_hours]
+        if budget is not None:
+            fit = fit[fit.cost_usd <= budget]
         return fit.sort_values(["cost_usd", "hours"])
 
-    def options(self, max_hours: float | None = None) -> pd.DataFrame:
+    def options(self, max_hours: float | None = None, budget: float | None = None) -> pd.DataFrame:
         """``fitting``, keeping only the cheapest batch choice of each GPU type, cluster and ZeRO variant."""
         variant = ["gpu", "gpus", "engine", "stage", "offload_optimizer", "offload_param", "zeropp"]
         variant.append("checkpointing")
-        return self.fitting(max_hours).drop_duplicates(variant)
+        return self.fitting(max_hours, budget).drop_duplicates(variant)
 
-    def pareto(self) -> pd.DataFrame:
-        """The fitting setups no other beats on both wall-clock time and cost, fastest first."""
-        front, best = [], float("inf")
-        for i, row in self.table[self.table.fits].sort_values(["hours", "cost_usd"]).iterrows():
-            if row.cost_usd < best:
-                front.append(i)
-                best = row.cost_usd
-        return self.table.loc[front]
+    def pareto(self, max_hours: float | None = None, budget: float | None = None) -> pd.DataFrame:
+        """The fitting setups (within ``max_hours`` and ``budget``) no other beats on both wall-clock time
+        and cost, fastest first."""
+        return front(self.fitting(max_hours, budget))
 
-    def best_per_gpu(self) -> pd.DataFrame:
-        """Per GPU type, the cheapest and the fastest fitting setup."""
-        fit = self.fitting()
+    def best_per_gpu(self, max_hours: float | None = None, budget: float | None = None) -> pd.DataFrame:
+        """Per GPU type, the cheapest and the fastest fitting setup (within ``max_hours`` and ``budget``)."""
+        fit = self.fitting(max_hours, budget)
         rows = []
         for name, group in fit.groupby("gpu", sort=False):
             for pick, i in (("cheapest", group.cost_usd.idxmin()), ("fastest", group.hours.idxmin())):
                 rows.append({"gpu": name, "pick": pick, **self.table.loc[i].drop("gpu").to_dict()})
         return pd.DataFrame(rows)
 
-    def to_dict(self, limit: int | None = None) -> dict:
-        fit = self.fitting()
+    def to_dict(
+        self, limit: int | None = None, max_hours: float | None = None, budget: float | None = None
+    ) -> dict:
+        fit = self.fitting(max_hours, budget)
         return {
             "evaluated": len(self.table),
             "fitting": len(fit),
@@ -278,8 +291,8 @@ class Plan:
             "calibration": self.calibration,
             "skipped": self.skipped,
             "setups": records(fit if limit is None else fit.head(limit)),
-            "pareto": records(self.pareto()),
-            "best_per_gpu": records(self.best_per_gpu()),
+            "pareto": records(self.pareto(max_hours, budget)),
+            "best_per_gpu": records(self.best_per_gpu(max_hours, budget)),
         }
 
 
@@ -498,28 +511,38 @@ def _tried(setup, changes, headroom, assumptions, fabric) -> dict | None:
 
 def records(frame: pd.DataFrame) -> list[dict]:
     """A table's rows as plain JSON-ready dicts (numpy scalars unwrapped)."""
-    return [
-        {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
-        for row in frame.to_dict("records")
-    ]
+    return [{k: _plain(v) for k, v in row.items()} for row in frame.to_dict("records")]
 
 
-#: how ``readable`` shows each column a plan's tables may have
+def _plain(value):
+    """A table cell as JSON: numpy scalars unwrapped, missing values (``pd.NA``, NaN) None."""
+    if not isinstance(value, str | list | dict) and pd.isna(value):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+#: how ``readable`` shows each column a plan's tables may have: GiB with 1 decimal, hours, dollars
 _FORMATS = {
     "per_gpu_gib": "{:,.1f} GiB",
     "capacity_gib": "{:,.1f} GiB",
-    "cpu_gib_per_node": "{:,.0f} GiB",
+    "activations_gib": "{:,.1f} GiB",
+    "cpu_gib_per_node": "{:,.1f} GiB",
+    "nvme_gib_per_node": "{:,.1f} GiB",
+    "comm_intra_gib": "{:,.1f} GiB",
+    "comm_inter_gib": "{:,.1f} GiB",
     "step_s": "{:,.3g} s",
     "tokens_per_s": "{:,.0f}",
     "hours": "{:,.1f} h",
     "cost_usd": "${:,.0f}",
+    "slowdown": "{:.2f}x",
 }
 
 
 def readable(frame: pd.DataFrame) -> pd.DataFrame:
-    """The table with units and thousands separators (strings), for printing and notebooks."""
+    """The table with units and thousands separators (strings; a missing value blank), for printing and
+    notebooks."""
     out = frame.copy()
     for column, form in _FORMATS.items():
         if column in out:
-            out[column] = out[column].map(form.format)
+            out[column] = out[column].map(lambda v, form=form: "" if _plain(v) is None else form.format(v))
     return out

@@ -1,47 +1,89 @@
-"""The planning panel: GPU types, cluster sizes, global batch, run length, headroom and the performance
-model's assumptions in; every setup that fits on a time-vs-cost plot, the cheapest and fastest per GPU
-type, and what makes the starting setup fit out (``kit.estimate.plan``)."""
+"""The planning panel: GPU types, cluster sizes, global batch, run length, limits (hours, budget), goal,
+headroom, the performance model's assumptions and a calibration file in; the booking for the goal, a
+time-vs-cost plot, the alternatives, the cheapest and fastest per GPU type and what makes the starting
+setup fit out (``kit.estimate.plan`` and ``kit.estimate.booking``, as ``zerokit plan``)."""
 
 from __future__ import annotations
 
 import html
+import os
 from typing import Any
 
 import ipywidgets as w
-from IPython.display import clear_output, display
+from IPython.display import HTML, clear_output, display
 
 from kit.gpus import gpu_names
 from kit.lab import ui
 from kit.lab.memory_panel import default_setup
 from kit.schema import Setup
+from kit.units import count_text, parse_count
+
+#: the panel's tables: header, formats (``ui.table_html``) and the Plan.table columns they show
+_ALTERNATIVES = (
+    ["setup", "GiB per GPU", "hours", "USD", "why it differs from the booking"],
+    ["{}", "{:,.1f}", "{:,.1f}", "${:,.0f}", "{}"],
+    ["label", "per_gpu_gib", "hours", "cost_usd", "why"],
+)
+_PICKS = (
+    ["GPU", "pick", "setup", "GiB per GPU", "hours", "USD"],
+    ["{}", "{}", "{}", "{:,.1f}", "{:,.1f}", "${:,.0f}"],
+    ["gpu", "pick", "label", "per_gpu_gib", "hours", "cost_usd"],
+)
+_FIXES = (
+    ["GiB per GPU", "step, s", "tokens/s", "change"],
+    ["{:,.1f}", "{:,.3g}", "{:,.0f}", "{}"],
+    ["per_gpu_gib", "step_s", "tokens_per_s", "change"],
+)
 
 
 class PlanPanel:
-    """Plan a booking: GPU types, cluster sizes, global batch, run length, headroom and the performance
-    model's assumptions; see every setup that fits on a time-vs-cost plot, the cheapest and fastest per
-    GPU type, and what makes the starting setup fit (``kit.estimate.plan``).
+    """Plan a booking: GPU types, cluster sizes, global batch, run length, limits, goal, headroom, the
+    performance model's assumptions and a calibration; see the booking, every setup that fits within
+    the limits on a time-vs-cost plot, the alternatives, the cheapest and fastest per GPU type, and
+    what makes the starting setup fit at the panel's global batch (``kit.estimate.plan``).
 
-    State after every change: ``plan`` (``kit.estimate.plan.Plan`` or None), ``fixes`` (the make-it-fit
-    table of the starting setup) and ``error`` (one line, or None).
+    State after every change: ``plan`` (``kit.estimate.plan.Plan`` or None), ``booking``
+    (``kit.estimate.booking.Booking``), ``figure`` (the plot), ``fixes`` (the make-it-fit table of the
+    starting setup at the panel's global batch), ``start`` (that setup; None when its micro batch cannot
+    make the global batch) and ``error`` (one line, or None).
     """
 
-    def __init__(self, setup: Setup | None = None, *, train_batch: int | None = None, max_nodes: int = 64):
+    def __init__(
+        self,
+        setup: Setup | None = None,
+        *,
+        train_batch: int | None = None,
+        max_nodes: int = 64,
+        tokens: float | None = None,
+        calibration: Any = None,
+    ):
         from kit.estimate import plan
         from kit.estimate.perf import Assumptions
 
         self.base = setup or default_setup()
         self.plan: Any = None
+        self.figure: Any = None
+        self.booking: Any = None
         self.fixes: Any = None
+        self.start: Setup | None = None
         self.error: str | None = None
+        self._calibration = None if isinstance(calibration, str | os.PathLike) else calibration
         names = gpu_names()
         self.gpus = w.SelectMultiple(options=names, value=tuple(names), description="GPU types", rows=6)
         self.max_nodes = w.BoundedIntText(value=max_nodes, min=1, max=4096, description="max nodes")
         self.train_batch = w.BoundedIntText(
             value=train_batch or plan.DEFAULT_TRAIN_BATCH, min=1, max=1 << 24, description="global batch"
         )
-        default_tokens = plan.TOKENS_PER_PARAM * self.base.model.params / 1e9
-        self.tokens = w.BoundedFloatText(value=default_tokens, min=1e-6, max=1e7, description="B tokens")
-        self.max_hours = w.BoundedFloatText(value=0, min=0, max=1e7, description="max hours (0: any)")
+        run = tokens or plan.TOKENS_PER_PARAM * self.base.model.params
+        self.tokens = w.Text(value=count_text(run), description="tokens", placeholder="2T, 140B")
+        self.max_hours = w.BoundedFloatText(value=0, min=0, max=1e9, description="max hours")
+        self.budget = w.BoundedFloatText(value=0, min=0, max=1e12, description="budget, USD")
+        self.goal = ui.toggle(("cheapest", "fastest"), "cheapest", "goal", "80px")
+        self.calibration = w.Text(
+            value=os.fspath(calibration) if isinstance(calibration, str | os.PathLike) else "",
+            description="calibration",
+            placeholder="calibration.json" if self._calibration is None else self._calibration.label,
+        )
         self.headroom = w.FloatSlider(
             value=plan.DEFAULT_HEADROOM, min=0, max=0.5, step=0.05, description="headroom"
         )
@@ -54,15 +96,21 @@ class PlanPanel:
         self.plot = w.Output()
         self.table = w.Output()
         for control in self._inputs():
-            control.style.description_width = ui.DESCRIPTION_WIDTH
+            ui.cell(control)
             control.observe(self.update, names="value")
+        self.gpus.layout.width = ui.CELL
         self.widget = w.VBox(
             [
                 w.HTML(
                     f"<b>Plan the booking</b> for {html.escape(self.base.label)} of {self.base.model.name}"
                 ),
-                w.HBox([self.gpus, w.VBox([self.max_nodes, self.train_batch, self.tokens, self.max_hours])]),
-                w.HBox([self.headroom, self.efficiency, self.overlap]),
+                ui.row(
+                    self.gpus,
+                    w.VBox([self.max_nodes, self.train_batch, self.tokens]),
+                    w.VBox([self.max_hours, self.budget, self.calibration]),
+                ),
+                w.HTML("<span style='color:#666;font-size:12px'>max hours, budget: 0 = no limit</span>"),
+                ui.row(self.goal, self.headroom, self.efficiency, self.overlap),
                 self.verdict,
                 self.plot,
                 self.table,
@@ -70,61 +118,139 @@ class PlanPanel:
         )
         self.update()
 
+    @property
+    def limits(self) -> dict:
+        """``max_hours`` and ``budget`` as the controls give them (None: no limit)."""
+        return {"max_hours": self.max_hours.value or None, "budget": self.budget.value or None}
+
     def update(self, change: dict | None = None) -> None:
         """Search again with the controls' values and redraw (controls call this on change)."""
-        from kit.estimate import plan
+        from kit.estimate import booking, plan
         from kit.estimate.perf import with_assumptions
         from kit.lab import plots
 
         try:
             assume = with_assumptions(efficiency=self.efficiency.value, overlap=self.overlap.value)
+            tokens = self._tokens()
             self.plan = plan.search(
                 self.base,
                 train_batch=self.train_batch.value,
                 gpus=list(self.gpus.value) or None,
                 max_nodes=self.max_nodes.value,
                 headroom=self.headroom.value,
-                tokens=self.tokens.value * 1e9,
+                tokens=tokens,
                 assumptions=assume,
+                calibration=self._loaded(),
             )
-            self.fixes = plan.make_it_fit(self.base, headroom=self.headroom.value, assumptions=assume)
+            self.booking = booking.recommend(self.plan, self.goal.value, **self.limits)
+            self.start, self.fixes = self._fixes(assume)
         except ui.ERRORS as error:
-            self.plan, self.error = None, ui.one_line(error)
+            self.plan, self.booking, self.error = None, None, ui.one_line(error)
             self.verdict.value = ui.colored(self.error)
             return
         self.error = None
-        found = self.plan
-        fit = found.fitting(self.max_hours.value or None)
-        if fit.empty:
-            self.verdict.value = (
-                f"<b style='color:#b00'>none of {len(found.table):,} setups fits</b> with "
-                f"{self.headroom.value:.0%} headroom{' in time' if self.max_hours.value else ''}"
-            )
-        else:
-            cheap, fast = fit.iloc[0], fit.loc[fit.hours.idxmin()]
-            self.verdict.value = (
-                f"<b>{len(fit):,} of {len(found.table):,} setups fit</b> ({found.setups_per_s:,.0f}/s). "
-                f"Cheapest: {html.escape(cheap.label)}, {cheap.hours:,.0f} h, ${cheap.cost_usd:,.0f}. "
-                f"Fastest: {html.escape(fast.label)}, {fast.hours:,.1f} h, ${fast.cost_usd:,.0f}."
-            )
-        ui.show_figure(self.plot, plots.pareto(found))
+        self.verdict.value = self._summary()
+        self.figure = plots.pareto(self.plan, booked=self.booking, **self.limits)
+        ui.show_figure(self.plot, self.figure)
         with self.table:
             clear_output(wait=True)
-            columns = ["gpu", "pick", "label", "per_gpu_gib", "hours", "cost_usd"]
-            display(plan.readable(found.best_per_gpu()[columns]).style.hide(axis="index"))
-            if self.fixes is not None and not self.fixes.empty:
-                display(
-                    w.HTML(f"<b>{html.escape(self.base.label)} does not fit</b>; changes that make it fit:")
-                )
-                display(plan.readable(self.fixes[["change", "per_gpu_gib", "step_s", "tokens_per_s"]]))
+            for part in self.tables_html():
+                display(HTML(part))
+
+    def tables_html(self) -> list[str]:
+        """The tables under the plot as HTML, each under its title, every text in full (no "...")."""
+        from kit.estimate import booking
+
+        out, flagged = [], False
+        for title, frame, (header, formats, columns) in self._tables():
+            if "zeropp" in frame:  # "!" before a setup that quantizes (booking.NOTE)
+                flagged |= bool(booking.quantized(frame).any())
+                frame = frame.assign(label=booking.marked(frame).str.strip())
+            rows = [[row[c] for c in columns] for _, row in frame.iterrows()]
+            out.append(f"<b>{html.escape(title)}</b>" + ui.table_html(header, rows, formats))
+        if flagged:
+            out.append(f"<span style='font-size:12px'>{html.escape(booking.NOTE)}</span>")
+        return out
+
+    def _fixes(self, assume) -> tuple[Setup | None, Any]:
+        """The starting setup at the panel's global batch and what makes it fit (None, None when its micro
+        batch cannot make that global batch: the plan does not need it)."""
+        from kit.estimate import plan
+
+        try:
+            start = self.base.replace(batch={"train_batch": self.train_batch.value})
+        except ValueError:
+            return None, None
+        return start, plan.make_it_fit(start, headroom=self.headroom.value, assumptions=assume)
+
+    def _tokens(self) -> float:
+        """The run's length from the tokens box ("2T", "140B", "1e12")."""
+        try:
+            tokens = parse_count(self.tokens.value)
+        except ValueError as error:
+            raise ValueError(f"tokens: {error}") from None
+        if tokens < 1:
+            raise ValueError(f"tokens: must be >= 1, got {self.tokens.value!r}")
+        return tokens
+
+    def _loaded(self):
+        """The calibration of the file box (a path), else the one given to the panel, else None."""
+        from kit.estimate.calibration import Calibration
+
+        path = self.calibration.value.strip()
+        return Calibration.load(path) if path else self._calibration
+
+    def _summary(self) -> str:
+        """The verdict line: how many setups fit within the limits, and the booking (the table's first)."""
+        found, b = self.plan, self.booking
+        limits = [f"{b.max_hours:,g} h" if b.max_hours else "", f"${b.budget:,.0f}" if b.budget else ""]
+        within = " and ".join(x for x in limits if x)
+        some = f"{b.fitting:,} of" if b.fitting else "none of"
+        counted = f"{some} {len(found.table):,} setups fit with {self.headroom.value:.0%} headroom"
+        counted += f" within {within}" if within else ""
+        skipped = "".join(f"; skipped {html.escape(line)}" for line in found.skipped)
+        if b.recommended is None:
+            fit = found.fitting()
+            nearest = (
+                f"; the fastest that fits takes {fit.hours.min():,.1f} h, the cheapest costs "
+                f"${fit.cost_usd.min():,.0f}"
+                if len(fit)
+                else ""
+            )
+            return f"<b style='color:{ui.RED}'>{html.escape(counted)}</b>{nearest}{skipped}"
+        r = b.recommended
+        flag = " (" + html.escape(b.fallback) + ")" if b.fallback else ""
+        return (
+            f"<b>{html.escape(counted)}</b> ({found.setups_per_s:,.0f}/s; {html.escape(found.calibration)}). "
+            f"Book, the {b.goal}: <b>{html.escape(r.label)}</b>, {r.hours:,.1f} h, ${r.cost_usd:,.0f}{flag}"
+            f"{skipped}."
+        )
+
+    def _tables(self) -> list[tuple[str, Any, tuple]]:
+        """(title, rows, layout) of each table under the plot, all within the same limits."""
+        from kit.estimate import booking
+
+        b = self.booking
+        out = []
+        if b.recommended is not None:
+            out.append((f"Alternatives to the booking ({b.goal} first)", b.alternatives, _ALTERNATIVES))
+        out.append(("Cheapest and fastest per GPU type", booking.picks(self.plan, **self.limits), _PICKS))
+        if self.fixes is not None and not self.fixes.empty:
+            c = self.start.cluster
+            title = (
+                f"{self.start.label} on {c.nodes}x{c.gpus_per_node} {c.gpu} does not fit; what makes it fit"
+            )
+            out.append((title, self.fixes, _FIXES))
+        return [(title, frame, layout) for title, frame, layout in out if len(frame)]
 
     def _inputs(self) -> list[w.ValueWidget]:
         return [
-            self.gpus, self.max_nodes, self.train_batch, self.tokens, self.max_hours,
-            self.headroom, self.efficiency, self.overlap,
+            self.gpus, self.max_nodes, self.train_batch, self.tokens, self.max_hours, self.budget,
+            self.goal, self.calibration, self.headroom, self.efficiency, self.overlap,
         ]  # fmt: skip
 
 
 def plan_panel(setup: Setup | None = None, **options: Any) -> PlanPanel:
-    """The planning panel (options: train_batch, max_nodes); display ``.widget``."""
+    """The planning panel (options: train_batch, max_nodes, tokens, calibration: a
+    ``kit.estimate.calibration.Calibration`` or a file path); display ``.widget``."""
     return PlanPanel(setup, **options)

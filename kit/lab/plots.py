@@ -11,11 +11,11 @@ samples/s of every rank over time, from a ``kit.monitor.Snapshot``.
 from __future__ import annotations
 
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from kit.components import MEASURED
 from kit.run.results import Results
-from kit.units import GIB, MB, MIB
+from kit.units import GIB, MB, MIB, count_text
 
 #: one colour per memory component, in every figure of the kit
 COLORS = {
@@ -177,27 +177,63 @@ def _rotate(ax) -> None:
         label.set_horizontalalignment("right")
 
 
-def pareto(plan, max_points: int = 4000) -> Figure:
-    """Wall-clock time vs cost of every fitting setup of a ``kit.estimate.plan.Plan``, one colour per GPU
-    type, log-log, with the Pareto front (nothing both faster and cheaper) drawn as a line."""
-    fit = plan.fitting()
+def pareto(
+    plan, max_points: int = 4000, max_hours: float | None = None, budget: float | None = None, booked=None
+) -> Figure:
+    """Wall-clock time vs cost of every fitting setup of a ``kit.estimate.plan.Plan`` within ``max_hours``
+    and ``budget`` (USD), one colour per GPU type, log-log, with the Pareto front (nothing both faster and
+    cheaper) drawn as a line; the front's fastest and cheapest named, and ``booked``'s recommendation
+    (``kit.estimate.booking.Booking``) when given. The legend sits outside the axes, each name in a box
+    pointing at its marker from the side, so neither covers a point."""
+    fit = plan.fitting(max_hours, budget)
     shown = fit if len(fit) <= max_points else fit.sample(max_points, random_state=0)
-    fig = Figure(figsize=(8, 4.8), layout="constrained")
+    fig = Figure(figsize=(9, 4.8), layout="constrained")
     ax = fig.subplots()
     for name, group in shown.groupby("gpu", sort=True):
         ax.scatter(group.hours, group.cost_usd, s=10, alpha=0.45, label=name)
-    front = plan.pareto()
+    front = plan.pareto(max_hours, budget)
     ax.plot(front.hours, front.cost_usd, color="black", marker="o", ms=4, lw=1.2, label="Pareto front")
-    for _, row in front.iloc[[0, -1]].iterrows() if len(front) else ():  # name the fastest and cheapest
-        ax.annotate(f"{row.gpus} x {row.gpu}\nz{row.stage}", (row.hours, row.cost_usd), fontsize=8,
-                    xytext=(6, 6), textcoords="offset points")  # fmt: skip
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel(f"wall-clock hours for {plan.tokens:.3g} tokens")
+    names: dict = {}  # row -> what it is: nothing lies below the front, so the names go in a band there
+    if len(front):
+        names.setdefault(front.index[0], []).append("fastest")
+        names.setdefault(front.index[-1], []).append("cheapest")
+    if booked is not None and booked.recommended is not None:
+        names.setdefault(booked.recommended.name, []).append("book")
+    box = {"boxstyle": "round,pad=0.25", "fc": "white", "ec": "0.6"}
+    for k, (i, what) in enumerate(sorted(names.items(), key=lambda item: plan.table.hours[item[0]])):
+        row = plan.table.loc[i]  # names left to right as their points, so that no two arrows cross
+        ax.annotate(
+            f"{', '.join(what)}: {row.gpus} x {row.gpu}\n{row.hours:,.0f} h, ${row.cost_usd:,.0f}",
+            (row.hours, row.cost_usd), xytext=((k + 0.5) / len(names), 0.03), textcoords="axes fraction",
+            ha="center", va="bottom", fontsize=8, bbox=box,
+            arrowprops={"arrowstyle": "->", "color": "0.3", "shrinkA": 0, "shrinkB": 4},
+        )  # fmt: skip
+    if fit.empty:
+        ax.text(0.5, 0.5, "no setup fits within the limits", transform=ax.transAxes, ha="center")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    else:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        floor, top = front.cost_usd.min(), fit.cost_usd.max() * 1.15
+        ax.set_ylim(floor / (top / floor) ** (0.25 / 0.75) / 1.1, top)  # the lowest quarter for the names
+        ax.set_xlim(fit.hours.min() / 1.25, fit.hours.max() * 1.25)
+        for axis, (low, high) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            subs = (1.0, 2.0, 5.0) if high / low < 300 else (1.0,)  # 1-2-5 ticks within two decades or so
+            axis.set_major_locator(LogLocator(subs=subs))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+            axis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel(f"wall-clock hours for {count_text(plan.tokens)} tokens")
     ax.set_ylabel("cost, USD")
-    ax.set_title(f"{plan.base.model.name}: {len(fit):,} fitting setups of {len(plan.table):,}")
+    limits = [f"{max_hours:,g} h" if max_hours else "", f"${budget:,.0f}" if budget else ""]
+    within = " and ".join(x for x in limits if x)
+    ax.set_title(
+        f"{plan.base.model.name}: {len(fit):,} fitting setups of {len(plan.table):,}"
+        + (f" within {within}" if within else "")
+    )
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize="small", ncols=2, loc="upper right")
+    if len(fit):
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     return fig
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kit.estimate.review.context import Context, Finding
+from kit.fit import supports
 from kit.rules import FP32, optimizer_states
 from kit.units import size
 
@@ -31,7 +32,21 @@ def precision(x: Context) -> list[Finding]:
         f"{size(e.model_states_bytes)} per GPU"
         + ("; fp16 adds dynamic loss scaling" if x.z.precision == "fp16" else "")
     )
-    return [Finding(key, "info", message, "keep it")]
+    name = x.setup.cluster.gpu
+    if x.z.precision == "fp16" and supports(name, "bf16"):
+        rate = x.gpu.peak_tflops("bf16")
+        return [
+            Finding(
+                key,
+                "warning",
+                f"{message}; fp16 has 5 exponent bits: gradients over- or underflow without the scaler",
+                f"bf16: the {name} computes in bf16 ({rate:g} TFLOP/s, fp16 {x.gpu.peak_tflops('fp16'):g}) "
+                "with fp32's exponent range and no loss scaling, in the same bytes: set bf16.enabled true "
+                "and fp16.enabled false",
+            )
+        ]
+    why = f"keep it: the {name} has no bf16" if x.z.precision == "fp16" else "keep it"
+    return [Finding(key, "info", message, why)]
 
 
 def optimizer(x: Context) -> list[Finding]:
