@@ -319,7 +319,8 @@ def _recommendation(found, booked, command: list[str] | None) -> list[str]:
     nodes = f"{c.nodes} node{'s' if c.nodes > 1 else ''} x {c.gpus_per_node}"
     lines = [
         "",
-        f"Book (the {booked.goal}{' within ' + limits if limits else ''}): {r.gpus} x {r.gpu} ({nodes}), "
+        f"Book (the {booked.goal}{'' if booked.fallback else ' DeepSpeed setup with exact numerics'}"
+        f"{' within ' + limits if limits else ''}): {r.gpus} x {r.gpu} ({nodes}), "
         f"{booking.variant(r)}, micro batch {r.micro_batch} x grad accum {r.grad_accum}",
         f"  {r.hours:,.1f} h, ${r.cost_usd:,.0f}; {r.per_gpu_gib:,.1f} of {r.capacity_gib:,.1f} GiB per "
         f"GPU, {r.step_s:,.3g} s per step, {r.tokens_per_s:,.0f} tokens/s",
