@@ -35,12 +35,15 @@ lint: install
 	$(VENV)/bin/ruff check kit tests
 	$(VENV)/bin/ruff format --check kit tests
 
-# The README's test command: lint, unit + 2-rank CPU integration tests, then every notebook. The async_io
-# op the NVMe tests need builds meanwhile, niced, in the background (tests/build_async_io.py; log in the venv).
+# The README's test command: lint; the unit tests in two processes (pytest-xdist); the tests that launch
+# processes (marked distributed: 2-rank CPU runs, timed process groups) one at a time; then every notebook.
+# The async_io op the NVMe tests need builds meanwhile, niced, in the background (tests/build_async_io.py;
+# log in the venv).
 test: install libaio
 	nice -n 10 $(PY) -m tests.build_async_io > $(VENV)/async_io_build.log 2>&1 &
 	$(MAKE) --no-print-directory lint
-	ZEROKIT_SMOKE=1 $(PY) -m pytest -q tests
+	ZEROKIT_SMOKE=1 $(PY) -m pytest -q -n 2 -m "not distributed and not e2e" tests
+	ZEROKIT_SMOKE=1 $(PY) -m pytest -q -m "distributed and not e2e" tests
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q --nbmake notebooks
 
 # The notebooks as a user meets them: JupyterLab in headless Chromium (tests/e2e), every notebook run,

@@ -200,9 +200,19 @@ def commtest_two_nodes(tmp_path_factory) -> dict:
     return {"returncode": done.returncode, "json": out, "output": why, "plot": plot}
 
 
+#: the shared launches: a test taking one is a ``distributed`` test, whatever its module says
+LAUNCHING = {"two_rank_sweep", "local_nodes_run", "commtest_two_nodes"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
 def pytest_collection_modifyitems(items: list) -> None:
-    """The NVMe runs last: they wait for DeepSpeed's async_io op, which ``make test`` builds meanwhile
-    (tests/build_async_io.py); the order of every other test is kept."""
+    """Tests of the shared launches are marked ``distributed`` (``make test`` runs the others in parallel
+    processes, each of which would launch its own copy), and the NVMe runs go last: they wait for
+    DeepSpeed's async_io op, which ``make test`` builds meanwhile (tests/build_async_io.py); the order of
+    every other test is kept."""
+    for item in items:
+        if LAUNCHING & set(item.fixturenames):
+            item.add_marker(pytest.mark.distributed)
     items.sort(key=lambda item: "nvme_sweep" in item.fixturenames)
 
 

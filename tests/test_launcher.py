@@ -13,6 +13,9 @@ import pytest
 from kit.paths import PACKAGE_PARENT
 from kit.run import launcher
 
+#: its process-group tests time what they start: one at a time, beside no other test
+pytestmark = pytest.mark.distributed
+
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 
 #: a process that starts a child in its own process group, prints the child's pid, then waits forever

@@ -9,7 +9,7 @@ from kit.ranks.memory_timeline import PHASES, StepMemory
 from kit.run.sweep import run_sweep, toy_setup
 from kit.schema import Setup
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.distributed, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
 def test_replay_counts_live_tensors_per_phase_and_leaves_host_work_out():
