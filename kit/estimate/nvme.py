@@ -24,6 +24,8 @@ the third place, ``nvme``: bytes of this rank's swap files.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from kit.components import HELD
 from kit.estimate import partition
 from kit.estimate.result import NONE, Term, total
@@ -35,7 +37,7 @@ from kit.rules import (
     element_bytes,
     optimizer_states,
 )
-from kit.schema import Setup
+from kit.schema import ModelSpec, Setup
 
 
 def min_swap_bytes(setup: Setup) -> int:
@@ -51,8 +53,12 @@ def io_aligned(numel: int, element: int, setup: Setup) -> int:
 
 def partitions(setup: Setup) -> list[tuple[int, int]]:
     """(numel, partition numel ``ceil(numel / dp)``) of every tensor, in the model's order."""
-    n = setup.dp
-    return [(t, -(-t // n)) for t in partition.numels(setup)]
+    return list(_partitions(setup.model, setup.dp))
+
+
+@lru_cache(maxsize=512)
+def _partitions(model: ModelSpec, n: int) -> tuple[tuple[int, int], ...]:
+    return tuple((t, -(-t // n)) for t in partition.numels(Setup(model=model)))
 
 
 def sub_groups(setup: Setup) -> list[list[tuple[int, int]]]:
@@ -76,11 +82,12 @@ def sub_groups(setup: Setup) -> list[list[tuple[int, int]]]:
 def swapped_params(setup: Setup) -> list[int]:
     """Partition numels of the tensors ``zero.Init`` swaps to NVMe (released and large enough)."""
     z, p = setup.zero, element_bytes(setup.zero.precision)
-    return [
-        part
-        for numel, part in partitions(setup)
-        if numel > z.param_persistence_threshold and part * p >= min_swap_bytes(setup)
-    ]
+    return list(_swapped(setup.model, setup.dp, z.param_persistence_threshold, p, min_swap_bytes(setup)))
+
+
+@lru_cache(maxsize=512)
+def _swapped(model: ModelSpec, n: int, threshold: int, p: int, smallest: int) -> tuple[int, ...]:
+    return tuple(part for numel, part in _partitions(model, n) if numel > threshold and part * p >= smallest)
 
 
 def problem(setup: Setup) -> tuple[str, str] | None:
