@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import pandas as pd
 
@@ -47,14 +48,18 @@ def search_variants(setup: Setup, nodes: int) -> list[dict]:
     to NVMe (optimizer, optimizer + parameters); on several nodes, where they pay, ZeRO++ (hpZ over the
     whole node, and hpZ + qwZ + qgZ: ``grid.zeropp_variants``); PyTorch's own engines beside them (the
     grid refuses them in fp16: they need a loss scaler)."""
-    precision = setup.zero.precision
-    named = grid.zeropp_variants(setup.cluster.gpus_per_node)
-    zeropp = [named["hpZ"], named["ZeRO++ (hpZ + qwZ + qgZ)"]] if nodes > 1 else []
+    return [dict(v) for v in _search_variants(setup.zero.precision, setup.cluster.gpus_per_node, nodes > 1)]
+
+
+@lru_cache(maxsize=64)
+def _search_variants(precision: str, per_node: int, several: bool) -> tuple[dict, ...]:
+    named = grid.zeropp_variants(per_node)
+    zeropp = [named["hpZ"], named["ZeRO++ (hpZ + qwZ + qgZ)"]] if several else []
     levels = ("none", "optimizer", "all")
     cpu = grid.variants(ZERO_STAGES, offload=levels, zeropp=zeropp, precision=precision)
     nvme = grid.variants(("3",), offload=levels[1:], to="nvme", precision=precision)
     baselines = grid.variants(BASELINES, precision=precision)
-    return cpu.zero + nvme.zero + baselines.zero
+    return tuple(cpu.zero + nvme.zero + baselines.zero)
 
 
 def _nvme_fields(setup: Setup, change: dict) -> dict:
@@ -339,11 +344,9 @@ def search(
     per_node = setup.cluster.gpus_per_node
     sizes = [(1, g) for g in _powers_of_two_up_to(per_node)]
     sizes += [(n, per_node) for n in _powers_of_two_up_to(max_nodes)[1:]]
-    groups, tried = [], {}
+    groups = []
     for nodes, per in sizes:
-        if nodes not in tried:
-            tried[nodes] = variants or search_variants(setup, nodes)
-        for change in tried[nodes]:
+        for change in variants or search_variants(setup, nodes):
             sharded = change["stage"] or change.get("engine", "deepspeed") != "deepspeed"
             if nodes * per == 1 and sharded and change["offload_optimizer"] == "none":
                 continue  # one GPU has nothing to partition or replicate: stage 0 alone, or offload
