@@ -311,8 +311,7 @@ def seconds(need: Load, hw: Hardware, assume: Assumptions) -> dict[str, float]:
     hidden = _where(need.overlap, assume.overlap, 0.0)
     offload = _per(need.host_link_bytes, hw.host_gbps * efficiency * 1e9)
     offload += _per(need.host_memory_bytes, assume.host_memory_gbps * 1e9)
-    swap = _per(need.nvme_read_bytes, hw.nvme_read_gbps * 1e9)
-    offload = offload + (swap + _per(need.nvme_write_bytes, hw.nvme_write_gbps * 1e9))
+    offload = offload + _swap_s(need.nvme_read_bytes, need.nvme_write_bytes, hw)
     return {
         "compute": need.flops / (hw.peak_tflops * 1e12 * assume.efficiency),
         "comm": comm,
@@ -321,6 +320,11 @@ def seconds(need: Load, hw: Hardware, assume: Assumptions) -> dict[str, float]:
         "offload": offload,
         "fixed": 0.0,
     }
+
+
+def _swap_s(read: int, write: int, hw: Hardware) -> float:
+    """Seconds of one node's swap-file reads and writes over its drives."""
+    return _per(read, hw.nvme_read_gbps * 1e9) + _per(write, hw.nvme_write_gbps * 1e9)
 
 
 def _g(figure) -> str:
@@ -416,7 +420,7 @@ def _nvme(setup: Setup, hw: Hardware) -> Part:
     g = setup.cluster.gpus_per_node
     read, write = g * swap["read"].bytes, g * swap["write"].bytes
     return Part(
-        read / (hw.nvme_read_gbps * 1e9) + write / (hw.nvme_write_gbps * 1e9),
+        _swap_s(read, write, hw),
         f"NVMe: {g} GPUs x ({swap['read'].formula}) read / {_g(hw.nvme_read_gbps)} GB/s + {g} GPUs x "
         f"({swap['write'].formula}) written / {_g(hw.nvme_write_gbps)} GB/s per node",
     )

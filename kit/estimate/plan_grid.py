@@ -1,14 +1,16 @@
 """``kit.estimate.plan.search``'s grid, evaluated a cluster and ZeRO variant at a time.
 
 A plan's setups share most of their terms: the model states, CPU RAM and NVMe files of a cluster size and
-ZeRO variant do not depend on the batch (``kit.estimate.memory.States``), the activations depend only on
-the micro batch and checkpointing, and a Setup's step time on every GPU type comes from one
-``kit.estimate.perf.step_time`` on the stacked hardware (``perf.stack``: its figures as arrays). So each
-term is computed once, by the functions ``estimate`` and ``step_time`` call, and broadcast with numpy over
-the setups that share it; ``tests/test_plan_grid.py`` checks rows against the per-setup path.
+ZeRO variant do not depend on the batch (``kit.estimate.memory.states``), the activations depend only on
+the micro batch and checkpointing (``memory.batch_activations``), and what a step asks of a GPU does not
+depend on the GPU's type (``kit.estimate.perf.load``). So each term is computed once, by the functions
+``estimate`` and ``step_time`` call, and the step time, cost and fit of every setup on every GPU type
+come from one numpy evaluation of the same arithmetic (``perf.seconds`` of ``perf.Load.arrays`` on
+``perf.stack``'s hardware, ``perf.run_cost``, ``kit.fit.fits``). ``tests/test_plan_grid.py`` checks rows
+against the per-setup path.
 
-Batch schedules and token budgets change the batch a Setup trains with: such a plan estimates each of its
-setups whole (``estimate``), as does a calibrated one its step times (``perf.calibrated``) per GPU type.
+A batch schedule or a token budget changes the batch a Setup trains with: such a plan estimates each of
+its setups whole (``estimate``); a calibrated one times each setup per GPU type (``perf.calibrated``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def evaluate(
     precision = base.zero.precision
     rows: dict[str, list] = {key: [] for key in _PER_SETUP}
     loads: list[perf.Load] = []
-    calibrated: list[dict[str, float]] = []  # with a calibration: step_s per GPU type
+    calibrated: list[list[float]] = []  # with a calibration: each setup's step_s per GPU type
     labels: list[str] = []
     saved: dict[tuple[int, bool], Term] = {}  # activations by (micro batch, checkpointing)
     for nodes, per, zero in groups:
@@ -130,11 +132,9 @@ _PER_SETUP = (
 
 def _table(rows, times, labels, names, precision, ram, headroom) -> pd.DataFrame:
     """The per-setup columns repeated for each GPU type beside the per-GPU ones, in ``Plan.table``'s order."""
-    count = len(names)
-    each = {key: np.repeat(np.asarray(values), count) for key, values in rows.items()}
-    strings = ("engine", "offload_optimizer", "offload_param", "zeropp")
-    for key in strings:
-        each[key] = [value for value in rows[key] for _ in range(count)]
+    count, strings = len(names), ("engine", "offload_optimizer", "offload_param", "zeropp")
+    each = {key: np.repeat(np.asarray(values), count) for key, values in rows.items() if key not in strings}
+    each |= {key: [value for value in rows[key] for _ in range(count)] for key in strings}
     per_gpu, cpu = np.asarray(rows["per_gpu"]), np.asarray(rows["cpu"])
     verdict = np.stack([fits(name, precision, per_gpu, cpu, ram, headroom) for name in names], axis=1)
     capacity = np.array([gpu(name).memory_bytes for name in names], dtype=float) / GIB
