@@ -13,8 +13,10 @@ every hardware figure comes from ``data/`` with its source (``hardware``):
 - offload: gradients down and parameters up over the host link (PCIe), and the CPU Adam step, which is
   bound by the node's memory bandwidth; not overlapped.
 
-``step_time`` is a few microseconds of arithmetic, so ``kit.estimate.plan`` can rank thousands of setups;
-``kit.run.calibrate`` compares it with measured step times.
+``step_time`` is ``seconds`` (the arithmetic) of a ``load`` (what the step asks of a GPU, whatever its
+type) with each part's formula; ``kit.estimate.plan`` evaluates ``seconds`` once on arrays of loads and
+GPU types (``Load.arrays``, ``stack``) to rank its grid; ``kit.run.calibrate`` compares ``step_time`` with
+measured step times.
 
 What it cannot see: kernel launch overheads and small-message latency (every collective is bytes over
 bandwidth), the data loader, the Python host loop and synchronisation stalls, stragglers and load
