@@ -3,14 +3,17 @@
 A setup fits a GPU when the GPU computes in the training precision (bf16 needs Ampere or newer: a
 V100 has no bf16, ``data/gpus.csv``), its bytes per GPU fit the GPU's memory less a ``headroom`` share,
 and its CPU RAM per node fits the node's (when the cluster gives it). ``Estimate.fits``, the review of a
-ds_config, the panels' verdict and the plan ask ``fit``.
+ds_config, the panels' verdict and the plan ask ``fit`` (the planner's grid ``fits``, for arrays).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from kit.gpus import gpu
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class Fit(NamedTuple):
@@ -41,18 +44,41 @@ def fit(
 ) -> Fit:
     """Whether ``per_gpu_bytes`` in ``precision`` fit ``gpu_name`` leaving ``headroom`` (a share of its
     memory) free, and the node's CPU RAM when given; the first reason it does not."""
+    capacity, checks = _checks(
+        gpu_name, precision, per_gpu_bytes, cpu_bytes_per_node, cpu_ram_per_node_bytes, headroom
+    )
+    return Fit(next((problem for problem, ok in checks if not ok), ""), per_gpu_bytes, capacity)
+
+
+def fits(
+    gpu_name: str,
+    precision: str,
+    per_gpu_bytes: np.ndarray,
+    cpu_bytes_per_node: np.ndarray,
+    cpu_ram_per_node_bytes: int | None = None,
+    headroom: float = 0.0,
+) -> np.ndarray:
+    """``fit(...).ok`` of arrays of setups' bytes on one GPU type (the planner's grid)."""
+    import numpy as np
+
+    _, checks = _checks(
+        gpu_name, precision, per_gpu_bytes, cpu_bytes_per_node, cpu_ram_per_node_bytes, headroom
+    )
+    return np.logical_and.reduce([np.broadcast_to(ok, np.shape(per_gpu_bytes)) for _, ok in checks])
+
+
+def _checks(gpu_name, precision, per_gpu_bytes, cpu_bytes_per_node, cpu_ram_per_node_bytes, headroom):
+    """The capacity less the headroom, and ``(problem, passed)`` in the order ``fit`` reports them."""
     if not 0 <= headroom < 1:
         raise ValueError(f"headroom: must be in [0, 1), got {headroom!r}")
     capacity = int(gpu(gpu_name).memory_bytes * (1 - headroom))
-    if not supports(gpu_name, precision):
-        problem = "precision"
-    elif per_gpu_bytes > capacity:
-        problem = "gpu"
-    elif cpu_ram_per_node_bytes is not None and cpu_bytes_per_node > cpu_ram_per_node_bytes:
-        problem = "cpu"
-    else:
-        problem = ""
-    return Fit(problem, per_gpu_bytes, capacity)
+    cpu_ok = True if cpu_ram_per_node_bytes is None else cpu_bytes_per_node <= cpu_ram_per_node_bytes
+    checks = (
+        ("precision", supports(gpu_name, precision)),
+        ("gpu", per_gpu_bytes <= capacity),
+        ("cpu", cpu_ok),
+    )
+    return capacity, checks
 
 
 def estimate_fit(est, gpu_name: str | None = None, headroom: float = 0.0) -> Fit:

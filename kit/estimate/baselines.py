@@ -24,12 +24,13 @@ than the one the tensors were read from.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from kit.components import HELD
 from kit.estimate.result import NONE, Term
 from kit.models import spec_shapes
 from kit.rules import DDP_BUCKET_CAP_MB, FP32, baseline_name, element_bytes, optimizer_states, ring_share
-from kit.schema import Setup
+from kit.schema import ModelSpec, Setup
 
 
 def states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
@@ -59,11 +60,15 @@ def states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
 def shard_elements(setup: Setup, rank: int) -> tuple[int, int, str]:
     """``(padded, local, formula)``: the elements of rank ``rank``'s FSDP shards, padded (what its
     parameter and gradient storages hold) and unpadded (what its optimizer states follow)."""
-    n = setup.dp
-    shapes = spec_shapes(setup.model)
+    return _shard_elements(setup.model, setup.dp, rank)
+
+
+@lru_cache(maxsize=512)
+def _shard_elements(model: ModelSpec, n: int, rank: int) -> tuple[int, int, str]:
+    shapes = spec_shapes(model)
     if shapes is None:  # a bare count: no shapes, shard the whole count
-        padded = -(-setup.model.params // n)
-        local = max(0, min(padded, setup.model.params - rank * padded))
+        padded = -(-model.params // n)
+        local = max(0, min(padded, model.params - rank * padded))
         return padded, local, f"ceil(Psi / N) = {padded:,} (bare count: per-tensor padding approximated)"
     padded = local = 0
     for shape in shapes:

@@ -26,7 +26,7 @@ from kit.rules import (
 from kit.schema import Setup
 
 
-def comm_bytes(setup: Setup) -> tuple[int, str]:
+def comm_bytes(setup: Setup, parts: list[Collective] | None = None) -> tuple[int, str]:
     """Bytes one GPU sends per optimizer step, as DeepSpeed's ZeRO moves them (ring collectives).
 
     M = 16-bit (or fp32) model bytes, N = data-parallel ranks, k = micro-steps per step. Stage 0
@@ -34,7 +34,8 @@ def comm_bytes(setup: Setup) -> tuple[int, str]:
     (DeepSpeed's multi-rank bucket all-reduce: measured 1.5x stage 0 with the all-gather) and all-gather
     the updated parameters ((N-1)/N M); stage 2 reduces every micro-step, stage 1 at the boundary; stage 3
     all-gathers parameters in forward and backward and reduce-scatters gradients every micro-step
-    (3 (N-1)/N M k, the ZeRO paper's 1.5x); with ZeRO++ the sum of ``collectives`` (intra- and inter-node).
+    (3 (N-1)/N M k, the ZeRO paper's 1.5x); with ZeRO++ the sum of ``collectives`` (intra- and inter-node;
+    ``parts`` when they are at hand).
     """
     n, z = setup.dp, setup.zero
     if n == 1:
@@ -55,7 +56,7 @@ def comm_bytes(setup: Setup) -> tuple[int, str]:
             f"2 (N-1)/N M x k={k} (gradient all-reduce per micro-step) + (N-1)/N M (parameter all-gather)"
         )
     else:
-        parts = collectives(setup)
+        parts = collectives(setup) if parts is None else parts
         volume = sum(c.bytes for c in parts)
         formula = " + ".join(f"{c.formula} [{c.scope}]" for c in parts)
     return round(volume), f"{formula}, M = {m:,} B, N = {n}"
@@ -101,7 +102,7 @@ def collectives(setup: Setup) -> list[Collective]:
     wname = f"{w:g} x " if z.quantized_weights else ""
     forward, backward, reduce = ZERO3_COLLECTIVES
     ring = ring_share(n)
-    mp = p * sum(t for t in partition.numels(setup) if t <= z.param_persistence_threshold)
+    mp = p * sum(partition.persistent(setup))
     mp = mp if partition.is_exact(setup) else 0
     mg = m - mp
     out = [Collective(forward, across, round(k * ring * w * mg), f"{wname}(N-1)/N M_g x k={k}")]
@@ -141,10 +142,11 @@ def collectives(setup: Setup) -> list[Collective]:
     return out
 
 
-def comm_by_scope(setup: Setup) -> dict[str, int]:
-    """Bytes one GPU sends per optimizer step inside its node and across nodes (``collectives``)."""
+def comm_by_scope(setup: Setup, parts: list[Collective] | None = None) -> dict[str, int]:
+    """Bytes one GPU sends per optimizer step inside its node and across nodes (``collectives``, or
+    ``parts`` when they are at hand)."""
     out = {"intra": 0, "inter": 0}
-    for c in collectives(setup):
+    for c in collectives(setup) if parts is None else parts:
         out[c.scope] += c.bytes
     return out
 
@@ -203,8 +205,8 @@ def collective_calls(setup: Setup) -> list[tuple[str, int, str]]:
             ("all_gather", gather, f"ceil(P / allgather_bucket_size {z.allgather_bucket_size:,})"),
             norm,
         ]
-    big = sum(1 for t in tensors if t > z.param_persistence_threshold)
-    persistent = len(tensors) - big
+    persistent = len(partition.persistent(setup))
+    big = len(tensors) - persistent
     out = [
         ("all_gather", 2 * k * big, f"2 x k={k} x T={big} tensors gathered"),
         ("reduce_scatter", k * reduce, f"k={k} x ceil(P / reduce_bucket_size {z.reduce_bucket_size:,})"),

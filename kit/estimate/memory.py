@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 from kit.components import HELD
@@ -84,9 +85,49 @@ def estimate(setup: Setup, formula: Formula = "deepspeed", trace: bool = False) 
         return zero_paper(setup)
     if formula != "deepspeed":
         raise ValueError(f"formula: must be one of {', '.join(FORMULAS)}, got {formula!r}")
-    states = _faithful_states(setup, rank=partition.worst_rank(setup))
-    device, host = states["device"], states["host"]
-    act = _activations(setup)
+    held = states(setup)
+    act = batch_activations(setup)
+    terms = gpu_terms(setup, held.device, act)
+    side = _trace_beside(setup) if trace or act.formula.startswith("traced") else None
+    line = peak.timeline(setup, held.rank, held.device, act)
+    return Estimate(
+        setup,
+        "deepspeed",
+        terms,
+        held.host,
+        held.cpu,
+        _notes(setup),
+        side,
+        nvme_term=held.disk,
+        timeline=line,
+        peak_overhead=gpu_overheads(setup, line.peak_tensor_bytes),
+    )
+
+
+@dataclass(frozen=True)
+class States:
+    """What ``estimate`` counts of a Setup whatever its batch (micro batch, gradient accumulation,
+    checkpointing): the worst rank's model states on the device and the host, CPU RAM and NVMe swap
+    files per node. ``kit.estimate.plan_grid`` shares one across a cluster's batch choices."""
+
+    rank: int
+    device: dict[str, Term]
+    host: dict[str, Term]
+    cpu: Term
+    disk: Term
+
+
+def states(setup: Setup) -> States:
+    """``States`` of ``setup``'s worst rank (``partition.worst_rank``)."""
+    rank = partition.worst_rank(setup)
+    held = _faithful_states(setup, rank=rank)
+    disk = nvme.nvme_bytes_per_node(setup, held["nvme"]) if "nvme" in held else NONE
+    return States(rank, held["device"], held["host"], _cpu_per_node(setup, held["host"]), disk)
+
+
+def gpu_terms(setup: Setup, device: dict[str, Term], act: Term) -> dict[str, Term]:
+    """The components per GPU: the ``device`` states (``States.device``) with the peaks beyond them
+    while the batch trains (``_transient``), the activations ``act`` and the overheads."""
     transient = _transient(setup)
     terms = {
         "parameters": device["parameters"],
@@ -96,22 +137,7 @@ def estimate(setup: Setup, formula: Formula = "deepspeed", trace: bool = False) 
         "buffers": device["buffers"] + transient.pop("buffers", None),
     }
     terms["overhead"] = gpu_overheads(setup, sum(t.bytes for t in terms.values()))
-    side = _trace_beside(setup) if trace or act.formula.startswith("traced") else None
-    cpu = _cpu_per_node(setup, host)
-    disk = nvme.nvme_bytes_per_node(setup, states["nvme"]) if "nvme" in states else NONE
-    line = peak.timeline(setup, partition.worst_rank(setup), device, act)
-    return Estimate(
-        setup,
-        "deepspeed",
-        terms,
-        host,
-        cpu,
-        _notes(setup),
-        side,
-        nvme_term=disk,
-        timeline=line,
-        peak_overhead=gpu_overheads(setup, line.peak_tensor_bytes),
-    )
+    return terms
 
 
 def peak_timeline(
@@ -125,7 +151,7 @@ def peak_timeline(
     """``kit.estimate.peak.timeline`` of rank ``rank`` with its device states (and the estimate's
     activations when given, else the formula's or the trace's)."""
     device = _faithful_states(setup, rank)["device"]
-    act = activations if activations is not None else _activations(setup)
+    act = activations if activations is not None else batch_activations(setup)
     return peak.timeline(setup, rank, device, act, implementation=implementation, backend=backend)
 
 
@@ -141,7 +167,7 @@ def gpu_overheads(setup: Setup, allocated: int) -> Term:
     )
 
 
-def _activations(setup: Setup) -> Term:
+def batch_activations(setup: Setup) -> Term:
     """Activations at the micro batch; with a token budget T for sequences of at most S tokens, those of
     ceil(T / S) full-length sequences: T tokens for the terms linear in tokens, and the most any packing
     of T tokens can cost in the terms quadratic in sequence length (sum of s_i^2 <= T x S). Padding each

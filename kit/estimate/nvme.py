@@ -24,6 +24,8 @@ the third place, ``nvme``: bytes of this rank's swap files.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from kit.components import HELD
 from kit.estimate import partition
 from kit.estimate.result import NONE, Term, total
@@ -35,7 +37,7 @@ from kit.rules import (
     element_bytes,
     optimizer_states,
 )
-from kit.schema import Setup
+from kit.schema import ModelSpec, Setup
 
 
 def min_swap_bytes(setup: Setup) -> int:
@@ -51,36 +53,46 @@ def io_aligned(numel: int, element: int, setup: Setup) -> int:
 
 def partitions(setup: Setup) -> list[tuple[int, int]]:
     """(numel, partition numel ``ceil(numel / dp)``) of every tensor, in the model's order."""
-    n = setup.dp
-    return [(t, -(-t // n)) for t in partition.numels(setup)]
+    return list(_partitions(setup.model, setup.dp))
+
+
+@lru_cache(maxsize=512)
+def _partitions(model: ModelSpec, n: int) -> tuple[tuple[int, int], ...]:
+    return tuple((t, -(-t // n)) for t in partition.numels(Setup(model=model)))
 
 
 def sub_groups(setup: Setup) -> list[list[tuple[int, int]]]:
     """Stage 3's sub groups (``_create_fp16_sub_groups``): partitions packed in order until a group
     reaches ``sub_group_size`` elements; one group when the whole partition is smaller."""
-    parts = partitions(setup)
+    return [list(group) for group in _sub_groups(setup.model, setup.dp)]
+
+
+@lru_cache(maxsize=512)
+def _sub_groups(model: ModelSpec, n: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    parts = _partitions(model, n)
     if sum(p for _, p in parts) <= DS_SUB_GROUP_SIZE:
-        return [parts]
+        return (parts,)
     groups, group, size = [], [], 0
     for item in parts:
         group.append(item)
         size += item[1]
         if size >= DS_SUB_GROUP_SIZE:
-            groups.append(group)
+            groups.append(tuple(group))
             group, size = [], 0
     if group:
-        groups.append(group)
-    return groups
+        groups.append(tuple(group))
+    return tuple(groups)
 
 
 def swapped_params(setup: Setup) -> list[int]:
     """Partition numels of the tensors ``zero.Init`` swaps to NVMe (released and large enough)."""
     z, p = setup.zero, element_bytes(setup.zero.precision)
-    return [
-        part
-        for numel, part in partitions(setup)
-        if numel > z.param_persistence_threshold and part * p >= min_swap_bytes(setup)
-    ]
+    return list(_swapped(setup.model, setup.dp, z.param_persistence_threshold, p, min_swap_bytes(setup)))
+
+
+@lru_cache(maxsize=512)
+def _swapped(model: ModelSpec, n: int, threshold: int, p: int, smallest: int) -> tuple[int, ...]:
+    return tuple(part for numel, part in _partitions(model, n) if numel > threshold and part * p >= smallest)
 
 
 def problem(setup: Setup) -> tuple[str, str] | None:
@@ -175,7 +187,7 @@ def _optimizer(setup: Setup, device: dict, host: dict, nvme: dict) -> None:
     # partition goes to a file of its own when large enough (``_swap_out_gradients``; a length that is not
     # a multiple of the alignment is split and its remainder kept in RAM, ``_adjust_for_misaligned_lengths``)
     p, size = element_bytes(z.precision), sum(groups)
-    files = sum(_swapped_gradient(part, setup) for _, part in partitions(setup))
+    files = _gradient_files(setup.model, setup.dp, min_swap_bytes(setup), io_aligned(1, FP32, setup))
     nvme["gradients"] = Term(
         FP32 * files, f"4 B x {files:,} (fp32 gradient partitions of >= {min_swap_bytes(setup):,} B)"
     )
@@ -188,13 +200,16 @@ def _optimizer(setup: Setup, device: dict, host: dict, nvme: dict) -> None:
     device["gradients"] = NONE
 
 
-def _swapped_gradient(part: int, setup: Setup) -> int:
-    """Elements of one tensor's fp32 gradient partition that go to a swap file."""
-    if part * FP32 < min_swap_bytes(setup):
-        return 0
-    step = io_aligned(1, FP32, setup)
-    aligned = part // step * step
-    return aligned if aligned * FP32 >= min_swap_bytes(setup) else 0
+@lru_cache(maxsize=512)
+def _gradient_files(model: ModelSpec, n: int, smallest: int, step: int) -> int:
+    """Elements of all of a rank's fp32 gradient partitions that go to swap files: of each tensor's, when
+    at least ``smallest`` bytes, its multiple of ``step`` (the alignment) if that still is."""
+    files = 0
+    for _, part in _partitions(model, n):
+        aligned = part // step * step
+        if part * FP32 >= smallest and aligned * FP32 >= smallest:
+            files += aligned
+    return files
 
 
 def _persistent(setup: Setup) -> Term:

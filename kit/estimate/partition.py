@@ -42,6 +42,17 @@ def numels(setup: Setup) -> tuple[int, ...]:
     return (m.largest_layer_params,) + ((rest,) if rest else ())
 
 
+def persistent(setup: Setup) -> tuple[int, ...]:
+    """Numels of the tensors stage 3 keeps whole on every rank (at most ``param_persistence_threshold``
+    elements), in the model's order."""
+    return _persistent(setup.model, setup.zero.param_persistence_threshold)
+
+
+@lru_cache(maxsize=512)
+def _persistent(model: ModelSpec, threshold: int) -> tuple[int, ...]:
+    return tuple(t for t in numels(Setup(model=model)) if t <= threshold)
+
+
 def is_exact(setup: Setup) -> bool:
     """Whether the tensor list is known (not approximated from a bare count)."""
     return spec_tensors(setup.model) is not None

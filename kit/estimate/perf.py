@@ -13,8 +13,10 @@ every hardware figure comes from ``data/`` with its source (``hardware``):
 - offload: gradients down and parameters up over the host link (PCIe), and the CPU Adam step, which is
   bound by the node's memory bandwidth; not overlapped.
 
-``step_time`` is a few microseconds of arithmetic, so ``kit.estimate.plan`` can rank thousands of setups;
-``kit.run.calibrate`` compares it with measured step times.
+``step_time`` is ``seconds`` (the arithmetic) of a ``load`` (what the step asks of a GPU, whatever its
+type) with each part's formula; ``kit.estimate.plan`` evaluates ``seconds`` once on arrays of loads and
+GPU types (``Load.arrays``, ``stack``) to rank its grid; ``kit.run.calibrate`` compares ``step_time`` with
+measured step times.
 
 What it cannot see: kernel launch overheads and small-message latency (every collective is bytes over
 bandwidth), the data loader, the Python host loop and synchronisation stalls, stragglers and load
@@ -27,7 +29,8 @@ under a power limit, and the page-cache and file-system effects on NVMe swaps.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
+from functools import cached_property
 
 from kit.estimate import partition
 from kit.estimate.calibration import Calibration, Link, engine_key
@@ -73,7 +76,9 @@ class Assumptions:
 
 @dataclass(frozen=True)
 class Hardware:
-    """The figures the model uses for one GPU type and fabric (GB/s are 1e9 bytes/s, one direction)."""
+    """The figures the model uses for one GPU type and fabric (GB/s are 1e9 bytes/s, one direction);
+    ``stack`` makes one whose figures are arrays, one per GPU type, for which ``step_time`` gives arrays
+    of seconds."""
 
     name: str
     peak_tflops: float  # per GPU at the training precision
@@ -109,12 +114,29 @@ def hardware(setup: Setup, fabric: str | None = None, drives: str | None = None)
     )
 
 
+def stack(hardwares: list[Hardware]) -> Hardware:
+    """One ``Hardware`` whose figures are numpy arrays, one element per GPU type of ``hardwares``, in
+    order: ``step_time`` on it, or ``seconds`` of ``Load.arrays``, times Setups on all of them at once
+    (``kit.estimate.plan_grid``)."""
+    import numpy as np
+
+    out = {}
+    for f in fields(Hardware):
+        values = [getattr(h, f.name) for h in hardwares]
+        out[f.name] = "; ".join(values) if f.type == "str" else np.array(values, dtype=float)
+    return Hardware(**out)
+
+
 @dataclass(frozen=True)
 class Part:
     """Seconds per optimizer step of one part of the step, and how they were computed."""
 
     seconds: float
     formula: str
+
+
+#: the parts a step waits for, in the order ``StepTime.step_s`` adds them
+STEP_PARTS = ("compute", "exposed_comm", "optimizer", "offload", "fixed")
 
 
 @dataclass(frozen=True)
@@ -131,10 +153,9 @@ class StepTime:
     fixed: Part = Part(0.0, "uncalibrated: the engine's fixed costs are not modelled")
     calibration: str | None = None  # what the rates were measured on (None: datasheet assumptions)
 
-    @property
+    @cached_property
     def step_s(self) -> float:
-        parts = (self.compute, self.exposed_comm, self.optimizer, self.offload, self.fixed)
-        return sum(p.seconds for p in parts)
+        return sum(getattr(self, name).seconds for name in STEP_PARTS)
 
     @property
     def tokens_per_s(self) -> float:
@@ -145,18 +166,9 @@ class StepTime:
         return self.setup.batch.train_batch / self.step_s
 
     def run(self, tokens: float, usd_per_gpu_hour: float) -> dict[str, float]:
-        """Steps, wall-clock hours, GPU-hours and cost of training on ``tokens`` tokens."""
-        if not tokens > 0:
-            raise ValueError(f"tokens: must be > 0, got {tokens!r}")
-        steps = math.ceil(tokens / self.setup.tokens_per_step)
-        hours = steps * self.step_s / 3600
-        gpu_hours = hours * self.setup.cluster.world_size
-        return {
-            "steps": steps,
-            "hours": hours,
-            "gpu_hours": gpu_hours,
-            "cost_usd": gpu_hours * usd_per_gpu_hour,
-        }
+        """Steps, wall-clock hours, GPU-hours and cost of training on ``tokens`` tokens (``run_cost``)."""
+        s = self.setup
+        return run_cost(tokens, s.tokens_per_step, self.step_s, s.cluster.world_size, usd_per_gpu_hour)
 
     def to_dict(self) -> dict:
         parts = {"compute": self.compute, "comm": self.comm, "exposed_comm": self.exposed_comm}
@@ -172,6 +184,23 @@ class StepTime:
             "hardware": asdict(self.hardware),
             "assumptions": asdict(self.assumptions),
         }
+
+
+def run_cost(tokens: float, tokens_per_step, step_s, world_size, usd_per_gpu_hour) -> dict[str, float]:
+    """Steps, wall-clock hours, GPU-hours and cost of training on ``tokens`` tokens; numpy arrays of
+    the others (one element per setup, the planner's grid) give arrays."""
+    if not tokens > 0:
+        raise ValueError(f"tokens: must be > 0, got {tokens!r}")
+    steps = tokens / tokens_per_step
+    if isinstance(steps, float):
+        steps = math.ceil(steps)
+    else:
+        import numpy as np
+
+        steps = np.ceil(steps)
+    hours = steps * step_s / 3600
+    gpu_hours = hours * world_size
+    return {"steps": steps, "hours": hours, "gpu_hours": gpu_hours, "cost_usd": gpu_hours * usd_per_gpu_hour}
 
 
 def model_flops(setup: Setup, tokens: int) -> float:
@@ -194,94 +223,197 @@ def flops_per_token(setup: Setup) -> tuple[float, str]:
     return float(flops), formula
 
 
+@dataclass(frozen=True)
+class Load:
+    """What one optimizer step of a Setup asks of each of its GPUs, whatever their type (``load``): the
+    FLOPs, the bytes on the wire, through the GPU's memory (its Adam step), over the host link and
+    through the node's memory (offload), and through the node's NVMe drives, with how each was counted.
+    ``seconds`` turns it into time on a ``Hardware``."""
+
+    flops: float  # executed by one GPU
+    tokens: int  # one GPU's
+    sent: int  # bytes one GPU sends (``comm_bytes``)
+    intra: int  # of them inside its node and across nodes (``comm_by_scope``)
+    inter: int
+    split: bool  # ZeRO++ on several nodes: ``intra`` and ``inter`` each over its own link
+    nodes: int
+    gpus_per_node: int
+    overlap: bool  # overlap_comm
+    gpu_memory_bytes: int  # the Adam step's reads and writes in the GPU's memory (0 when offloaded)
+    host_link_bytes: int  # between the GPU and the host (offload)
+    host_memory_bytes: int  # the CPU Adam step's reads and writes in one node's memory
+    nvme_read_bytes: int  # one node's swap files
+    nvme_write_bytes: int
+    formulas: dict[str, str]  # of flops, sent, and of each of the last five that is not 0
+
+    @staticmethod
+    def arrays(loads: list[Load]) -> Load:
+        """One Load whose numbers are numpy columns (shape ``(len(loads), 1)``): ``seconds`` of it on
+        ``stack``'s hardware (a row of GPU types) is an array of (setup, GPU type)."""
+        import numpy as np
+
+        numbers = [f.name for f in fields(Load) if f.name != "formulas"]
+        return Load(
+            **{name: np.array([getattr(x, name) for x in loads])[:, None] for name in numbers}, formulas={}
+        )
+
+
+def load(setup: Setup) -> Load:
+    """``Load`` of one optimizer step of ``setup`` (the model behind ``step_time``, uncalibrated)."""
+    b, c, z, k = setup.batch, setup.cluster, setup.zero, setup.batch.grad_accum
+    per_token, how = flops_per_token(setup)
+    tokens = b.micro_batch * b.grad_accum * b.seq_len
+    parts = collectives(setup)
+    sent, formulas = comm_bytes(setup, parts)
+    formulas = {"flops": how, "sent": formulas}
+    scope = comm_by_scope(setup, parts)
+    p, part = element_bytes(z.precision), partition.partition_numel(setup)
+    per_param = ADAM_TRAFFIC_BYTES + (p if z.mixed_precision else 0)
+    adam = moved = node = 0
+    if z.offload_optimizer == "none":
+        adam = per_param * part
+        formulas["gpu_memory"] = f"{per_param} B x P ({part:,})"
+    why = []
+    if z.offload_optimizer != "none":
+        micro_steps = k if z.stage >= 2 else 1
+        moved += p * part * (micro_steps + 1)
+        why.append(f"{p} B x P x ({micro_steps} gradient copies + 1 parameter copy)")
+        node = per_param * part * c.gpus_per_node
+        formulas["host_memory"] = f"{per_param} B x P x {c.gpus_per_node} GPUs per node"
+    if z.offload_param != "none":
+        moved += 2 * k * p * part
+        why.append(f"2 x k={k} x {p} B x P (parameters fetched for forward and backward)")
+    if why:
+        formulas["host_link"] = f"({' + '.join(why)}), P = {part:,}"
+    read = write = 0
+    if z.nvme:
+        swap, g = nvme_traffic(setup), c.gpus_per_node
+        read, write = g * swap["read"].bytes, g * swap["write"].bytes
+        formulas["nvme_read"] = f"{g} GPUs x ({swap['read'].formula})"
+        formulas["nvme_write"] = f"{g} GPUs x ({swap['write'].formula})"
+    split = bool(z.zeropp and c.nodes > 1)
+    return Load(
+        per_token * tokens, tokens, sent, scope["intra"], scope["inter"], split, c.nodes, c.gpus_per_node,
+        z.overlap, adam, moved, node, read, write, formulas,
+    )  # fmt: skip
+
+
+def seconds(need: Load, hw: Hardware, assume: Assumptions) -> dict[str, float]:
+    """Seconds of each part of a step (``STEP_PARTS``, and ``comm``, hidden or not) asking ``need`` of
+    ``hw``: compute at peak x ``efficiency``; the bytes on the wire over the slowest link of the ring
+    (across nodes: a node's network shared by its GPUs; ZeRO++ on several nodes: each scope over its
+    own link) x ``link_efficiency``, of which ``overlap`` is hidden with overlap_comm; the Adam step
+    at the GPU's memory bandwidth; offload over the host link and the node's memory, and the swap files
+    over its drives. Floats, or arrays of ``Load.arrays`` by ``stack``'s GPU types."""
+    efficiency = assume.link_efficiency
+    across = _smaller(hw.intra_gbps, hw.inter_gbps / need.gpus_per_node)
+    bandwidth = _where(need.nodes > 1, across, hw.intra_gbps) * efficiency * 1e9
+    intra_bw = hw.intra_gbps * efficiency * 1e9
+    comm = _where(need.split, need.inter / bandwidth + need.intra / intra_bw, need.sent / bandwidth)
+    hidden = _where(need.overlap, assume.overlap, 0.0)
+    offload = _per(need.host_link_bytes, hw.host_gbps * efficiency * 1e9)
+    offload += _per(need.host_memory_bytes, assume.host_memory_gbps * 1e9)
+    offload = offload + _swap_s(need.nvme_read_bytes, need.nvme_write_bytes, hw)
+    return {
+        "compute": need.flops / (hw.peak_tflops * 1e12 * assume.efficiency),
+        "comm": comm,
+        "exposed_comm": comm * (1 - hidden),
+        "optimizer": _per(need.gpu_memory_bytes, hw.memory_gbps * 1e9),
+        "offload": offload,
+        "fixed": 0.0,
+    }
+
+
+def _swap_s(read: int, write: int, hw: Hardware) -> float:
+    """Seconds of one node's swap-file reads and writes over its drives."""
+    return _per(read, hw.nvme_read_gbps * 1e9) + _per(write, hw.nvme_write_gbps * 1e9)
+
+
+def _g(figure) -> str:
+    """A hardware figure in a formula (``stack``'s arrays are named, not listed)."""
+    return f"{figure:g}" if isinstance(figure, int | float) else "each GPU type's"
+
+
+def _smaller(a, b):
+    """``min`` of two figures, element by element for arrays."""
+    return a.clip(max=b) if hasattr(a, "clip") else min(a, b)
+
+
+def _where(condition, a, b):
+    """``a if condition else b``, element by element for an array of conditions."""
+    if isinstance(condition, bool):
+        return a if condition else b
+    import numpy as np
+
+    return np.where(condition, a, b)
+
+
+def _per(amount, rate):
+    """``amount / rate``, and 0 where the amount is (a rate left at 0 is then never divided by)."""
+    if isinstance(amount, int | float):
+        return amount / rate if amount else 0.0
+    import numpy as np
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(amount > 0, amount / rate, 0.0)
+
+
 def step_time(
     setup: Setup,
     hw: Hardware | None = None,
     assume: Assumptions | None = None,
     calibration: Calibration | None = None,
 ) -> StepTime:
-    """Predicted seconds per optimizer step of ``setup`` on ``hw`` (default: ``hardware(setup)``); with a
-    ``calibration`` (``kit.estimate.calibration``) from its measured rates and fixed costs instead of the
-    datasheet and ``assume`` (``calibrated``)."""
+    """Predicted seconds per optimizer step of ``setup`` on ``hw`` (default: ``hardware(setup)``):
+    ``seconds`` of its ``load``, each part with its formula; with a ``calibration``
+    (``kit.estimate.calibration``) from its measured rates and fixed costs instead of the datasheet and
+    ``assume`` (``calibrated``)."""
     if calibration is not None:
         return calibrated(setup, calibration, hw, assume)
     hw = hw or hardware(setup)
     assume = assume or Assumptions()
-    b, c, z = setup.batch, setup.cluster, setup.zero
-    per_token, formula = flops_per_token(setup)
-    tokens = b.micro_batch * b.grad_accum * b.seq_len
-    achieved = hw.peak_tflops * 1e12 * assume.efficiency
+    need = load(setup)
+    took, f, efficiency = seconds(need, hw, assume), need.formulas, assume.link_efficiency
     compute = Part(
-        per_token * tokens / achieved,
-        f"({formula}) x {tokens:,} tokens per GPU / ({hw.peak_tflops:g} TFLOP/s x {assume.efficiency:g})",
+        took["compute"],
+        f"({f['flops']}) x {need.tokens:,} tokens per GPU / ({_g(hw.peak_tflops)} TFLOP/s x "
+        f"{assume.efficiency:g})",
     )
-    sent, how = comm_bytes(setup)
-    if c.nodes > 1:
-        link = min(hw.intra_gbps, hw.inter_gbps / c.gpus_per_node)
-        where = f"min(intra {hw.intra_gbps:g}, inter {hw.inter_gbps:g} / {c.gpus_per_node} GPUs) GB/s"
+    if need.nodes > 1:
+        where = f"min(intra {_g(hw.intra_gbps)}, inter {_g(hw.inter_gbps)} / {need.gpus_per_node} GPUs) GB/s"
     else:
-        link, where = hw.intra_gbps, f"intra-node {hw.intra_gbps:g} GB/s"
-    bandwidth = link * assume.link_efficiency * 1e9
-    comm = Part(sent / bandwidth, f"{how} over {where} x {assume.link_efficiency:g}")
-    if z.zeropp and c.nodes > 1:  # ZeRO++ moves part of it inside the node: each scope over its own link
-        scope = comm_by_scope(setup)
-        intra_bw = hw.intra_gbps * assume.link_efficiency * 1e9
-        comm = Part(
-            scope["inter"] / bandwidth + scope["intra"] / intra_bw,
-            f"{how}: inter-node {scope['inter']:,} B over {where} + intra-node {scope['intra']:,} B over "
-            f"intra {hw.intra_gbps:g} GB/s, x {assume.link_efficiency:g}",
+        where = f"intra-node {_g(hw.intra_gbps)} GB/s"
+    if need.split:
+        how = (
+            f"{f['sent']}: inter-node {need.inter:,} B over {where} + intra-node {need.intra:,} B over "
+            f"intra {_g(hw.intra_gbps)} GB/s, x {efficiency:g}"
         )
-    hidden = assume.overlap if z.overlap else 0.0
+    else:
+        how = f"{f['sent']} over {where} x {efficiency:g}"
+    hidden = assume.overlap if need.overlap else 0.0
     exposed = Part(
-        comm.seconds * (1 - hidden),
+        took["exposed_comm"],
         f"{1 - hidden:g} x communication" + (" (overlap_comm hides the rest)" if hidden else ""),
     )
-    return StepTime(
-        setup, hw, assume, compute, comm, exposed, _optimizer(setup, hw), _offload(setup, hw, assume), sent
-    )
-
-
-def _optimizer(setup: Setup, hw: Hardware) -> Part:
-    z = setup.zero
-    if z.offload_optimizer != "none":
-        return Part(0.0, "on the CPU (offload)")
-    p = element_bytes(z.precision)
-    part = partition.partition_numel(setup)
-    per_param = ADAM_TRAFFIC_BYTES + (p if z.mixed_precision else 0)
-    return Part(
-        per_param * part / (hw.memory_gbps * 1e9),
-        f"{per_param} B x P ({part:,}) / {hw.memory_gbps:g} GB/s GPU memory (Adam reads, writes each state)",
-    )
-
-
-def _offload(setup: Setup, hw: Hardware, assume: Assumptions) -> Part:
-    z, k = setup.zero, setup.batch.grad_accum
-    if z.offload_optimizer == "none" and z.offload_param == "none":
-        return Part(0.0, "no offload")
-    p, part = element_bytes(z.precision), partition.partition_numel(setup)
-    link = hw.host_gbps * assume.link_efficiency * 1e9
-    moved, why = 0, []
-    if z.offload_optimizer != "none":
-        micro_steps = k if z.stage >= 2 else 1
-        moved += p * part * (micro_steps + 1)
-        why.append(f"{p} B x P x ({micro_steps} gradient copies + 1 parameter copy)")
-    if z.offload_param != "none":
-        moved += 2 * k * p * part
-        why.append(f"2 x k={k} x {p} B x P (parameters fetched for forward and backward)")
-    seconds = moved / link
-    formula = f"({' + '.join(why)}), P = {part:,}, over {hw.host_gbps:g} GB/s x {assume.link_efficiency:g}"
-    if z.offload_optimizer != "none":
-        per_param = ADAM_TRAFFIC_BYTES + p
-        node_bytes = per_param * part * setup.cluster.gpus_per_node
-        seconds += node_bytes / (assume.host_memory_gbps * 1e9)
-        formula += (
-            f" + CPU Adam: {per_param} B x P x {setup.cluster.gpus_per_node} GPUs per node / "
-            f"{assume.host_memory_gbps:g} GB/s host memory"
+    optimizer = "on the CPU (offload)"
+    if "gpu_memory" in f:
+        optimizer = (
+            f"{f['gpu_memory']} / {_g(hw.memory_gbps)} GB/s GPU memory (Adam reads, writes each state)"
         )
-    if z.nvme:
-        swap = _nvme(setup, hw)
-        seconds, formula = seconds + swap.seconds, f"{formula} + {swap.formula}"
-    return Part(seconds, formula)
+    offload = "no offload"
+    if "host_link" in f:
+        offload = f"{f['host_link']}, over {_g(hw.host_gbps)} GB/s x {efficiency:g}"
+    if "host_memory" in f:
+        offload += f" + CPU Adam: {f['host_memory']} / {assume.host_memory_gbps:g} GB/s host memory"
+    if "nvme_read" in f:
+        offload += (
+            f" + NVMe: {f['nvme_read']} read / {_g(hw.nvme_read_gbps)} GB/s + {f['nvme_write']} written / "
+            f"{_g(hw.nvme_write_gbps)} GB/s per node"
+        )
+    return StepTime(
+        setup, hw, assume, compute, Part(took["comm"], how), exposed, Part(took["optimizer"], optimizer),
+        Part(took["offload"], offload), need.sent,
+    )  # fmt: skip
 
 
 def _nvme(setup: Setup, hw: Hardware) -> Part:
@@ -290,9 +422,9 @@ def _nvme(setup: Setup, hw: Hardware) -> Part:
     g = setup.cluster.gpus_per_node
     read, write = g * swap["read"].bytes, g * swap["write"].bytes
     return Part(
-        read / (hw.nvme_read_gbps * 1e9) + write / (hw.nvme_write_gbps * 1e9),
-        f"NVMe: {g} GPUs x ({swap['read'].formula}) read / {hw.nvme_read_gbps:g} GB/s + {g} GPUs x "
-        f"({swap['write'].formula}) written / {hw.nvme_write_gbps:g} GB/s per node",
+        _swap_s(read, write, hw),
+        f"NVMe: {g} GPUs x ({swap['read'].formula}) read / {_g(hw.nvme_read_gbps)} GB/s + {g} GPUs x "
+        f"({swap['write'].formula}) written / {_g(hw.nvme_write_gbps)} GB/s per node",
     )
 
 

@@ -12,16 +12,16 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import pandas as pd
 
 from kit import batch as batch_math
 from kit import grid
 from kit.ds_keys import EXAMPLE_NVME_PATH, ZEROPP_OFF
-from kit.estimate import partition, perf
+from kit.estimate import partition, perf, plan_grid
 from kit.estimate.calibration import Calibration
-from kit.estimate.comm import comm_by_scope
-from kit.fit import estimate_fit, fit
+from kit.fit import estimate_fit
 from kit.gpus import catalogue, gpu, prices
 from kit.rules import BASELINES
 from kit.schema import Setup
@@ -48,14 +48,18 @@ def search_variants(setup: Setup, nodes: int) -> list[dict]:
     to NVMe (optimizer, optimizer + parameters); on several nodes, where they pay, ZeRO++ (hpZ over the
     whole node, and hpZ + qwZ + qgZ: ``grid.zeropp_variants``); PyTorch's own engines beside them (the
     grid refuses them in fp16: they need a loss scaler)."""
-    precision = setup.zero.precision
-    named = grid.zeropp_variants(setup.cluster.gpus_per_node)
-    zeropp = [named["hpZ"], named["ZeRO++ (hpZ + qwZ + qgZ)"]] if nodes > 1 else []
+    return [dict(v) for v in _search_variants(setup.zero.precision, setup.cluster.gpus_per_node, nodes > 1)]
+
+
+@lru_cache(maxsize=64)
+def _search_variants(precision: str, per_node: int, several: bool) -> tuple[dict, ...]:
+    named = grid.zeropp_variants(per_node)
+    zeropp = [named["hpZ"], named["ZeRO++ (hpZ + qwZ + qgZ)"]] if several else []
     levels = ("none", "optimizer", "all")
     cpu = grid.variants(ZERO_STAGES, offload=levels, zeropp=zeropp, precision=precision)
     nvme = grid.variants(("3",), offload=levels[1:], to="nvme", precision=precision)
     baselines = grid.variants(BASELINES, precision=precision)
-    return cpu.zero + nvme.zero + baselines.zero
+    return tuple(cpu.zero + nvme.zero + baselines.zero)
 
 
 def _nvme_fields(setup: Setup, change: dict) -> dict:
@@ -322,7 +326,6 @@ def search(
     it was measured on are planned (ValueError when none of ``gpus`` is).
     """
     start = time.perf_counter()
-    from kit.estimate import estimate
 
     whole_number("max_nodes", max_nodes, 1)
     if not 0 <= headroom < 1:
@@ -354,71 +357,17 @@ def search(
     per_node = setup.cluster.gpus_per_node
     sizes = [(1, g) for g in _powers_of_two_up_to(per_node)]
     sizes += [(n, per_node) for n in _powers_of_two_up_to(max_nodes)[1:]]
-    rows = []
-    combos = [
-        (size, change, ckpt)
-        for size in sizes
-        for change in variants or search_variants(setup, size[0])
-        for ckpt in checkpointing
-    ]
-    for (nodes, per), change, ckpt in combos:
-        sharded = change["stage"] or change.get("engine", "deepspeed") != "deepspeed"
-        if nodes * per == 1 and sharded and change["offload_optimizer"] == "none":
-            continue  # one GPU has nothing to partition or replicate: stage 0 alone, or offload
-        for d in batch_math.decompositions(train_batch, nodes * per):
-            candidate = setup.replace(
-                cluster={"nodes": nodes, "gpus_per_node": per},
-                zero={
-                    "engine": "deepspeed",
-                    **ZEROPP_OFF,
-                    **change,
-                    "activation_checkpointing": ckpt,
-                    **_nvme_fields(setup, change),
-                },
-                batch={"micro_batch": d.micro_batch, "grad_accum": d.grad_accum},
-            )
-            est = estimate(candidate)
-            scope = comm_by_scope(candidate)
-            for name, hw in hardware.items():
-                t = perf.step_time(candidate, hw, assume, calibration)  # the GPU enters only through hw
-                run = t.run(tokens, rates[name])
-                capacity = gpu(name).memory_bytes
-                rows.append(
-                    {
-                        "gpu": name,
-                        "nodes": nodes,
-                        "gpus_per_node": per,
-                        "gpus": nodes * per,
-                        "engine": candidate.zero.engine,
-                        "stage": change["stage"],
-                        "offload_optimizer": change["offload_optimizer"],
-                        "offload_param": change["offload_param"],
-                        "zeropp": candidate.zero.zeropp_label,
-                        "checkpointing": ckpt,
-                        "micro_batch": d.micro_batch,
-                        "grad_accum": d.grad_accum,
-                        "per_gpu_gib": est.per_gpu_bytes / GIB,
-                        "capacity_gib": capacity / GIB,
-                        "fits": fit(
-                            name,
-                            candidate.zero.precision,
-                            est.per_gpu_bytes,
-                            est.cpu_bytes_per_node,
-                            candidate.cluster.cpu_ram_per_node_bytes,
-                            headroom,
-                        ).ok,
-                        "cpu_gib_per_node": est.cpu_bytes_per_node / GIB,
-                        "nvme_gib_per_node": est.nvme_bytes_per_node / GIB,
-                        "comm_intra_gib": scope["intra"] / GIB,
-                        "comm_inter_gib": scope["inter"] / GIB,
-                        "step_s": t.step_s,
-                        "tokens_per_s": t.tokens_per_s,
-                        "hours": run["hours"],
-                        "cost_usd": run["cost_usd"],
-                        "label": f"{name} {nodes}x{per} {candidate.label}",
-                    }
-                )
-    table = pd.DataFrame(rows)
+    groups = []
+    for nodes, per in sizes:
+        for change in variants or search_variants(setup, nodes):
+            sharded = change["stage"] or change.get("engine", "deepspeed") != "deepspeed"
+            if nodes * per == 1 and sharded and change["offload_optimizer"] == "none":
+                continue  # one GPU has nothing to partition or replicate: stage 0 alone, or offload
+            zero = {"engine": "deepspeed", **ZEROPP_OFF, **change, **_nvme_fields(setup, change)}
+            groups.append((nodes, per, zero))
+    table = plan_grid.evaluate(
+        setup, groups, checkpointing, train_batch, hardware, rates, tokens, headroom, assume, calibration
+    )
     label = calibration.label if calibration else "uncalibrated"
     return Plan(setup, table, tokens, headroom, assume, time.perf_counter() - start, skipped, label)
 
