@@ -202,12 +202,9 @@ def _powers_of_two_up_to(n: int) -> list[int]:
 
 def front(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows of ``frame`` no other row beats on both wall-clock time and cost, fastest first."""
-    rows, best = [], float("inf")
-    for i, row in frame.sort_values(["hours", "cost_usd"]).iterrows():
-        if row.cost_usd < best:
-            rows.append(i)
-            best = row.cost_usd
-    return frame.loc[rows]
+    ordered = frame.sort_values(["hours", "cost_usd"])
+    cheapest_before = ordered.cost_usd.cummin().shift(fill_value=float("inf"))
+    return ordered[ordered.cost_usd < cheapest_before]
 
 
 @dataclass

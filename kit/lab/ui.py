@@ -100,9 +100,10 @@ def mib(nbytes: int | None) -> float | None:
 
 
 def figure_png(fig, dpi: int = 100) -> bytes:
-    """``fig`` (a Figure outside pyplot's state) as PNG bytes, for an ``ipywidgets.Image``."""
+    """``fig`` (a Figure outside pyplot's state) as PNG bytes, for an ``ipywidgets.Image``; cropped to
+    what it draws unless a layout engine already placed everything (cropping draws the figure twice)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches=None if fig.get_layout_engine() else "tight")
     return buffer.getvalue()
 
 
