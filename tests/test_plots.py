@@ -234,3 +234,27 @@ def test_brief_is_a_few_columns_in_units_and_cancelled_outranks_ok(tmp_path):
     assert first["peak RSS MiB"] == pytest.approx(1e8 / 2**20)
     assert brief["status"].tolist() == ["ok", "cancelled"]
     assert brief["error"].isna().tolist() == [True, False] and brief["error"].iloc[1] == "stopped"
+
+
+def test_predicted_vs_measured_draws_each_timed_configuration_on_the_y_equals_x_axes():
+    import pandas as pd
+
+    table = pd.DataFrame(
+        {
+            "label": ["z0 mb1", "z3 mb2", "z3 mb8 (pruned)"],
+            "measured_s": [0.020, 0.050, float("nan")],
+            "predicted_s": [0.022, 0.040, 0.3],
+        }
+    )
+    fig = plots.predicted_vs_measured(table)
+    FigureCanvasAgg(fig).draw()
+    (ax,) = fig.axes
+    (points,) = ax.collections[1:]  # the band, then the points
+    assert points.get_offsets().flatten().tolist() == pytest.approx([20.0, 22.0, 50.0, 40.0])
+    assert [t.get_text() for t in ax.texts] == ["z0 mb1 (+10%)", "z3 mb2 (-20%)"]
+    assert ax.get_title() == "2 configurations, median |error| 15%"
+    (line,) = ax.lines
+    assert line.get_xdata() == pytest.approx(line.get_ydata())  # predicted = measured
+    assert ax.get_xlim() == pytest.approx(ax.get_ylim()) and ax.get_xscale() == "log"
+    empty = plots.predicted_vs_measured(table.iloc[2:])
+    assert "no configuration has both" in empty.axes[0].texts[0].get_text()

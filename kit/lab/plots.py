@@ -5,7 +5,8 @@ configuration, stacked by component, the estimate beside the measurement. ``esti
 estimates alone (no run), stacked by component against each GPU's capacity. ``comm_volume``: bytes one
 rank puts on the wire per step, by collective. ``loss_curves``: loss per step of every configuration,
 on one axis (ZeRO stages should overlap: sharding does not change the math). ``heartbeats``: memory and
-samples/s of every rank over time, from a ``kit.monitor.Snapshot``.
+samples/s of every rank over time, from a ``kit.monitor.Snapshot``. ``predicted_vs_measured``: step times
+predicted beside measured, with the y = x line.
 """
 
 from __future__ import annotations
@@ -273,6 +274,51 @@ def batch_schedule(results: Results) -> Figure:
     for ax in (batch_ax, memory_ax, speed_ax):
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return fig
+
+
+def predicted_vs_measured(table, title: str = "", band: float = 0.25) -> Figure:
+    """Predicted against measured step time per configuration (rows of ``kit.run.calibrate.calibrate`` or
+    of ``Tuned.table`` with ``label``, ``measured_s``, ``predicted_s``), log-log, with the y = x line and
+    the +-``band`` region shaded; each point named with its label and error (predicted / measured - 1).
+    Rows without both times (pruned, failed) are left out."""
+    rows = table.dropna(subset=["measured_s", "predicted_s"])
+    fig = Figure(figsize=(7, 4.8), layout="constrained")
+    ax = fig.subplots()
+    if rows.empty:
+        ax.text(0.5, 0.5, "no configuration has both a measured and a predicted time", ha="center",
+                transform=ax.transAxes)  # fmt: skip
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return fig
+    low = min(rows.measured_s.min(), rows.predicted_s.min()) / 1.4
+    high = max(rows.measured_s.max(), rows.predicted_s.max()) * 1.4
+    errors = rows.predicted_s / rows.measured_s - 1
+    ms = [low * 1e3, high * 1e3]
+    ax.fill_between(ms, [v * (1 - band) for v in ms], [v * (1 + band) for v in ms], color="0.92",
+                    label=f"within {band:.0%}")  # fmt: skip
+    ax.plot(ms, ms, color="black", lw=1, label="predicted = measured")
+    ax.scatter(rows.measured_s * 1e3, rows.predicted_s * 1e3, s=28, color="#4C72B0", zorder=3)
+    for k, (row, error) in enumerate(zip(rows.itertuples(), errors, strict=True)):
+        ax.annotate(
+            f"{row.label} ({error:+.0%})", (row.measured_s * 1e3, row.predicted_s * 1e3), fontsize=8,
+            xytext=(6, -10 if k % 2 else 4), textcoords="offset points",
+        )  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(ms)
+    ax.set_ylim(ms)
+    subs = (1.0, 2.0, 5.0) if high / low < 300 else (1.0,)  # 1-2-5 ticks within two decades or so
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(subs=subs))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.4g}"))
+        axis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("measured step time, ms (median)")
+    ax.set_ylabel("predicted step time, ms")
+    median = float(errors.abs().median())
+    ax.set_title(title or f"{len(rows)} configurations, median |error| {median:.0%}")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left")
     return fig
 
 

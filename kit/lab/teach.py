@@ -462,34 +462,6 @@ def checkpoint_size_table(setup: Setup, stages: tuple[int, ...] = (0, 1, 2, 3)) 
     return pd.DataFrame(rows)
 
 
-def calibration(setup: Setup, runs_dir: str, stages: tuple[int, ...] = (0, 1, 2, 3), steps: int = 3):
-    """The step-time model against a measurement: ``setup`` at each stage timed on ``setup.dp`` ranks of
-    this machine in one bare launch (no instrumentation, so that the time is the step's); on CPU ranks
-    the machine's own matmul rate and gloo bandwidth measured (``cpu_machine``), on GPUs their
-    datasheets; ``kit.run.calibrate``'s table of predicted beside measured step times."""
-    from kit.run.calibrate import calibrate, cpu_machine, matmul_shape
-    from kit.run.sweep import run_sweep
-    from kit.scaleout.commtest import allreduce_bus_gbps
-
-    measured = run_sweep(
-        [setup.replace(zero={"stage": s}) for s in stages],
-        sweep="calibrate",
-        runs_dir=runs_dir,
-        nprocs=setup.dp,
-        steps=steps,
-        instrument=False,
-    )
-    on_cpu = any(r.get("device") == "cpu" for r in measured.records)
-    machine = (
-        cpu_machine(
-            setup.dp, (setup.zero.precision,), matmul_shape(setup), bus_gbps=allreduce_bus_gbps(setup.dp)
-        )
-        if on_cpu
-        else None
-    )
-    return calibrate(measured, machine)
-
-
 def bucket_grid(setup: Setup, reduce_buckets, prefetch_buckets) -> list[Setup]:
     """Stage 3 of ``setup`` with every reduce bucket size beside every prefetch bucket size (elements)."""
     return [
