@@ -238,6 +238,9 @@ def _base_record(spec: dict, config: dict, setup, rank: int, world: int) -> dict
         "setup": setup.model_dump(),
         "rank": rank,
         "world_size": world,
+        # where the launcher placed it: DeepSpeed's launcher sets CROSS_RANK (the node), torchrun GROUP_RANK
+        "node_rank": int(os.environ.get("CROSS_RANK", os.environ.get("GROUP_RANK", "0"))),
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "device": device,
         "step": None,
         "time": time.time(),
