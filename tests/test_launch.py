@@ -168,7 +168,7 @@ def test_sbatch_script_exact():
         "set -euo pipefail\n"
         "export NCCL_SOCKET_IFNAME=ib0  # NCCL's socket bootstrap uses ib0\n"
         "export NCCL_IB_DISABLE=0  # use InfiniBand verbs for NCCL\n"
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)\n'
         "MASTER_PORT=29500\n"
         "export MASTER_ADDR MASTER_PORT\n"
         "# one task per node; the single quotes keep $SLURM_NODEID for each node's own shell\n"

@@ -344,15 +344,11 @@ def add_hostfile_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-#: ``--launcher`` values that reach a hostfile's nodes (DeepSpeed's runner backends), beside the one-node
-#: ``deepspeed`` and ``torchrun``
-HOSTFILE_LAUNCHERS = ("pdsh", "openmpi", "slurm")
-
-
 def nodes_from_args(args: argparse.Namespace):
     """The ``kit.run.local_nodes.Nodes`` of ``--hostfile`` (None without it), its hosts and the cluster
     size checked before anything starts: the hostfile line by line, ``--include`` / ``--exclude`` as
     DeepSpeed applies them, hosts against ``--nodes`` and slots against ``--nprocs``, one line each."""
+    from kit.run.local_nodes import RUNNER_BACKENDS as HOSTFILE_LAUNCHERS  # beside deepspeed, torchrun
     from kit.scaleout import hostfile as hf
 
     launcher = args.launcher

@@ -13,10 +13,12 @@ import re
 import shlex
 
 from kit.rules import DEFAULT_MASTER_PORT
+from kit.run.local_nodes import RUNNER_BACKENDS
 from kit.scaleout.network import network
 from kit.schema import Setup
 
-LAUNCHERS = ("pdsh", "openmpi", "slurm")
+#: DeepSpeed's multi-node backends (``deepspeed --launcher``), as ``zerokit run --hostfile`` passes them
+LAUNCHERS = RUNNER_BACKENDS
 
 
 def deepspeed_command(
@@ -123,7 +125,8 @@ def sbatch_script(
         *(f"# {line}" for line in comments),
         "set -euo pipefail",
         *(f"export {k}={shlex.quote(s.value)}  # {s.reason}" for k, s in net.env.items()),
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        # sed reads to the end: head would leave scontrol a broken pipe, which pipefail makes fatal
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
         f"MASTER_PORT={master_port}",
         "export MASTER_ADDR MASTER_PORT",
         "# one task per node; the single quotes keep $SLURM_NODEID for each node's own shell",
