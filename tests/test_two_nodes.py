@@ -345,3 +345,34 @@ def test_an_unreachable_node_through_deepspeeds_runner_is_named(tmp_path, monkey
     ]
     assert "host=gpu-a.invalid was not reachable via ssh" in out["configs"][0]["error"]
     assert out["nodes"] == []  # no rank recorded a step
+
+
+def test_a_rank_killed_on_node_1_ends_as_a_record_naming_node_1(tmp_path):
+    """Rank 3, on the second of 2 simulated nodes, exits at the start of its configuration (the
+    ``die-last`` test fault): its node's launcher ends first, the other node is stopped, the record
+    names node 1 and its host, and no rank of the launch is left running."""
+    from pathlib import Path
+
+    from kit.run.local_nodes import local_nodes
+
+    setup = ZERO2.replace(zero={"stage": 0})
+    start = time.monotonic()
+    results = run_sweep(
+        [setup], sweep="die", runs_dir=tmp_path, nprocs=2, nodes=local_nodes(2, 2, tmp_path / "nodes"),
+        steps=1, warmup=1, faults={0: "die-last"}, progress=False, timeout_s=60,
+    )  # fmt: skip
+    assert time.monotonic() - start < 120
+    parent = [r for r in results.records if r["rank"] is None]
+    assert [(r["status"], r["error"].splitlines()[0]) for r in parent] == [
+        ("error", "node 1 (127.0.0.1): launch exited with status 3; last output:")
+    ]
+    assert not [r for r in results.records if r["status"] == "ok"]
+    spec = str(tmp_path / "die")
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if spec in cmdline.read_bytes().decode(errors="replace"):
+                left.append(cmdline.parent.name)
+        except OSError:
+            continue
+    assert left == []

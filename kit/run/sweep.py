@@ -28,7 +28,7 @@ TOY_ZERO = {"reduce_bucket_size": 500_000, "allgather_bucket_size": 500_000, "pr
 #: a torch extension build lock older than this (s) was left by a killed build (async_io builds in minutes)
 STALE_BUILD_LOCK_S = 1800.0
 #: test-only faults the worker understands (see kit/ranks/worker.py)
-FAULTS = ("raise", "hang", "die")
+FAULTS = ("raise", "hang", "die", "die-last")
 
 
 def toy_setup(nprocs: int = 2) -> Setup:
