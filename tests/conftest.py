@@ -15,7 +15,8 @@ step of ``run_sweep`` runs, and the launch appends the records this session's re
 the same configurations, at the steps asked for.
 
 ``local_nodes_run`` does for 2 simulated nodes x 2 ranks (``kit.run.local_nodes``) what ``two_rank_sweep``
-does on one node: one launch over the ``LOCAL_NODE_SETUPS`` the selected tests' modules declare.
+does on one node: one launch over the ``LOCAL_NODE_SETUPS`` the selected tests' modules declare, and
+``replay_local_nodes`` what ``replay_launches`` does (``zerokit run --hostfile H --local`` around it).
 ``commtest_two_nodes`` is one correct ``zerokit commtest --hostfile`` run on 2 simulated nodes x 2 ranks,
 read by every test of a correct commtest (the collectives' checks, rank mapping, bandwidth, plot, the
 per-node report); tests of a failure (a wrong, late or missing rank) launch their own.
@@ -168,9 +169,33 @@ def local_nodes_run(request, tmp_path_factory) -> LocalNodesRun:
             union.setdefault(config_id(setup), setup)
     folder = tmp_path_factory.mktemp("local-nodes")
     rows = run_setups_on_local_nodes(
-        list(union.values()), folder, steps=NODE_STEPS, warmup=NODE_WARMUP, timeout_s=600
+        list(union.values()), folder, steps=NODE_STEPS, warmup=NODE_WARMUP, timeout_s=120
     )
     return LocalNodesRun(rows)
+
+
+@pytest.fixture
+def replay_local_nodes(monkeypatch, local_nodes_run) -> list[tuple]:
+    """``kit.run.sweep``'s launch on nodes replaced by the shared local-node launch's records (as
+    ``replay_launches`` does on one node); returns, per launch, its ``Nodes`` and the labels asked for."""
+    launched: list[tuple] = []
+
+    def launch(base, pending, folder, bar, *, nprocs, nodes, on_event, **_) -> list[dict]:
+        assert nodes is not None and (nodes.count, nprocs) == (2, 2), "not what the local-node session ran"
+        launched.append((nodes, [c["label"] for c in pending]))
+        steps = tuple(range(base["warmup"], base["warmup"] + base["steps"]))
+        for config in pending:
+            records = local_nodes_run.of([Setup.model_validate(config["setup"])], steps=steps)
+            assert records, f"{config['label']}: not in the local-node session; add it to LOCAL_NODE_SETUPS"
+            _emit(on_event, {"event": "start", "config_id": config["config_id"], "label": config["label"]})
+            for record in records:
+                append_record(base["records"], {**record, "sweep": base["sweep"]})
+            _emit(on_event, {"event": "done", "config_id": config["config_id"], "label": config["label"]})
+            bar.update(1)
+        return []
+
+    monkeypatch.setattr("kit.run.sweep._launch", launch)
+    return launched
 
 
 # --- commtest: one correct launch on 2 simulated nodes x 2 ranks, through the CLI ------------------------

@@ -168,11 +168,13 @@ def test_sbatch_script_exact():
         "set -euo pipefail\n"
         "export NCCL_SOCKET_IFNAME=ib0  # NCCL's socket bootstrap uses ib0\n"
         "export NCCL_IB_DISABLE=0  # use InfiniBand verbs for NCCL\n"
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)\n'
         "MASTER_PORT=29500\n"
-        'srun torchrun --nnodes 2 --nproc_per_node 8 --node_rank "$SLURM_NODEID" --rdzv_backend c10d '
-        '--rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_id "$SLURM_JOB_ID" train.py '
-        "--deepspeed_config ds_config.json\n"
+        "export MASTER_ADDR MASTER_PORT\n"
+        "# one task per node; the single quotes keep $SLURM_NODEID for each node's own shell\n"
+        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c 'torchrun --nnodes 2 --nproc_per_node 8 "
+        '--node_rank "$SLURM_NODEID" --rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" '
+        """--rdzv_id "$SLURM_JOB_ID" train.py --deepspeed_config ds_config.json'\n"""
     )
 
 
@@ -331,15 +333,22 @@ def test_cli_launch_cmd_writes_the_launch_folder(zerokit, tmp_path):
     )
     assert sorted(p.name for p in out_dir.iterdir()) == [
         ".deepspeed_env",
+        "README.md",
         "ds_config.json",
         "hostfile",
         "launch.sh",
-        "sbatch.sh",
     ]
     ds_config = json.loads((out_dir / "ds_config.json").read_text())
     assert ds_config == result["ds_config"]
     assert (ds_config["train_batch_size"], ds_config["zero_optimization"]["stage"]) == (16, 3)
-    assert (out_dir / "hostfile").read_text() == "n1 slots=4\nn2 slots=4\n"
+    hostfile = (out_dir / "hostfile").read_text()
+    assert hostfile.startswith(
+        "# written by `zerokit launch-cmd --for deepspeed` (zero-kit) for z3 bf16 mb2 on"
+    )
+    assert (
+        hostfile.endswith("\nn1 slots=4\nn2 slots=4\n")
+        and read_hostfile(out_dir / "hostfile")[1].host == "n2"
+    )
     assert (out_dir / ".deepspeed_env").read_text().splitlines()[1] == "FI_PROVIDER=efa"
     assert (out_dir / "launch.sh").read_text().endswith(result["commands"]["deepspeed"] + "\n")
     assert (out_dir / "launch.sh").stat().st_mode & 0o111
@@ -384,4 +393,286 @@ def test_cli_launch_cmd_with_an_existing_hostfile(zerokit, tmp_path):
     assert (
         rc == 2
         and err == "zerokit launch-cmd: hostfile: gpu-a has slots=2 but the setup has gpus_per_node=4\n"
+    )
+
+
+# --- the files of the launchers people use (zerokit launch-cmd --for ...), read back by their own tools
+
+
+@pytest.fixture
+def launch_folder(zerokit, tmp_path):
+    """``launch_folder(target, *flags)``: ``zerokit launch-cmd --for target ... --out DIR --json``,
+    returning (DIR, the JSON result); every file but JSON says who wrote it and for which setup."""
+
+    def make(target: str, *argv: str) -> tuple[Path, dict]:
+        out_dir = tmp_path / target
+        rc, out, err = zerokit("launch-cmd", "--for", target, *argv, "--out", str(out_dir), "--json")
+        assert (rc, err) == (0, "")
+        result = json.loads(out)
+        assert result["for"] == target and set(result["files"]) == set(result["launcher_files"])
+        note = f"written by `zerokit launch-cmd --for {target}` (zero-kit) for {result['label']} on "
+        for name in result["files"]:
+            text = (out_dir / name).read_text()
+            assert text == result["launcher_files"][name]
+            if name.endswith(".json") or name == ".deepspeed_env":
+                assert note not in text  # no comment where the format has none
+            else:
+                assert note in text or note.capitalize() in text, name
+        return out_dir, result
+
+    return make
+
+
+TWO_BY_TWO = ("--params", "1e9", "--nodes", "2", "--gpus-per-node", "2", "--stage", "3", "--micro-batch", "2")
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_accelerate_config_loads_in_accelerates_own_loader_and_launcher(launch_folder, monkeypatch, nodes):
+    """accelerate's ClusterConfig reads the YAML; ``accelerate launch``'s own argument handling turns it
+    into DeepSpeed's command (parsed by DeepSpeed) and the environment whose DeepSpeedPlugin loads the
+    setup's ds_config."""
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import DeepSpeedPlugin
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+    from deepspeed.launcher.runner import parse_args
+
+    from kit.ds_config import to_ds_config
+    from kit.run.launcher import free_port
+
+    port = free_port()  # accelerate refuses a master port in use on machine rank 0
+    hosts = ("--hosts", "n1,n2") if nodes == 2 else ()
+    flags = (*TWO_BY_TWO[:2], "--nodes", str(nodes), *TWO_BY_TWO[4:], *hosts, "--master-port", str(port))
+    out_dir, result = launch_folder("accelerate", *flags, "--script-args", "--steps 3")
+    expected = {"README.md", "ds_config.json", "accelerate_config.yaml", "launch.sh"}
+    assert set(result["files"]) == expected | ({"hostfile", ".deepspeed_env"} if nodes == 2 else set())
+    config = ClusterConfig.from_yaml_file(out_dir / "accelerate_config.yaml")
+    assert (config.distributed_type.value, config.num_machines, config.machine_rank) == (
+        "DEEPSPEED",
+        nodes,
+        0,
+    )
+    assert (config.num_processes, config.main_process_port, config.mixed_precision) == (2 * nodes, port, None)
+    assert config.deepspeed_config["deepspeed_config_file"] == "ds_config.json"
+    assert config.deepspeed_config["zero3_init_flag"] is True
+    if nodes == 2:
+        assert config.main_process_ip == "n1"
+        assert config.deepspeed_config["deepspeed_multinode_launcher"] == "pdsh"
+        assert config.deepspeed_config["deepspeed_hostfile"] == "hostfile"
+
+    line = (out_dir / "launch.sh").read_text().splitlines()[-1]
+    assert line == "accelerate launch --config_file accelerate_config.yaml train.py --steps 3"
+    monkeypatch.chdir(out_dir)  # launch.sh runs from its folder
+    args = launch_command_parser().parse_args(shlex.split(line)[2:])
+    args, defaults, precision_from_config = _validate_launch_command(args)
+    assert args.use_deepspeed and not precision_from_config
+    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)  # as launch_command
+    cmd, env = prepare_deepspeed_cmd_env(args)
+    if nodes == 2:
+        ds = parse_args(cmd[1:])
+        assert (ds.hostfile, ds.launcher, ds.num_gpus, ds.master_addr, ds.master_port) == (
+            "hostfile",
+            "pdsh",
+            2,
+            "n1",
+            port,
+        )
+        assert (ds.user_script, ds.user_args) == ("train.py", ["--steps", "3"])
+    else:
+        assert cmd is None and args.nproc_per_node == "2"
+    for key, value in env.items():
+        if key.startswith("ACCELERATE_"):
+            monkeypatch.setenv(key, value)
+    plugin = DeepSpeedPlugin()  # reads ACCELERATE_DEEPSPEED_CONFIG_FILE; refuses fields set twice
+    loaded = dict(plugin.hf_ds_config.config)
+    assert loaded.pop("steps_per_print") == float("inf")  # accelerate silences DeepSpeed's own printing
+    written = to_ds_config(Setup.model_validate(result["setup"]))
+    del written["steps_per_print"]
+    assert loaded == written and plugin.zero_stage == 3
+
+
+HF_MODEL = ModelSpec(params=10**9, largest_layer_params=10**8, hidden=1024, heads=8)
+
+
+def test_hf_trainer_config_is_filled_by_transformers_to_the_setup(launch_folder, monkeypatch, tmp_path):
+    """transformers parses launch.sh's flags into TrainingArguments (which builds HfTrainerDeepSpeedConfig
+    from ds_config.json), and its trainer_config_process / _finalize fill every "auto" to the Setup's
+    ds_config; a flag that disagreed with a written value would be refused."""
+    from deepspeed.launcher.runner import parse_args
+    from transformers import HfArgumentParser, TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
+
+    from kit.ds_config import read_ds_config, to_ds_config
+    from kit.ds_keys import hf_auto
+    from kit.scaleout.launchers import hf_trainer_ds_config
+
+    out_dir, result = launch_folder("hf-trainer", *TWO_BY_TWO, "--hosts", "n1,n2", "--grad-accum", "3")
+    ds = parse_args(shlex.split((out_dir / "launch.sh").read_text().splitlines()[-1])[1:])
+    assert (ds.hostfile, ds.master_addr) == ("hostfile", "n1")
+    assert ds.user_args == [
+        *("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "3"),
+        *("--learning_rate", "0.0001", "--max_grad_norm", "1.0", "--bf16", "--deepspeed", "ds_config.json"),
+    ]
+    raw = json.loads((out_dir / "ds_config.json").read_text())
+    assert {
+        k: raw[k] for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_clipping")
+    } == {
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_clipping": "auto",
+    }
+    assert (raw["optimizer"]["params"]["lr"], raw["bf16"]["enabled"]) == ("auto", "auto")
+
+    monkeypatch.chdir(out_dir)
+    monkeypatch.setattr(TrainingArguments, "world_size", property(lambda self: 4))  # 2 nodes x 2 GPUs
+    parser = HfArgumentParser(TrainingArguments)
+    try:
+        (args,) = parser.parse_args_into_dataclasses(
+            args=[*ds.user_args, "--output_dir", str(tmp_path / "out"), "--use_cpu"]
+        )
+        hf = args.hf_deepspeed_config
+        assert isinstance(hf, HfTrainerDeepSpeedConfig) and hf.is_zero3() and not hf.mismatches
+        model = SimpleNamespace(config=SimpleNamespace(hidden_size=1024))
+        hf.trainer_config_finalize(args, model, 10)
+        filled = dict(hf.config)
+    finally:
+        unset_hf_deepspeed_config()
+    setup = Setup.model_validate(result["setup"])
+    written = to_ds_config(setup)
+    assert filled.pop("steps_per_print") == float("inf") and written.pop("steps_per_print") == 100
+    assert filled == written and written["train_batch_size"] == 2 * 2 * 2 * 3
+
+    # the buckets go "auto" where the Setup's value is the Trainer's rule for the model's hidden size
+    buckets = {"reduce_bucket_size": hf_auto("reduce_bucket_size", 1024)}
+    buckets |= {"prefetch_bucket_size": hf_auto("stage3_prefetch_bucket_size", 1024)}
+    buckets |= {"param_persistence_threshold": hf_auto("stage3_param_persistence_threshold", 1024)}
+    sized = Setup(model=HF_MODEL, cluster={"gpus_per_node": 2}, zero={"stage": 3, **buckets})
+    auto = hf_trainer_ds_config(sized)
+    zero = auto["zero_optimization"]
+    assert [zero[k] for k in ("reduce_bucket_size", "stage3_prefetch_bucket_size")] == ["auto", "auto"]
+    assert zero["stage3_param_persistence_threshold"] == "auto"
+    assert (
+        zero["stage3_max_live_parameters"]
+        == to_ds_config(sized)["zero_optimization"]["stage3_max_live_parameters"]
+    )
+    hf = HfTrainerDeepSpeedConfig(auto)
+    try:
+        hf.trainer_config_process(args)
+        hf.trainer_config_finalize(args, model, 10)
+        assert hf.config["zero_optimization"] == to_ds_config(sized)["zero_optimization"]
+    finally:
+        unset_hf_deepspeed_config()
+    # the kit's own reader resolves the "auto" values back to the same Setup
+    back, _ = read_ds_config(auto, model=HF_MODEL, cluster={"gpus_per_node": 2}, micro_batch=1)
+    assert back.zero == sized.zero
+
+
+def test_lightning_snippet_compiles_and_its_config_is_deepspeeds(launch_folder):
+    """The snippet compiles; without Lightning (not a kit dependency) it still imports and its
+    strategy() says how to install it; the config, completed as Lightning does, parses in DeepSpeed's
+    config classes to the Setup's batch."""
+    import importlib.util
+
+    from kit.ds_config import to_ds_config, validate_ds_config
+
+    out_dir, result = launch_folder("lightning", *TWO_BY_TWO, "--grad-accum", "2")
+    assert set(result["files"]) == {"README.md", "ds_config.json", "lightning_strategy.py"}
+    path = out_dir / "lightning_strategy.py"
+    text = path.read_text()
+    compile(text, str(path), "exec")
+    assert "Lightning is not a dependency of zero-kit" in text
+    assert "DeepSpeedStrategy(config=str(DS_CONFIG))" in text
+    assert importlib.util.find_spec("lightning") is None  # what the guard is for, here
+    spec = importlib.util.spec_from_file_location("lightning_strategy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert out_dir / "ds_config.json" == module.DS_CONFIG
+    assert module.TRAINER_OPTIONS == {
+        "accelerator": "gpu",
+        "devices": 2,
+        "num_nodes": 2,
+        "precision": "bf16-mixed",
+        "accumulate_grad_batches": 2,
+    }
+    with pytest.raises(ImportError, match="zero-kit does not install: pip install lightning$"):
+        module.strategy()
+    config = json.loads(module.DS_CONFIG.read_text())
+    assert "gradient_accumulation_steps" not in config  # Lightning refuses it there and sets it itself
+    config["gradient_accumulation_steps"] = module.TRAINER_OPTIONS["accumulate_grad_batches"]
+    parsed = validate_ds_config(config, world_size=4)
+    setup = Setup.model_validate(result["setup"])
+    assert (
+        (parsed.train_batch_size, parsed.zero_optimization_stage) == (setup.batch.train_batch, 3) == (16, 3)
+    )
+    written = to_ds_config(setup)
+    del written["train_batch_size"]
+    assert config == written
+
+
+def _fake_tools(folder: Path, **scripts: str) -> dict:
+    """An environment whose PATH finds ``scripts`` (name -> bash body) first."""
+    folder.mkdir()
+    for name, body in scripts.items():
+        (folder / name).write_text("#!/bin/bash\n" + body)
+        (folder / name).chmod(0o755)
+    return {"PATH": f"{folder}:/usr/bin:/bin", "HOME": str(folder)}
+
+
+#: torchrun's stand-in: one line per call, its arguments as JSON
+_ECHO_ARGS = """python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"\n"""
+
+
+def test_sbatch_runs_one_torchrun_per_node_with_that_nodes_rank(launch_folder, tmp_path):
+    """sbatch.sh run by bash with SLURM's tools stood in for: srun starts the payload once per node with
+    that node's SLURM_NODEID; each node's torchrun line parses in torchrun's parser with its own rank."""
+    from torch.distributed.run import get_args_parser
+
+    out_dir, result = launch_folder("slurm", *TWO_BY_TWO, "--script-args", "--tag 'a b'")
+    assert set(result["files"]) == {"README.md", "ds_config.json", "sbatch.sh"}
+    fake_srun = 'while [[ $1 == --* ]]; do shift; done\nfor n in 0 1; do SLURM_NODEID=$n "$@"; done\n'
+    env = _fake_tools(
+        tmp_path / "bin",
+        srun=fake_srun,
+        scontrol='printf "gpu-a\\ngpu-b\\n"\n',
+        torchrun=_ECHO_ARGS,
+    )
+    env |= {"SLURM_JOB_NODELIST": "gpu-[a-b]", "SLURM_JOB_ID": "77"}
+    done = subprocess.run(
+        ["bash", "sbatch.sh"], cwd=out_dir, env=env, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    nodes = [get_args_parser().parse_args(json.loads(line)) for line in done.stdout.splitlines()]
+    assert [(a.node_rank, a.rdzv_endpoint, a.rdzv_id, a.nproc_per_node) for a in nodes] == [
+        (0, "gpu-a:29500", "77", "2"),
+        (1, "gpu-a:29500", "77", "2"),
+    ]
+    assert nodes[1].training_script_args == ["--tag", "a b", "--deepspeed_config", "ds_config.json"]
+
+
+def test_torchrun_script_runs_per_node_and_asks_for_its_rank(launch_folder, tmp_path):
+    from torch.distributed.run import get_args_parser
+
+    out_dir, result = launch_folder("torchrun", *TWO_BY_TWO, "--hosts", "n1,n2", "--interconnect", "efa")
+    assert set(result["files"]) == {"README.md", "ds_config.json", "torchrun.sh"}
+    env = _fake_tools(tmp_path / "bin", torchrun=_ECHO_ARGS + 'echo "FI_PROVIDER=$FI_PROVIDER"\n')
+    done = subprocess.run(
+        [str(out_dir / "torchrun.sh"), "1"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    argv, provider = done.stdout.splitlines()
+    args = get_args_parser().parse_args(json.loads(argv))
+    assert (args.nnodes, args.node_rank, args.rdzv_endpoint) == ("2", 1, "n1:29500")
+    assert provider == "FI_PROVIDER=efa"  # the network preset exported on the node
+    missing = subprocess.run(
+        [str(out_dir / "torchrun.sh")], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert missing.returncode != 0 and "give this node's rank: 0 on n1, 1 on n2" in missing.stderr
+
+
+def test_launch_cmd_for_rejects_an_unknown_launcher(zerokit):
+    rc, out, err = zerokit("launch-cmd", "--params", "1e9", "--for", "horovod")
+    assert (rc, out) == (2, "")
+    assert err == (
+        "zerokit launch-cmd: for: choose one of deepspeed, torchrun, slurm, accelerate, hf-trainer, "
+        "lightning, got 'horovod'\n"
     )

@@ -317,3 +317,110 @@ def stdout_to_stderr():
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
+
+
+def add_hostfile_args(p: argparse.ArgumentParser) -> None:
+    """The flags that run a command's ranks across a hostfile's nodes (``zerokit run`` and ``tune``),
+    read back by ``nodes_from_args``."""
+    from kit.rules import DEFAULT_MASTER_PORT
+
+    h = p.add_argument_group("several nodes (a DeepSpeed hostfile)")
+    h.add_argument(
+        "--hostfile",
+        help="run on this hostfile's nodes, --nprocs ranks on each, through DeepSpeed's multi-node runner "
+        "(--runs-dir and this Python must be on storage every node sees)",
+    )
+    h.add_argument(
+        "--local", action="store_true", help="start every host's ranks on this machine (a rehearsal)"
+    )
+    h.add_argument(
+        "--nodes", type=int, help="use the first N hosts (default: all, after --include/--exclude)"
+    )
+    h.add_argument("--include", default="", help="DeepSpeed's --include, e.g. 'node1@node2:0,1'")
+    h.add_argument("--exclude", default="", help="DeepSpeed's --exclude, e.g. 'node3'")
+    h.add_argument("--master-addr", help="rank 0's host (default: the first host)")
+    h.add_argument(
+        "--master-port", type=int, help=f"rank 0's port (default: a free one; {DEFAULT_MASTER_PORT} common)"
+    )
+
+
+def nodes_from_args(args: argparse.Namespace):
+    """The ``kit.run.local_nodes.Nodes`` of ``--hostfile`` (None without it), its hosts and the cluster
+    size checked before anything starts: the hostfile line by line, ``--include`` / ``--exclude`` as
+    DeepSpeed applies them, hosts against ``--nodes`` and slots against ``--nprocs``, one line each."""
+    from kit.run.local_nodes import RUNNER_BACKENDS as HOSTFILE_LAUNCHERS  # beside deepspeed, torchrun
+    from kit.scaleout import hostfile as hf
+
+    launcher = args.launcher
+    if not args.hostfile:
+        for flag in ("local", "nodes", "include", "exclude", "master_addr", "master_port"):
+            if getattr(args, flag):
+                raise UsageError(
+                    f"{flag.replace('_', '-')}: runs across a --hostfile's nodes; give --hostfile"
+                )
+        if launcher in HOSTFILE_LAUNCHERS:
+            raise UsageError(f"launcher: {launcher} reaches a --hostfile's nodes; give --hostfile")
+        return None
+    if launcher not in ("deepspeed", *HOSTFILE_LAUNCHERS):
+        raise UsageError(
+            f"launcher: with --hostfile choose one of {', '.join(HOSTFILE_LAUNCHERS)} (DeepSpeed's runner), "
+            f"got {launcher!r}"
+        )
+    if args.include and args.exclude:
+        raise UsageError("include: give --include or --exclude, not both (DeepSpeed refuses both)")
+    hosts = hf.read_hostfile(args.hostfile)
+    keys = {h.host: f"{h.user}@{h.host}" if h.user else h.host for h in hosts}  # DeepSpeed's pool keys
+    active = _deepspeed_filter({keys[h.host]: h.slots for h in hosts}, args.include, args.exclude)
+    names = [h.host for h in hosts if keys[h.host] in active]
+    slots = {name: len(active[keys[name]]) for name in names}
+    filtered = args.include or args.exclude
+    after = " after --include/--exclude" if filtered else ""
+    if not names:
+        raise UsageError(f"hostfile: no host left{after} ({args.hostfile})")
+    nodes = len(names) if args.nodes is None else args.nodes
+    if nodes < 1 or nodes > len(names):
+        raise UsageError(f"nodes: the hostfile has {len(names)} hosts{after}, got --nodes {nodes}")
+    if filtered and nodes != len(names):
+        raise UsageError(
+            f"nodes: --include/--exclude leave {len(names)} hosts, all of which run (DeepSpeed refuses "
+            f"--num_nodes beside them); drop --nodes or change the filter"
+        )
+    names = names[:nodes]
+    for name in names:
+        if slots[name] < args.nprocs or (filtered and slots[name] != args.nprocs):
+            need = "exactly" if filtered else "at least"
+            raise UsageError(
+                f"nprocs: {args.nprocs} ranks per node need {need} {args.nprocs} slots on every host, but "
+                f"{name} has {slots[name]}{after} ({args.hostfile})"
+            )
+    if args.master_addr:
+        hf.check_master(hosts, args.master_addr)
+    if args.master_port is not None and not 1 <= args.master_port <= 65535:
+        raise UsageError(f"master-port: must be in 1..65535, got {args.master_port}")
+    from pathlib import Path
+
+    from kit.run.local_nodes import Nodes
+
+    return Nodes(
+        Path(args.hostfile),
+        tuple(names),
+        args.nprocs,
+        local=args.local,
+        backend="pdsh" if launcher == "deepspeed" else launcher,
+        include=args.include,
+        exclude=args.exclude,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+    )
+
+
+def _deepspeed_filter(pool: dict[str, int], include: str, exclude: str) -> dict[str, list[int]]:
+    """The hosts and slots DeepSpeed's runner keeps of ``pool`` (its own ``parse_inclusion_exclusion``)."""
+    if not (include or exclude):
+        return {host: list(range(n)) for host, n in pool.items()}
+    from deepspeed.launcher.runner import parse_inclusion_exclusion
+
+    try:
+        return dict(parse_inclusion_exclusion(pool, include, exclude))
+    except ValueError as error:
+        raise UsageError(f"{'include' if include else 'exclude'}: {error}") from None

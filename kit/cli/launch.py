@@ -3,6 +3,7 @@
 zerokit hostfile --hosts node1,node2 --slots 8 --out hostfile
 zerokit hostfile --check hostfile --master-addr node1
 zerokit launch-cmd --model llama2-7b --nodes 2 --stage 3 --hosts node1,node2 --script train.py --out launch/
+zerokit launch-cmd --for accelerate|hf-trainer|lightning|torchrun|slurm ... --out launch/
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from kit.cli.args import UsageError, add_json, add_setup_args, print_json, setup_from_args
 from kit.rules import DEFAULT_MASTER_PORT
-from kit.scaleout import commands, image, network
+from kit.scaleout import commands, image, launchers, network
 from kit.scaleout import hostfile as hf
 
 
@@ -34,6 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_setup_args(p)
     g = p.add_argument_group("launch")
     g.add_argument(
+        "--for",
+        dest="target",
+        default="deepspeed",
+        help=f"whose files --out writes: {', '.join(launchers.LAUNCHER_FILES)} (default %(default)s)",
+    )
+    g.add_argument(
         "--script", default="train.py", help="the training script (relative to --out, or absolute)"
     )
     g.add_argument("--script-args", default="", help="arguments for the script, one quoted string")
@@ -47,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--interconnect", help="infiniband, efa or ethernet (picks the network preset)")
     g.add_argument("--interface", help="NIC for NCCL_SOCKET_IFNAME, e.g. ib0 (default: all but docker0, lo)")
     g.add_argument("--hca", help="InfiniBand adapters for NCCL_IB_HCA, e.g. mlx5_0,mlx5_1 (InfiniBand only)")
-    g.add_argument("--out", help="write ds_config.json, hostfile, .deepspeed_env, launch.sh, sbatch.sh here")
+    g.add_argument("--out", help="write the launcher's files here (ds_config.json, README.md, its scripts)")
     d = p.add_argument_group("one image for every node")
     d.add_argument("--docker", action="store_true", help="also write a Dockerfile and run_container.sh")
     d.add_argument("--image", help="image name (default zero-kit:latest with --docker)")
@@ -90,15 +97,19 @@ def hostfile_command(args: argparse.Namespace) -> int:
 
 
 def launch_command(args: argparse.Namespace) -> int:
-    from kit.ds_config import to_ds_config, write_ds_config
+    from kit.ds_config import to_ds_config
 
     setup = setup_from_args(args)
     if args.interconnect:
         setup = setup.replace(cluster={"interconnect": args.interconnect})
     if args.launcher not in commands.LAUNCHERS:
         raise UsageError(f"launcher: choose one of {', '.join(commands.LAUNCHERS)}, got {args.launcher!r}")
+    if args.target not in launchers.LAUNCHER_FILES:
+        raise UsageError(f"for: choose one of {', '.join(launchers.LAUNCHER_FILES)}, got {args.target!r}")
     out = Path(args.out) if args.out else None
-    hosts, hostfile_path = _hosts(args, setup, out)
+    # SLURM names its nodes itself and Lightning starts per node: their files need no hosts
+    need_hosts = args.target in launchers.NEED_HOSTS or args.docker or bool(args.image)
+    hosts, hostfile_path = _hosts(args, setup, out, need_hosts)
     master = args.master_addr or (hosts[0].host if hosts else "127.0.0.1")
     if hosts:
         hf.check_master(hosts, master)
@@ -112,41 +123,55 @@ def launch_command(args: argparse.Namespace) -> int:
         raise UsageError("registry: --registry and --base-image describe the image of --docker; add --docker")
     name = args.image or ("zero-kit:latest" if args.docker else None)
     pulled = image.reference(name, args.registry) if name else None
-    deepspeed = commands.deepspeed_command(
-        setup,
-        args.script,
-        script_args,
-        hostfile=hostfile_path,
-        master_addr=master,
-        master_port=args.master_port,
-        launcher=args.launcher,
+    reachable = bool(hosts) or setup.cluster.nodes == 1
+    deepspeed = (
+        commands.deepspeed_command(
+            setup,
+            args.script,
+            script_args,
+            hostfile=hostfile_path,
+            master_addr=master,
+            master_port=args.master_port,
+            launcher=args.launcher,
+        )
+        if reachable
+        else None
     )
     torchrun = [
         commands.torchrun_command(
             setup, args.script, script_args, master_addr=master, master_port=args.master_port, node_rank=rank
         )
-        for rank in range(setup.cluster.nodes)
+        for rank in range(setup.cluster.nodes if reachable else 0)
     ]
     sbatch = commands.sbatch_script(
         setup, args.script, script_args, master_port=args.master_port, interface=args.interface
     )
     env_file = network.deepspeed_env(setup, args.interface, args.hca)
     ds_config = to_ds_config(setup)
+    launch = launchers.Launch(
+        script=args.script,
+        script_args=tuple(script_args),
+        hosts=tuple(hosts),
+        hostfile=hostfile_path or "hostfile",
+        master_addr=master,
+        master_port=args.master_port,
+        launcher=args.launcher,
+        interface=args.interface,
+        hca=args.hca,
+    )
+    launcher_files = launchers.launcher_files(setup, args.target, launch)
     files = {}
     if out:
         out.mkdir(parents=True, exist_ok=True)
-        files["ds_config.json"] = str(write_ds_config(setup, out / "ds_config.json"))
-        files["launch.sh"] = _write(out / "launch.sh", commands.launch_script(deepspeed), executable=True)
-        files["sbatch.sh"] = _write(out / "sbatch.sh", sbatch)
-        if hosts:
-            files["hostfile"] = str(hf.write_hostfile(hosts, out / "hostfile"))
-            files[".deepspeed_env"] = _write(out / ".deepspeed_env", env_file)
+        for file_name, f in launcher_files.items():
+            files[file_name] = _write(out / file_name, f.text, executable=f.executable)
     result = {
+        "for": args.target,
         "label": setup.label,
         "setup": setup.model_dump(),
         "ds_config": ds_config,
         "commands": {
-            "deepspeed": commands.shell_line(deepspeed),
+            "deepspeed": commands.shell_line(deepspeed) if deepspeed else None,
             "torchrun": [commands.shell_line(c) for c in torchrun],
         },
         "argv": {"deepspeed": deepspeed, "torchrun": torchrun},
@@ -160,6 +185,7 @@ def launch_command(args: argparse.Namespace) -> int:
         },
         "deepspeed_env": env_file,
         "sbatch": sbatch,
+        "launcher_files": {file_name: f.text for file_name, f in launcher_files.items()},
         "files": files,
     }
     if name:
@@ -186,12 +212,15 @@ def launch_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _hosts(args: argparse.Namespace, setup, out: Path | None) -> tuple[list[hf.Host], str | None]:
-    """The validated hosts for a multi-node setup, and the hostfile path the command should name."""
+def _hosts(
+    args: argparse.Namespace, setup, out: Path | None, required: bool
+) -> tuple[list[hf.Host], str | None]:
+    """The validated hosts for a multi-node setup (``required``: the launcher needs them), and the
+    hostfile path the command should name."""
     c = setup.cluster
     if args.hostfile and args.hosts:
         raise UsageError("hostfile: give --hostfile FILE or --hosts NAMES, not both")
-    if c.nodes == 1 and not (args.hostfile or args.hosts):
+    if (c.nodes == 1 or not required) and not (args.hostfile or args.hosts):
         return [], None
     if not (args.hostfile or args.hosts):
         raise UsageError(f"hostfile: a {c.nodes}-node launch needs --hostfile FILE or --hosts h1,h2,...")
@@ -217,10 +246,15 @@ def _write(path: Path, text: str, executable: bool = False) -> str:
 
 def _print_launch(r: dict) -> None:
     print(f"# {r['label']}")
-    print("# DeepSpeed launcher:")
-    print(r["commands"]["deepspeed"])
-    print("# or torchrun, one per node:")
-    print(*r["commands"]["torchrun"], sep="\n")
+    if r["for"] == "deepspeed":
+        print("# DeepSpeed launcher:")
+        print(r["commands"]["deepspeed"])
+        print("# or torchrun, one per node:")
+        print(*r["commands"]["torchrun"], sep="\n")
+    elif not r["files"]:
+        for name, text in r["launcher_files"].items():
+            if name not in ("README.md", "ds_config.json"):
+                print(f"# {name} (--out writes it):\n{text}", end="")
     if "docker" in r["commands"]:
         print("# in docker:")
         print(r["commands"]["docker"])

@@ -15,6 +15,7 @@ import contextlib
 from kit.cli.args import (
     UsageError,
     add_checkpointing,
+    add_hostfile_args,
     add_json,
     add_model_overrides,
     add_nvme_args,
@@ -25,6 +26,7 @@ from kit.cli.args import (
     engine_stage,
     items,
     model_from_args,
+    nodes_from_args,
     nvme_from_args,
     print_json,
     stdout_to_stderr,
@@ -107,13 +109,21 @@ def add_launch_args(p: argparse.ArgumentParser, *, sweep: str) -> None:
         default=300.0,
         help="seconds without progress before a configuration counts as hung",
     )
-    p.add_argument("--launcher", default="deepspeed", help="deepspeed or torchrun")
+    p.add_argument(
+        "--launcher",
+        default="deepspeed",
+        help="deepspeed or torchrun on this machine; with --hostfile DeepSpeed's runner: pdsh (default), "
+        "openmpi or slurm",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (on stderr)")
+    add_hostfile_args(p)
     add_json(p)
 
 
 def launch_options(args: argparse.Namespace) -> dict:
-    """``run_sweep``'s keyword arguments from ``add_launch_args``' flags."""
+    """``run_sweep``'s keyword arguments from ``add_launch_args``' flags (``nodes``: the hostfile's,
+    checked against ``--nodes`` and ``--nprocs``, or None on this machine alone)."""
+    nodes = nodes_from_args(args)
     return {
         "sweep": args.sweep,
         "runs_dir": args.runs_dir,
@@ -121,34 +131,40 @@ def launch_options(args: argparse.Namespace) -> dict:
         "steps": args.steps,
         "warmup": args.warmup,
         "timeout_s": args.timeout,
-        "launcher_name": args.launcher,
+        "launcher_name": "deepspeed" if nodes else args.launcher,
         "progress": not args.no_progress,
+        "nodes": nodes,
     }
 
 
 def run(args: argparse.Namespace) -> int:
+    from kit.run.local_nodes import per_node
     from kit.run.sweep import run_sweep
 
-    setups = setups_from_args(args)
+    options = launch_options(args)
+    setups = setups_from_args(args, options["nodes"])
     with stdout_to_stderr() if args.json else contextlib.nullcontext():
-        results = run_sweep(setups, **launch_options(args), memory_timeline=args.memory_timeline)
+        results = run_sweep(setups, **options, memory_timeline=args.memory_timeline)
+    names = options["nodes"].names if options["nodes"] else ()
+    nodes = per_node(results.records, names) if names else None
     if args.json:
-        print_json({"sweep": args.sweep, "records": str(results.path), "configs": results.configs()})
+        out = {"sweep": args.sweep, "records": str(results.path), "configs": results.configs()}
+        print_json(out if nodes is None else {**out, "nodes": nodes})
     else:
-        print(render(results))
+        print(render(results, nodes))
     return 0
 
 
-def setups_from_args(args: argparse.Namespace) -> list:
-    """The Setups the flags describe, on one node of ``--nprocs`` ranks."""
+def setups_from_args(args: argparse.Namespace, nodes=None) -> list:
+    """The Setups the flags describe, on one node of ``--nprocs`` ranks (or each of ``nodes``)."""
     from kit import grid
     from kit.estimate.review import checked_setup
     from kit.schema import Setup
 
     spec = model_from_args(args)
-    cluster = {"nodes": 1, "gpus_per_node": args.nprocs}
+    cluster = {"nodes": nodes.count if nodes else 1, "gpus_per_node": args.nprocs}
     batch = {"micro_batch": args.micro_batch, "grad_accum": args.grad_accum, "seq_len": args.seq_len}
-    batch.update(_batch_schedule(args))
+    batch.update(_batch_schedule(args, cluster["nodes"] * args.nprocs))
     if args.ds_config:  # each checked by DeepSpeed's own parser first, as `zerokit explain` does
         return [
             checked_setup(path, model=spec, cluster=cluster, seq_len=args.seq_len)[0]
@@ -188,7 +204,7 @@ def _refused_everywhere(args: argparse.Namespace, found) -> list[tuple[str, str]
     ]
 
 
-def _batch_schedule(args: argparse.Namespace) -> dict:
+def _batch_schedule(args: argparse.Namespace, ranks: int) -> dict:
     """The batch fields ``--max-tokens``, ``--batch-schedule`` or ``--batch-ramp`` give: a token budget, or
     the global batch of step 0 (grad accum then follows from it) and the later changes."""
     from kit import batch as batch_math
@@ -200,7 +216,7 @@ def _batch_schedule(args: argparse.Namespace) -> dict:
         if len(parts) != 3 or not all(p.isdigit() for p in parts):
             raise UsageError(f"batch-ramp: expected START:END:STEPS like 8:64:10, got {args.batch_ramp!r}")
         start, end, steps = map(int, parts)
-        changes = batch_math.ramp(start, end, steps, args.micro_batch * args.nprocs)
+        changes = batch_math.ramp(start, end, steps, args.micro_batch * ranks)
         return {"train_batch": start, "grad_accum": None, "schedule": changes}
     if args.batch_schedule:
         changes = {c["step"]: c["train_batch"] for c in batch_math.schedule_entries(args.batch_schedule)}
@@ -209,9 +225,10 @@ def _batch_schedule(args: argparse.Namespace) -> dict:
     return {}
 
 
-def render(results) -> str:
+def render(results, nodes: list[dict] | None = None) -> str:
     """The summary table: throughput and rank 0's bytes measured beside the estimate (MB), the pairs
-    ``Results.summary()`` reads from ``Results.states()``."""
+    ``Results.summary()`` reads from ``Results.states()``; with ``nodes`` (``per_node``'s rows) a table
+    per node: its ranks' model states and the bytes each sent inside and across nodes."""
     table = results.summary()
     width = max([28, *(len(label) + 1 for label in table["label"])])  # e.g. "z3 opt-nvme param-nvme bf16 mb2"
     lines = [
@@ -234,4 +251,19 @@ def render(results) -> str:
         else:
             line += f"  {str(row['error']).splitlines()[0]}"
         lines.append(line)
+    if nodes:
+        lines += ["", "per node: its ranks' model states, and MB each rank sent inside / across nodes"]
+        lines.append(
+            f"{'configuration':{width}}{'node':>6}  {'host':16}{'ranks':>8}"
+            f"  {'states MB measured/est':>22}  {'intra MB meas/est':>18}  {'inter MB meas/est':>18}"
+        )
+        for n in nodes:
+            states = f"{n['model_states_bytes'] / MB:.2f}/{n['estimate_model_states_bytes'] / MB:.2f}"
+            intra = f"{n['intra_wire_bytes'] / MB:.2f}/{n['estimate_intra_wire_bytes'] / MB:.2f}"
+            inter = f"{n['inter_wire_bytes'] / MB:.2f}/{n['estimate_inter_wire_bytes'] / MB:.2f}"
+            ranks = ",".join(map(str, n["ranks"]))
+            lines.append(
+                f"{n['label']:{width}}{n['node_rank']:>6}  {n['host']:16}{ranks:>8}"
+                f"  {states:>22}  {intra:>18}  {inter:>18}"
+            )
     return "\n".join(lines)

@@ -17,7 +17,8 @@ down and meets the others at a barrier. A configuration that raises becomes a re
 ``ZEROKIT {...}`` line per event on stdout, which the runner parses for progress and its watchdog.
 
 Test-only hook: a config may carry ``"fault"``: ``"raise"`` (every rank raises in the build),
-``"hang"`` (rank 0 sleeps instead of building) or ``"die"`` (rank 0 exits with status 3). The runner
+``"hang"`` (rank 0 sleeps instead of building), ``"die"`` (rank 0 exits with status 3) or ``"die-last"``
+(the last rank does: on the last node of several). The runner
 sets it only through ``run_sweep(..., faults=...)``.
 """
 
@@ -70,7 +71,7 @@ def run_config(spec: dict, config: dict, rank: int, world: int) -> str:
     built: list = []  # the engine, so that it is torn down even after an exception
     try:
         _beat(spec, base)
-        _inject(config.get("fault"), rank)
+        _inject(config.get("fault"), rank, world)
         measure_config(spec, setup, base, rank, world, built)
         _beat(spec, base, status="finished")
         return "ok"
@@ -238,6 +239,9 @@ def _base_record(spec: dict, config: dict, setup, rank: int, world: int) -> dict
         "setup": setup.model_dump(),
         "rank": rank,
         "world_size": world,
+        # where the launcher placed it: DeepSpeed's launcher sets CROSS_RANK (the node), torchrun GROUP_RANK
+        "node_rank": int(os.environ.get("CROSS_RANK", os.environ.get("GROUP_RANK", "0"))),
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "device": device,
         "step": None,
         "time": time.time(),
@@ -258,12 +262,12 @@ def _progress(record: dict) -> dict:
     return {**{k: record[k] for k in keys}, "memory_bytes": memory}
 
 
-def _inject(fault: str | None, rank: int) -> None:
+def _inject(fault: str | None, rank: int, world: int) -> None:
     if fault == "raise":
         raise RuntimeError("injected fault: raise (test hook)")
     if fault == "hang" and rank == 0:
         time.sleep(3600)
-    if fault == "die" and rank == 0:
+    if (fault == "die" and rank == 0) or (fault == "die-last" and rank == world - 1):
         os._exit(3)
 
 

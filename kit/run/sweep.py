@@ -28,7 +28,7 @@ TOY_ZERO = {"reduce_bucket_size": 500_000, "allgather_bucket_size": 500_000, "pr
 #: a torch extension build lock older than this (s) was left by a killed build (async_io builds in minutes)
 STALE_BUILD_LOCK_S = 1800.0
 #: test-only faults the worker understands (see kit/ranks/worker.py)
-FAULTS = ("raise", "hang", "die")
+FAULTS = ("raise", "hang", "die", "die-last")
 
 
 def toy_setup(nprocs: int = 2) -> Setup:
@@ -97,9 +97,9 @@ def config_id(setup: Setup) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
-def on_ranks(setup: Setup, nprocs: int) -> Setup:
-    """``setup`` on one node of ``nprocs`` ranks (micro batch and grad accumulation kept)."""
-    return setup.replace(cluster={"nodes": 1, "gpus_per_node": nprocs}, batch={})
+def on_ranks(setup: Setup, nprocs: int, nodes: int = 1) -> Setup:
+    """``setup`` on ``nodes`` nodes of ``nprocs`` ranks (micro batch and grad accumulation kept)."""
+    return setup.replace(cluster={"nodes": nodes, "gpus_per_node": nprocs}, batch={})
 
 
 def check(setup: Setup) -> None:
@@ -188,8 +188,10 @@ def run_sweep(
     faults: dict[int, str] | None = None,
     cancel: Callable[[], bool] | None = None,
     on_event: Callable[[dict], None] | None = None,
+    nodes=None,
 ) -> Results:
-    """Run every Setup (on one node of ``nprocs`` ranks) and return the sweep's Results.
+    """Run every Setup (on one node of ``nprocs`` ranks, or on each of ``nodes``, a
+    ``kit.run.local_nodes.Nodes``) and return the sweep's Results.
 
     Records go to ``runs_dir/sweep/records.jsonl``; configurations already measured there are
     skipped (the others, failed ones included, run again). ``timeout_s`` is the watchdog: the longest
@@ -213,7 +215,7 @@ def run_sweep(
     faults = faults or {}
     configs, seen = [], set()
     for i, setup in enumerate(setups):
-        setup = on_ranks(setup, nprocs)
+        setup = on_ranks(setup, nprocs, nodes.count if nodes else 1)
         try:
             check(setup)
         except ValueError as error:
@@ -247,6 +249,7 @@ def run_sweep(
         "launcher_name": launcher_name,
         "cancel": cancel,
         "on_event": on_event,
+        "nodes": nodes,
     }
     try:
         while pending and not (cancel is not None and cancel()):
@@ -266,7 +269,7 @@ def measured_ids(records: Path, last_step: int) -> set[str]:
 
 
 def _launch(
-    base, pending, folder, bar, *, nprocs, timeout_s, startup_s, launcher_name, cancel, on_event
+    base, pending, folder, bar, *, nprocs, timeout_s, startup_s, launcher_name, cancel, on_event, nodes=None
 ) -> list[dict]:
     """One launch over ``pending``; returns the configurations still to run (empty when all ran)."""
     run_id = time.strftime("%Y%m%dT%H%M%S") + f".{time.time_ns() % 1_000_000_000:09d}"
@@ -293,17 +296,19 @@ def _launch(
             state["current"] = None
             bar.update(1)
 
-    argv = launcher.launch_argv(
-        "kit.ranks.worker", ["--spec", str(spec_path)], nprocs, launcher=launcher_name
-    )
-    rc, output = launcher.run_launch(
-        argv,
-        launcher.worker_env(nprocs),
-        startup_s + timeout_s * (len(pending) + 1),
-        on_line,
-        deadline=lambda: state["deadline"],
-        cancel=cancel,
-    )
+    limit, script, where = startup_s + timeout_s * (len(pending) + 1), ["--spec", str(spec_path)], ""
+    if nodes is None:
+        argv = launcher.launch_argv("kit.ranks.worker", script, nprocs, launcher=launcher_name)
+        env = launcher.worker_env(nprocs)
+        rc, output = launcher.run_launch(
+            argv, env, limit, on_line, deadline=lambda: state["deadline"], cancel=cancel
+        )
+    else:  # one launcher per node; the node that failed first is named
+        done = nodes.launch(
+            "kit.ranks.worker", script, limit, on_line, deadline=lambda: state["deadline"], cancel=cancel
+        )
+        rc, output = done.rc, done.output
+        where = "" if done.failed_node is None else f"{nodes.where(done.failed_node)}: "
     left = [c for c in pending if c["config_id"] not in state["finished"]]
     if not left:
         return []
@@ -314,7 +319,11 @@ def _launch(
         return []
     status = "timeout" if rc == launcher.TIMEOUT_RC else "error"
     tail = "\n".join(output.splitlines()[-20:])
-    reason = f"no progress for {timeout_s:g} s" if status == "timeout" else f"launch exited with status {rc}"
+    reason = (
+        f"no progress for {timeout_s:g} s"
+        if status == "timeout"
+        else f"{where}launch exited with status {rc}"
+    )
     _append_failure(records, spec, failed, status, f"{reason}; last output:\n{tail}")
     bar.update(1)
     if state["current"] is None and not state["finished"]:

@@ -108,8 +108,10 @@ def candidates(
     micro_batches: tuple[int, ...] | list[int] = (1, 2, 4, 8),
     nprocs: int = 2,
     keep: str = "train_batch",
+    nodes: int = 1,
 ) -> list[Candidate]:
-    """Every valid stage x offload x micro batch of ``setup`` on one node of ``nprocs`` ranks, estimated.
+    """Every valid stage x offload x micro batch of ``setup`` on ``nodes`` nodes of ``nprocs`` ranks,
+    estimated.
 
     ValueError (one line naming the argument and the valid range) for an empty or invalid list.
     """
@@ -124,7 +126,7 @@ def candidates(
     micros = list(dict.fromkeys(micro_batches))
     if not micros or any(not isinstance(m, int) or isinstance(m, bool) or m < 1 for m in micros):
         raise ValueError(f"micro_batches: whole numbers >= 1, at least one, got {list(micro_batches)!r}")
-    base = on_ranks(setup, nprocs)
+    base = on_ranks(setup, nprocs, nodes)
     per_gpu = max(micros) * base.batch.grad_accum  # samples per rank per optimizer step (train_batch)
     if keep == "train_batch" and (odd := [m for m in micros if per_gpu % m]):
         raise ValueError(
@@ -156,10 +158,12 @@ def tune(
     nprocs: int = 2,
     progress: bool = True,
     calibration: Calibration | None = None,
+    nodes=None,
     **options: Any,
 ) -> Tuned:
     """Measure every candidate that the estimate says fits ``budget_bytes`` per GPU, in one launch, and
-    rank them by median samples/s. ``options`` go to ``run_sweep`` (``warmup``, ``timeout_s``,
+    rank them by median samples/s, on this machine or on ``nodes`` (``kit.run.local_nodes.Nodes``).
+    ``options`` go to ``run_sweep`` (``warmup``, ``timeout_s``,
     ``launcher_name``, ``instrument``...). ValueError before anything launches when an argument is
     invalid or nothing fits the budget."""
     from kit.gpus import gpu
@@ -169,8 +173,9 @@ def tune(
     if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 1:
         raise ValueError(f"budget_bytes: must be a whole number of bytes >= 1, got {budget_bytes!r}")
     found = candidates(
-        setup, stages=stages, offloads=offloads, micro_batches=micro_batches, nprocs=nprocs, keep=keep
-    )
+        setup, stages=stages, offloads=offloads, micro_batches=micro_batches, nprocs=nprocs, keep=keep,
+        nodes=nodes.count if nodes else 1,
+    )  # fmt: skip
     if not found:
         raise ValueError("stages: no valid candidate (offload needs stage >= 1); add a stage or offload none")
     kept = [c for c in found if c.estimated_bytes <= budget_bytes]
@@ -191,7 +196,7 @@ def tune(
         )
     results = run_sweep(
         [c.setup for c in kept], sweep=sweep, runs_dir=runs_dir, nprocs=nprocs, steps=steps,
-        progress=progress, **options,
+        progress=progress, nodes=nodes, **options,
     )  # fmt: skip
     table = _table(found, kept, results, calibration)
     best = None

@@ -13,10 +13,12 @@ import re
 import shlex
 
 from kit.rules import DEFAULT_MASTER_PORT
+from kit.run.local_nodes import RUNNER_BACKENDS
 from kit.scaleout.network import network
 from kit.schema import Setup
 
-LAUNCHERS = ("pdsh", "openmpi", "slurm")
+#: DeepSpeed's multi-node backends (``deepspeed --launcher``), as ``zerokit run --hostfile`` passes them
+LAUNCHERS = RUNNER_BACKENDS
 
 
 def deepspeed_command(
@@ -29,9 +31,11 @@ def deepspeed_command(
     master_addr: str | None = None,
     master_port: int = DEFAULT_MASTER_PORT,
     launcher: str = "pdsh",
+    config_flag: str = "--deepspeed_config",
 ) -> list[str]:
-    """``deepspeed --num_gpus N`` on one node; ``deepspeed --hostfile H --master_addr A ...`` on several."""
-    tail = [script, *script_args, "--deepspeed_config", ds_config]
+    """``deepspeed --num_gpus N`` on one node; ``deepspeed --hostfile H --master_addr A ...`` on several.
+    ``config_flag``: the script's flag for the config (the HF Trainer's is ``--deepspeed``)."""
+    tail = [script, *script_args, config_flag, ds_config]
     if setup.cluster.nodes == 1:
         return ["deepspeed", "--num_gpus", str(setup.cluster.gpus_per_node), *tail]
     if launcher not in LAUNCHERS:
@@ -91,8 +95,11 @@ def sbatch_script(
     time_limit: str = "01:00:00",
     master_port: int = DEFAULT_MASTER_PORT,
     interface: str | None = None,
+    comments: tuple[str, ...] = (),
 ) -> str:
-    """A SLURM batch script: one ``torchrun`` per node via ``srun``, the master on the job's first node."""
+    """A SLURM batch script: ``srun`` starts one ``torchrun`` per node, each in its node's environment
+    (``bash -c '...'``: ``$SLURM_NODEID`` expands on the node, not in the batch shell), the master on the
+    job's first node."""
     c = setup.cluster
     net = network(setup, interface)
     command = torchrun_command(
@@ -115,19 +122,27 @@ def sbatch_script(
         f"#SBATCH --time={time_limit}",
         f"# {setup.label} on {c.nodes} x {c.gpus_per_node} {c.gpu}, {net.name}",
         "# submit from the folder with ds_config.json: sbatch sbatch.sh",
+        *(f"# {line}" for line in comments),
         "set -euo pipefail",
         *(f"export {k}={shlex.quote(s.value)}  # {s.reason}" for k, s in net.env.items()),
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        # sed reads to the end: head would leave scontrol a broken pipe, which pipefail makes fatal
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
         f"MASTER_PORT={master_port}",
-        "srun " + shell_line(command),
+        "export MASTER_ADDR MASTER_PORT",
+        "# one task per node; the single quotes keep $SLURM_NODEID for each node's own shell",
+        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c " + shlex.quote(shell_line(command)),
     ]
     return "\n".join(lines) + "\n"
 
 
-def launch_script(command: list[str]) -> str:
+def launch_script(
+    command: list[str], comments: tuple[str, ...] = (), setup_lines: tuple[str, ...] = ()
+) -> str:
     """``launch.sh``: run one command from the script's own folder (where ds_config.json, hostfile and
-    .deepspeed_env are; DeepSpeed reads .deepspeed_env from the current directory or ~)."""
-    return "\n".join(["#!/bin/bash", "set -euo pipefail", 'cd "$(dirname "$0")"', shell_line(command)]) + "\n"
+    .deepspeed_env are; DeepSpeed reads .deepspeed_env from the current directory or ~), after
+    ``comments`` (``# `` lines) and ``setup_lines`` (shell lines, e.g. exports)."""
+    lines = ["#!/bin/bash", *(f"# {c}" for c in comments), "set -euo pipefail", 'cd "$(dirname "$0")"']
+    return "\n".join([*lines, *setup_lines, shell_line(command)]) + "\n"
 
 
 def docker_command(setup: Setup, image: str, command: list[str], interface: str | None = None) -> list[str]:
