@@ -349,7 +349,7 @@ def nodes_from_args(args: argparse.Namespace):
     size checked before anything starts: the hostfile line by line, ``--include`` / ``--exclude`` as
     DeepSpeed applies them, hosts against ``--nodes`` and slots against ``--nprocs``, one line each."""
     from kit.run.local_nodes import RUNNER_BACKENDS as HOSTFILE_LAUNCHERS  # beside deepspeed, torchrun
-    from kit.scaleout import hostfile as hf
+    from kit.scaleout.hostfile import nodes_from_hostfile
 
     launcher = args.launcher
     if not args.hostfile:
@@ -366,45 +366,10 @@ def nodes_from_args(args: argparse.Namespace):
             f"launcher: with --hostfile choose one of {', '.join(HOSTFILE_LAUNCHERS)} (DeepSpeed's runner), "
             f"got {launcher!r}"
         )
-    if args.include and args.exclude:
-        raise UsageError("include: give --include or --exclude, not both (DeepSpeed refuses both)")
-    hosts = hf.read_hostfile(args.hostfile)
-    keys = {h.host: f"{h.user}@{h.host}" if h.user else h.host for h in hosts}  # DeepSpeed's pool keys
-    active = _deepspeed_filter({keys[h.host]: h.slots for h in hosts}, args.include, args.exclude)
-    names = [h.host for h in hosts if keys[h.host] in active]
-    slots = {name: len(active[keys[name]]) for name in names}
-    filtered = args.include or args.exclude
-    after = " after --include/--exclude" if filtered else ""
-    if not names:
-        raise UsageError(f"hostfile: no host left{after} ({args.hostfile})")
-    nodes = len(names) if args.nodes is None else args.nodes
-    if nodes < 1 or nodes > len(names):
-        raise UsageError(f"nodes: the hostfile has {len(names)} hosts{after}, got --nodes {nodes}")
-    if filtered and nodes != len(names):
-        raise UsageError(
-            f"nodes: --include/--exclude leave {len(names)} hosts, all of which run (DeepSpeed refuses "
-            f"--num_nodes beside them); drop --nodes or change the filter"
-        )
-    names = names[:nodes]
-    for name in names:
-        if slots[name] < args.nprocs or (filtered and slots[name] != args.nprocs):
-            need = "exactly" if filtered else "at least"
-            raise UsageError(
-                f"nprocs: {args.nprocs} ranks per node need {need} {args.nprocs} slots on every host, but "
-                f"{name} has {slots[name]}{after} ({args.hostfile})"
-            )
-    if args.master_addr:
-        hf.check_master(hosts, args.master_addr)
-    if args.master_port is not None and not 1 <= args.master_port <= 65535:
-        raise UsageError(f"master-port: must be in 1..65535, got {args.master_port}")
-    from pathlib import Path
-
-    from kit.run.local_nodes import Nodes
-
-    return Nodes(
-        Path(args.hostfile),
-        tuple(names),
+    return nodes_from_hostfile(
+        args.hostfile,
         args.nprocs,
+        nodes=args.nodes,
         local=args.local,
         backend="pdsh" if launcher == "deepspeed" else launcher,
         include=args.include,
@@ -412,15 +377,3 @@ def nodes_from_args(args: argparse.Namespace):
         master_addr=args.master_addr,
         master_port=args.master_port,
     )
-
-
-def _deepspeed_filter(pool: dict[str, int], include: str, exclude: str) -> dict[str, list[int]]:
-    """The hosts and slots DeepSpeed's runner keeps of ``pool`` (its own ``parse_inclusion_exclusion``)."""
-    if not (include or exclude):
-        return {host: list(range(n)) for host, n in pool.items()}
-    from deepspeed.launcher.runner import parse_inclusion_exclusion
-
-    try:
-        return dict(parse_inclusion_exclusion(pool, include, exclude))
-    except ValueError as error:
-        raise UsageError(f"{'include' if include else 'exclude'}: {error}") from None

@@ -1,6 +1,9 @@
 """The comparison panel: choose configurations (ZeRO stages beside PyTorch's DDP and FSDP, offload to CPU
 or NVMe, a ZeRO++ variant of stage 3, micro batches, buckets), a toy model, ranks and steps; Run measures
-them all in one launch (``kit.run.sweep.run_sweep``) and plots the answer beside the estimate.
+them all in one launch (``kit.run.sweep.run_sweep``) and plots the answer beside the estimate. Given a
+hostfile, the launch spans its nodes (``local``: every host's launcher started on this machine, a rehearsal
+of the cluster) and a table per node puts the bytes each rank sent inside and across nodes beside the
+estimate.
 
 The panel never computes: its Setups go to ``kit.estimate`` (the preview) and ``run_sweep`` (Run); the
 plots and the table arrange the ``Results``. Run, Stop and the monitor are plain methods (``start``,
@@ -59,8 +62,15 @@ class ComparisonPanel:
         steps: int = 5,
         runs_dir: str | Path = "runs",
         sweep: str = "compare",
+        hostfile: str | Path | None = None,
+        local: bool = True,
     ):
+        from kit.scaleout.hostfile import nodes_from_hostfile
+
         self.base = setup or toy_setup(nprocs)
+        #: the hostfile's hosts (checked now, before anything launches), or () on this machine alone
+        self.hostfile, self.local = hostfile, local
+        self.node_names = nodes_from_hostfile(hostfile, nprocs, local=local).names if hostfile else ()
         self.error: str | None = None
         self.setups: list[Setup] = []
         self.estimates: list[Any] = []
@@ -188,8 +198,7 @@ class ComparisonPanel:
             return
         self.setups, self.estimates, self.error = setups, estimates, None
         self.message.value = (
-            f"{len(setups)} configurations, {self.nprocs.value} ranks, {self.steps.value} steps each: "
-            "press Run"
+            f"{len(setups)} configurations, {self._where()}, {self.steps.value} steps each: press Run"
         )
         rows = [
             [
@@ -266,7 +275,12 @@ class ComparisonPanel:
         self.bar.max, self.bar.value = max(1, len(self.setups)), 0
         self.bar.layout.visibility = "visible"
         self.plots.children, self.table.value, self.results = (), "", None
-        self.message.value = f"starting {len(self.setups)} configurations on {self.nprocs.value} ranks..."
+        from kit.scaleout.hostfile import nodes_from_hostfile
+
+        nodes = None
+        if self.hostfile:  # ranks per node as the panel now says, checked against the slots again
+            nodes = nodes_from_hostfile(self.hostfile, self.nprocs.value, local=self.local)
+        self.message.value = f"starting {len(self.setups)} configurations on {self._where()}..."
         started = time.monotonic()
         self.results = run_sweep(
             list(self.setups),
@@ -279,6 +293,7 @@ class ComparisonPanel:
             memory_timeline=self.memory_timeline.value,
             cancel=self._cancel.is_set,
             on_event=self._on_event,
+            nodes=nodes,
         )
         self._show_results()
         self.message.value = self._outcome(time.monotonic() - started)
@@ -343,6 +358,14 @@ class ComparisonPanel:
             images.append(image)
         self.plots.children = images
         self.table.value = results_html(results)
+        if self.node_names:
+            from kit.run.local_nodes import per_node
+
+            self.table.value += nodes_html(per_node(results.records, self.node_names))
+
+    def _where(self) -> str:
+        ranks = f"{self.nprocs.value} rank{'s' if self.nprocs.value > 1 else ''}"
+        return f"{len(self.node_names)} nodes x {ranks}" if self.node_names else ranks
 
     def _set_busy(self, busy: bool) -> None:
         """Run off, Stop on, controls off while a sweep runs (and the other way round after)."""
@@ -391,7 +414,7 @@ class ComparisonPanel:
         )
         base = self.base.replace(
             model=spec,
-            cluster={"nodes": 1, "gpus_per_node": self.nprocs.value},
+            cluster={"nodes": max(1, len(self.node_names)), "gpus_per_node": self.nprocs.value},
             zero={
                 "precision": self.precision.value,
                 "reduce_bucket_size": round(self.reduce_bucket.value),
@@ -454,7 +477,8 @@ class ComparisonPanel:
 
 
 def comparison_panel(setup: Setup | None = None, **options: Any) -> ComparisonPanel:
-    """The comparison panel (options: stages, nprocs, steps, runs_dir, sweep); display ``.widget``."""
+    """The comparison panel (options: stages, nprocs, steps, runs_dir, sweep, hostfile, local); display
+    ``.widget``."""
     return ComparisonPanel(setup, **options)
 
 
@@ -464,6 +488,32 @@ def results_html(results) -> str:
     brief = results.brief()
     formats = [BRIEF_FORMATS.get(c, "{}") for c in brief.columns]
     return ui.table_html(list(brief.columns), brief.values.tolist(), formats)
+
+
+def nodes_html(rows: list[dict]) -> str:
+    """Per configuration and node (``kit.run.local_nodes.per_node``): its ranks, their model states, and
+    the MB each rank sent inside and across nodes, each beside its estimate."""
+    header = ["configuration", "node", "host", "ranks", "model states MB", "estimate MB", "intra-node MB",
+              "estimate", "inter-node MB", "estimate"]  # fmt: skip
+    table = [
+        [
+            r["label"],
+            r["node_rank"],
+            r["host"],
+            ", ".join(map(str, r["ranks"])),
+            r["model_states_bytes"] / 1e6,
+            r["estimate_model_states_bytes"] / 1e6,
+            r["intra_wire_bytes"] / 1e6,
+            r["estimate_intra_wire_bytes"] / 1e6,
+            r["inter_wire_bytes"] / 1e6,
+            r["estimate_inter_wire_bytes"] / 1e6,
+        ]  # fmt: skip
+        for r in rows
+    ]
+    formats = ["{}", "{}", "{}", "{}"] + ["{:,.3f}"] * 6
+    caption = "per node (MB each rank sent per step, averaged over the node's ranks):"
+    caption = f"<div style='color:#666;margin-top:6px'>{caption}</div>"
+    return caption + ui.table_html(header, table, formats)
 
 
 def peak_records(results) -> list[dict]:

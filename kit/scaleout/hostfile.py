@@ -102,3 +102,69 @@ def check_cluster(hosts: list[Host], nodes: int, gpus_per_node: int) -> None:
             raise HostfileError(
                 f"hostfile: {h.host} has slots={h.slots} but the setup has gpus_per_node={gpus_per_node}"
             )
+
+
+def nodes_from_hostfile(
+    hostfile: str | Path,
+    nprocs: int,
+    *,
+    nodes: int | None = None,
+    local: bool = False,
+    backend: str = "pdsh",
+    include: str = "",
+    exclude: str = "",
+    master_addr: str | None = None,
+    master_port: int | None = None,
+):
+    """The ``Nodes`` of ``hostfile``, checked before anything starts (ValueError, one line each): the
+    hostfile line by line, ``include`` / ``exclude`` as DeepSpeed's runner applies them, hosts against
+    ``nodes`` (default: every host left) and slots against ``nprocs``, the master address and port."""
+    from kit.run.local_nodes import Nodes
+
+    if include and exclude:
+        raise ValueError("include: give --include or --exclude, not both (DeepSpeed refuses both)")
+    hosts = read_hostfile(hostfile)
+    keys = {h.host: f"{h.user}@{h.host}" if h.user else h.host for h in hosts}  # DeepSpeed's pool keys
+    active = _deepspeed_filter({keys[h.host]: h.slots for h in hosts}, include, exclude)
+    names = [h.host for h in hosts if keys[h.host] in active]
+    slots = {name: len(active[keys[name]]) for name in names}
+    filtered = include or exclude
+    after = " after --include/--exclude" if filtered else ""
+    if not names:
+        raise ValueError(f"hostfile: no host left{after} ({hostfile})")
+    count = len(names) if nodes is None else nodes
+    if count < 1 or count > len(names):
+        raise ValueError(f"nodes: the hostfile has {len(names)} hosts{after}, got --nodes {count}")
+    if filtered and count != len(names):
+        raise ValueError(
+            f"nodes: --include/--exclude leave {len(names)} hosts, all of which run (DeepSpeed refuses "
+            f"--num_nodes beside them); drop --nodes or change the filter"
+        )
+    names = names[:count]
+    for name in names:
+        if slots[name] < nprocs or (filtered and slots[name] != nprocs):
+            need = "exactly" if filtered else "at least"
+            raise ValueError(
+                f"nprocs: {nprocs} ranks per node need {need} {nprocs} slots on every host, but "
+                f"{name} has {slots[name]}{after} ({hostfile})"
+            )
+    if master_addr:
+        check_master(hosts, master_addr)
+    if master_port is not None and not 1 <= master_port <= 65535:
+        raise ValueError(f"master-port: must be in 1..65535, got {master_port}")
+    return Nodes(
+        Path(hostfile), tuple(names), nprocs, local=local, backend=backend, include=include,
+        exclude=exclude, master_addr=master_addr, master_port=master_port,
+    )  # fmt: skip
+
+
+def _deepspeed_filter(pool: dict[str, int], include: str, exclude: str) -> dict[str, list[int]]:
+    """The hosts and slots DeepSpeed's runner keeps of ``pool`` (its own ``parse_inclusion_exclusion``)."""
+    if not (include or exclude):
+        return {host: list(range(n)) for host, n in pool.items()}
+    from deepspeed.launcher.runner import parse_inclusion_exclusion
+
+    try:
+        return dict(parse_inclusion_exclusion(pool, include, exclude))
+    except ValueError as error:
+        raise ValueError(f"{'include' if include else 'exclude'}: {error}") from None
