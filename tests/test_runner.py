@@ -38,7 +38,7 @@ RECORD_KEYS = {
     "sweep", "config_id", "label", "setup", "rank", "world_size", "device", "step", "step_time_s",
     "samples_per_s", "tokens_per_s", "tflops", "loss", "peak_allocated_bytes", "peak_reserved_bytes",
     "peak_rss_bytes", "measured", "measured_host", "estimate", "comm_bytes", "status", "error", "torch",
-    "deepspeed", "start_s",
+    "deepspeed", "start_s", "step_cpu_s",
 }  # fmt: skip
 
 BASE = Setup(model=toy_spec(), zero={"stage": 0, "precision": "fp32"}, batch={"micro_batch": 2})
@@ -115,6 +115,7 @@ def test_records_follow_the_schema(sweep):
     assert ok and all(r.keys() >= RECORD_KEYS for r in ok)
     assert {r["world_size"] for r in ok} == {NPROCS} and {r["device"] for r in ok} == {"cpu"}
     assert all(r["peak_allocated_bytes"] is None and r["peak_rss_bytes"] > 0 for r in ok)
+    assert all(r["step_cpu_s"] > 0 and r["start_s"] > 0 for r in ok if r["rank"] is not None)
 
 
 def test_a_raising_config_is_recorded_and_the_launch_goes_on(sweep):

@@ -184,13 +184,14 @@ def measure_step(spec, setup, run, step: int, rank: int, world: int, probes, hel
     now = setup.at_step(step)
     reading = "state_walk" in probes and "device" not in held
     watching = "activations" in probes and "activations" not in held
-    walked = {"s": 0.0}
+    walked = {"s": 0.0, "cpu_s": 0.0}
 
     def read_states(micro: int) -> None:
         if micro == now.batch.grad_accum - 1 and reading:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             held.update(state_walk.model_state_bytes(eng, now))
             walked["s"] += time.perf_counter() - start
+            walked["cpu_s"] += time.process_time() - cpu
 
     counter = measure.SavedActivations()
     measure.reset_comm()
@@ -226,6 +227,7 @@ def measure_step(spec, setup, run, step: int, rank: int, world: int, probes, hel
         **sizes,
         "grad_accum": b.grad_accum,
         "step_time_s": seconds,
+        "step_cpu_s": t["cpu_s"] - walked["cpu_s"],
         **measure.throughput(now, seconds, samples=sizes["train_batch"], tokens=sizes["tokens"]),
         "loss": loss,
     }

@@ -9,7 +9,9 @@
   instrumented) ``ROUNDS`` times, each round in its own order, so that the shared machine's drift falls
   on every variant alike
   (``run_sweep(probes=...)``). Per variant the median step time (the timed window, which the records'
-  throughput comes from) and the median loop period (rank 0's step events apart: the step plus what
+  throughput comes from), the median step CPU time (``step_cpu_s``: this rank's, which the other
+  processes of a loaded machine leave alone: on 2 shared cores the same step's wall time varies 5x)
+  and the median loop period (rank 0's step events apart: the step plus what
   is done around it, heartbeat, record). A probe's cost is its variant's median over the bare one's,
   minus 1; ``instrumented_over_bare`` is bare over all probes in steps/s (target >= 0.95). The
   model-state walk runs once per configuration (its first step, left out of that step's time): its
@@ -20,7 +22,6 @@ import random
 import statistics
 import tempfile
 import time
-from collections import defaultdict
 
 from kit.models import toy_spec
 from kit.records import OPTIONAL_PROBES, PROBES
@@ -31,7 +32,12 @@ NPROCS = 2
 #: the variants of the probe launch, in the order its steps cycle through them
 VARIANTS = {"bare": (), **{p: (p,) for p in (*PROBES, *OPTIONAL_PROBES)}, "instrumented": PROBES}
 #: rounds of the probe launch: each runs every variant once, in an order of its own (a seeded shuffle)
-ROUNDS, WARMUP = 40, 3
+ROUNDS, WARMUP = 60, 3
+#: what is compared per step: wall time, this rank's CPU time, rank 0's loop period
+MEASURES = ("step", "cpu", "loop")
+#: probes that measure once per configuration, and where their cost shows: the walk inside the step is
+#: left out of its time, the one after it is not; the activations' hooks are inside the step
+ONCE = {"state_walk": "loop", "activations": "step"}
 
 
 def setups() -> list[Setup]:
@@ -49,9 +55,10 @@ def wall_seconds(runs_dir: str, sweeps: list[list[Setup]], **options) -> tuple[f
     return time.perf_counter() - start, results
 
 
-def probe_costs(runs_dir: str, setup: Setup) -> tuple[dict[str, float], dict[str, float], float]:
-    """Per variant, the median step time and the median loop period (s); the walk's once-per-configuration
-    seconds."""
+def probe_costs(runs_dir: str, setup: Setup) -> tuple[dict, dict[str, float], dict[str, float]]:
+    """Per variant and measure (``MEASURES``), the median over rounds of its ratio to the same round's
+    bare step, minus 1; the bare step's medians (s); the seconds the probes that measure once per
+    configuration (``ONCE``) add to the first step that takes them, beyond the bare median."""
     # the first round in VARIANTS' order: its first step (no loop period) is bare, not the walk's
     names = list(VARIANTS)
     names += [n for r in range(1, ROUNDS) for n in random.Random(r).sample(list(VARIANTS), len(VARIANTS))]
@@ -65,17 +72,24 @@ def probe_costs(runs_dir: str, setup: Setup) -> tuple[dict[str, float], dict[str
         [setup], sweep="probes", runs_dir=runs_dir, nprocs=NPROCS, steps=len(names), warmup=WARMUP,
         progress=False, probes=[VARIANTS[n] for n in names], on_event=on_event,
     )  # fmt: skip
-    step_s: dict[str, list[float]] = defaultdict(list)
-    loop_s: dict[str, list[float]] = defaultdict(list)
-    for k, seconds in enumerate(results.steps()["step_time_s"]):
-        name = names[k]
-        step_s[name].append(seconds)
-        if k:  # rank 0's events of the measured steps: the loop period of step k ends at its event
-            loop_s[name].append(arrivals[k] - arrivals[k - 1])
-    loops = {n: statistics.median(v) for n, v in loop_s.items()}
-    walked = next(k for k, n in enumerate(names) if "state_walk" in VARIANTS[n])  # the later ones do not
-    walk_once = arrivals[walked] - arrivals[walked - 1] - loops["bare"]
-    return {n: statistics.median(v) for n, v in step_s.items()}, loops, walk_once
+    steps = results.steps()
+    rounds: list[dict[str, dict[str, float]]] = [{} for _ in range(ROUNDS)]
+    for k, (wall, cpu) in enumerate(zip(steps["step_time_s"], steps["step_cpu_s"], strict=True)):
+        # rank 0's events of the measured steps: the loop period of step k ends at its event
+        loop = arrivals[k] - arrivals[k - 1] if k else 0.0
+        rounds[k // len(VARIANTS)][names[k]] = {"step": wall, "cpu": cpu, "loop": loop}
+    # round 0 is left out: its first step has no loop period
+    costs = {
+        n: {key: statistics.median(r[n][key] / r["bare"][key] - 1 for r in rounds[1:]) for key in MEASURES}
+        for n in VARIANTS
+        if n != "bare"
+    }
+    bare = {key: statistics.median(r["bare"][key] for r in rounds[1:]) for key in MEASURES}
+    once = {}
+    for probe, key in ONCE.items():
+        k = next(k for k, n in enumerate(names) if probe in VARIANTS[n])  # the later ones do not measure
+        once[probe] = rounds[k // len(VARIANTS)][names[k]][key] - bare[key]
+    return costs, bare, once
 
 
 def main() -> None:
@@ -92,17 +106,21 @@ def main() -> None:
         print(f"sweep_wall_over_measured_steps: {one / measured:.1f} ratio")
 
         setup = setups()[3]
-        step_s, loop_s, walk_once = probe_costs(runs + "/probes", setup)
-        bare_step, bare_loop = step_s["bare"], loop_s["bare"]
-        print(f"step_ms_bare_{setup.label.replace(' ', '_')}: {bare_step * 1e3:.2f} ms")
-        print(f"loop_ms_bare_{setup.label.replace(' ', '_')}: {bare_loop * 1e3:.2f} ms")
-        for name in VARIANTS:
-            if name != "bare":
-                print(f"probe_cost_{name}: {step_s[name] / bare_step - 1:+.3f} of a step")
-                print(f"probe_loop_cost_{name}: {loop_s[name] / bare_loop - 1:+.3f} of a loop period")
-        print(f"state_walk_once_per_config: {walk_once:.3f} s")
-        print(f"instrumented_over_bare: {bare_step / step_s['instrumented']:.3f} ratio")
-        print(f"instrumented_over_bare_loop: {bare_loop / loop_s['instrumented']:.3f} ratio")
+        costs, bare, once = probe_costs(runs + "/probes", setup)
+        name = setup.label.replace(" ", "_")
+        print(f"step_ms_bare_{name}: {bare['step'] * 1e3:.2f} ms")
+        print(f"step_cpu_ms_bare_{name}: {bare['cpu'] * 1e3:.2f} ms")
+        print(f"loop_ms_bare_{name}: {bare['loop'] * 1e3:.2f} ms")
+        for probe, cost in costs.items():
+            print(f"probe_cost_{probe}: {cost['step']:+.3f} of a step")
+            print(f"probe_cpu_cost_{probe}: {cost['cpu']:+.3f} of a step's CPU time")
+            print(f"probe_loop_cost_{probe}: {cost['loop']:+.3f} of a loop period")
+        for probe, seconds in once.items():
+            print(f"{probe}_once_per_config: {seconds:.3f} s")
+        instrumented = costs["instrumented"]
+        print(f"instrumented_over_bare: {1 / (1 + instrumented['step']):.3f} ratio")
+        print(f"instrumented_over_bare_cpu: {1 / (1 + instrumented['cpu']):.3f} ratio")
+        print(f"instrumented_over_bare_loop: {1 / (1 + instrumented['loop']):.3f} ratio")
 
 
 if __name__ == "__main__":
