@@ -143,7 +143,7 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
         loss = engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec["seed"])
         if "heartbeat" in used:
             _beat(spec, base, eng, step=step, loss=loss)  # samples/s from the engine's sample count
-    held: dict = {}  # model-state bytes per place and component (read again every step with a schedule)
+    held: dict = {}  # what is measured once per configuration (measure_step), cleared where a batch differs
     for k, step in enumerate(range(spec["warmup"], spec["warmup"] + spec["steps"])):
         probes = cycle[k % len(cycle)]
         if scopes is not None:

@@ -4,18 +4,16 @@
   <= 0.5: the launcher and imports are paid once); per configuration its start cost (``start_s``: from
   the configuration's start to its first step, the engine and model builds), and the one-launch sweep's
   wall time over its measured steps' time;
-- what each measurement costs (``kit.records.PROBES``), side by side in one launch: one configuration's
-  measured steps run through the variants (bare: no probe; each probe alone; all of them,
-  instrumented) ``ROUNDS`` times, each round in its own order, so that the shared machine's drift falls
-  on every variant alike
-  (``run_sweep(probes=...)``). Per variant the median step time (the timed window, which the records'
-  throughput comes from), the median step CPU time (``step_cpu_s``: this rank's, which the other
-  processes of a loaded machine leave alone: on 2 shared cores the same step's wall time varies 5x)
-  and the median loop period (rank 0's step events apart: the step plus what
-  is done around it, heartbeat, record). A probe's cost is its variant's median over the bare one's,
-  minus 1; ``instrumented_over_bare`` is bare over all probes in steps/s (target >= 0.95). The
-  model-state walk runs once per configuration (its first step, left out of that step's time): its
-  cost is that step's loop period beyond the bare median, in seconds.
+- what each measurement costs (``kit.records.PROBES``, ``OPTIONAL_PROBES``), side by side in one
+  launch (``run_sweep(probes=...)``): one configuration's measured steps run through the variants
+  (bare: no probe; each probe alone; all of ``PROBES``, instrumented) ``ROUNDS`` times, each round in
+  its own order. Per variant and round its step time (the timed window the records' throughput comes
+  from), step CPU time (``step_cpu_s``, this rank's: the other processes of a loaded machine leave it
+  alone, while the same step's wall time varies 5x on 2 shared cores) and loop period (rank 0's step
+  events apart: the step plus the heartbeat and record around it) over the same round's bare step; a
+  probe's cost is the median of those ratios, minus 1; ``instrumented_over_bare`` is 1 / (1 + the
+  instrumented cost) (target >= 0.95). The walk and the activations' hooks run once per configuration
+  (its first step that takes them): their cost is that step's excess over the bare median, in seconds.
 """
 
 import random
@@ -32,7 +30,7 @@ NPROCS = 2
 #: the variants of the probe launch, in the order its steps cycle through them
 VARIANTS = {"bare": (), **{p: (p,) for p in (*PROBES, *OPTIONAL_PROBES)}, "instrumented": PROBES}
 #: rounds of the probe launch: each runs every variant once, in an order of its own (a seeded shuffle)
-ROUNDS, WARMUP = 60, 3
+ROUNDS, WARMUP = 100, 3
 #: what is compared per step: wall time, this rank's CPU time, rank 0's loop period
 MEASURES = ("step", "cpu", "loop")
 #: probes that measure once per configuration, and where their cost shows: the walk inside the step is
