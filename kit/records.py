@@ -15,6 +15,14 @@ from pathlib import Path
 
 #: stdout prefix of the worker's event lines
 EVENT = "ZEROKIT "
+#: what an instrumented step measures, each a switch of a launch spec (``probes``; the bench times each
+#: alone): a heartbeat per step (``kit.monitor``), the bytes of every collective by scope
+#: (``kit.ranks.comm_scopes``), the saved-tensor hooks (activations), the model-state walk
+#: (``kit.ranks.state_walk``), and each record's peak memory and estimates
+PROBES = ("heartbeat", "comm", "activations", "state_walk", "records")
+#: probes a launch takes only when asked: DeepSpeed's comms logger (it synchronizes the device after
+#: every collective), recorded as ``comm_logger_bytes`` beside the ``comm`` probe's ``comm_bytes``
+OPTIONAL_PROBES = ("comm_logger",)
 
 
 def append_record(path: str | os.PathLike, record: dict) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.records import append_record, load_records
+from kit.records import OPTIONAL_PROBES, PROBES, append_record, load_records
 from kit.run.results import Results
 from kit.run.sweep import config_id, on_ranks, run_sweep
 from kit.schema import Setup
@@ -99,9 +99,10 @@ def two_rank_sweep(request, tmp_path_factory) -> TwoRankSweep:
         if fault:
             faults[i] = fault
     runs = tmp_path_factory.mktemp("shared-runs")
+    # every probe, DeepSpeed's comms logger too: tests/test_runner.py checks comm_bytes against it
     run_sweep(
         [s for s, _ in union], sweep=SWEEP, runs_dir=runs, nprocs=NPROCS, steps=STEPS, warmup=WARMUP,
-        timeout_s=TIMEOUT_S, progress=False, faults=faults,
+        timeout_s=TIMEOUT_S, progress=False, faults=faults, probes=[(*PROBES, *OPTIONAL_PROBES)],
     )  # fmt: skip
     return TwoRankSweep(runs)
 

@@ -73,7 +73,8 @@ def comm_volume(results: Results) -> Figure:
     """Bytes one rank sends per step, stacked by collective (all-reduce, reduce-scatter, all-gather...),
     with the prediction (``kit.estimate.comm.comm_bytes``) as a black tick on each bar.
 
-    From DeepSpeed's comms logger (a PyTorch baseline's own hooks), scaled to wire bytes
+    From the records' ``comm_bytes`` (DeepSpeed's collectives in its comms logger's convention, a PyTorch
+    baseline's own hooks), scaled to wire bytes
     (``kit.rules.wire_factor``).
     """
     from kit.rules import wire_factor

@@ -51,7 +51,7 @@ class CommCounter:
         self.sent.clear()
 
 
-#: this process's counter (``kit.ranks.measure.comm_bytes`` adds it to DeepSpeed's comms logger)
+#: this process's counter (``kit.ranks.measure.comm_bytes`` adds it to DeepSpeed's collectives)
 COUNTER = CommCounter()
 
 

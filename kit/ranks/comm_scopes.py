@@ -1,7 +1,9 @@
-"""Communication split by where a collective's ranks live: inside one node (``intra``) or across nodes.
+"""Communication per collective, split by where its ranks live: inside one node (``intra``) or across nodes.
 
-DeepSpeed's comms logger (``kit.ranks.measure.comm_bytes``) records each collective's size but not its
-process group, so it cannot tell ZeRO++ hpZ's in-node all-gather from the world's. ``CommScopes``
+The records' ``comm_bytes`` are these two scopes added up (``kit.ranks.measure.comm_bytes``). DeepSpeed's
+comms logger records each collective's size too, but not its process group, so it cannot tell ZeRO++
+hpZ's in-node all-gather from the world's, and it synchronizes the device after every collective to time
+it (``measure.logged_comm_bytes``, the optional ``comm_logger`` probe, is checked equal). ``CommScopes``
 wraps the collectives of DeepSpeed's communication backend (``deepspeed.comm.comm.cdb``, through which
 every ``deepspeed.comm`` collective goes) while installed, and adds each call's size to ``intra`` when
 all ranks of its group are on one node (node = global rank // GPUs per node, the launcher's contiguous

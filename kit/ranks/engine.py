@@ -80,6 +80,26 @@ def init_distributed() -> None:
     deepspeed.init_distributed()
 
 
+def preload(setups: list[Setup]) -> None:
+    """Pay once per launch, before its first configuration, what the first engine build would pay: torch's
+    optimizer constructor imports ``torch._dynamo`` and, when a ZeRO stage runs, DeepSpeed's ZeRO optimizer
+    check imports its Muon optimizer, which compiles (``torch.compile`` imports inductor): 7.5 s on 2 CPU
+    cores; the kit's rank modules too. Then ``gc.freeze()``: the full collections of every ``teardown``
+    and of stage 3's ``defragment`` (0.7 s each after those imports, nearly all of it scanning their
+    objects) see only what the configurations create."""
+    import torch
+    from deepspeed.runtime.zero.utils import is_zero_supported_optimizer
+
+    from kit import estimate, workloads  # noqa: F401 (imported for the first configuration)
+    from kit.ranks import comm_scopes, measure, memory_timeline, nvme_files, state_walk  # noqa: F401
+
+    optimizer = torch.optim.AdamW([torch.zeros(2, requires_grad=True)])
+    if any(s.zero.engine == "deepspeed" and s.zero.stage > 0 for s in setups):
+        is_zero_supported_optimizer(optimizer)
+    gc.collect()
+    gc.freeze()
+
+
 def join(argv: list[str] | None, description: str) -> tuple[dict, int, int]:
     """A per-rank script's start: parse ``--spec FILE`` (and the deepspeed launcher's ``--local_rank``),
     read the spec, join the process group. Returns ``(spec, rank, world_size)``."""

@@ -6,9 +6,9 @@ else is here. All functions run inside a launched rank, on GPU or on the CPU acc
 What it cannot see: activations are the tensors autograd saves (``saved_tensors_hooks``), not the
 transient ones freed inside an op; on CPU there is no device peak (``peak_*_bytes`` are null), only the
 process's RSS high-water mark, which includes Python, the libraries and anything allocated before the
-window; communication is what DeepSpeed's comms logger records (collectives issued through
-``deepspeed.comm``), not torch.distributed calls made around it, and not which link carried them
-(``kit.ranks.comm_scopes`` splits by node); step times include this process's share of a shared machine.
+window; communication is what goes through ``deepspeed.comm``'s backend (``kit.ranks.comm_scopes``,
+which also splits it by node; DeepSpeed's comms logger sees the same), not torch.distributed calls made
+around it; step times include this process's share of a shared machine.
 """
 
 from __future__ import annotations
@@ -38,15 +38,17 @@ def throughput(
 
 @contextlib.contextmanager
 def timed() -> Iterator[dict[str, float]]:
-    """``with timed() as t: ...`` then ``t["s"]``: wall seconds, the device synchronized at both ends."""
+    """``with timed() as t: ...`` then ``t["s"]``: wall seconds, the device synchronized at both ends, and
+    ``t["cpu_s"]``: this process's CPU seconds meanwhile (every thread; what other processes of a shared
+    machine take does not count, time waiting on the other ranks neither)."""
     from deepspeed.accelerator import get_accelerator
 
     result = {}
     get_accelerator().synchronize()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     yield result
     get_accelerator().synchronize()
-    result["s"] = time.perf_counter() - start
+    result["s"], result["cpu_s"] = time.perf_counter() - start, time.process_time() - cpu
 
 
 class SavedActivations:
@@ -161,17 +163,27 @@ def peak_rss_bytes() -> int | None:
     return rss_bytes(peak=True)
 
 
-def comm_bytes() -> dict[str, int]:
-    """Bytes DeepSpeed's comms logger recorded since the last ``reset_comm``, per collective type, plus
-    what a PyTorch baseline sent (``kit.ranks.baselines.COUNTER``, counted in the logger's convention).
-
-    Op names are folded to their family (``all_gather_into_tensor`` -> ``all_gather``).
-    """
-    from deepspeed.comm import comm
-
+def comm_bytes(scopes=None) -> dict[str, int]:
+    """Bytes per collective family since the last ``reset_comm``: what ``scopes``
+    (``kit.ranks.comm_scopes.CommScopes``, every collective through ``deepspeed.comm``) counted, intra- and
+    inter-node together, plus what a PyTorch baseline sent (``kit.ranks.baselines.COUNTER``); both in the
+    convention of DeepSpeed's comms logger (``logged_comm_bytes``, which they equal)."""
     from kit.ranks.baselines import COUNTER
 
     totals: dict[str, int] = dict(COUNTER.sent)
+    for ops in (scopes.bytes() if scopes is not None else {}).values():
+        for op, size in ops.items():
+            totals[op] = totals.get(op, 0) + size
+    return totals
+
+
+def logged_comm_bytes() -> dict[str, int]:
+    """Bytes DeepSpeed's comms logger recorded since the last ``reset_comm``, per collective family (op
+    names folded: ``all_gather_into_tensor`` -> ``all_gather``). The logger synchronizes the device after
+    every collective and times each, so it is a probe of its own (``comm_logger``), off by default."""
+    from deepspeed.comm import comm
+
+    totals: dict[str, int] = {}
     for name, sizes in comm.comms_logger.comms_dict.items():
         op = _collective(name)
         totals[op] = totals.get(op, 0) + sum(size * entry[0] for size, entry in sizes.items())
@@ -179,12 +191,15 @@ def comm_bytes() -> dict[str, int]:
 
 
 def reset_comm() -> None:
-    """Forget what the comms logger and a baseline's counter recorded (call before the measured step)."""
+    """Forget what the comms logger, its timers and a baseline's counter recorded (call before the
+    measured step). The timers matter: each keeps every latency since the process began and sums them
+    all at every collective."""
     from deepspeed.comm import comm
 
     from kit.ranks.baselines import COUNTER
 
     comm.comms_logger.reset_data()
+    comm.timers.timers.clear()
     COUNTER.reset()
 
 

@@ -7,10 +7,11 @@ By hand (``kit.run.sweep`` writes the spec and runs exactly this)::
 
 (drop ``DS_ACCELERATOR=cpu`` on a CUDA machine; ``torchrun --nproc_per_node 2 -m kit.ranks.worker --spec ...``
 works too). The spec is JSON: ``sweep``, ``run_id``, ``records`` (path of records.jsonl), ``steps``,
-``warmup``, ``seed``, ``instrument`` (false: time the bare loop only), ``memory_timeline`` (on the CPU
-accelerator, profile each measured step for its peak device-tensor bytes per phase, ``kit.ranks.
+``warmup``, ``seed``, ``instrument`` (false: time the bare loop only, with heartbeats), ``memory_timeline``
+(on the CPU accelerator, profile each measured step for its peak device-tensor bytes per phase, ``kit.ranks.
 memory_timeline``; always measured on a GPU) and ``configs``, a list of
-``{config_id, label, setup}``. Per configuration each rank builds the engine, warms up, measures
+``{config_id, label, setup}``; the bench's ``probes`` (``probe_cycle``) switches measurements per
+step. Per configuration each rank builds the engine, warms up, measures
 ``steps`` steps (appending one record per step to records.jsonl, flushed per line), tears the engine
 down and meets the others at a barrier. A configuration that raises becomes a record with status
 ``error`` (``oom`` for out-of-memory) and the next configuration runs. Rank 0 prints one
@@ -26,13 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 import time
 import traceback
 
 from kit import model_files, monitor
 from kit.estimate.comm import comm_bytes
-from kit.records import append_record, emit
+from kit.records import PROBES, append_record, emit
 from kit.rules import wire_bytes
 
 
@@ -43,12 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     from kit.schema import Setup
 
     spec, rank, world = engine.join(argv, "Run a zero-kit launch spec on this rank.")
-    if any(Setup.model_validate(c["setup"]).zero.nvme for c in spec["configs"]):
+    setups = [Setup.model_validate(c["setup"]) for c in spec["configs"]]
+    if any(s.zero.nvme for s in setups):
         # NVMe offload's async_io op, JIT-built the first time (minutes): during the launch's startup
         # allowance, not inside a configuration's watchdog
         from deepspeed.ops.op_builder import AsyncIOBuilder
 
         AsyncIOBuilder().load(verbose=False)
+    engine.preload(setups)
     for config in spec["configs"]:
         if rank == 0:
             emit({"event": "start", "config_id": config["config_id"], "label": config["label"]})
@@ -59,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def probe_cycle(spec: dict) -> list[frozenset[str]]:
+    """The ``PROBES`` each measured step takes: measured step ``k`` takes ``cycle[k % len(cycle)]``. The
+    spec's ``probes`` (a list of lists: the bench's hook), else every probe (only the heartbeat when the
+    spec's ``instrument`` is false)."""
+    if spec.get("probes"):
+        return [frozenset(chosen) for chosen in spec["probes"]]
+    return [frozenset(PROBES if spec.get("instrument", True) else ("heartbeat",))]
+
+
 def run_config(spec: dict, config: dict, rank: int, world: int) -> str:
     """Run one configuration, turning an exception into an ``error``/``oom`` record; returns its status."""
     import torch
@@ -66,13 +79,14 @@ def run_config(spec: dict, config: dict, rank: int, world: int) -> str:
     from kit.ranks import comm_scopes, engine
     from kit.schema import Setup
 
+    started = time.perf_counter()
     setup = Setup.model_validate(config["setup"])
     base = _base_record(spec, config, setup, rank, world)
     built: list = []  # the engine, so that it is torn down even after an exception
     try:
         _beat(spec, base)
         _inject(config.get("fault"), rank, world)
-        measure_config(spec, setup, base, rank, world, built)
+        measure_config(spec, setup, base, rank, world, built, started)
         _beat(spec, base, status="finished")
         return "ok"
     except Exception as error:  # a failed configuration is a record; the sweep goes on
@@ -91,105 +105,173 @@ def run_config(spec: dict, config: dict, rank: int, world: int) -> str:
             engine.teardown(built.pop())
 
 
-def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: list) -> None:
+def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: list, started: float) -> None:
     """Build the engine (kept in ``built``), warm up, then measure and record ``spec["steps"]`` steps.
 
-    With ``spec["instrument"]`` false only step time, throughput and loss are recorded (no comms
-    logger, no saved-tensor hooks, no state walk, no memory reads): the bare loop benchmarks compare to.
-    Every record carries the step's batch (a batch schedule changes it; warm-up steps count as steps);
-    with a schedule the model states are read again at every step and predicted for that step's batch.
+    Each step takes the probes ``probe_cycle`` gives it (``PROBES``: what is measured beside step time,
+    throughput and loss; without any it is the bare loop benchmarks compare to). Every record carries
+    the step's batch (a batch schedule changes it; warm-up steps count as steps); with a schedule the
+    model states are read again at every step and predicted for that step's batch. ``started``
+    (``time.perf_counter()`` when the configuration began) gives every record ``start_s``: the seconds
+    until the first step.
     """
-    from kit import estimate, workloads
-    from kit.ranks import comm_scopes, engine, measure, memory_timeline, nvme_files, state_walk
+    from deepspeed.comm import comm
 
-    instrument = spec.get("instrument", True)
+    from kit import estimate
+    from kit.ranks import comm_scopes, engine, measure, nvme_files
+
+    cycle = probe_cycle(spec)
+    used = frozenset().union(*cycle)
     measure.reset_peaks()
     if setup.zero.nvme:
         nvme_files.clear(setup.zero.nvme_path, rank)  # the swap files measured below are this config's
-    run = engine.build_engine(setup, spec["seed"], comms_logger=instrument)
+    run = engine.build_engine(setup, spec["seed"], comms_logger="comm_logger" in used)
     eng = run.engine
     built.append(eng)
     # communication split by node: rank // gpus_per_node, the launcher's contiguous placement
-    scopes = comm_scopes.CommScopes(setup.cluster.gpus_per_node).install() if instrument else None
+    scopes = comm_scopes.CommScopes(setup.cluster.gpus_per_node) if "comm" in used else None
     # per batch of the schedule, before training (a model file that cannot run fails in its trace here):
-    # the whole-GPU estimate and what this rank holds once a step's gradients are in place
+    # the whole-GPU estimate, what this rank holds once a step's gradients are in place, bytes it sends
     predictions = {
-        state.batch: (estimate.estimate(state), estimate.rank_states(state, rank))
+        state.batch: {
+            "whole_gpu": estimate.estimate(state),
+            "resident": estimate.rank_states(state, rank),
+            "comm_wire_bytes": comm_bytes(state)[0],
+        }
         for _, state in setup.batch_states()
     }
+    base["start_s"] = time.perf_counter() - started
     for step in range(spec["warmup"]):
         loss = engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec["seed"])
-        _beat(spec, base, eng, step=step, loss=loss)  # samples/s from the engine's sample count
-    held: dict = {}  # model-state bytes per place and component (read again every step with a schedule)
-    timeline = spec.get("memory_timeline", False) or not measure.on_cpu()
-
-    for step in range(spec["warmup"], spec["warmup"] + spec["steps"]):
-        now = setup.at_step(step)
-        if setup.batch.schedule:
-            held.clear()  # the batch may change: read the states of every step
-        reading = instrument and not held
-
-        def read_states(micro: int, now=now, reading=reading) -> None:
-            if micro == now.batch.grad_accum - 1 and reading:
-                held.update(state_walk.model_state_bytes(eng, now))
-
-        counter = measure.SavedActivations()
-        measure.reset_comm()
+        if "heartbeat" in used:
+            _beat(spec, base, eng, step=step, loss=loss)  # samples/s from the engine's sample count
+    held: dict = {}  # what is measured once per configuration (measure_step), cleared where a batch differs
+    for k, step in enumerate(range(spec["warmup"], spec["warmup"] + spec["steps"])):
+        probes = cycle[k % len(cycle)]
         if scopes is not None:
-            scopes.reset()
-
-        def watch(micro: int, counter=counter):
-            return counter.watch(run.model, run.checkpointing) if micro == 0 else contextlib.nullcontext()
-
-        hooks = {"around_micro_step": watch, "after_backward": read_states} if instrument else {}
-        memory = None
-        if instrument and timeline:
-            # on CPU the replay starts from the walk's storages; a GPU's allocator needs none
-            places = state_walk.locations(eng, now) if measure.on_cpu() else ()
-            memory = memory_timeline.StepMemory(*places)
-            hooks["phase"] = memory.phase
-        recording = memory.recording() if memory else contextlib.nullcontext()
-        with recording, _host_steps(memory, eng, setup), measure.timed() as t:
-            loss = engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec["seed"], **hooks)
-        if reading:  # again after the optimizer update, which creates the optimizer states in the first step
-            held.update(_most(held, state_walk.model_state_bytes(eng, now)))
-        b = now.batch
-        sizes = {"train_batch": b.train_batch, "micro_batch": b.micro_batch, "tokens": now.tokens_per_step}
-        if b.max_tokens:  # variable-length data: what this step really held, and its scaled learning rate
-            sizes = workloads.packed_sizes(b, step, world, spec["seed"])
-            sizes["lr"] = eng.optimizer.param_groups[0]["lr"]
+            scopes.install() if "comm" in probes else comm_scopes.uninstall()
+        if "comm_logger" in used:
+            comm.comms_logger.enabled = "comm_logger" in probes
+        if setup.batch.schedule:
+            held.clear()  # the batch may change: read the states and activations of every step
+        if setup.batch.max_tokens:
+            held.pop("activations", None)  # each step packs sequences of other lengths
         record = {
             **base,
             "step": step,
-            **sizes,
-            "grad_accum": b.grad_accum,
-            "step_time_s": t["s"],
-            **measure.throughput(now, t["s"], samples=sizes["train_batch"], tokens=sizes["tokens"]),
-            "loss": loss,
+            **measure_step(spec, setup, run, step, rank, world, probes, held, scopes),
         }
-        if instrument:
-            comm = measure.comm_bytes()
-            whole_gpu, resident = predictions[now.batch]
-            record.update(memory.with_earlier(measure.peaks()) if memory else measure.peaks())
-            record["measured"] = {**held["device"], "activations": counter.bytes}
-            if memory is not None:
-                record["measured"].update(memory.result())
-            record["measured_host"] = held["host"]
-            record["estimate"] = {**resident["device"], "activations": whole_gpu.components["activations"]}
-            if memory is not None:  # the timeline this rank's run follows: torch_adam, its backend
-                record["estimate"].update(_peak(now, rank, whole_gpu))
-            record["estimate_host"] = resident["host"]
-            if setup.zero.nvme:  # ZeRO-Infinity: the swap files under nvme_path, after the step
-                record["measured_nvme"] = nvme_files.swap_file_bytes(setup.zero.nvme_path, rank)
-                record["estimate_nvme"] = {k: resident["nvme"][k] for k in record["measured_nvme"]}
-            record["estimate_peak_bytes"] = whole_gpu.per_gpu_bytes
-            record.update(comm_bytes=comm, comm_wire_bytes=wire_bytes(comm, world))
-            record["estimate_comm_wire_bytes"] = comm_bytes(now)[0]
-            record.update(comm_scope_bytes=scopes.bytes(), comm_scope_wire_bytes=scopes.wire_bytes())
+        if "comm_logger" in probes:
+            record["comm_logger_bytes"] = measure.logged_comm_bytes()
+        if "records" in probes:
+            _predicted(record, setup.at_step(step), rank, predictions, probes)
         append_record(spec["records"], {**record, "status": "ok", "error": None})
-        _beat(spec, base, eng, step=step, samples_per_s=record["samples_per_s"], loss=loss)
+        if "heartbeat" in probes:
+            _beat(spec, base, eng, step=step, samples_per_s=record["samples_per_s"], loss=record["loss"])
         if rank == 0:
             emit({"event": "step", **_progress(record)})
+
+
+def measure_step(spec, setup, run, step: int, rank: int, world: int, probes, held: dict, scopes) -> dict:
+    """Run step ``step`` under ``probes``; its record's measured fields (the base and estimates aside).
+
+    ``held`` keeps what is measured once per configuration (the caller clears it where a step's batch
+    differs): the model-state bytes (a walk inside the step while the gradients are held, timed and left
+    out of ``step_time_s``, and one after the optimizer update) and the activations (the saved-tensor
+    hooks watch the first step that takes them; the same shapes save the same tensors)."""
+    from kit import workloads
+    from kit.ranks import engine, measure, memory_timeline, nvme_files, state_walk
+
+    eng = run.engine
+    now = setup.at_step(step)
+    reading = "state_walk" in probes and "device" not in held
+    watching = "activations" in probes and "activations" not in held
+    walked = {"s": 0.0, "cpu_s": 0.0}
+
+    def read_states(micro: int) -> None:
+        if micro == now.batch.grad_accum - 1 and reading:
+            start, cpu = time.perf_counter(), time.process_time()
+            held.update(state_walk.model_state_bytes(eng, now))
+            walked["s"] += time.perf_counter() - start
+            walked["cpu_s"] += time.process_time() - cpu
+
+    counter = measure.SavedActivations()
+    measure.reset_comm()
+    if scopes is not None:
+        scopes.reset()
+
+    def watch(micro: int):
+        return counter.watch(run.model, run.checkpointing) if micro == 0 else contextlib.nullcontext()
+
+    hooks = {"around_micro_step": watch} if watching else {}
+    if reading:
+        hooks["after_backward"] = read_states
+    memory = None
+    if {"records", "state_walk"} <= probes and (spec.get("memory_timeline", False) or not measure.on_cpu()):
+        # on CPU the replay starts from the walk's storages; a GPU's allocator needs none
+        places = state_walk.locations(eng, now) if measure.on_cpu() else ()
+        memory = memory_timeline.StepMemory(*places)
+        hooks["phase"] = memory.phase
+    recording = memory.recording() if memory else contextlib.nullcontext()
+    with recording, _host_steps(memory, eng, setup), measure.timed() as t:
+        loss = engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec["seed"], **hooks)
+    if reading:  # again after the optimizer update, which creates the optimizer states in the first step
+        held.update(_most(held, state_walk.model_state_bytes(eng, now)))
+    if watching:
+        held["activations"] = counter.bytes
+    seconds = t["s"] - walked["s"]
+    b = now.batch
+    sizes = {"train_batch": b.train_batch, "micro_batch": b.micro_batch, "tokens": now.tokens_per_step}
+    if b.max_tokens:  # variable-length data: what this step really held, and its scaled learning rate
+        sizes = workloads.packed_sizes(b, step, world, spec["seed"])
+        sizes["lr"] = eng.optimizer.param_groups[0]["lr"]
+    record = {
+        **sizes,
+        "grad_accum": b.grad_accum,
+        "step_time_s": seconds,
+        "step_cpu_s": t["cpu_s"] - walked["cpu_s"],
+        **measure.throughput(now, seconds, samples=sizes["train_batch"], tokens=sizes["tokens"]),
+        "loss": loss,
+    }
+    if "records" in probes:
+        record.update(memory.with_earlier(measure.peaks()) if memory else measure.peaks())
+    if "state_walk" in probes or "activations" in probes:
+        record["measured"] = dict(held["device"]) if "state_walk" in probes else {}
+        if "activations" in probes:
+            record["measured"]["activations"] = held["activations"]
+        if memory is not None:
+            record["measured"].update(memory.result())
+    if "state_walk" in probes:
+        record["measured_host"] = held["host"]
+        if setup.zero.nvme:  # ZeRO-Infinity: the swap files under nvme_path, after the step
+            record["measured_nvme"] = nvme_files.swap_file_bytes(setup.zero.nvme_path, rank)
+    if scopes is not None and "comm" in probes:
+        comm = measure.comm_bytes(scopes)
+        record.update(comm_bytes=comm, comm_wire_bytes=wire_bytes(comm, world))
+        record.update(comm_scope_bytes=scopes.bytes(), comm_scope_wire_bytes=scopes.wire_bytes())
+    return record
+
+
+def _predicted(record: dict, now, rank: int, predictions: dict, probes) -> None:
+    """Add the estimate beside each measured field of ``record`` (step ``now``; ``predictions`` of its
+    batch, computed before the steps, the peak timeline at its first use)."""
+    predicted = predictions[now.batch]
+    whole_gpu, resident = predicted["whole_gpu"], predicted["resident"]
+    measured = record.get("measured", {})
+    if measured:
+        record["estimate"] = dict(resident["device"]) if "state_walk" in probes else {}
+        if "activations" in measured:
+            record["estimate"]["activations"] = whole_gpu.components["activations"]
+        if "peak_tensor_bytes" in measured:  # the timeline this rank's run follows: torch_adam, its backend
+            if "peak" not in predicted:
+                predicted["peak"] = _peak(now, rank, whole_gpu)
+            record["estimate"].update(predicted["peak"])
+    if "measured_host" in record:
+        record["estimate_host"] = resident["host"]
+    if "measured_nvme" in record:
+        record["estimate_nvme"] = {k: resident["nvme"][k] for k in record["measured_nvme"]}
+    record["estimate_peak_bytes"] = whole_gpu.per_gpu_bytes
+    record["estimate_comm_wire_bytes"] = predicted["comm_wire_bytes"]
 
 
 def _peak(setup, rank: int, whole_gpu) -> dict:
@@ -213,7 +295,7 @@ def _peak(setup, rank: int, whole_gpu) -> dict:
 def _most(before: dict, after: dict) -> dict:
     """Per place and component, the larger of two reads of the model states (gradients are held after
     backward, the optimizer states exist after the update)."""
-    return {place: {k: max(v, after[place][k]) for k, v in parts.items()} for place, parts in before.items()}
+    return {place: {k: max(v, before[place][k]) for k, v in parts.items()} for place, parts in after.items()}
 
 
 def _host_steps(memory, eng, setup):
@@ -240,10 +322,12 @@ def _base_record(spec: dict, config: dict, setup, rank: int, world: int) -> dict
         "rank": rank,
         "world_size": world,
         # where the launcher placed it: DeepSpeed's launcher sets CROSS_RANK (the node), torchrun GROUP_RANK
+        "node": socket.gethostname(),
         "node_rank": int(os.environ.get("CROSS_RANK", os.environ.get("GROUP_RANK", "0"))),
         "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "device": device,
         "step": None,
+        "start_s": None,
         "time": time.time(),
         "torch": torch.__version__,
         "deepspeed": deepspeed.__version__,

@@ -55,7 +55,8 @@ class Results:
         return ok.sort_values(["order", "step"])
 
     def summary(self) -> pd.DataFrame:
-        """One row per configuration: label, status, error, median step time and throughput over the
+        """One row per configuration: label, status, error, its start cost (``start_s``: seconds from
+        the configuration's start to its first step on rank 0), median step time and throughput over the
         measured steps, last loss, peak memory, bytes on the wire per step, and each model-state
         component as measured on rank 0 beside the estimator's prediction for that rank (and the
         whole-GPU peak estimate beside the measured peak)."""
@@ -74,6 +75,8 @@ class Results:
             row["error"] = errors.iloc[0] if len(errors) else None
             steps = group[(group["status"] == "ok") & (group["rank"] == 0)].sort_values("step")
             if len(steps):
+                if "start_s" in steps:  # older sweeps lack it
+                    row["start_s"] = float(steps["start_s"].iloc[0])
                 keys = ("step_time_s", "samples_per_s", "tokens_per_s", "tflops", "comm_wire_bytes")
                 for key in (*keys, "estimate_comm_wire_bytes"):
                     if key in steps:

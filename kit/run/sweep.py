@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kit.records import append_record, load_records, parse_event
+from kit.records import OPTIONAL_PROBES, PROBES, append_record, load_records, parse_event
 from kit.run import launcher
 from kit.run.results import Results
 from kit.schema import Setup
@@ -186,6 +186,7 @@ def run_sweep(
     instrument: bool = True,
     memory_timeline: bool = False,
     faults: dict[int, str] | None = None,
+    probes: list[tuple[str, ...]] | None = None,
     cancel: Callable[[], bool] | None = None,
     on_event: Callable[[dict], None] | None = None,
     nodes=None,
@@ -201,10 +202,12 @@ def run_sweep(
     ``memory_timeline=True`` also records, on the CPU accelerator, each rank's peak device-tensor bytes per
     phase of each measured step (``measured.peak_tensor_bytes``, ``measured.phases``; the profiler it takes
     costs more than a small step; on a GPU they are always recorded).
-    ``faults`` maps an index of ``setups`` to a test-only fault (``FAULTS``). ``cancel()``, polled twice
-    a second, stops the sweep (see the module's doc). ``on_event`` gets a ``{"event": "sweep", "total",
-    "reused", "records"}`` dict before anything launches, then rank 0's event lines (``start``, ``step``,
-    ``done``) as they come.
+    ``faults`` maps an index of ``setups`` to a test-only fault (``FAULTS``). ``probes`` (the bench's
+    hook) switches the measurements (``kit.records.PROBES``, ``OPTIONAL_PROBES``) per step: measured
+    step ``k`` of each configuration takes ``probes[k % len(probes)]``. ``cancel()``, polled twice a
+    second, stops the sweep (see the module's doc). ``on_event`` gets a ``{"event": "sweep", "total",
+    "reused", "records"}`` dict before anything launches, then rank 0's event lines (``start``,
+    ``step``, ``done``) as they come.
     """
     if not setups:
         raise ValueError("setups: give at least one Setup to run")
@@ -213,6 +216,10 @@ def run_sweep(
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps: must be >= 1 (got {steps}) and warmup >= 0 (got {warmup})")
     faults = faults or {}
+    for chosen in probes or []:
+        if not set(chosen) <= {*PROBES, *OPTIONAL_PROBES}:
+            names = ", ".join((*PROBES, *OPTIONAL_PROBES))
+            raise ValueError(f"probes: each step takes some of {names}, got {sorted(chosen)}")
     configs, seen = [], set()
     for i, setup in enumerate(setups):
         setup = on_ranks(setup, nprocs, nodes.count if nodes else 1)
@@ -242,6 +249,8 @@ def run_sweep(
     base = {"sweep": sweep, "records": str(records.resolve()), "steps": steps, "warmup": warmup, "seed": seed}
     base["instrument"] = instrument
     base["memory_timeline"] = memory_timeline
+    if probes:
+        base["probes"] = [sorted(chosen) for chosen in probes]
     limits = {
         "nprocs": nprocs,
         "timeout_s": timeout_s,
