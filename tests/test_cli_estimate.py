@@ -105,6 +105,8 @@ def test_estimate_table_shows_formulas(capsys):
         (["--model", "gpt2", "--train-batch", "100", "--micro-batch", "3"], "100 != 3 * 4 * 8"),
         (["--model", "gpt2", "--gpu", "TPU"], "cluster.gpu: unknown GPU 'TPU'"),
         ([], "model: give --model PRESET|config.json|my_model.py or --params N"),
+        (["--model", "gpt2", "--seq-len", "0"], "seq_len: must be a whole number in [1, 1,048,576], got 0"),
+        (["--model", "gpt2", "--seq-len", "-8"], "seq_len: must be a whole number in [1, 1,048,576], got -8"),
     ],
 )
 def test_invalid_input_exits_2_with_one_line(capsys, argv, message):

@@ -20,7 +20,7 @@ from kit.ds_keys import EXAMPLE_NVME_PATH
 from kit.gpus import gpu_names
 from kit.lab import ui
 from kit.rules import offload_problem
-from kit.schema import ModelSpec, Setup
+from kit.schema import MAX_SEQ_LEN, ModelSpec, Setup
 from kit.units import GIB, parse_count
 
 #: the swap folder the memory panel offers for NVMe offload (it estimates; nothing is written)
@@ -94,7 +94,7 @@ class MemoryPanel:
         self.train_batch = w.BoundedIntText(
             value=b.train_batch, min=1, max=1 << 30, description="global batch"
         )
-        self.seq_len = w.BoundedIntText(value=b.seq_len, min=1, max=1_048_576, description="seq len")
+        self.seq_len = w.BoundedIntText(value=b.seq_len, min=1, max=MAX_SEQ_LEN, description="seq len")
         self.activation_checkpointing = w.Checkbox(
             value=z.activation_checkpointing, description="activation checkpointing", indent=True
         )
