@@ -319,6 +319,16 @@ def test_plan_bad_search_input_exits_2_with_one_line(capsys, argv, message):
     assert len(err.strip().splitlines()) == 1 and message in err
 
 
+def test_each_command_parses_with_only_its_own_group():
+    """``kit.cli.COMMANDS`` names every command's group (main registers only that group)."""
+    from kit.cli import COMMANDS, build_parser
+
+    every = build_parser()._subparsers._group_actions[0].choices
+    assert set(every) == set(COMMANDS)
+    for command in COMMANDS:
+        assert set(build_parser(command)._subparsers._group_actions[0].choices) >= {command}
+
+
 def test_module_entry_point_answers_without_torch():
     code = (
         "import sys, runpy; sys.argv = ['zerokit', 'estimate', '--model', 'gpt2', '--json'];"
