@@ -16,9 +16,9 @@ from kit import models
 from kit.components import MEASURED
 from kit.estimate import estimate
 from kit.gpus import gpu
+from kit.lab import ui
 from kit.lab.comparison_panel import WARMUP, ComparisonPanel, comparison_panel, peak_plot, peak_records
 from kit.lab.memory_panel import MemoryPanel, memory_panel
-from kit.lab import ui
 from kit.lab.ui import DESCRIPTION_WIDTH
 from kit.paths import MODELS
 from kit.records import append_record, load_records
@@ -335,7 +335,7 @@ def test_comparison_panel_warmup_is_a_control_with_run_sweeps_default(tmp_path, 
     import kit.run.sweep
 
     default = inspect.signature(kit.run.sweep.run_sweep).parameters["warmup"].default
-    assert WARMUP == default and comparison_panel(stages=(2,)).warmup.value == default
+    assert default == WARMUP and comparison_panel(stages=(2,)).warmup.value == default
     asked, run_sweep = [], kit.run.sweep.run_sweep
     monkeypatch.setattr(kit.run.sweep, "run_sweep", lambda *a, **kw: asked.append(kw) or run_sweep(*a, **kw))
     panel = comparison_panel(stages=(0, 2), nprocs=2, steps=2, warmup=0, runs_dir=tmp_path, sweep="w0")
