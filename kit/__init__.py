@@ -30,12 +30,13 @@ The rooms (subpackages) behind these names:
 
 from typing import Any
 
-from kit import estimate, models, monitor
 from kit.batch import BatchError, decompositions
 from kit.schema import Batch, Cluster, ModelSpec, Setup, ZeroSettings
 
 __version__ = "0.1.0"
 
+#: the subpackages and modules named here, imported on first use (``zerokit estimate`` needs no monitor)
+_MODULES = ("estimate", "models", "monitor")
 #: name -> (module, attribute), loaded on first use so that ``import kit`` stays light
 _LAZY = {
     "plan": ("kit.estimate.plan", "search"),
@@ -58,21 +59,21 @@ __all__ = [
     "Setup",
     "ZeroSettings",
     "decompositions",
-    "estimate",
-    "models",
-    "monitor",
+    *_MODULES,
     *_LAZY,
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _MODULES:
+        return importlib.import_module(f"kit.{name}")
+    if name in _LAZY:
         module, attribute = _LAZY[name]
         return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module 'kit' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*globals(), *_MODULES, *_LAZY})

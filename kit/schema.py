@@ -38,6 +38,8 @@ from kit.rules import (
 Offload = Literal["none", "cpu", "nvme"]
 Precision = Literal["fp32", "fp16", "bf16"]
 Optimizer = Literal["adamw", "adam", "sgd"]
+#: the longest sequence a Setup accepts (tokens per sample)
+MAX_SEQ_LEN = 1_048_576
 
 
 class _Frozen(BaseModel):
@@ -265,7 +267,7 @@ class Batch(_Frozen):
     micro_batch: int = Field(ge=1)
     grad_accum: int = Field(ge=1)
     train_batch: int = Field(ge=1)
-    seq_len: int = Field(ge=1, le=1_048_576)
+    seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)
     schedule: tuple[BatchChange, ...] = ()
     max_tokens: int | None = Field(None, ge=1)
 
@@ -289,7 +291,11 @@ class Setup(_Frozen):
         raw = raw.model_dump() if isinstance(raw, BaseModel) else dict(raw)
         cluster = _section(Cluster, "cluster", data.get("cluster", Cluster()))
         model = _section(ModelSpec, "model", data.get("model"))
-        seq_len = raw.get("seq_len") or (model.max_seq_len if model is not None else None) or 2048
+        seq_len = raw.get("seq_len")  # None: the model's maximum; 0 is refused, not taken as "unset"
+        if seq_len is None:
+            seq_len = (model.max_seq_len if model is not None else None) or 2048
+        if not isinstance(seq_len, int) or isinstance(seq_len, bool) or not 1 <= seq_len <= MAX_SEQ_LEN:
+            raise ValueError(f"seq_len: must be a whole number in [1, {MAX_SEQ_LEN:,}], got {seq_len!r}")
         if model is not None and model.max_seq_len and seq_len > model.max_seq_len:
             raise ValueError(
                 f"seq_len: must be <= the model's max_seq_len ({model.max_seq_len}), got {seq_len}"

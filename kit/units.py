@@ -26,6 +26,16 @@ def mib(nbytes: float | None) -> float | None:
     return None if nbytes is None else nbytes / MIB
 
 
+def number(value: float) -> str:
+    """A float as a table shows it: a whole number with separators (``273920.0`` -> ``"273,920"``), else
+    four significant digits (``0.41087999999999997`` -> ``"0.4109"``), one decimal from 1,000 up."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if value == int(value) and abs(value) < 1e15:
+        return f"{value:,.0f}"
+    return f"{value:,.1f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
 def first_line(error: BaseException | str, typed: bool = False) -> str:
     """The first line of a text or an error's message (an error without one: its type's name);
     ``typed=True`` puts the error's type in front (``"KeyError: 'x'"``)."""

@@ -105,6 +105,8 @@ def test_estimate_table_shows_formulas(capsys):
         (["--model", "gpt2", "--train-batch", "100", "--micro-batch", "3"], "100 != 3 * 4 * 8"),
         (["--model", "gpt2", "--gpu", "TPU"], "cluster.gpu: unknown GPU 'TPU'"),
         ([], "model: give --model PRESET|config.json|my_model.py or --params N"),
+        (["--model", "gpt2", "--seq-len", "0"], "seq_len: must be a whole number in [1, 1,048,576], got 0"),
+        (["--model", "gpt2", "--seq-len", "-8"], "seq_len: must be a whole number in [1, 1,048,576], got -8"),
     ],
 )
 def test_invalid_input_exits_2_with_one_line(capsys, argv, message):
@@ -315,6 +317,16 @@ def test_plan_bad_search_input_exits_2_with_one_line(capsys, argv, message):
     code, out, err = run_cli(capsys, "plan", "--model", "llama-2-7b", *argv, "--json")
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_each_command_parses_with_only_its_own_group():
+    """``kit.cli.COMMANDS`` names every command's group (main registers only that group)."""
+    from kit.cli import COMMANDS, build_parser
+
+    every = build_parser()._subparsers._group_actions[0].choices
+    assert set(every) == set(COMMANDS)
+    for command in COMMANDS:
+        assert set(build_parser(command)._subparsers._group_actions[0].choices) >= {command}
 
 
 def test_module_entry_point_answers_without_torch():

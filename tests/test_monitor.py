@@ -351,11 +351,25 @@ def test_the_monitor_panel_refreshes_by_button_and_timer(tmp_path):
     from kit.lab.monitor_panel import monitor_panel
 
     panel = monitor_panel(tmp_path, interval_s=0.05)
-    assert panel.snapshot is None and panel.error.startswith("folder: ")
+    # before the first heartbeat: a waiting line, not an error, and no (broken, empty) image
+    assert panel.snapshot is None and panel.error is None and panel.plot.layout.display == "none"
+    assert (
+        "waiting for the first heartbeat in" in panel.message.value
+        and "color:#b00" not in panel.message.value
+    )
+    assert (
+        monitor_panel(tmp_path, stale_s=-1).error == "stale_s: seconds > 0, got -1"
+    )  # a real error stays one
     beat(tmp_path, "a", 0, time.time(), step=1, rss_bytes=2**20)
     panel.refresh_button.click()
     assert panel.snapshot.rank(0)["state"] == "online" and panel.error is None
-    assert "online" in panel.ranks.value and "1 online" in panel.message.value and panel.plot.value
+    assert "online" in panel.ranks.value and "1 online" in panel.message.value
+    assert (
+        panel.plot.layout.display == "none" and "plots start at the second heartbeat" in panel.message.value
+    )
+    beat(tmp_path, "a", 0, time.time() + 0.5, step=2, rss_bytes=2**20)
+    panel.refresh()
+    assert panel.plot.value and panel.plot.layout.display is None  # one instant would span 0.002 s
     panel.auto.value = True  # the timer
     beat(tmp_path, "a", 0, time.time(), status="finished")
     deadline = time.monotonic() + 30

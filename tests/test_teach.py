@@ -343,3 +343,96 @@ def test_schedule_table_shows_each_batch_of_a_ramp_with_its_estimate():
     assert table["train_batch"].tolist() == [s.batch.train_batch for _, s in states]
     assert table["train_batch"].iloc[-1] == 16 and set(table["micro_batch"]) == {2}  # GAS grows, micro stays
     assert table["estimate MiB/GPU"].tolist() == [estimate(s).per_gpu_bytes / 2**20 for _, s in states]
+
+
+# --------------------------------------------------- what the notebooks show (kit.lab.notebook, tables)
+
+
+def test_numbers_are_formatted_for_a_reader():
+    from kit.units import number
+
+    assert [number(v) for v in (273920.0, 0.41087999999999997, 12.3456, 1234.56, 3.0, -0.000123)] == [
+        "273,920", "0.4109", "12.35", "1,234.6", "3", "-0.000123"
+    ]  # fmt: skip
+
+
+def test_a_frame_shows_in_full_labels_on_one_line_long_text_wrapped(llama7b):
+    import pandas as pd
+
+    from kit.estimate import estimate
+    from kit.lab.notebook import ONE_LINE_CHARS, frame_html, readable
+
+    table = estimate(llama7b).table()
+    page = frame_html(table)
+    for name, term in estimate(llama7b).terms.items():
+        assert f">{name}</td>" in page and f">{term.bytes:,}</td>" in page  # the index, separators
+        assert f">{term.formula}</td>" in page.replace("&#x27;", "'")  # in full: no "..."
+    assert "..." not in page and "white-space:normal;min-width:320px'>2 B x Psi" in page
+    assert "white-space:nowrap'>parameters<" in page and len("parameters") <= ONE_LINE_CHARS
+    many = pd.DataFrame({"x": [0.5] * 70})
+    assert frame_html(many).count("<tr>") == 1 + 60 and "10 more rows" in frame_html(many)
+    readable()
+    assert pd.get_option("display.max_colwidth") is None
+    assert "0.4109" in repr(pd.Series([0.41087999999999997])) and "273,920" in repr(pd.Series([273920.0]))
+
+
+def test_the_notebook_tables_of_01_04_and_09(llama7b):
+    from kit import grid
+    from kit.estimate import comm, estimate, perf
+    from kit.lab import tables
+
+    v100 = llama7b.replace(cluster={"gpu": "V100-SXM2-32GB"}, zero={"precision": "fp16", "optimizer": "adam"})
+    paper = tables.paper_vs_deepspeed(v100)
+    assert paper.index.tolist() == ["z1 fp16 mb1", "z2 fp16 mb1", "z3 fp16 mb1"]
+    z3 = v100.replace(zero={"stage": 3})
+    assert (
+        paper.loc["z3 fp16 mb1", "paper model states GB"]
+        == estimate(z3, formula="zero-paper").model_states_bytes / 1e9
+    )
+    assert paper.loc["z3 fp16 mb1", "deepspeed total per GPU GB"] == estimate(z3).per_gpu_bytes / 1e9
+    s3 = llama7b.replace(cluster={"nodes": 2}, zero={"stage": 3})
+    zeropp = s3.replace(zero=grid.zeropp_variants(8)["ZeRO++ (hpZ + qwZ + qgZ)"])
+    parts = tables.collectives_table([s3, zeropp])
+    assert len(parts) == len(comm.collectives(s3)) + len(comm.collectives(zeropp))
+    assert parts.groupby("setting")["GiB"].sum()[s3.label] * 2**30 == pytest.approx(
+        sum(c.bytes for c in comm.collectives(s3))
+    )
+    times = tables.step_time_table([s3, zeropp])
+    assert times.loc[zeropp.label, "step s"] == perf.step_time(zeropp).step_s < times.loc[s3.label, "step s"]
+    assert times.loc[s3.label, "exposed comm s"] == perf.step_time(s3).exposed_comm.seconds
+
+
+def test_schedules_side_by_side_reads_rank_0s_steps():
+    from kit.lab import tables
+    from kit.run.results import Results
+
+    def record(label, rank, step, train_batch, micro_batch):
+        batch = {
+            "train_batch": train_batch,
+            "micro_batch": micro_batch,
+            "grad_accum": train_batch // micro_batch // 2,
+        }
+        return {"config_id": label, "run_id": "r", "label": label, "rank": rank, "step": step, "status": "ok",
+                "loss": 5.0 - step / 10, **batch}  # fmt: skip
+
+    records = [
+        record(label, rank, step, 4 * (step + 1), micro)
+        for label, micro in (("ramp", 2), ("by micro", 4))
+        for rank in (0, 1)
+        for step in range(3)
+    ]
+    records.append(record("other", 0, 0, 8, 2))
+    table = tables.schedules_side_by_side(Results(records), ["ramp", "by micro"])
+    assert table.columns.get_level_values(0).unique().tolist() == [
+        "train_batch",
+        "grad_accum",
+        "micro_batch",
+        "loss",
+    ]
+    assert (
+        table["train_batch"]["ramp"].tolist() == [4, 8, 12]
+        and table["micro_batch"]["by micro"].tolist() == [4] * 3
+    )
+    assert set(table.columns.get_level_values(1)) == {"ramp", "by micro"}
+    with pytest.raises(ValueError, match="labels: none of"):
+        tables.schedules_side_by_side(Results(records), ["absent"])

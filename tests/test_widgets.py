@@ -16,6 +16,7 @@ from kit import models
 from kit.components import MEASURED
 from kit.estimate import estimate
 from kit.gpus import gpu
+from kit.lab import ui
 from kit.lab.comparison_panel import WARMUP, ComparisonPanel, comparison_panel, peak_plot, peak_records
 from kit.lab.memory_panel import MemoryPanel, memory_panel
 from kit.lab.ui import DESCRIPTION_WIDTH
@@ -173,6 +174,22 @@ def test_verdict_says_whether_it_fits_and_by_how_much(panel):
     assert f"<b class='zk-per-gpu'>{est.per_gpu_bytes / GIB:,.2f} GiB</b>" in panel.summary.value
 
 
+def test_a_gpu_without_the_precision_is_neither_offered_nor_said_to_fit(panel):
+    panel.stage.value = 3  # 7B at ZeRO-3 on 8 GPUs, checkpointed: the bytes fit a V100-32GB, bf16 does not
+    panel.activation_checkpointing.value = True
+    assert panel.precision.value == "bf16"
+    assert "V100" not in panel.summary.value.split("also fits on:")[1]
+    panel.gpu.value = "V100-SXM2-32GB"
+    assert panel.estimate.per_gpu_bytes < gpu("V100-SXM2-32GB").memory_bytes
+    verdict = ui.strip_tags(panel.verdict.value)
+    assert "&#10008; does not fit: the V100-SXM2-32GB has no bf16; choose another GPU or precision" in verdict
+    panel.precision.value = "fp16"
+    assert "&#10004; fits: " in panel.verdict.value and "no fp16" not in panel.verdict.value
+    assert "V100-SXM2-32GB" not in panel.summary.value.split("also fits on:")[1]  # it is the GPU chosen
+    panel.gpu.value = "H100-SXM-80GB"
+    assert "V100-SXM2-32GB" in panel.summary.value.split("also fits on:")[1]
+
+
 def test_the_verdict_is_the_estimates_own_when_cpu_ram_is_short(llama):
     offloaded = {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}
     panel = memory_panel(llama.replace(zero=offloaded, cluster={"cpu_ram_per_node_bytes": 2**30}))
@@ -238,6 +255,10 @@ def test_labels_line_up_and_buttons_fit_their_labels(panel):
         assert {c.style.description_width for c in controls} == {DESCRIPTION_WIDTH}
         for toggle in (c for c in controls if isinstance(c, w.ToggleButtons)):
             assert "widget-inline-hbox" in toggle._dom_classes  # label beside the buttons, as elsewhere
+            width = toggle.style.button_width
+            if width != "auto":  # room for the longest option at 8 px a character (56 px cut "nvme")
+                longest = max(len(str(label)) for label in toggle._options_labels)
+                assert int(width.removesuffix("px")) >= 8 * longest + 30, (toggle.description, width)
     for button in (panel.write_button, panel.command_button, comparison.run_button, comparison.stop_button):
         assert button.layout.width == "auto"
 
@@ -308,6 +329,24 @@ def test_comparison_panel_builds_setups():
     assert {(s.model.layers, s.dp, s.batch.train_batch) for s in panel.setups[:1]} == {(3, 4, 4)}
 
 
+def test_comparison_panel_warmup_is_a_control_with_run_sweeps_default(tmp_path, monkeypatch):
+    import inspect
+
+    import kit.run.sweep
+
+    default = inspect.signature(kit.run.sweep.run_sweep).parameters["warmup"].default
+    assert default == WARMUP and comparison_panel(stages=(2,)).warmup.value == default
+    asked, run_sweep = [], kit.run.sweep.run_sweep
+    monkeypatch.setattr(kit.run.sweep, "run_sweep", lambda *a, **kw: asked.append(kw) or run_sweep(*a, **kw))
+    panel = comparison_panel(stages=(0, 2), nprocs=2, steps=2, warmup=0, runs_dir=tmp_path, sweep="w0")
+    assert panel.warmup.value == 0 and "after 0 warm-up" in panel.message.value
+    panel.warmup.value = 1
+    assert "after 1 warm-up" in panel.message.value
+    finished_sweep(panel, tmp_path, warmup=1)  # steps 1 and 2 measured: what warm-up 1 of 2 steps needs
+    panel.run()
+    assert asked[-1]["warmup"] == 1 and panel.message.value.startswith("2 of 2 configurations reused")
+
+
 def test_comparison_panel_invalid_model():
     panel = ComparisonPanel(stages=(2,))
     panel.heads.value = 3
@@ -320,13 +359,13 @@ def test_comparison_panel_invalid_model():
     assert panel.error == "stages: choose at least one of ddp, fsdp, fsdp-grad-op, 0, 1, 2, 3"
 
 
-def finished_sweep(panel: ComparisonPanel, folder) -> None:
+def finished_sweep(panel: ComparisonPanel, folder, warmup: int = WARMUP) -> None:
     """records.jsonl as if every configuration of ``panel`` had run (rank 0 and 1, every measured step)."""
     path = folder / panel.sweep.value / "records.jsonl"
     path.parent.mkdir(parents=True)
     for n, setup in enumerate(panel.setups, start=1):
         setup = on_ranks(setup, panel.nprocs.value)
-        for step in range(WARMUP, WARMUP + panel.steps.value):
+        for step in range(warmup, warmup + panel.steps.value):
             for rank in (0, 1):
                 record = {"sweep": panel.sweep.value, "run_id": "r1", "config_id": config_id(setup)}
                 record.update(label=setup.label, setup={}, rank=rank, world_size=2, step=step, status="ok")

@@ -10,29 +10,37 @@ plan`` never import torch or deepspeed (tests/test_layout.py checks).
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from pydantic import ValidationError
 
-from kit.cli import checkpoint, demo, estimate, launch, monitor, preflight, run, tune
-from kit.cli import explain as explain_command
 from kit.cli.args import UsageError
 from kit.schema import one_line_error
 
-#: the command groups, in the order ``zerokit --help`` lists them
-GROUPS = (estimate, explain_command, run, tune, demo, launch, preflight, checkpoint, monitor)
+#: the command groups (modules of this package), in the order ``zerokit --help`` lists them
+GROUPS = ("estimate", "explain", "run", "tune", "demo", "launch", "preflight", "checkpoint", "monitor")
+#: the group that registers each command, so that a command imports only its own group (``zerokit
+#: estimate`` starts in a fraction of ``import torch``, tests/bench/bench_estimate.py)
+COMMANDS = {
+    "estimate": "estimate", "plan": "estimate", "explain": "explain", "run": "run", "tune": "tune",
+    "demo": "demo", "hostfile": "launch", "launch-cmd": "launch", "doctor": "preflight",
+    "commtest": "preflight", "calibrate": "preflight", "checkpoint": "checkpoint", "monitor": "monitor",
+}  # fmt: skip
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or only the group of ``command`` (one of ``COMMANDS``)."""
     parser = argparse.ArgumentParser(prog="zerokit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in GROUPS:
-        group.register(sub)
+    for group in (COMMANDS[command],) if command in COMMANDS else GROUPS:
+        importlib.import_module(f"kit.cli.{group}").register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
         return args.func(args) or 0
     except (UsageError, ValidationError, ValueError) as error:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import html
+import inspect
 import threading
 import time
 from pathlib import Path
@@ -26,12 +27,13 @@ from kit.ds_keys import ZEROPP_OFF
 from kit.lab import ui
 from kit.lab.monitor_panel import MonitorPanel
 from kit.rules import BASELINES
+from kit.run import sweep as sweeps
 from kit.run.sweep import toy_setup
 from kit.schema import Setup
 from kit.units import MIB
 
-#: warm-up steps of a comparison run (not measured)
-WARMUP = 2
+#: the warm-up steps a comparison run starts with (not measured): ``run_sweep``'s default
+WARMUP = inspect.signature(sweeps.run_sweep).parameters["warmup"].default
 #: how ``results_html`` formats the columns of ``Results.brief()``
 BRIEF_FORMATS = {
     "step ms": "{:,.1f}", "samples/s": "{:,.1f}", "loss": "{:.4f}", "model states MB": "{:,.3f}",
@@ -60,6 +62,7 @@ class ComparisonPanel:
         stages: tuple[int | str, ...] = (0, 1, 2, 3),
         nprocs: int = 2,
         steps: int = 5,
+        warmup: int = WARMUP,
         runs_dir: str | Path = "runs",
         sweep: str = "compare",
         hostfile: str | Path | None = None,
@@ -95,7 +98,7 @@ class ComparisonPanel:
         self.offload_optimizer = w.Checkbox(value=False, description="+ optimizer offload (stages 1-3)")
         self.offload_param = w.Checkbox(value=False, description="+ stage 3 parameter offload")
         # where the offload variants go: CPU RAM, or NVMe (ZeRO-Infinity, stage 3) under a folder
-        self.offload_to = ui.toggle(["cpu", "nvme"], "cpu", "offload to", "56px")
+        self.offload_to = ui.toggle(["cpu", "nvme"], "cpu", "offload to")
         self.nvme_path = w.Text(
             value=z.nvme_path or "", description="NVMe path", placeholder="a folder on the NVMe drive"
         )
@@ -107,7 +110,7 @@ class ComparisonPanel:
         self.batch_schedule = w.Text(
             value="", description="batch by step", placeholder="e.g. 2=16,4=32 (global batch from that step)"
         )
-        self.precision = ui.toggle(["fp32", "fp16", "bf16"], z.precision, "precision", "56px")
+        self.precision = ui.toggle(["fp32", "fp16", "bf16"], z.precision, "precision")
         self.reduce_bucket = ui.bucket_slider("reduce bucket", z.reduce_bucket_size)
         self.prefetch_bucket = ui.bucket_slider("s3 prefetch", z.prefetch_bucket_size)
         self.layers = w.BoundedIntText(value=m.layers or 1, min=1, max=256, description="layers")
@@ -117,6 +120,7 @@ class ComparisonPanel:
         self.seq_len = w.BoundedIntText(value=b.seq_len, min=2, max=1 << 16, description="seq len")
         self.nprocs = w.BoundedIntText(value=nprocs, min=1, max=64, description="ranks")
         self.steps = w.BoundedIntText(value=steps, min=1, max=10_000, description="steps")
+        self.warmup = w.BoundedIntText(value=warmup, min=0, max=10_000, description="warm-up steps")
         self.sweep = w.Text(value=sweep, description="sweep")
         self.runs_dir = w.Text(value=str(runs_dir), description="runs dir")
         # each phase's measured peak beside the predicted timeline; on CPU the profiler costs ~19x a toy step
@@ -155,7 +159,7 @@ class ComparisonPanel:
                 ui.row(self.layers, self.hidden, self.heads),
                 ui.row(self.vocab, self.seq_len),
                 ui.section("Run"),
-                ui.row(self.nprocs, self.steps, self.memory_timeline),
+                ui.row(self.nprocs, self.steps, self.warmup, self.memory_timeline),
                 ui.row(self.sweep, self.runs_dir, self.run_button, self.stop_button),
                 w.HBox(
                     [self.bar, self.message], layout=w.Layout(align_items="center", flex_flow="row nowrap")
@@ -198,7 +202,8 @@ class ComparisonPanel:
             return
         self.setups, self.estimates, self.error = setups, estimates, None
         self.message.value = (
-            f"{len(setups)} configurations, {self._where()}, {self.steps.value} steps each: press Run"
+            f"{len(setups)} configurations, {self._where()}, {self.steps.value} steps each after "
+            f"{self.warmup.value} warm-up: press Run"
         )
         rows = [
             [
@@ -288,7 +293,7 @@ class ComparisonPanel:
             runs_dir=self.runs_dir.value,
             nprocs=self.nprocs.value,
             steps=self.steps.value,
-            warmup=WARMUP,
+            warmup=self.warmup.value,
             progress=False,
             memory_timeline=self.memory_timeline.value,
             cancel=self._cancel.is_set,
@@ -314,7 +319,7 @@ class ComparisonPanel:
         p["label"] = event.get("label", p["label"])
         where = f"running {p['done'] + 1} of {p['total']}: {html.escape(p['label'])}"
         if kind == "step":
-            where += f", step {event['step'] - WARMUP + 1} of {self.steps.value}"
+            where += f", step {event['step'] - self.warmup.value + 1} of {self.steps.value}"
             where += f", {event['samples_per_s']:,.1f} samples/s"
         self.message.value = where + " (Stop cancels)"
 
@@ -473,12 +478,13 @@ class ComparisonPanel:
             self.seq_len,
             self.nprocs,
             self.steps,
+            self.warmup,
         ]
 
 
 def comparison_panel(setup: Setup | None = None, **options: Any) -> ComparisonPanel:
-    """The comparison panel (options: stages, nprocs, steps, runs_dir, sweep, hostfile, local); display
-    ``.widget``."""
+    """The comparison panel (options: stages, nprocs, steps, warmup, runs_dir, sweep, hostfile, local);
+    display ``.widget``."""
     return ComparisonPanel(setup, **options)
 
 

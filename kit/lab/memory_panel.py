@@ -2,8 +2,8 @@
 and why (``kit.estimate``), and export the choice (``write_config``, ``launch_command``).
 
 The panel never computes: every change builds a Setup from the controls and calls ``kit.estimate``; the
-verdict is the estimate's own (``Estimate.fits``); every button calls a plain method a notebook cell can
-call too, so tests and CI exercise the same path as a click.
+verdict and "also fits on" are the one fit rule's (``kit.fit``: precision support included); every button
+calls a plain method a notebook cell can call too, so tests and CI exercise the same path as a click.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from typing import Any
 import ipywidgets as w
 
 from kit.ds_keys import EXAMPLE_NVME_PATH
+from kit.fit import estimate_fit
 from kit.gpus import gpu_names
 from kit.lab import ui
 from kit.rules import offload_problem
-from kit.schema import ModelSpec, Setup
+from kit.schema import MAX_SEQ_LEN, ModelSpec, Setup
 from kit.units import GIB, parse_count
 
 #: the swap folder the memory panel offers for NVMe offload (it estimates; nothing is written)
@@ -67,11 +68,9 @@ class MemoryPanel:
         self.gpus_per_node = w.BoundedIntText(
             value=base.cluster.gpus_per_node, min=1, max=64, description="GPUs per node"
         )
-        self.stage = ui.toggle([0, 1, 2, 3], z.stage, "ZeRO stage", "42px")
-        self.offload_optimizer = ui.toggle(
-            ["none", "cpu", "nvme"], z.offload_optimizer, "offload optimizer", "56px"
-        )
-        self.offload_param = ui.toggle(["none", "cpu", "nvme"], z.offload_param, "offload params", "56px")
+        self.stage = ui.toggle([0, 1, 2, 3], z.stage, "ZeRO stage")
+        self.offload_optimizer = ui.toggle(["none", "cpu", "nvme"], z.offload_optimizer, "offload optimizer")
+        self.offload_param = ui.toggle(["none", "cpu", "nvme"], z.offload_param, "offload params")
         # ZeRO-Infinity: the swap folder NVMe offload writes to (one for both offloads)
         self.nvme_path = w.Text(value=z.nvme_path or EXAMPLE_NVME_PATH, description="NVMe path")
         self.offload_reason = w.HTML()
@@ -79,7 +78,7 @@ class MemoryPanel:
         self.hpz = w.BoundedIntText(value=z.hpz_partition_size, min=1, max=64, description="hpZ size")
         self.quantized_weights = w.Checkbox(value=z.quantized_weights, description="qwZ int8 weights")
         self.quantized_gradients = w.Checkbox(value=z.quantized_gradients, description="qgZ int4 gradients")
-        self.precision = ui.toggle(["fp32", "fp16", "bf16"], z.precision, "precision", "56px")
+        self.precision = ui.toggle(["fp32", "fp16", "bf16"], z.precision, "precision")
         self.optimizer = w.Dropdown(
             options=["adamw", "adam", "sgd"], value=z.optimizer, description="optimizer"
         )
@@ -88,13 +87,12 @@ class MemoryPanel:
             [("grad accum", "grad_accum"), ("global batch", "train_batch")],
             "grad_accum",
             "keep fixed",
-            "110px",
         )
         self.grad_accum = w.BoundedIntText(value=b.grad_accum, min=1, max=65536, description="grad accum")
         self.train_batch = w.BoundedIntText(
             value=b.train_batch, min=1, max=1 << 30, description="global batch"
         )
-        self.seq_len = w.BoundedIntText(value=b.seq_len, min=1, max=1_048_576, description="seq len")
+        self.seq_len = w.BoundedIntText(value=b.seq_len, min=1, max=MAX_SEQ_LEN, description="seq len")
         self.activation_checkpointing = w.Checkbox(
             value=z.activation_checkpointing, description="activation checkpointing", indent=True
         )
@@ -387,7 +385,7 @@ class MemoryPanel:
     def _write_clicked(self) -> str:
         path = self.write_config(self.config_file.value)
         est, gpu = self.estimate, self.setup.cluster.gpu
-        if est.fits[gpu]:
+        if estimate_fit(est).ok:
             return f"wrote {path} ({self.setup.label}: fits the {gpu})"
         return f"wrote {path}, but warning: {html.unescape(ui.strip_tags(verdict_html(est)))}"
 
@@ -429,8 +427,8 @@ def default_setup() -> Setup:
 
 
 def verdict_html(est) -> str:
-    """One line: the estimate's verdict for its GPU (``Estimate.fits``, the node's CPU RAM included) and by
-    how much: GiB free or over on the GPU, and the CPU RAM per node when the cluster gives one."""
+    """One line: the estimate's verdict for its GPU (``kit.fit``: the GPU's precision support and the node's
+    CPU RAM included) and by how much: GiB free or over on the GPU, and the CPU RAM per node when given."""
     setup = est.setup
     name, need = setup.cluster.gpu, est.per_gpu_bytes
     capacity = _gpu_gib(name) * GIB
@@ -447,9 +445,12 @@ def verdict_html(est) -> str:
     if ram is not None:
         over = f", {(cpu - ram) / GIB:,.2f} GiB over" if cpu > ram else ""
         parts.append(f"CPU RAM per node {cpu / GIB:,.2f} GiB of {ram / GIB:,.2f} GiB{over}")
-    fits = est.fits[name]
-    text = ("&#10004; fits: " if fits else "&#10008; does not fit: ") + "; ".join(parts)
-    color = ui.GREEN if fits else ui.RED
+    verdict = estimate_fit(est)  # the one fit rule (kit.fit): precision support, GPU memory, CPU RAM
+    if verdict.problem == "precision":
+        precision = setup.zero.precision
+        parts.insert(0, f"the {html.escape(name)} has no {precision}; choose another GPU or precision")
+    text = ("&#10004; fits: " if verdict.ok else "&#10008; does not fit: ") + "; ".join(parts)
+    color = ui.GREEN if verdict.ok else ui.RED
     return f"<div class='zk-verdict-line' style='{ui.VERDICT_STYLE}color:{color}'><b>{text}</b></div>"
 
 

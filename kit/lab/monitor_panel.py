@@ -51,7 +51,7 @@ class MonitorPanel:
         self.message = w.HTML()
         self.nodes = w.HTML()
         self.ranks = w.HTML()
-        self.plot = w.Image(format="png", layout=w.Layout(max_width="100%"))
+        self.plot = w.Image(format="png", layout=w.Layout(max_width="100%", display="none"))
         self.refresh_button.on_click(lambda _: self.refresh())
         self.auto.observe(lambda change: self.start() if change["new"] else self.stop(), names="value")
         self.widget = w.VBox(
@@ -77,9 +77,17 @@ class MonitorPanel:
         try:
             snap = monitor.read(self.folder, stale_s=self.stale_s, offline_s=self.offline_s)
         except ValueError as error:
-            self.snapshot, self.error = None, ui.one_line(error)
-            self.message.value = ui.colored(self.error)
-            self.nodes.value = self.ranks.value = ""
+            self.snapshot, self.nodes.value, self.ranks.value = None, "", ""
+            self.plot.layout.display = "none"  # no empty image (a browser draws it broken)
+            if _waiting(self.folder, error):  # not an error: the job has not written its first heartbeat
+                self.error = None
+                self.message.value = (
+                    f"<span class='zk-waiting' style='color:#666'>waiting for the first heartbeat in "
+                    f"<code>{html.escape(str(self.folder))}</code> (Refresh, or tick auto refresh)</span>"
+                )
+            else:
+                self.error = ui.one_line(error)
+                self.message.value = ui.colored(self.error)
             return None
         self.snapshot, self.error, job = snap, None, snap.job
         states = ", ".join(f"{n} {s}" for s, n in job["states"].items() if n)
@@ -118,7 +126,14 @@ class MonitorPanel:
             ],
             ["{}", "{}", "{}", "{:,.1f}", "{}", "{:,.1f}", "{:.4f}", "{:,.1f}", "{:,.1f}", "{:.0f}", "{}"],
         )  # fmt: skip
-        self.plot.value = ui.figure_png(plots.heartbeats(snap))
+        if snap.history_frame()["seconds"].nunique() > 1:  # one instant would draw an axis of 0.002 s
+            self.plot.value = ui.figure_png(plots.heartbeats(snap))
+            self.plot.layout.display = None
+        else:
+            self.plot.layout.display = "none"
+            self.message.value += (
+                "<br><span style='color:#666'>the plots start at the second heartbeat</span>"
+            )
         return snap
 
     def start(self) -> None:
@@ -148,3 +163,12 @@ def monitor_panel(folder: str | Path, **options: Any) -> MonitorPanel:
     """The live view of every rank from ``folder``'s heartbeats (options: interval_s, stale_s, offline_s,
     auto); display ``.widget``."""
     return MonitorPanel(folder, **options)
+
+
+def _waiting(folder: Path, error: ValueError) -> bool:
+    """Whether ``monitor.read``'s ``error`` means only that no rank has written a whole heartbeat yet."""
+    text = str(error)  # the folder's error, not a bad stale_s / offline_s
+    folder_error = text.startswith("folder: ")
+    return folder_error and (
+        not monitor.heartbeat_files(folder) or text.endswith("no complete heartbeat yet")
+    )

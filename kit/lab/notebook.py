@@ -11,10 +11,15 @@ A notebook's ``parameters`` cell reads it once and everything after uses it::
 
 Even the small profile teaches with real numbers: every byte the ranks hold is measured and compared
 with the estimate, only the model, the ranks and the steps are few.
+
+``readable()`` (``profile`` calls it) makes every table a notebook shows readable: floats formatted
+(``kit.units.number``), text in full (never cut with "..."), short labels on one line and long text
+wrapped (``frame_html``).
 """
 
 from __future__ import annotations
 
+import html
 import os
 import tempfile
 from dataclasses import dataclass
@@ -22,6 +27,12 @@ from dataclasses import dataclass
 from kit.models import toy_spec
 from kit.run.sweep import TOY_ZERO
 from kit.schema import Setup
+from kit.units import number
+
+#: a text cell up to this many characters stays on one line; a longer one wraps (formulas, messages)
+ONE_LINE_CHARS = 48
+#: the rows a table shows before the rest are left out (and counted), as pandas' own display does
+MAX_ROWS = 60
 
 #: the environment variable ``make test`` sets
 SMOKE_ENV = "ZEROKIT_SMOKE"
@@ -59,7 +70,80 @@ def profile(notebook: str, smoke: bool | None = None) -> Profile:
     ``smoke`` None reads ``ZEROKIT_SMOKE`` ("1": the small one)."""
     if smoke is None:
         smoke = os.environ.get(SMOKE_ENV) == "1"
+    readable()
     if smoke:
         runs = tempfile.mkdtemp(prefix=f"zerokit-{notebook}-")
         return Profile(True, nprocs=2, steps=2, micro_batch=2, toy=dict(SMOKE_TOY), runs_dir=runs)
     return Profile(False, nprocs=8, steps=10, micro_batch=8, toy=dict(REAL_TOY), runs_dir="runs")
+
+
+def readable() -> None:
+    """Tables as a reader needs them, for the rest of the session: pandas prints floats with
+    ``kit.units.number`` and text in full, and a notebook shows a DataFrame as ``frame_html`` draws it."""
+    import pandas as pd
+
+    pd.set_option("display.float_format", number)
+    pd.set_option("display.max_colwidth", None)
+    pd.set_option("display.max_columns", None)
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, frame_html)
+
+
+def frame_html(frame) -> str:
+    """``frame`` as an HTML table: its index as leading columns, numbers right-aligned in
+    ``kit.units.number``, text in full: on one line up to ``ONE_LINE_CHARS`` characters (a label never
+    breaks), wrapped beyond (a formula, a message); the first ``MAX_ROWS`` rows and a count of the rest."""
+    import pandas as pd
+
+    shown = frame.head(MAX_ROWS)
+    if not isinstance(shown.index, pd.RangeIndex) or shown.index.name is not None:
+        shown = shown.reset_index()
+    header = [
+        " ".join(str(part) for part in c if str(part)) if isinstance(c, tuple) else str(c)
+        for c in shown.columns
+    ]
+    numeric = [pd.api.types.is_numeric_dtype(t) and not pd.api.types.is_bool_dtype(t) for t in shown.dtypes]
+    longest = [shown[c].astype(str).str.len().max() if len(shown) else 0 for c in shown.columns]
+    cell = "padding:3px 8px;border-bottom:1px solid #e4e4e4;vertical-align:top;"
+    head = "".join(
+        f"<th style='{cell}text-align:{'right' if num else 'left'}'>{html.escape(h)}</th>"
+        for h, num in zip(header, numeric, strict=True)
+    )
+    body = []
+    for row in shown.itertuples(index=False):
+        cells = []
+        for value, num, width in zip(row, numeric, longest, strict=True):
+            text = _cell_text(value)
+            if num:
+                style = "text-align:right;white-space:nowrap"
+            elif width <= ONE_LINE_CHARS:
+                style = "text-align:left;white-space:nowrap"
+            else:
+                style = "text-align:left;white-space:normal;min-width:320px"
+            cells.append(f"<td style='{cell}{style}'>{html.escape(text)}</td>")
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    more = len(frame) - len(shown)
+    note = f"<div style='color:#666;font-size:12px'>{more:,} more rows</div>" if more else ""
+    return (
+        "<table class='zk-frame' style='border-collapse:collapse;font-size:12px;"
+        "font-variant-numeric:tabular-nums'>"
+        f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{note}"
+    )
+
+
+def _cell_text(value) -> str:
+    """A value as its cell shows it: floats by ``number``, missing ones as a dash."""
+    import pandas as pd
+
+    if value is None or (not isinstance(value, (list, tuple, dict)) and pd.isna(value)):
+        return "\u2013"
+    if isinstance(value, float):
+        return number(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)

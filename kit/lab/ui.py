@@ -31,6 +31,8 @@ DESCRIPTION_WIDTH = "115px"
 CELL = "265px"
 #: a slider's width: two to a row, with room for the track
 SLIDER = "400px"
+#: a toggle button's width: per character of its longest option (13px font), and its padding and border
+TOGGLE_CHAR_PX, TOGGLE_PAD_PX = 8, 30
 #: the verdict line: large enough to be read first
 VERDICT_STYLE = "font-size:1.25em;margin:6px 0;"
 #: the colours of a problem and of a success
@@ -115,13 +117,16 @@ def show_figure(output: w.Output, fig, clear: bool = True) -> None:
         display(Image(figure_png(fig, dpi=80)))
 
 
-def toggle(options, value, description: str, button_width: str) -> w.ToggleButtons:
-    """Toggle buttons with their label inline, as every other control's (ipywidgets puts it above)."""
+def toggle(options, value, description: str, button_width: str | None = None) -> w.ToggleButtons:
+    """Toggle buttons with their label inline, as every other control's (ipywidgets puts it above), each
+    button ``button_width`` wide (default: room for the longest option; 56px cut "nvme" to "nv...")."""
+    labels = [str(o[0] if isinstance(o, tuple) else o) for o in options]
+    width = button_width or f"{max(len(label) for label in labels) * TOGGLE_CHAR_PX + TOGGLE_PAD_PX}px"
     buttons = w.ToggleButtons(
         options=options,
         value=value,
         description=description,
-        style={"description_width": DESCRIPTION_WIDTH, "button_width": button_width},
+        style={"description_width": DESCRIPTION_WIDTH, "button_width": width},
     )
     buttons.add_class("widget-inline-hbox")
     return buttons

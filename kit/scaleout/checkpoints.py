@@ -107,14 +107,17 @@ def consolidate(ckpt_dir: str | os.PathLike, tag: str | None = None, out: str | 
     their names, as the same tensor (see ``unique_numel``).
     """
     import contextlib
-    import sys
+    import io
 
     import torch
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     if not (Path(ckpt_dir) / (tag or "latest")).exists():
         raise ValueError(f"ckpt_dir: no {'tag ' + tag if tag else 'latest'} in {ckpt_dir}")
-    with contextlib.redirect_stdout(sys.stderr):  # zero_to_fp32 prints progress; keep stdout for results
+    # zero_to_fp32 prints its progress ("Processing zero checkpoint ...", "Detected checkpoint of type zero
+    # stage N", "Reconstructed fp32 state dict with ..."): what the returned dict says, noise on stdout (and
+    # a notebook's output); kept out, a failure still raises
+    with contextlib.redirect_stdout(io.StringIO()):
         state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
     if out is not None:
         torch.save(state, out)

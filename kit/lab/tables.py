@@ -1,0 +1,81 @@
+"""The notebooks' small comparison tables, so that a cell only calls one: the ZeRO paper's model states
+beside DeepSpeed's per stage (01), each ZeRO-3 collective and the step time of a setting beside its ZeRO++
+variant (09), a batch schedule's steps side by side (04). Each is a DataFrame a test can read."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from kit.schema import Setup
+from kit.units import GIB
+
+
+def paper_vs_deepspeed(setup: Setup, stages: Sequence[int] = (1, 2, 3)) -> pd.DataFrame:
+    """Per ZeRO stage of ``setup``: model states by the ZeRO paper's formula (``formula="zero-paper"``)
+    beside DeepSpeed's (what it allocates) and DeepSpeed's whole total per GPU, in GB (1e9 bytes, the
+    paper's unit), one row per setting's label."""
+    from kit.estimate import estimate
+
+    rows = {}
+    for stage in stages:
+        s = setup.replace(zero={"stage": stage})
+        faithful = estimate(s)
+        rows[s.label] = {
+            "paper model states GB": estimate(s, formula="zero-paper").model_states_bytes / 1e9,
+            "deepspeed model states GB": faithful.model_states_bytes / 1e9,
+            "deepspeed total per GPU GB": faithful.per_gpu_bytes / 1e9,
+        }
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("setting")
+
+
+def collectives_table(setups: Sequence[Setup]) -> pd.DataFrame:
+    """Each setting's collectives per optimizer step (``kit.estimate.comm.collectives``): scope (inside
+    the node or across nodes), GiB per GPU and the formula."""
+    from kit.estimate import comm
+
+    rows = [
+        {
+            "setting": s.label,
+            "collective": c.name,
+            "scope": c.scope,
+            "GiB": c.bytes / GIB,
+            "formula": c.formula,
+        }
+        for s in setups
+        for c in comm.collectives(s)
+    ]
+    return pd.DataFrame(rows)
+
+
+def step_time_table(setups: Sequence[Setup]) -> pd.DataFrame:
+    """Each setting's step time (``kit.estimate.perf.step_time``): the step, its compute, all its
+    communication and the part of it the step waits for, in seconds."""
+    from kit.estimate import perf
+
+    rows = []
+    for s in setups:
+        t = perf.step_time(s)
+        rows.append(
+            {
+                "setting": s.label,
+                "step s": t.step_s,
+                "compute s": t.compute.seconds,
+                "comm s": t.comm.seconds,
+                "exposed comm s": t.exposed_comm.seconds,
+            }
+        )
+    return pd.DataFrame(rows).set_index("setting")
+
+
+def schedules_side_by_side(results, labels: Sequence[str]) -> pd.DataFrame:
+    """Rank 0's measured steps of the configurations ``labels`` of a sweep, one column group per value
+    (global batch, grad accum, micro batch, loss) and one column per configuration under it."""
+    steps = results.steps()
+    steps = steps[steps["label"].isin(list(labels))]
+    if steps.empty:
+        raise ValueError(f"labels: none of {list(labels)} has an ok step in the sweep")
+    return steps.pivot_table(
+        index="step", columns="label", values=["train_batch", "grad_accum", "micro_batch", "loss"]
+    )[["train_batch", "grad_accum", "micro_batch", "loss"]]
