@@ -379,3 +379,41 @@ def test_a_rank_killed_on_node_1_ends_as_a_record_naming_node_1(tmp_path):
         except OSError:
             continue
     assert left == []
+
+
+def test_the_comparison_panel_runs_across_a_hostfiles_nodes(replay_local_nodes, tmp_path):
+    """The comparison panel given a hostfile (two simulated nodes of 2 ranks): its configurations span
+    both nodes, the sweep launches on them (replayed from the shared local-node launch), and the per-node
+    table puts each node's ranks, model states and bytes sent across nodes beside the estimate."""
+    from kit.lab.comparison_panel import ComparisonPanel, nodes_html
+    from kit.run.local_nodes import per_node
+    from tests.conftest import NODE_STEPS, NODE_WARMUP
+
+    hostfile = write_hostfile(make_hosts(["localhost", "127.0.0.1"], 2), tmp_path / "hostfile")
+    panel = ComparisonPanel(
+        CLI_SETUPS[0], stages=(0, 3), nprocs=2, steps=NODE_STEPS, warmup=NODE_WARMUP, hostfile=hostfile,
+        runs_dir=tmp_path / "runs", sweep="panel",
+    )  # fmt: skip
+    assert [s.cluster.nodes for s in panel.setups] == [2, 2] and panel.setups == CLI_SETUPS
+    assert panel.message.value.startswith("2 configurations, 2 nodes x 2 ranks")
+    results = panel.run()
+    ((nodes, labels),) = replay_local_nodes
+    assert (nodes.names, nodes.local, labels) == (
+        ("localhost", "127.0.0.1"),
+        True,
+        ["z0 bf16 mb2", "z3 bf16 mb2"],
+    )
+    assert {r["status"] for r in results.records} == {"ok"}
+    rows = per_node(results.records, nodes.names)
+    assert [(r["label"], r["host"], r["ranks"]) for r in rows] == [
+        ("z0 bf16 mb2", "localhost", [0, 1]), ("z0 bf16 mb2", "127.0.0.1", [2, 3]),
+        ("z3 bf16 mb2", "localhost", [0, 1]), ("z3 bf16 mb2", "127.0.0.1", [2, 3]),
+    ]  # fmt: skip
+    assert panel.table.value.endswith(nodes_html(rows))
+    for r in rows:
+        html = nodes_html([r])
+        assert f">{r['host']}<" in html and f">{', '.join(map(str, r['ranks']))}<" in html
+        for key in ("model_states_bytes", "inter_wire_bytes", "estimate_inter_wire_bytes"):
+            assert f">{r[key] / 1e6:,.3f}<" in html, key
+    with pytest.raises(ValueError, match="^nprocs: 3 ranks per node need at least 3 slots on every host"):
+        ComparisonPanel(CLI_SETUPS[0], nprocs=3, hostfile=hostfile)
