@@ -501,7 +501,9 @@ def test_plan_panel_shows_what_the_planner_says():
     assert p.plan.assumptions.efficiency == 0.8 and p.plan.fitting().hours.min() < fast
     # max hours filters the summary, the plot and every table alike
     limit = round(float(p.plan.fitting().hours.median()))
+    searched = p.plan
     p.max_hours.value = limit
+    assert p.plan is searched  # a limit filters the last search; it does not search again
     within = p.plan.fitting(max_hours=limit)
     assert f"{len(within):,} of {len(p.plan.table):,} setups fit with 10% headroom within {limit:,} h" in (
         strip_tags(p.verdict.value)
@@ -513,7 +515,7 @@ def test_plan_panel_shows_what_the_planner_says():
         assert "hours" not in frame or frame.hours.max() <= limit
     assert booking.recommend(p.plan, max_hours=limit).recommended.label in p.verdict.value
     p.gpus.value = ("H100-SXM-80GB",)
-    assert set(p.plan.table.gpu) == {"H100-SXM-80GB"}
+    assert set(p.plan.table.gpu) == {"H100-SXM-80GB"} and p.plan is not searched
     p.max_hours.value = 0.001
     assert strip_tags(p.verdict.value).startswith("none of ") and "within 0.001 h" in p.verdict.value
     assert [title for title, _, _ in p._tables()] == [

@@ -62,6 +62,7 @@ class PlanPanel:
 
         self.base = setup or default_setup()
         self.plan: Any = None
+        self._searched: tuple[dict, Any] | None = None  # the last search's arguments and its Plan
         self.figure: Any = None
         self.booking: Any = None
         self.fixes: Any = None
@@ -131,19 +132,20 @@ class PlanPanel:
 
         try:
             assume = with_assumptions(efficiency=self.efficiency.value, overlap=self.overlap.value)
-            tokens = self._tokens()
-            self.plan = plan.search(
-                self.base,
-                train_batch=self.train_batch.value,
-                gpus=list(self.gpus.value) or None,
-                max_nodes=self.max_nodes.value,
-                headroom=self.headroom.value,
-                tokens=tokens,
-                assumptions=assume,
-                calibration=self._loaded(),
-            )
+            search = {
+                "train_batch": self.train_batch.value,
+                "gpus": list(self.gpus.value) or None,
+                "max_nodes": self.max_nodes.value,
+                "headroom": self.headroom.value,
+                "tokens": self._tokens(),
+                "assumptions": assume,
+                "calibration": self._loaded(),
+            }
+            if self._searched is None or self._searched[0] != search:  # the goal and limits only filter
+                self._searched = (search, plan.search(self.base, **search))
+                self.start, self.fixes = self._fixes(assume)
+            self.plan = self._searched[1]
             self.booking = booking.recommend(self.plan, self.goal.value, **self.limits)
-            self.start, self.fixes = self._fixes(assume)
         except ui.ERRORS as error:
             self.plan, self.booking, self.error = None, None, ui.one_line(error)
             self.verdict.value = ui.colored(self.error)
