@@ -70,13 +70,27 @@ def _shard_elements(model: ModelSpec, n: int, rank: int) -> tuple[int, int, str]
         padded = -(-model.params // n)
         local = max(0, min(padded, model.params - rank * padded))
         return padded, local, f"ceil(Psi / N) = {padded:,} (bare count: per-tensor padding approximated)"
-    padded = local = 0
+    padded = sum(chunk for chunk, _ in _shards(shapes, n, rank))
+    local = sum(local for _, local in _shards(shapes, n, rank))
+    return padded, local, f"sum over tensors of ceil(d0 / N) x d1..., N = {n}"
+
+
+def local_shards(setup: Setup, rank: int) -> tuple[int, ...]:
+    """Elements of each tensor's unpadded shard on rank ``rank`` (what its optimizer steps)."""
+    shapes = spec_shapes(setup.model)
+    if shapes is None:
+        return (_shard_elements(setup.model, setup.dp, rank)[1],)
+    return tuple(local for _, local in _shards(shapes, setup.dp, rank))
+
+
+def _shards(shapes, n: int, rank: int) -> list[tuple[int, int]]:
+    """Per tensor, (padded, local) elements of rank ``rank``'s shard along the first dimension."""
+    out = []
     for shape in shapes:
         rows, rest = (shape[0], math.prod(shape[1:])) if shape else (1, 1)
         chunk = -(-rows // n)
-        padded += chunk * rest
-        local += max(0, min(chunk, rows - rank * chunk)) * rest
-    return padded, local, f"sum over tensors of ceil(d0 / N) x d1..., N = {n}"
+        out.append((chunk * rest, max(0, min(chunk, rows - rank * chunk)) * rest))
+    return out
 
 
 def transient(setup: Setup) -> dict[str, Term]:

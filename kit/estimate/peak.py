@@ -8,7 +8,8 @@ takes the largest of a few moments, each a sum of ``Term``s by category (``CATEG
   blocks' inputs, not the block recomputed in backward), the 16-bit logits and their fp32 upcast
   (Hugging Face's loss calls ``logits.float()``; the log-softmax output is a saved activation), the
   micro batch's token ids; at stage 3 the parameters gathered in flight (``kit.rules.stage3_gathered``
-  over the tensors it releases).
+  over the tensors it releases) and those ``max_reuse_distance`` keeps gathered until their backward;
+  at stage 1 with gradient accumulation the ipg bucket of micro-step 0 (released at the boundary).
 - **backward**, (a) at the loss's backward: every saved activation, plus the fp32 gradients of the
   logits ``nll_loss_backward`` and ``log_softmax_backward`` make (4 B x b s v each); (b) in the last
   block's backward: the gradient bucket stages 1-2 allocate at the first gradient hook
@@ -20,7 +21,7 @@ takes the largest of a few moments, each a sum of ``Term``s by category (``CATEG
 - **optimizer**: stages 1-2 flatten this rank's gradient partition into an fp32 copy (4 B x P) and
   step the torch optimizer on it; stage 3 first partitions its persistent parameters
   (``_partition_all_parameters``: their full copies are freed, regathered after the update) and steps
-  one sub group with its fp32 gradient; stage 0's ``BF16_Optimizer`` keeps the 16-bit gradients and
+  one sub group with its fp32 gradient; FSDP steps each rank's shards; stage 0's ``BF16_Optimizer`` keeps the 16-bit gradients and
   their fp32 copy (4 B x Psi). The optimizer's temporaries follow torch's ``adam.py``: the single-tensor
   path (a CPU tensor's default) allocates ``exp_avg_sq.sqrt()`` and its quotient, 2 x 4 B x the largest
   tensor it steps; ``_multi_tensor_adam`` (foreach, CUDA's default for ``torch_adam``) one
@@ -38,7 +39,11 @@ transposed input allocates a scratch beside its output, 148,608 B for the toy's 
 backward working set of a model traced rather than given by a formula (its largest layer's gradient
 stands for it), step 0 (Adam's states are created during its optimizer phase: the model is of step 1
 on), NCCL's own buffers and the caching allocator's slack (``kit.estimate.memory`` adds both as
-overheads).
+overheads); DDP under ``torch.autocast`` (its cached bf16 weight copies and fp32 norms, up to 9 % of the
+toy's forward), FSDP2's unsharded root, all-gather inputs and prefetch beyond ``kit.estimate.baselines.
+transient`` (8-18 %), stage 1's accumulated gradient copies in the boundary's optimizer step (+24 % with
+grad accum 3), and stage 3's reuse distance per module rather than per tensor (the trace is walked by
+tensors in the model's order).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from kit.estimate import partition
+from kit.estimate import baselines, partition
 from kit.estimate.activations import FORMULA_FAMILIES, _head_activations, formula
 from kit.estimate.result import NONE, Term
 from kit.rules import DS_SUB_GROUP_SIZE, FP32, element_bytes, optimizer_states, stage3_gathered
@@ -120,14 +125,15 @@ def timeline(
     forward = {**resident, "activations": shape.forward, "temporaries": shape.loss + shape.batch}
     moments = {"forward": "at the loss"}
     gathered = _gathered(setup)
-    if gathered.bytes:
-        forward["buffers"] += gathered
+    held = gathered + _held_bucket(setup)  # what the forward and the loss's backward hold besides
+    if held.bytes:
+        forward["buffers"] += held
     backward_at_loss = {
         **resident,
         "activations": shape.forward,
         "temporaries": shape.loss_grads + shape.batch,
     }
-    backward_at_loss["buffers"] += gathered
+    backward_at_loss["buffers"] += held
     block = {
         **resident,
         "buffers": resident["buffers"] + _bucket(setup) + gathered,
@@ -139,7 +145,9 @@ def timeline(
     candidates = {"at the loss's backward": backward_at_loss, "in the last block's backward": block}
     candidates["at its end"] = end
     moments["backward"], backward = _largest(candidates)
-    moments["optimizer"], optimizer = _largest(_optimizer(setup, device, resident, implementation, backend))
+    moments["optimizer"], optimizer = _largest(
+        _optimizer(setup, rank, device, resident, implementation, backend)
+    )
     for terms in (forward, backward, optimizer):
         terms.update({k: terms.get(k, NONE) for k in CATEGORIES if k not in terms})
     phases = {
@@ -260,17 +268,46 @@ def _bucket(setup: Setup) -> Term:
     )
 
 
+def _held_bucket(setup: Setup) -> Term:
+    """Stage 1 with gradient accumulation: the ipg bucket(s) ``setup_buckets`` allocates at micro-step
+    0's first gradient hook are released only by the boundary's epilogue (stage 1 reduces at the boundary
+    only, ``engine.allreduce_gradients``), so they are live in the later micro-steps' forward too."""
+    z = setup.zero
+    if z.engine != "deepspeed" or z.stage != 1 or setup.batch.grad_accum == 1:
+        return NONE
+    bucket = _bucket(setup)
+    return Term(bucket.bytes, f"{bucket.formula}, held across micro-steps") if bucket.bytes else NONE
+
+
 def _gathered(setup: Setup) -> Term:
-    """Stage 3: parameters gathered in flight, of the tensors it releases (persistent ones are resident)."""
+    """Stage 3: parameters gathered in flight, of the tensors it releases (persistent ones are resident).
+
+    ``release_sub_module`` (``partitioned_param_coordinator.py``, ``__params_to_release``) keeps a
+    module's parameters gathered after its forward when they recur within ``max_reuse_distance``
+    elements of the trace still to run: for tensor i, the tensors after it in the forward and then the
+    same ones again in backward, 2 x the elements after it, before its own backward use. Those stay
+    gathered until their backward; beside them, the layer in use and the prefetch
+    (``kit.rules.stage3_gathered``)."""
     z = setup.zero
     if z.engine != "deepspeed" or z.stage != 3:
         return NONE
-    released = [t for t in partition.numels(setup) if t > z.param_persistence_threshold]
+    tensors = partition.numels(setup)
+    released = [t for t in tensors if t > z.param_persistence_threshold]
     if not released:
         return NONE
-    p = element_bytes(z.precision)
-    n = stage3_gathered(sum(released), max(released), z.prefetch_bucket_size, z.max_live_parameters)
-    return Term(p * n, f"{p} B x {n:,} gathered (largest released tensor + prefetch, capped by max_live)")
+    p, dp = element_bytes(z.precision), setup.dp
+    padded = sum(-(-t // dp) * dp for t in released)
+    kept, after = 0, 0
+    for t in reversed(tensors):  # ``after``: the elements after tensor t in the forward
+        if t > z.param_persistence_threshold and 2 * after < z.max_reuse_distance:
+            kept += -(-t // dp) * dp
+        after += t
+    flight = stage3_gathered(sum(released), max(released), z.prefetch_bucket_size, z.max_live_parameters)
+    n = min(padded, kept + flight)
+    how = "largest released tensor + prefetch, capped by max_live"
+    if kept:
+        how = f"{kept:,} kept to their backward (reuse within max_reuse_distance) + {how}"
+    return Term(p * n, f"{p} B x {n:,} gathered ({how}; at most every released tensor)")
 
 
 def _temporaries(setup: Setup, tensors: list[int], implementation: Implementation) -> Term:
@@ -285,13 +322,13 @@ def _temporaries(setup: Setup, tensors: list[int], implementation: Implementatio
     return Term(2 * FP32 * n, f"sqrt and its quotient: 2 x 4 B x {n:,} (the largest tensor)")
 
 
-def _optimizer(setup, device, resident, implementation, backend) -> dict[str, dict[str, Term]]:
+def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[str, dict[str, Term]]:
     z, psi = setup.zero, setup.model.params
     p = element_bytes(z.precision)
     gloo = backend == "gloo"
     base = dict(resident)
-    if z.engine != "deepspeed":
-        tensors = list(partition.numels(setup))
+    if z.engine != "deepspeed":  # FSDP steps each rank's shards (DTensors: their local tensors)
+        tensors = list(baselines.local_shards(setup, rank) if z.engine == "fsdp" else partition.numels(setup))
         return {
             "during the update": {
                 **base,
