@@ -118,14 +118,50 @@ def transient(setup: Setup) -> dict[str, Term]:
 def largest_unit(setup: Setup) -> tuple[int, str]:
     """Parameters of the largest unit ``fully_shard`` gathers at once: a block, or the root's own (the
     embeddings and head). From the shape fields; a model without them is one unit."""
+    units = _units(setup)
+    if units is None:
+        return setup.model.params, "one unit: the whole model"
+    block, embeddings = units
+    return max(block, embeddings), f"unit = max(block ~ {block:,}, root's embeddings {embeddings:,})"
+
+
+def unsharded_at_loss(setup: Setup, backward: bool = False) -> Term:
+    """What FSDP2 holds gathered at the loss, in the all-gather dtype: the root's parameters (the root
+    is not resharded after forward; its blocks are), or with ``fsdp-grad-op``
+    (``reshard_after_forward=False``) every unit's. In the forward, beside them, the flat all-gather
+    output of the last unit gathered, which ``FSDPParamGroup.wait_for_unshard`` keeps in
+    ``comm_ctx.all_gather_state`` until the next forward unshard (a block); in the loss's ``backward``
+    that is gone, and ``fsdp`` holds instead the last block, gathered again by the root's backward
+    prefetch."""
+    z = setup.zero
+    if z.engine != "fsdp":
+        return NONE
+    p = element_bytes(z.precision)
+    units = _units(setup)
+    block, root = (setup.model.params, setup.model.params) if units is None else units
+    grad_op = baseline_name(z.engine, z.stage) == "fsdp-grad-op"
+    if grad_op:
+        n = setup.dp * shard_elements(setup, 0)[0]
+        held = Term(p * n, f"{p} B x {n:,} (every unit unsharded: reshard_after_forward=False)")
+    else:
+        held = Term(
+            p * root, f"{p} B x {root:,} (the root's embeddings, unsharded: the root is not resharded)"
+        )
+    if backward and grad_op:
+        return held
+    what = "the last block, prefetched for backward" if backward else "the last block's all-gather output"
+    return held + Term(p * block, f"{p} B x {block:,} ({what})")
+
+
+def _units(setup: Setup) -> tuple[int, int] | None:
+    """(a block's parameters, the root's embeddings), from the shape fields; None without them."""
     m = setup.model
     if not (m.is_transformer and m.vocab):
-        return m.params, "one unit: the whole model"
+        return None
     embeddings = m.vocab * m.hidden * (1 if m.tied_embeddings else 2)
     if m.family == "gpt2" and m.max_seq_len:
         embeddings += m.max_seq_len * m.hidden
-    block = max(0, m.params - embeddings) // m.layers
-    return max(block, embeddings), f"unit = max(block ~ {block:,}, root's embeddings {embeddings:,})"
+    return max(0, m.params - embeddings) // m.layers, embeddings
 
 
 def notes(setup: Setup) -> tuple[str, ...]:

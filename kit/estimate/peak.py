@@ -9,7 +9,8 @@ takes the largest of a few moments, each a sum of ``Term``s by category (``CATEG
   (Hugging Face's loss calls ``logits.float()``; the log-softmax output is a saved activation), the
   micro batch's token ids; at stage 3 the parameters gathered in flight (``kit.rules.stage3_gathered``
   over the tensors it releases) and those ``max_reuse_distance`` keeps gathered until their backward;
-  at stage 1 with gradient accumulation the ipg bucket of micro-step 0 (released at the boundary).
+  at stage 1 with gradient accumulation the ipg bucket of micro-step 0 (released at the boundary); with
+  FSDP the root unsharded (every unit with ``fsdp-grad-op``) and the last all-gather's output.
 - **backward**, (a) at the loss's backward: every saved activation, plus the fp32 gradients of the
   logits ``nll_loss_backward`` and ``log_softmax_backward`` make (4 B x b s v each); (b) in the last
   block's backward: the gradient bucket stages 1-2 allocate at the first gradient hook
@@ -18,15 +19,16 @@ takes the largest of a few moments, each a sum of ``Term``s by category (``CATEG
   the embedding's own use adds to it) and the block's backward working set (the MLP's down-projection:
   its input gradient b s f, its weight gradient f h, the incoming gradient b s h); (c) at its end: the
   gradients of this rank (and the bucket).
-- **optimizer**: stages 1-2 flatten this rank's gradient partition into an fp32 copy (4 B x P) and
-  step the torch optimizer on it; stage 3 first partitions its persistent parameters
+- **optimizer**: with gradient accumulation, ``engine.step()`` between micro-steps (the held gradients
+  and, at stage 1, the bucket); stages 1-2 flatten this rank's gradient partition into an fp32 copy
+  (4 B x P) and step the torch optimizer on it; stage 3 first partitions its persistent parameters
   (``_partition_all_parameters``: their full copies are freed, regathered after the update) and steps
-  one sub group with its fp32 gradient; FSDP steps each rank's shards; stage 0's ``BF16_Optimizer`` keeps the 16-bit gradients and
-  their fp32 copy (4 B x Psi). The optimizer's temporaries follow torch's ``adam.py``: the single-tensor
-  path (a CPU tensor's default) allocates ``exp_avg_sq.sqrt()`` and its quotient, 2 x 4 B x the largest
-  tensor it steps; ``_multi_tensor_adam`` (foreach, CUDA's default for ``torch_adam``) one
-  ``_foreach_sqrt`` copy of every tensor, 4 B x their sum; fused kernels (DeepSpeed's FusedAdam, what a
-  ds_config without ``torch_adam`` gets on CUDA) none.
+  one sub group with its fp32 gradient; FSDP steps each rank's shards; stage 0's ``BF16_Optimizer``
+  keeps the 16-bit gradients and their fp32 copy (4 B x Psi). The optimizer's temporaries follow
+  torch's ``adam.py``: the single-tensor path (a CPU tensor's default) allocates ``exp_avg_sq.sqrt()``
+  and its quotient, 2 x 4 B x the largest tensor it steps; ``_multi_tensor_adam`` (foreach, CUDA's
+  default for ``torch_adam``) one ``_foreach_sqrt`` copy of every tensor, 4 B x their sum; fused
+  kernels (DeepSpeed's FusedAdam, what a ds_config without ``torch_adam`` gets on CUDA) none.
 
 ``backend="gloo"`` (the CPU accelerator) adds the copies gloo's collectives make where NCCL writes in
 place: the all-gather of the updated 16-bit partitions (16-bit Psi, stages 1-2) and of a persistent
@@ -39,21 +41,23 @@ transposed input allocates a scratch beside its output, 148,608 B for the toy's 
 backward working set of a model traced rather than given by a formula (its largest layer's gradient
 stands for it), step 0 (Adam's states are created during its optimizer phase: the model is of step 1
 on), NCCL's own buffers and the caching allocator's slack (``kit.estimate.memory`` adds both as
-overheads); DDP under ``torch.autocast`` (its cached bf16 weight copies and fp32 norms, up to 9 % of the
-toy's forward), FSDP2's unsharded root, all-gather inputs and prefetch beyond ``kit.estimate.baselines.
-transient`` (8-18 %), stage 1's accumulated gradient copies in the boundary's optimizer step (+24 % with
-grad accum 3), and stage 3's reuse distance per module rather than per tensor (the trace is walked by
-tensors in the model's order).
+overheads); DDP under ``torch.autocast`` keeps norms and the residual stream in fp32 (the activations
+formula counts them in bf16: 1.3 % of the toy's forward); FSDP2's units come from the shape fields (a
+block is (Psi - embeddings) / layers); stage 3's reuse distance is walked per tensor in the model's
+order, not per module in the trace's; a stage-2 bucket flush counts one gradient in flight, where
+gloo's reduction may hold a second (a model file's rank 1: +2.7 %).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 from kit.estimate import baselines, partition
 from kit.estimate.activations import FORMULA_FAMILIES, _head_activations, formula
 from kit.estimate.result import NONE, Term
+from kit.models import spec_shapes
 from kit.rules import DS_SUB_GROUP_SIZE, FP32, element_bytes, optimizer_states, stage3_gathered
 from kit.schema import Setup
 
@@ -126,28 +130,32 @@ def timeline(
     moments = {"forward": "at the loss"}
     gathered = _gathered(setup)
     held = gathered + _held_bucket(setup)  # what the forward and the loss's backward hold besides
-    if held.bytes:
-        forward["buffers"] += held
+    forward["buffers"] += held + baselines.unsharded_at_loss(setup)
+    forward["temporaries"] += _autocast_copies(setup)
     backward_at_loss = {
         **resident,
         "activations": shape.forward,
-        "temporaries": shape.loss_grads + shape.batch,
+        "temporaries": shape.loss_grads + shape.batch + _autocast_copies(setup),
     }
-    backward_at_loss["buffers"] += held
+    backward_at_loss["buffers"] += held + baselines.unsharded_at_loss(setup, backward=True)
     block = {
         **resident,
         "buffers": resident["buffers"] + _bucket(setup) + gathered,
         "activations": shape.blocks,
-        "temporaries": shape.tied + shape.block_backward + shape.batch,
+        "temporaries": shape.tied + shape.block_backward + shape.batch + _autocast_copies(setup, head=False),
     }
     end = {**resident, "buffers": resident["buffers"] + _bucket(setup)}
     end["gradients"] = _end_gradients(setup, device, resident["gradients"])
     candidates = {"at the loss's backward": backward_at_loss, "in the last block's backward": block}
     candidates["at its end"] = end
+    flush = _flush(setup)
+    if flush.bytes:
+        candidates["at a bucket flush"] = {**end, "temporaries": flush}
     moments["backward"], backward = _largest(candidates)
-    moments["optimizer"], optimizer = _largest(
-        _optimizer(setup, rank, device, resident, implementation, backend)
-    )
+    steps = _optimizer(setup, rank, device, resident, implementation, backend)
+    if setup.batch.grad_accum > 1:  # engine.step() of a micro-step before the boundary updates nothing
+        steps["between micro-steps"] = {**resident, "buffers": resident["buffers"] + _held_bucket(setup)}
+    moments["optimizer"], optimizer = _largest(steps)
     for terms in (forward, backward, optimizer):
         terms.update({k: terms.get(k, NONE) for k in CATEGORIES if k not in terms})
     phases = {
@@ -266,6 +274,43 @@ def _bucket(setup: Setup) -> Term:
         count * p * z.reduce_bucket_size,
         f"{count} x {p} B x reduce_bucket_size {z.reduce_bucket_size:,} (ipg bucket)",
     )
+
+
+def _autocast_copies(setup: Setup, head: bool = True) -> Term:
+    """DDP in bf16 runs under ``torch.autocast``: every matmul casts its fp32 weight to bf16, autocast
+    caches the copy of a leaf that requires grad (``cached_cast``) until the forward's autocast exits,
+    and the matmul saves it for its backward. The weights are the tensors of two or more dimensions but
+    the lookup tables (position embeddings, an untied input embedding); without ``head`` the language
+    model head's copy is left out (freed by its backward)."""
+    z, m = setup.zero, setup.model
+    if z.engine != "ddp" or z.precision == "fp32":
+        return NONE
+    shapes = spec_shapes(m)
+    if shapes is None:
+        return NONE
+    n = sum(math.prod(shape) for shape in shapes if len(shape) >= 2)
+    tables = (m.max_seq_len or 0) * (m.hidden or 0) if m.family == "gpt2" else 0
+    if m.vocab and m.hidden:
+        tables += 0 if m.tied_embeddings else m.vocab * m.hidden
+        if not head:
+            tables += m.vocab * m.hidden
+    n -= tables
+    p = element_bytes(z.precision)
+    what = "" if head else ", the head's freed"
+    return Term(p * n, f"{p} B x {n:,} (torch.autocast's cached weight copies, saved for backward{what})")
+
+
+def _flush(setup: Setup) -> Term:
+    """Stage 2 with more gradient than one bucket: a gradient hook that finds the bucket full reduces it
+    (``reduce_independent_p_g_buckets_and_remove_grads``) while its own tensor's 16-bit gradient is live,
+    the partition's gradient buffer already allocated by an earlier flush; the largest tensor's."""
+    z = setup.zero
+    if z.engine != "deepspeed" or z.stage != 2 or not z.contiguous_gradients:
+        return NONE
+    if setup.model.params <= z.reduce_bucket_size:
+        return NONE
+    p, n = element_bytes(z.precision), max(partition.numels(setup))
+    return Term(p * n, f"{p} B x {n:,} (the largest tensor's gradient, its hook flushing a full bucket)")
 
 
 def _held_bucket(setup: Setup) -> Term:
