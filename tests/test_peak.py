@@ -41,6 +41,26 @@ def test_replay_counts_live_tensors_per_phase_and_leaves_host_work_out():
     assert memory.result()["peak_tensor_bytes"] == phases["backward"]
 
 
+def test_torch_collectives_are_settled_once_even_inside_deepspeeds_and_restored_after():
+    import torch
+    import torch.distributed as dist
+
+    from kit.ranks import memory_timeline
+
+    before = {name: getattr(dist, name) for name in memory_timeline.TORCH_COLLECTIVES}
+    depths = []
+
+    def collective(tensor, async_op=False):
+        depths.append(memory_timeline._SETTLING.depth)
+
+    # DeepSpeed's backend calling torch.distributed: one settled window, the outer one's
+    memory_timeline._settle(memory_timeline._settle(collective))(torch.zeros(4))
+    assert depths == [1] and memory_timeline._SETTLING.depth == 0
+    with memory_timeline.settled_collectives():
+        assert all(getattr(dist, name) is not f for name, f in before.items())
+    assert {name: getattr(dist, name) for name in before} == before
+
+
 def _setup(**zero) -> Setup:
     batch = zero.pop("batch", {})
     data = toy_setup(2).model_dump(mode="json")
