@@ -44,8 +44,9 @@ on), NCCL's own buffers and the caching allocator's slack (``kit.estimate.memory
 overheads); DDP under ``torch.autocast`` keeps norms and the residual stream in fp32 (the activations
 formula counts them in bf16: 1.3 % of the toy's forward); FSDP2's units come from the shape fields (a
 block is (Psi - embeddings) / layers); stage 3's reuse distance is walked per tensor in the model's
-order, not per module in the trace's; a stage-2 bucket flush counts one gradient in flight, where
-gloo's reduction may hold a second (a model file's rank 1: +2.7 %).
+order, not per module in the trace's; a stage-2 bucket flush counts the gradient in flight, not
+``allreduce_bucket``'s flat copy of each destination rank's slices of the bucket (525,824 B at a model
+file's rank-1 peak: +2.7 % on 2 ranks, +4.3 % on one of 4).
 """
 
 from __future__ import annotations
