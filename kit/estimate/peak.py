@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kit.estimate import baselines, partition
-from kit.estimate.activations import FORMULA_FAMILIES, _head_activations, formula
+from kit.estimate.activations import FORMULA_FAMILIES, SWIGLU_FAMILIES, _head_activations, formula
 from kit.estimate.result import NONE, Term
 from kit.models import spec_shapes
 from kit.rules import DS_SUB_GROUP_SIZE, FP32, element_bytes, optimizer_states, stage3_gathered
@@ -221,15 +221,21 @@ class _Shape:
             self.blocks = Term(act.bytes - head.bytes, f"{act.formula} - the head's {head.bytes:,} B (freed)")
             s, h, f = b.seq_len, m.hidden, m.ffn or 4 * m.hidden
             mb = b.micro_batch
+            gated = 2 if m.family in SWIGLU_FAMILIES else 0  # the product's backward: gate and up b s f
             self.block_backward = Term(
-                p * (s * mb * f + f * h + s * mb * h),
-                f"{p} B x (b s f + f h + b s h): the MLP down-projection's input and weight gradients and "
-                "the incoming one",
+                p * ((1 + gated) * s * mb * f + f * h + s * mb * h),
+                f"{p} B x ({1 + gated if gated else ''}b s f + f h + b s h): the MLP down-projection's input "
+                "and weight gradients and the incoming one"
+                + (", and the SwiGLU product's two input gradients" if gated else ""),
             )
-            tied = m.vocab * h if m.tied_embeddings and m.vocab else 0
-            self.tied = (
-                Term(p * tied, f"{p} B x v h (the tied embedding's gradient from the head)") if tied else NONE
-            )
+            head = m.vocab * h if m.vocab else 0
+            z = setup.zero
+            if m.tied_embeddings and head:
+                self.tied = Term(p * head, f"{p} B x v h (the tied embedding's gradient from the head)")
+            elif head and z.engine == "deepspeed" and z.stage == 1:
+                self.tied = Term(p * head, f"{p} B x v h (the head's gradient, in .grad to the boundary)")
+            else:
+                self.tied = NONE
         else:
             largest = setup.model.largest_layer_params
             self.forward = self.blocks = act
