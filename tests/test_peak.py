@@ -114,6 +114,7 @@ ACCURACY = [
     ("ddp gas3", _setup(engine="ddp", stage=0, batch=GAS3)),
     ("fsdp", _setup(engine="fsdp", stage=3)),
     ("fsdp-grad-op", _setup(engine="fsdp", stage=2)),
+    ("fsdp gas3", _setup(engine="fsdp", stage=3, batch=GAS3)),
     ("z0 gas3", _setup(stage=0, batch=GAS3)),
     ("z1 gas3", _setup(stage=1, batch=GAS3)),
     ("z3 gas3", _setup(stage=3, batch=GAS3)),
