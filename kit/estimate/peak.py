@@ -36,17 +36,18 @@ stage-3 tensor (the largest), at the moment they are made (``kit.ranks.memory_ti
 collective, so a CPU measurement sees these copies freed when they really are).
 
 What it cannot see: the temporaries inside an op (kernels' workspaces: on CPU a bf16 ``mm`` of a
-transposed input allocates a scratch beside its output, 148,608 B for the toy's 256 x 128 by 128 x
-64), the head's loss for models without a language-model head (a formula family's head only), the
-backward working set of a model traced rather than given by a formula (its largest layer's gradient
-stands for it), step 0 (Adam's states are created during its optimizer phase: the model is of step 1
-on), NCCL's own buffers and the caching allocator's slack (``kit.estimate.memory`` adds both as
-overheads); DDP under ``torch.autocast`` keeps norms and the residual stream in fp32 (the activations
-formula counts them in bf16: 1.3 % of the toy's forward); FSDP2's units come from the shape fields (a
-block is (Psi - embeddings) / layers); stage 3's reuse distance is walked per tensor in the model's
-order, not per module in the trace's; a stage-2 bucket flush counts the gradient in flight, not
-``allreduce_bucket``'s flat copy of each destination rank's slices of the bucket (525,824 B at a model
-file's rank-1 peak: +2.7 % on 2 ranks, +4.3 % on one of 4).
+transposed input allocates a scratch beside its output, 148,608 B for the toy's 256 x 128 by 128 x 64),
+the head's loss for models without a language-model head (a formula family's head only), the backward
+working set of a model traced rather than given by a formula (its largest layer's gradient stands for it)
+and the outputs its forward holds without saving them (data/examples/conv_net.py at stage 2: +7.9 %
+forward, +11.4 % backward, oneDNN's convolution outputs and backward buffers), step 0 (Adam's states are
+created during its optimizer phase: the model is of step 1 on), NCCL's own buffers and the caching
+allocator's slack (``kit.estimate.memory`` adds both as overheads); DDP under ``torch.autocast`` keeps
+norms and the residual stream in fp32 (the activations formula counts them in bf16: 1.3 % of the toy's
+forward); FSDP2's units come from the shape fields (a block is (Psi - embeddings) / layers); stage 3's
+reuse distance is walked per tensor in the model's order, not per module in the trace's; a stage-2 bucket
+flush counts the gradient in flight, not ``allreduce_bucket``'s flat copy of each destination rank's
+slices of the bucket (525,824 B at a model file's rank-1 peak: +2.7 % on 2 ranks, +4.3 % on one of 4).
 """
 
 from __future__ import annotations
