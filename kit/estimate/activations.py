@@ -20,6 +20,8 @@ from kit.schema import Setup
 
 #: families with a formula below (each checked against what autograd saves); others are traced
 FORMULA_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox", "dit")
+#: decoder families whose MLP is SwiGLU (gate and up projections, their product into down)
+SWIGLU_FAMILIES = ("llama", "mistral", "qwen2")
 
 
 def activations(setup: Setup) -> Term:
@@ -56,7 +58,7 @@ def formula(setup: Setup) -> Term:
     ffn = m.ffn or 4 * h
     sbh, sbf, as2b = s * b * h, s * b * ffn, a * s * s * b
     family = m.family or "gpt2"
-    if family in ("llama", "mistral", "qwen2"):
+    if family in SWIGLU_FAMILIES:
         # Hugging Face's decoder, SDPA attention (flash / memory-efficient: no s^2 term), fitted to
         # what autograd saves (tests/test_activations.py). 16-bit: each RMSNorm keeps its fp32 input
         # 4sbh, the normalised 2sbh and the weighted output 2sbh; rotated q 2sbh, k and v 2 x 2sb(kv),

@@ -70,13 +70,27 @@ def _shard_elements(model: ModelSpec, n: int, rank: int) -> tuple[int, int, str]
         padded = -(-model.params // n)
         local = max(0, min(padded, model.params - rank * padded))
         return padded, local, f"ceil(Psi / N) = {padded:,} (bare count: per-tensor padding approximated)"
-    padded = local = 0
+    padded = sum(chunk for chunk, _ in _shards(shapes, n, rank))
+    local = sum(local for _, local in _shards(shapes, n, rank))
+    return padded, local, f"sum over tensors of ceil(d0 / N) x d1..., N = {n}"
+
+
+def local_shards(setup: Setup, rank: int) -> tuple[int, ...]:
+    """Elements of each tensor's unpadded shard on rank ``rank`` (what its optimizer steps)."""
+    shapes = spec_shapes(setup.model)
+    if shapes is None:
+        return (_shard_elements(setup.model, setup.dp, rank)[1],)
+    return tuple(local for _, local in _shards(shapes, setup.dp, rank))
+
+
+def _shards(shapes, n: int, rank: int) -> list[tuple[int, int]]:
+    """Per tensor, (padded, local) elements of rank ``rank``'s shard along the first dimension."""
+    out = []
     for shape in shapes:
         rows, rest = (shape[0], math.prod(shape[1:])) if shape else (1, 1)
         chunk = -(-rows // n)
-        padded += chunk * rest
-        local += max(0, min(chunk, rows - rank * chunk)) * rest
-    return padded, local, f"sum over tensors of ceil(d0 / N) x d1..., N = {n}"
+        out.append((chunk * rest, max(0, min(chunk, rows - rank * chunk)) * rest))
+    return out
 
 
 def transient(setup: Setup) -> dict[str, Term]:
@@ -104,14 +118,50 @@ def transient(setup: Setup) -> dict[str, Term]:
 def largest_unit(setup: Setup) -> tuple[int, str]:
     """Parameters of the largest unit ``fully_shard`` gathers at once: a block, or the root's own (the
     embeddings and head). From the shape fields; a model without them is one unit."""
+    units = _units(setup)
+    if units is None:
+        return setup.model.params, "one unit: the whole model"
+    block, embeddings = units
+    return max(block, embeddings), f"unit = max(block ~ {block:,}, root's embeddings {embeddings:,})"
+
+
+def unsharded_at_loss(setup: Setup, backward: bool = False) -> Term:
+    """What FSDP2 holds gathered at the loss, in the all-gather dtype: the root's parameters (the root
+    is not resharded after forward; its blocks are), or with ``fsdp-grad-op``
+    (``reshard_after_forward=False``) every unit's. In the forward, beside them, the flat all-gather
+    output of the last unit gathered, which ``FSDPParamGroup.wait_for_unshard`` keeps in
+    ``comm_ctx.all_gather_state`` until the next forward unshard (a block); in the loss's ``backward``
+    that is gone, and ``fsdp`` holds instead the last block, gathered again by the root's backward
+    prefetch."""
+    z = setup.zero
+    if z.engine != "fsdp":
+        return NONE
+    p = element_bytes(z.precision)
+    units = _units(setup)
+    block, root = (setup.model.params, setup.model.params) if units is None else units
+    grad_op = baseline_name(z.engine, z.stage) == "fsdp-grad-op"
+    if grad_op:
+        n = setup.dp * shard_elements(setup, 0)[0]
+        held = Term(p * n, f"{p} B x {n:,} (every unit unsharded: reshard_after_forward=False)")
+    else:
+        held = Term(
+            p * root, f"{p} B x {root:,} (the root's embeddings, unsharded: the root is not resharded)"
+        )
+    if backward and grad_op:
+        return held
+    what = "the last block, prefetched for backward" if backward else "the last block's all-gather output"
+    return held + Term(p * block, f"{p} B x {block:,} ({what})")
+
+
+def _units(setup: Setup) -> tuple[int, int] | None:
+    """(a block's parameters, the root's embeddings), from the shape fields; None without them."""
     m = setup.model
     if not (m.is_transformer and m.vocab):
-        return m.params, "one unit: the whole model"
+        return None
     embeddings = m.vocab * m.hidden * (1 if m.tied_embeddings else 2)
     if m.family == "gpt2" and m.max_seq_len:
         embeddings += m.max_seq_len * m.hidden
-    block = max(0, m.params - embeddings) // m.layers
-    return max(block, embeddings), f"unit = max(block ~ {block:,}, root's embeddings {embeddings:,})"
+    return max(0, m.params - embeddings) // m.layers, embeddings
 
 
 def notes(setup: Setup) -> tuple[str, ...]:

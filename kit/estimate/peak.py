@@ -8,7 +8,9 @@ takes the largest of a few moments, each a sum of ``Term``s by category (``CATEG
   blocks' inputs, not the block recomputed in backward), the 16-bit logits and their fp32 upcast
   (Hugging Face's loss calls ``logits.float()``; the log-softmax output is a saved activation), the
   micro batch's token ids; at stage 3 the parameters gathered in flight (``kit.rules.stage3_gathered``
-  over the tensors it releases).
+  over the tensors it releases) and those ``max_reuse_distance`` keeps gathered until their backward;
+  at stage 1 with gradient accumulation the ipg bucket of micro-step 0 (released at the boundary); with
+  FSDP the root unsharded (every unit with ``fsdp-grad-op``) and the last all-gather's output.
 - **backward**, (a) at the loss's backward: every saved activation, plus the fp32 gradients of the
   logits ``nll_loss_backward`` and ``log_softmax_backward`` make (4 B x b s v each); (b) in the last
   block's backward: the gradient bucket stages 1-2 allocate at the first gradient hook
@@ -17,15 +19,16 @@ takes the largest of a few moments, each a sum of ``Term``s by category (``CATEG
   the embedding's own use adds to it) and the block's backward working set (the MLP's down-projection:
   its input gradient b s f, its weight gradient f h, the incoming gradient b s h); (c) at its end: the
   gradients of this rank (and the bucket).
-- **optimizer**: stages 1-2 flatten this rank's gradient partition into an fp32 copy (4 B x P) and
-  step the torch optimizer on it; stage 3 first partitions its persistent parameters
+- **optimizer**: with gradient accumulation, ``engine.step()`` between micro-steps (the held gradients
+  and, at stage 1, the bucket); stages 1-2 flatten this rank's gradient partition into an fp32 copy
+  (4 B x P) and step the torch optimizer on it; stage 3 first partitions its persistent parameters
   (``_partition_all_parameters``: their full copies are freed, regathered after the update) and steps
-  one sub group with its fp32 gradient; stage 0's ``BF16_Optimizer`` keeps the 16-bit gradients and
-  their fp32 copy (4 B x Psi). The optimizer's temporaries follow torch's ``adam.py``: the single-tensor
-  path (a CPU tensor's default) allocates ``exp_avg_sq.sqrt()`` and its quotient, 2 x 4 B x the largest
-  tensor it steps; ``_multi_tensor_adam`` (foreach, CUDA's default for ``torch_adam``) one
-  ``_foreach_sqrt`` copy of every tensor, 4 B x their sum; fused kernels (DeepSpeed's FusedAdam, what a
-  ds_config without ``torch_adam`` gets on CUDA) none.
+  one sub group with its fp32 gradient; FSDP steps each rank's shards; stage 0's ``BF16_Optimizer``
+  keeps the 16-bit gradients and their fp32 copy (4 B x Psi). The optimizer's temporaries follow
+  torch's ``adam.py``: the single-tensor path (a CPU tensor's default) allocates ``exp_avg_sq.sqrt()``
+  and its quotient, 2 x 4 B x the largest tensor it steps; ``_multi_tensor_adam`` (foreach, CUDA's
+  default for ``torch_adam``) one ``_foreach_sqrt`` copy of every tensor, 4 B x their sum; fused
+  kernels (DeepSpeed's FusedAdam, what a ds_config without ``torch_adam`` gets on CUDA) none.
 
 ``backend="gloo"`` (the CPU accelerator) adds the copies gloo's collectives make where NCCL writes in
 place: the all-gather of the updated 16-bit partitions (16-bit Psi, stages 1-2) and of a persistent
@@ -33,22 +36,30 @@ stage-3 tensor (the largest), at the moment they are made (``kit.ranks.memory_ti
 collective, so a CPU measurement sees these copies freed when they really are).
 
 What it cannot see: the temporaries inside an op (kernels' workspaces: on CPU a bf16 ``mm`` of a
-transposed input allocates a scratch beside its output, 148,608 B for the toy's 256 x 128 by 128 x
-64), the head's loss for models without a language-model head (a formula family's head only), the
-backward working set of a model traced rather than given by a formula (its largest layer's gradient
-stands for it), step 0 (Adam's states are created during its optimizer phase: the model is of step 1
-on), NCCL's own buffers and the caching allocator's slack (``kit.estimate.memory`` adds both as
-overheads).
+transposed input allocates a scratch beside its output, 148,608 B for the toy's 256 x 128 by 128 x 64),
+the head's loss for models without a language-model head (a formula family's head only), the backward
+working set of a model traced rather than given by a formula (its largest layer's gradient stands for it)
+and the outputs its forward holds without saving them (data/examples/conv_net.py at stage 2: +7.9 %
+forward, +11.4 % backward, oneDNN's convolution outputs and backward buffers), step 0 (Adam's states are
+created during its optimizer phase: the model is of step 1 on), NCCL's own buffers and the caching
+allocator's slack (``kit.estimate.memory`` adds both as overheads); DDP under ``torch.autocast`` keeps
+norms and the residual stream in fp32 (the activations formula counts them in bf16: 1.3 % of the toy's
+forward); FSDP2's units come from the shape fields (a block is (Psi - embeddings) / layers); stage 3's
+reuse distance is walked per tensor in the model's order, not per module in the trace's; a stage-2 bucket
+flush counts the gradient in flight, not ``allreduce_bucket``'s flat copy of each destination rank's
+slices of the bucket (525,824 B at a model file's rank-1 peak: +2.7 % on 2 ranks, +4.3 % on one of 4).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
-from kit.estimate import partition
-from kit.estimate.activations import FORMULA_FAMILIES, _head_activations, formula
+from kit.estimate import baselines, partition
+from kit.estimate.activations import FORMULA_FAMILIES, SWIGLU_FAMILIES, _head_activations, formula
 from kit.estimate.result import NONE, Term
+from kit.models import spec_shapes
 from kit.rules import DS_SUB_GROUP_SIZE, FP32, element_bytes, optimizer_states, stage3_gathered
 from kit.schema import Setup
 
@@ -120,26 +131,33 @@ def timeline(
     forward = {**resident, "activations": shape.forward, "temporaries": shape.loss + shape.batch}
     moments = {"forward": "at the loss"}
     gathered = _gathered(setup)
-    if gathered.bytes:
-        forward["buffers"] += gathered
+    held = gathered + _held_bucket(setup)  # what the forward and the loss's backward hold besides
+    forward["buffers"] += held + baselines.unsharded_at_loss(setup)
+    forward["temporaries"] += _autocast_copies(setup)
     backward_at_loss = {
         **resident,
         "activations": shape.forward,
-        "temporaries": shape.loss_grads + shape.batch,
+        "temporaries": shape.loss_grads + shape.batch + _autocast_copies(setup),
     }
-    backward_at_loss["buffers"] += gathered
+    backward_at_loss["buffers"] += held + baselines.unsharded_at_loss(setup, backward=True)
     block = {
         **resident,
         "buffers": resident["buffers"] + _bucket(setup) + gathered,
         "activations": shape.blocks,
-        "temporaries": shape.tied + shape.block_backward + shape.batch,
+        "temporaries": shape.tied + shape.block_backward + shape.batch + _autocast_copies(setup, head=False),
     }
     end = {**resident, "buffers": resident["buffers"] + _bucket(setup)}
     end["gradients"] = _end_gradients(setup, device, resident["gradients"])
     candidates = {"at the loss's backward": backward_at_loss, "in the last block's backward": block}
     candidates["at its end"] = end
+    flush = _flush(setup)
+    if flush.bytes:
+        candidates["at a bucket flush"] = {**end, "temporaries": flush}
     moments["backward"], backward = _largest(candidates)
-    moments["optimizer"], optimizer = _largest(_optimizer(setup, device, resident, implementation, backend))
+    steps = _optimizer(setup, rank, device, resident, implementation, backend)
+    if setup.batch.grad_accum > 1:  # engine.step() of a micro-step before the boundary updates nothing
+        steps["between micro-steps"] = {**resident, "buffers": resident["buffers"] + _held_bucket(setup)}
+    moments["optimizer"], optimizer = _largest(steps)
     for terms in (forward, backward, optimizer):
         terms.update({k: terms.get(k, NONE) for k in CATEGORIES if k not in terms})
     phases = {
@@ -204,15 +222,21 @@ class _Shape:
             self.blocks = Term(act.bytes - head.bytes, f"{act.formula} - the head's {head.bytes:,} B (freed)")
             s, h, f = b.seq_len, m.hidden, m.ffn or 4 * m.hidden
             mb = b.micro_batch
+            gated = 2 if m.family in SWIGLU_FAMILIES else 0  # the product's backward: gate and up b s f
             self.block_backward = Term(
-                p * (s * mb * f + f * h + s * mb * h),
-                f"{p} B x (b s f + f h + b s h): the MLP down-projection's input and weight gradients and "
-                "the incoming one",
+                p * ((1 + gated) * s * mb * f + f * h + s * mb * h),
+                f"{p} B x ({1 + gated if gated else ''}b s f + f h + b s h): the MLP down-projection's input "
+                "and weight gradients and the incoming one"
+                + (", and the SwiGLU product's two input gradients" if gated else ""),
             )
-            tied = m.vocab * h if m.tied_embeddings and m.vocab else 0
-            self.tied = (
-                Term(p * tied, f"{p} B x v h (the tied embedding's gradient from the head)") if tied else NONE
-            )
+            head = m.vocab * h if m.vocab else 0
+            z = setup.zero
+            if m.tied_embeddings and head:
+                self.tied = Term(p * head, f"{p} B x v h (the tied embedding's gradient from the head)")
+            elif head and z.engine == "deepspeed" and z.stage == 1:
+                self.tied = Term(p * head, f"{p} B x v h (the head's gradient, in .grad to the boundary)")
+            else:
+                self.tied = NONE
         else:
             largest = setup.model.largest_layer_params
             self.forward = self.blocks = act
@@ -260,17 +284,83 @@ def _bucket(setup: Setup) -> Term:
     )
 
 
+def _autocast_copies(setup: Setup, head: bool = True) -> Term:
+    """DDP in bf16 runs under ``torch.autocast``: every matmul casts its fp32 weight to bf16, autocast
+    caches the copy of a leaf that requires grad (``cached_cast``) until the forward's autocast exits,
+    and the matmul saves it for its backward. The weights are the tensors of two or more dimensions but
+    the lookup tables (position embeddings, an untied input embedding); without ``head`` the language
+    model head's copy is left out (freed by its backward)."""
+    z, m = setup.zero, setup.model
+    if z.engine != "ddp" or z.precision == "fp32":
+        return NONE
+    shapes = spec_shapes(m)
+    if shapes is None:
+        return NONE
+    n = sum(math.prod(shape) for shape in shapes if len(shape) >= 2)
+    tables = (m.max_seq_len or 0) * (m.hidden or 0) if m.family == "gpt2" else 0
+    if m.vocab and m.hidden:
+        tables += 0 if m.tied_embeddings else m.vocab * m.hidden
+        if not head:
+            tables += m.vocab * m.hidden
+    n -= tables
+    p = element_bytes(z.precision)
+    what = "" if head else ", the head's freed"
+    return Term(p * n, f"{p} B x {n:,} (torch.autocast's cached weight copies, saved for backward{what})")
+
+
+def _flush(setup: Setup) -> Term:
+    """Stage 2 with more gradient than one bucket: a gradient hook that finds the bucket full reduces it
+    (``reduce_independent_p_g_buckets_and_remove_grads``) while its own tensor's 16-bit gradient is live,
+    the partition's gradient buffer already allocated by an earlier flush; the largest tensor's."""
+    z = setup.zero
+    if z.engine != "deepspeed" or z.stage != 2 or not z.contiguous_gradients:
+        return NONE
+    if setup.model.params <= z.reduce_bucket_size:
+        return NONE
+    p, n = element_bytes(z.precision), max(partition.numels(setup))
+    return Term(p * n, f"{p} B x {n:,} (the largest tensor's gradient, its hook flushing a full bucket)")
+
+
+def _held_bucket(setup: Setup) -> Term:
+    """Stage 1 with gradient accumulation: the ipg bucket(s) ``setup_buckets`` allocates at micro-step
+    0's first gradient hook are released only by the boundary's epilogue (stage 1 reduces at the boundary
+    only, ``engine.allreduce_gradients``), so they are live in the later micro-steps' forward too."""
+    z = setup.zero
+    if z.engine != "deepspeed" or z.stage != 1 or setup.batch.grad_accum == 1:
+        return NONE
+    bucket = _bucket(setup)
+    return Term(bucket.bytes, f"{bucket.formula}, held across micro-steps") if bucket.bytes else NONE
+
+
 def _gathered(setup: Setup) -> Term:
-    """Stage 3: parameters gathered in flight, of the tensors it releases (persistent ones are resident)."""
+    """Stage 3: parameters gathered in flight, of the tensors it releases (persistent ones are resident).
+
+    ``release_sub_module`` (``partitioned_param_coordinator.py``, ``__params_to_release``) keeps a
+    module's parameters gathered after its forward when they recur within ``max_reuse_distance``
+    elements of the trace still to run: for tensor i, the tensors after it in the forward and then the
+    same ones again in backward, 2 x the elements after it, before its own backward use. Those stay
+    gathered until their backward; beside them, the layer in use and the prefetch
+    (``kit.rules.stage3_gathered``)."""
     z = setup.zero
     if z.engine != "deepspeed" or z.stage != 3:
         return NONE
-    released = [t for t in partition.numels(setup) if t > z.param_persistence_threshold]
+    tensors = partition.numels(setup)
+    released = [t for t in tensors if t > z.param_persistence_threshold]
     if not released:
         return NONE
-    p = element_bytes(z.precision)
-    n = stage3_gathered(sum(released), max(released), z.prefetch_bucket_size, z.max_live_parameters)
-    return Term(p * n, f"{p} B x {n:,} gathered (largest released tensor + prefetch, capped by max_live)")
+    p, dp = element_bytes(z.precision), setup.dp
+    padded = sum(-(-t // dp) * dp for t in released)
+    kept, after = 0, 0
+    for t in reversed(tensors):  # ``after``: the elements after tensor t in the forward
+        if t > z.param_persistence_threshold and 2 * after < z.max_reuse_distance:
+            kept += -(-t // dp) * dp
+        after += t
+    flight = stage3_gathered(sum(released), max(released), z.prefetch_bucket_size, z.max_live_parameters)
+    n = min(padded, kept + flight)
+    how = "largest released tensor + prefetch, capped by max_live"
+    if kept:
+        how = f"{kept:,} kept to their backward (reuse within max_reuse_distance) + {how}"
+    return Term(p * n, f"{p} B x {n:,} gathered ({how}; at most every released tensor)")
 
 
 def _temporaries(setup: Setup, tensors: list[int], implementation: Implementation) -> Term:
@@ -285,13 +375,13 @@ def _temporaries(setup: Setup, tensors: list[int], implementation: Implementatio
     return Term(2 * FP32 * n, f"sqrt and its quotient: 2 x 4 B x {n:,} (the largest tensor)")
 
 
-def _optimizer(setup, device, resident, implementation, backend) -> dict[str, dict[str, Term]]:
+def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[str, dict[str, Term]]:
     z, psi = setup.zero, setup.model.params
     p = element_bytes(z.precision)
     gloo = backend == "gloo"
     base = dict(resident)
-    if z.engine != "deepspeed":
-        tensors = list(partition.numels(setup))
+    if z.engine != "deepspeed":  # FSDP steps each rank's shards (DTensors: their local tensors)
+        tensors = list(baselines.local_shards(setup, rank) if z.engine == "fsdp" else partition.numels(setup))
         return {
             "during the update": {
                 **base,
