@@ -342,7 +342,9 @@ class MemoryPanel:
             f"also fits on: {also}</div>"
         )
         self.formulas.value = formula_table_html(est)
-        self.plot.value = ui.figure_png(estimated_memory([est]))
+        with self.plot.hold_sync():  # the picture and what it shows reach the browser in one message
+            self.plot.value = ui.figure_png(estimated_memory([est]))
+            self.plot.tooltip = chart_title(est)
         self.plot.layout.display = None
         self.timeline_plot.value = ui.figure_png(peak_timeline(est.timeline)) if est.timeline else b""
         self.timeline_plot.layout.display = None if est.timeline else "none"
@@ -452,6 +454,12 @@ def verdict_html(est) -> str:
     text = ("&#10004; fits: " if verdict.ok else "&#10008; does not fit: ") + "; ".join(parts)
     color = ui.GREEN if verdict.ok else ui.RED
     return f"<div class='zk-verdict-line' style='{ui.VERDICT_STYLE}color:{color}'><b>{text}</b></div>"
+
+
+def chart_title(est) -> str:
+    """What the chart shows, as its tooltip: the setting and its bytes per GPU, the verdict's number (a
+    browser test waits for it before a screenshot: the picture arrives after the text)."""
+    return f"{est.setup.label}: {est.per_gpu_bytes / GIB:,.2f} GiB per GPU"
 
 
 def formula_table_html(est) -> str:
