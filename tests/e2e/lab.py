@@ -241,8 +241,8 @@ def chatter(cells: list[dict]) -> list[str]:
 
 
 #: what a reader cannot read in the notebook on screen: a control's label or a button's text cut (its
-#: content wider than its box), a table cell ending in "..." (pandas cuts long text so), a progress bar's
-#: description broken over lines
+#: content wider than its box), a table cell ending in "..." (pandas cuts long text so), a table wider than
+#: the notebook (its right-hand columns cut), a progress bar's description broken over lines
 UNREADABLE = """
 () => {
   const root = window.jupyterapp.shell.currentWidget.node, bad = [];
@@ -254,6 +254,11 @@ UNREADABLE = """
   for (const e of root.querySelectorAll('.jp-OutputArea-output td, .jp-OutputArea-output th')) {
     const text = e.textContent.trim();
     if (text.endsWith('...') || text.endsWith('\u2026')) bad.push('table cell cut: ' + text.slice(-60));
+  }
+  for (const t of root.querySelectorAll('.jp-OutputArea-output table')) {
+    const area = t.closest('.jp-OutputArea-output'), right = area.getBoundingClientRect().right;
+    if (t.getClientRects().length && t.getBoundingClientRect().right > right + 1)
+      bad.push('table wider than the notebook, right-hand columns cut: ' + t.rows[0].textContent.trim());
   }
   for (const p of root.querySelectorAll('.jp-OutputArea-output .widget-hprogress')) {
     const desc = p.parentElement.firstElementChild;

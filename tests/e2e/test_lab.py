@@ -21,7 +21,7 @@ import pytest
 
 from kit import models
 from kit.estimate import estimate
-from kit.lab.memory_panel import chart_title
+from kit.lab.memory_panel import chart_class
 from kit.records import load_records
 from kit.schema import Setup
 from kit.units import GIB
@@ -132,9 +132,8 @@ def memory_panel(page) -> None:
     verdict = panel.locator(".zk-verdict").inner_text()
     assert verdict.startswith("✔ fits: " + shown.replace(" GiB", " GiB per GPU")), verdict
     # the chart comes after the text: wait for the picture of this setting, drawn
-    chart = panel.locator("img[title]").first
-    title = chart_title(expected)
-    wait_for(lambda: chart.get_attribute("title") == title, 30, f"the chart of {title}")
+    chart = panel.locator(f"img.{chart_class(expected)}")
+    wait_for(lambda: chart.count() == 1, 30, "the chart of the setting the verdict names")
     wait_for(lambda: chart.evaluate("i => i.complete && i.naturalWidth > 0"), 30, "the chart drawn")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     panel.scroll_into_view_if_needed()
