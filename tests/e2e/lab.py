@@ -187,6 +187,7 @@ def open_lab(page, lab: Lab) -> None:
     page.goto(f"{lab.url}/lab?token={lab.token}")
     page.wait_for_function("() => window.jupyterapp && window.jupyterapp.started", timeout=60_000)
     page.evaluate("() => window.jupyterapp.started")
+    page.evaluate("() => window.jupyterapp.shell.collapseLeft()")  # the notebook as wide as the window
 
 
 def run_notebook(page, name: str, timeout_s: float = 600) -> list[dict]:
