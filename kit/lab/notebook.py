@@ -113,7 +113,7 @@ def frame_html(frame) -> str:
     ]
     numeric = [pd.api.types.is_numeric_dtype(t) and not pd.api.types.is_bool_dtype(t) for t in shown.dtypes]
     longest = [shown[c].astype(str).str.len().max() if len(shown) else 0 for c in shown.columns]
-    cell = "padding:3px 8px;border-bottom:1px solid #e4e4e4;vertical-align:top;"
+    cell = "padding:2px 5px;border-bottom:1px solid #e4e4e4;vertical-align:top;"
     head = "".join(
         f"<th style='{cell}text-align:{'right' if num else 'left'}'>{_breakable(h)}</th>"
         for h, num in zip(header, numeric, strict=True)
