@@ -357,3 +357,11 @@ def test_ds_config_auto_values_are_resolved_and_explained_on_stderr(capsys, tmp_
     setup = json.loads(out)["setup"]
     assert setup["zero"]["reduce_bucket_size"] == 4096**2 and setup["batch"]["train_batch"] == 64
     assert "reduce_bucket_size: 'auto' -> hidden^2 = 16,777,216 (hidden 4096)" in err
+
+
+def test_the_fits_line_says_a_gpu_lacks_the_precision_as_the_memory_panel_does(capsys):
+    code, out, _ = run_cli(capsys, "estimate", "--model", "gpt2", "--precision", "bf16")
+    fits = next(line for line in out.splitlines() if line.startswith("fits: "))
+    assert code == 0 and "V100-SXM2-32GB no (no bf16)" in fits and "H100-SXM-80GB yes" in fits
+    code, out, _ = run_cli(capsys, "estimate", "--model", "gpt2", "--precision", "fp16")
+    assert "V100-SXM2-32GB yes" in out

@@ -367,7 +367,8 @@ def test_a_frame_shows_in_full_labels_on_one_line_long_text_wrapped(llama7b):
     for name, term in estimate(llama7b).terms.items():
         assert f">{name}</td>" in page and f">{term.bytes:,}</td>" in page  # the index, separators
         assert f">{term.formula}</td>" in page.replace("&#x27;", "'")  # in full: no "..."
-    assert "..." not in page and "white-space:normal;min-width:320px'>2 B x Psi" in page
+    assert "..." not in page and "overflow-wrap:anywhere;min-width:200px'>2 B x Psi" in page
+    assert ">component</th>" in page and "optimizer_<wbr>states" in frame_html(table.T)  # headers wrap
     assert "white-space:nowrap'>parameters<" in page and len("parameters") <= ONE_LINE_CHARS
     many = pd.DataFrame({"x": [0.5] * 70})
     assert frame_html(many).count("<tr>") == 1 + 60 and "10 more rows" in frame_html(many)

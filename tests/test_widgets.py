@@ -190,6 +190,17 @@ def test_a_gpu_without_the_precision_is_neither_offered_nor_said_to_fit(panel):
     assert "V100-SXM2-32GB" in panel.summary.value.split("also fits on:")[1]
 
 
+def test_the_chart_names_the_setting_it_shows(panel):
+    from kit.lab.memory_panel import chart_class
+
+    before = chart_class(panel.estimate)
+    assert panel.plot._dom_classes == ("zk-chart", before)
+    panel.micro_batch.value = 2
+    est = panel.estimate
+    assert panel.plot._dom_classes == ("zk-chart", chart_class(est)) and chart_class(est) != before
+    assert chart_class(est) == chart_class(estimate(est.setup))  # what a test computes for the setting
+
+
 def test_the_verdict_is_the_estimates_own_when_cpu_ram_is_short(llama):
     offloaded = {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}
     panel = memory_panel(llama.replace(zero=offloaded, cluster={"cpu_ram_per_node_bytes": 2**30}))

@@ -159,7 +159,7 @@ def render(result) -> str:
         disk = result.nvme_bytes_per_node / GIB
         lines.append(f"{'NVMe per node':18}{disk:9.2f}  {result.nvme_term.formula} under {z.nvme_path}")
     lines.append(f"{'checkpoint on disk':18}{result.checkpoint_bytes / GIB:9.2f}  one saved tag, all ranks")
-    lines += ["", "fits: " + ", ".join(f"{g} {'yes' if ok else 'no'}" for g, ok in result.fits.items())]
+    lines += ["", "fits: " + ", ".join(_fits_on(result, g) for g in result.fits)]
     lines += [f"note: {n}" for n in result.notes]
     return "\n".join(lines)
 
@@ -344,6 +344,17 @@ def _recommendation(found, booked, command: list[str] | None) -> list[str]:
     lines.append(_table(alt, ALTERNATIVE_COLUMNS))
     notes = dict.fromkeys(n for n in alt.numerics if n and n != flag)
     return lines + [f"! {note}" for note in notes]
+
+
+def _fits_on(result, gpu: str) -> str:
+    """``"H100-SXM-80GB yes"``, ``"L4 no"``, or ``"V100-SXM2-32GB no (no bf16)"``: kit.fit's verdict, as the
+    memory panel says it."""
+    from kit.fit import estimate_fit
+
+    verdict = estimate_fit(result, gpu)
+    if verdict.problem == "precision":
+        return f"{gpu} no (no {result.setup.zero.precision})"
+    return f"{gpu} {'yes' if verdict.ok else 'no'}"
 
 
 def _your_setting(setup, found, fix, prices, calibration, args) -> list[str]:

@@ -100,16 +100,14 @@ class ComparisonPanel:
         # where the offload variants go: CPU RAM, or NVMe (ZeRO-Infinity, stage 3) under a folder
         self.offload_to = ui.toggle(["cpu", "nvme"], "cpu", "offload to")
         self.nvme_path = w.Text(
-            value=z.nvme_path or "", description="NVMe path", placeholder="a folder on the NVMe drive"
+            value=z.nvme_path or "", description="NVMe path", placeholder="a folder on NVMe"
         )
         # ZeRO++ (stage 3): a variant of each stage 3 configuration with these set
         self.hpz = w.BoundedIntText(value=z.hpz_partition_size, min=1, max=64, description="+ hpZ size")
         self.quantized_weights = w.Checkbox(value=z.quantized_weights, description="+ qwZ (int8 weights)")
         self.quantized_gradients = w.Checkbox(value=z.quantized_gradients, description="+ qgZ (int4 grads)")
         self.grad_accum = w.BoundedIntText(value=b.grad_accum, min=1, max=1024, description="grad accum")
-        self.batch_schedule = w.Text(
-            value="", description="batch by step", placeholder="e.g. 2=16,4=32 (global batch from that step)"
-        )
+        self.batch_schedule = w.Text(value="", description="batch by step", placeholder="e.g. 2=16,4=32")
         self.precision = ui.toggle(["fp32", "fp16", "bf16"], z.precision, "precision")
         self.reduce_bucket = ui.bucket_slider("reduce bucket", z.reduce_bucket_size)
         self.prefetch_bucket = ui.bucket_slider("s3 prefetch", z.prefetch_bucket_size)

@@ -29,8 +29,9 @@ from kit.run.sweep import TOY_ZERO
 from kit.schema import Setup
 from kit.units import number
 
-#: a text cell up to this many characters stays on one line; a longer one wraps (formulas, messages)
-ONE_LINE_CHARS = 48
+#: a text cell up to this many characters stays on one line (a label); a longer one wraps (formulas,
+#: messages, paths), so that a table stays as wide as the notebook
+ONE_LINE_CHARS = 32
 #: the rows a table shows before the rest are left out (and counted), as pandas' own display does
 MAX_ROWS = 60
 
@@ -97,21 +98,24 @@ def readable() -> None:
 def frame_html(frame) -> str:
     """``frame`` as an HTML table: its index as leading columns, numbers right-aligned in
     ``kit.units.number``, text in full: on one line up to ``ONE_LINE_CHARS`` characters (a label never
-    breaks), wrapped beyond (a formula, a message); the first ``MAX_ROWS`` rows and a count of the rest."""
+    breaks), wrapped beyond (a formula, a message); headers wrap between words and after ``_`` and ``.``;
+    the first ``MAX_ROWS`` rows and a count of the rest."""
     import pandas as pd
 
     shown = frame.head(MAX_ROWS)
     if not isinstance(shown.index, pd.RangeIndex) or shown.index.name is not None:
-        shown = shown.reset_index()
+        # an unnamed level gets a blank header, not pandas' "index" / "level_1"
+        names = [name if name is not None else " " * (i + 1) for i, name in enumerate(shown.index.names)]
+        shown = shown.rename_axis(names).reset_index()
     header = [
         " ".join(str(part) for part in c if str(part)) if isinstance(c, tuple) else str(c)
         for c in shown.columns
     ]
     numeric = [pd.api.types.is_numeric_dtype(t) and not pd.api.types.is_bool_dtype(t) for t in shown.dtypes]
     longest = [shown[c].astype(str).str.len().max() if len(shown) else 0 for c in shown.columns]
-    cell = "padding:3px 8px;border-bottom:1px solid #e4e4e4;vertical-align:top;"
+    cell = "padding:2px 5px;border-bottom:1px solid #e4e4e4;vertical-align:top;"
     head = "".join(
-        f"<th style='{cell}text-align:{'right' if num else 'left'}'>{html.escape(h)}</th>"
+        f"<th style='{cell}text-align:{'right' if num else 'left'}'>{_breakable(h)}</th>"
         for h, num in zip(header, numeric, strict=True)
     )
     body = []
@@ -124,7 +128,7 @@ def frame_html(frame) -> str:
             elif width <= ONE_LINE_CHARS:
                 style = "text-align:left;white-space:nowrap"
             else:
-                style = "text-align:left;white-space:normal;min-width:320px"
+                style = "text-align:left;white-space:normal;overflow-wrap:anywhere;min-width:200px"
             cells.append(f"<td style='{cell}{style}'>{html.escape(text)}</td>")
         body.append(f"<tr>{''.join(cells)}</tr>")
     more = len(frame) - len(shown)
@@ -134,6 +138,11 @@ def frame_html(frame) -> str:
         "font-variant-numeric:tabular-nums'>"
         f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{note}"
     )
+
+
+def _breakable(header: str) -> str:
+    """A column name that may wrap after ``_`` and ``.`` too (``measured_host_optimizer_states``)."""
+    return html.escape(header).replace("_", "_<wbr>").replace(".", ".<wbr>")
 
 
 def _cell_text(value) -> str:

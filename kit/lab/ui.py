@@ -57,10 +57,12 @@ def table_html(
     header: Sequence[str], rows: Sequence[Sequence], formats: Sequence[str], bold_rows: Sequence[int] = ()
 ) -> str:
     """A compact HTML table: numbers right-aligned in ``formats`` (missing ones as a dash), labels on one
-    line, only the last (free-text) column wrapping."""
+    line, only the last (free-text) column wrapping; a header wraps between its words, so that a table of
+    many columns stays as wide as its numbers (the comparison table's last column was cut)."""
     cell_style = "padding:2px 7px;border-bottom:1px solid #e4e4e4;"
     head = "".join(
-        f"<th style='{cell_style}text-align:{'left' if f == '{}' else 'right'};white-space:nowrap'>"
+        f"<th style='{cell_style}text-align:{'left' if f == '{}' else 'right'};white-space:normal;"
+        "vertical-align:bottom'>"
         f"{html.escape(h)}</th>"
         for h, f in zip(header, formats, strict=True)
     )

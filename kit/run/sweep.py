@@ -361,4 +361,8 @@ def _postfix(event: dict) -> str:
 def _bar(total: int, done: int, sweep: str, enabled: bool):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=done, desc=f"sweep {sweep}", unit="config", disable=not enabled)
+    bar = tqdm(total=total, initial=done, desc=sweep, unit="config", disable=not enabled)
+    container = getattr(bar, "container", None)  # a notebook's bar: [description, bar, counts] in a row
+    if container is not None:  # the description never shrinks (it wrapped "00-" / "sanity: 100%")
+        container.children[0].layout.flex = "0 0 auto"
+    return bar

@@ -187,6 +187,7 @@ def open_lab(page, lab: Lab) -> None:
     page.goto(f"{lab.url}/lab?token={lab.token}")
     page.wait_for_function("() => window.jupyterapp && window.jupyterapp.started", timeout=60_000)
     page.evaluate("() => window.jupyterapp.started")
+    page.evaluate("() => window.jupyterapp.shell.collapseLeft()")  # the notebook as wide as the window
 
 
 def run_notebook(page, name: str, timeout_s: float = 600) -> list[dict]:
@@ -206,6 +207,71 @@ def errors_in(cells: list[dict]) -> list[str]:
             if out["output_type"] == "error":
                 bad.append(f"cell {i} ({first}): {out['ename']}: {out['evalue']}")
     return bad
+
+
+#: what a figure printed as text looks like (a matplotlib Figure returned without an inline backend)
+FIGURE_AS_TEXT = "<Figure size"
+#: library chatter kit keeps out of a notebook's output (kit.hf_models, kit.scaleout.checkpoints)
+CHATTER = ("must be `None` or an integer within the vocabulary", "Processing zero checkpoint")
+
+
+def figures_as_text(cells: list[dict]) -> list[str]:
+    """A cell whose output shows a figure as text (``<Figure size 600x350 with 1 Axes>``), one line each."""
+    bad = []
+    for i, cell in enumerate(cells):
+        for out in cell["outputs"]:
+            data = out.get("data", {})
+            text = "".join(out.get("text", "")) + "".join(data.get("text/plain", "")) * (
+                "image/png" not in data
+            )
+            if FIGURE_AS_TEXT in text:
+                bad.append(f"cell {i} ({cell['source'].splitlines()[0]}): a figure printed as text")
+    return bad
+
+
+def chatter(cells: list[dict]) -> list[str]:
+    """A cell whose output carries one of the known library messages (``CHATTER``)."""
+    return [
+        f"cell {i}: {known!r}"
+        for i, cell in enumerate(cells)
+        for out in cell["outputs"]
+        if out["output_type"] == "stream"
+        for known in CHATTER
+        if known in "".join(out["text"])
+    ]
+
+
+#: what a reader cannot read in the notebook on screen: a control's label or a button's text cut (its
+#: content wider than its box), a table cell ending in "..." (pandas cuts long text so), a table wider than
+#: the notebook (its right-hand columns cut), a progress bar's description broken over lines
+UNREADABLE = """
+() => {
+  const root = window.jupyterapp.shell.currentWidget.node, bad = [];
+  const shown = (e) => e.offsetParent !== null && e.clientWidth > 0;
+  const controls = '.jp-OutputArea-output .widget-label, .jp-OutputArea-output button';
+  for (const e of root.querySelectorAll(controls)) {
+    if (shown(e) && e.scrollWidth > e.clientWidth + 1) bad.push('text cut: ' + e.textContent.trim());
+  }
+  for (const e of root.querySelectorAll('.jp-OutputArea-output td, .jp-OutputArea-output th')) {
+    const text = e.textContent.trim();
+    if (text.endsWith('...') || text.endsWith('\u2026')) bad.push('table cell cut: ' + text.slice(-60));
+  }
+  for (const t of root.querySelectorAll('.jp-OutputArea-output table')) {
+    const area = t.closest('.jp-OutputArea-output'), right = area.getBoundingClientRect().right;
+    if (t.getClientRects().length && t.getBoundingClientRect().right > right + 1)
+      bad.push('table wider than the notebook, right-hand columns cut: ' + t.rows[0].textContent.trim());
+  }
+  for (const p of root.querySelectorAll('.jp-OutputArea-output .widget-hprogress')) {
+    const desc = p.parentElement.firstElementChild;
+    if (desc && desc !== p && desc.getClientRects().length && desc.textContent.trim()) {
+      const line = parseFloat(getComputedStyle(desc).lineHeight) || 28;
+      if (desc.getBoundingClientRect().height > 1.5 * line)
+        bad.push('progress description wraps: ' + desc.textContent.trim());
+    }
+  }
+  return bad;
+}
+"""
 
 
 def _tail(path: Path, lines: int = 20) -> str:

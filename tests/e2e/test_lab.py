@@ -1,10 +1,12 @@
 """The notebooks as a user meets them: JupyterLab in headless Chromium (``make e2e``).
 
-Every notebook runs all its cells with no error output and no browser console error. In 01 the memory
-panel is clicked (stage, offload, micro batch) and must show what ``kit.estimate`` says; its labels sit
-beside their controls and no button label is cut off. In 02 the comparison panel's Run shows its busy
-state, then the plots; a second run is stopped and its process group must be gone, its records kept.
-Screenshots of both panels and of the comparison plots go to ``docs/screenshots/``.
+Every notebook runs all its cells with no error output and no browser console error, shows no figure as
+text, no known library chatter, no cut label, button or table cell and no wrapped progress description.
+In 01 the memory panel is clicked (stage, offload, micro batch) and must show what ``kit.estimate`` says,
+its chart too (the screenshot waits for the chart of that setting); its labels sit beside their controls.
+In 02 the comparison panel's Run shows its busy state, then the plots (drawn before the screenshot); a
+second run is stopped and its process group must be gone, its records kept. Screenshots of both panels
+and of the comparison plots go to ``docs/screenshots/`` (the README's).
 """
 
 from __future__ import annotations
@@ -19,14 +21,18 @@ import pytest
 
 from kit import models
 from kit.estimate import estimate
+from kit.lab.memory_panel import chart_class
 from kit.records import load_records
 from kit.schema import Setup
 from kit.units import GIB
 from tests.e2e.lab import (
     NOTEBOOKS,
     REPO,
+    UNREADABLE,
     browser,
+    chatter,
     errors_in,
+    figures_as_text,
     group_alive,
     lab_server,
     open_lab,
@@ -85,8 +91,11 @@ def test_notebook_runs_in_jupyterlab(page, lab, name):
     started = time.monotonic()
     cells = run_notebook(page, name)
     assert errors_in(cells) == []
+    assert figures_as_text(cells) == []
+    assert chatter(cells) == []
     page.wait_for_timeout(500)  # widgets render after the kernel goes idle
     assert page.locator(".jp-OutputArea-output:has-text('Error displaying widget')").count() == 0
+    assert page.evaluate(UNREADABLE) == []
     if name.startswith("01_"):
         memory_panel(page)
     if name.startswith("02_"):
@@ -122,6 +131,10 @@ def memory_panel(page) -> None:
     assert "z1 opt-off bf16 mb2 ckpt" in panel.locator(".zk-summary").inner_text()
     verdict = panel.locator(".zk-verdict").inner_text()
     assert verdict.startswith("✔ fits: " + shown.replace(" GiB", " GiB per GPU")), verdict
+    # the chart comes after the text: wait for the picture of this setting, drawn
+    chart = panel.locator(f"img.{chart_class(expected)}")
+    wait_for(lambda: chart.count() == 1, 30, "the chart of the setting the verdict names")
+    wait_for(lambda: chart.evaluate("i => i.complete && i.naturalWidth > 0"), 30, "the chart drawn")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     panel.scroll_into_view_if_needed()
     panel.screenshot(path=str(SCREENSHOTS / "memory_panel.png"))
@@ -151,6 +164,8 @@ def comparison_panel(page, lab) -> None:
     assert run.is_enabled() and stop.is_disabled()
     plots = panel.locator(".zk-plots")
     assert plots.locator("img").count() == 4
+    drawn = "els => els.every(i => i.complete && i.naturalWidth > 0)"
+    wait_for(lambda: plots.locator("img").evaluate_all(drawn), 30, "the 4 plots drawn")
     plots.scroll_into_view_if_needed()
     plots.screenshot(path=str(SCREENSHOTS / "comparison_plots.png"))
     panel.locator(".zk-table").screenshot(path=str(SCREENSHOTS / "comparison_table.png"))
