@@ -25,9 +25,10 @@ their tensor held there when the call returns. Whenever the caller dropped its l
 in later phases (up to 45 % of a phase under load; FSDP2's reduce-scatter inputs, 273,920 B of a toy's
 optimizer phase, 1 run in 3). So while recording on CPU every collective of DeepSpeed's backend, and
 FSDP2's own, is settled (``settled_collectives``): waited at once, and returned only once its
-tensors are held no more than before the call; the storages its work allocated die with the work, by the
-end of the collective's window. The caller's own frees then happen on its thread, when they really do,
-as a GPU's allocator would count them.
+tensors are held no more than before the call (past ``SETTLE_S``, on a loaded machine, with a reference
+kept that this thread drops once gloo lets go: the free is recorded late rather than lost); the storages
+its work allocated die with the work, by the end of the collective's window. The caller's own frees then
+happen on its thread, when they really do, as a GPU's allocator would count them.
 
 What it cannot see: on CPU, a storage allocated before any profiling and freed during the window (the
 CPU allocator does not report such a free, so that storage still counts after it), any other free on a
@@ -93,6 +94,7 @@ class StepMemory:
             settled_collectives(),
         ):
             yield self
+            _release_parked(wait_s=SETTLE_S)
         self.phases = replay(prof.profiler.kineto_results, self.known, self.host)
 
     @contextlib.contextmanager
@@ -104,6 +106,7 @@ class StepMemory:
 
             with record_function(_PHASE + name):
                 yield
+                _release_parked()
             return
         self.accelerator.synchronize()
         acc, earlier = self.accelerator, self.earlier
@@ -253,12 +256,16 @@ def _settle(method):
     then a no-op), and the call returns only once every tensor it was given is held no more than before
     (gloo's worker thread keeps the finished work, and with it those tensors, a moment after the wait
     returns: were the caller's reference dropped first, the storage would be freed on that thread, where
-    the profiler does not record the free). Storages the work itself allocated (gloo's reduce-scatter
-    clones its input) die with it: the replay frees them at the window's end."""
+    the profiler does not record the free). If the worker still holds one after ``SETTLE_S`` (a loaded
+    machine), the call keeps a reference and returns: this thread drops it once the worker has let go
+    (``_release_parked``), so the free is late, never lost. Storages the work
+    itself allocated (gloo's reduce-scatter clones its input) die with it: the replay frees them at the
+    window's end."""
 
     def settled(*args, **kwargs):
         if _SETTLING.depth:  # DeepSpeed's backend calling torch.distributed: the outer call's window
             return method(*args, **kwargs)
+        _release_parked()
         tensors = [t for t in _tensor_args(args, kwargs) if hasattr(t, "_use_count")]
         held = [t._use_count() for t in tensors]
         _SETTLING.depth += 1
@@ -280,18 +287,38 @@ def _settled_call(method, tensors: list, held: list[int], args: tuple, kwargs: d
             work.wait()
             del work
         deadline = time.monotonic() + SETTLE_S
-        while any(t._use_count() > n for t, n in zip(tensors, held, strict=True)):
+        while _still_held(tensors, held):
             if time.monotonic() > deadline:
+                _SETTLING.parked.append((tensors, held))
                 break
             time.sleep(0)
     return _Done() if asynchronous else None
 
 
+def _still_held(tensors: list, held: list[int]) -> bool:
+    return any(t._use_count() > n for t, n in zip(tensors, held, strict=True))
+
+
+def _release_parked(wait_s: float = 0.0) -> None:
+    """Drop the references settled calls kept (see ``_settle``) whose storages the worker has let go of,
+    waiting up to ``wait_s`` for each; with ``wait_s`` the rest are dropped anyway."""
+    parked, _SETTLING.parked = _SETTLING.parked, []
+    for tensors, held in parked:
+        deadline = time.monotonic() + wait_s
+        while _still_held(tensors, held) and time.monotonic() <= deadline:
+            time.sleep(0)
+        if _still_held(tensors, held) and not wait_s:
+            _SETTLING.parked.append((tensors, held))
+
+
 class _Depth(threading.local):
     depth = 0
 
+    def __init__(self) -> None:
+        self.parked: list[tuple[list, list[int]]] = []  # (tensors, their holds before the call)
 
-#: this thread's settled calls in progress (nested ones pass straight through)
+
+#: this thread's settled calls in progress (nested ones pass straight through) and kept references
 _SETTLING = _Depth()
 
 
