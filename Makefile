@@ -36,7 +36,8 @@ lint: install
 	$(VENV)/bin/ruff format --check kit tests
 
 # The README's test command: lint; the unit tests in two processes (pytest-xdist); the tests that launch
-# processes (marked distributed: 2-rank CPU runs, timed process groups) one at a time; then every notebook.
+# processes (marked distributed: 2-rank CPU runs, timed process groups) one at a time; then the notebooks,
+# two at a time (a kernel waits on its ranks much of the time: 256 -> 145 s on 2 cores).
 # The async_io op the NVMe tests need builds meanwhile, niced, in the background (tests/build_async_io.py;
 # log in the venv).
 test: install libaio
@@ -44,7 +45,7 @@ test: install libaio
 	$(MAKE) --no-print-directory lint
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q -n 2 -m "not distributed and not e2e" tests
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q -m "distributed and not e2e" tests
-	ZEROKIT_SMOKE=1 $(PY) -m pytest -q --nbmake notebooks
+	ZEROKIT_SMOKE=1 $(PY) -m pytest -q -n 2 --nbmake notebooks
 
 # The notebooks as a user meets them: JupyterLab in headless Chromium (tests/e2e), every notebook run,
 # both panels clicked, a run stopped; screenshots to docs/screenshots/. The browser is Debian's chromium
