@@ -24,6 +24,8 @@ per-node report); tests of a failure (a wrong, late or missing rank) launch thei
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -47,8 +49,10 @@ SWEEP = "two-rank"
 class TwoRankSweep:
     """The shared sweep's records, and views of them restricted to some configurations."""
 
-    def __init__(self, runs: Path):
+    def __init__(self, runs: Path, root: Path):
         self.runs = runs
+        #: the folder the declaring modules' files live in (``TWO_RANK_SETUPS(root)``)
+        self.root = root
         self.folder = runs / SWEEP
         self.records = load_records(self.folder / "records.jsonl")
 
@@ -84,27 +88,53 @@ def _declared(module, base: Path) -> tuple[list[Setup], dict[int, str]]:
     return list(setups), dict(getattr(module, "TWO_RANK_FAULTS", {}))
 
 
+def shared_root(tmp_path_factory) -> Path:
+    """A folder every pytest-xdist worker of this run sees (the parent of the workers' base folders),
+    or this run's base folder without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
+    """``root/name`` after ``make(root/name)`` ran once in this test run: the first worker to ask runs it
+    under a lock, the others wait and read its folder (a failed attempt is retried by the next one)."""
+    from filelock import FileLock
+
+    root = shared_root(tmp_path_factory)
+    folder = root / name
+    with FileLock(str(root / f"{name}.lock")):
+        if not (folder / ".done").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            (folder / ".done").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def two_rank_sweep(request, tmp_path_factory) -> TwoRankSweep:
-    """One launch (two with a "die" fault) over the configurations of every selected module."""
-    base = tmp_path_factory.getbasetemp()
-    first, last, faults = [], [], {}
-    for module in _modules_using(request, "two_rank_sweep"):
-        setups, module_faults = _declared(module, base)
-        for i, setup in enumerate(setups):
-            fault = module_faults.get(i)
-            (last if fault == "hang" else first).append((setup, fault))
-    union = first + last
-    for i, (_, fault) in enumerate(union):
-        if fault:
-            faults[i] = fault
-    runs = tmp_path_factory.mktemp("shared-runs")
-    # every probe, DeepSpeed's comms logger too: tests/test_runner.py checks comm_bytes against it
-    run_sweep(
-        [s for s, _ in union], sweep=SWEEP, runs_dir=runs, nprocs=NPROCS, steps=STEPS, warmup=WARMUP,
-        timeout_s=TIMEOUT_S, progress=False, faults=faults, probes=[(*PROBES, *OPTIONAL_PROBES)],
-    )  # fmt: skip
-    return TwoRankSweep(runs)
+    """One launch (two with a "die" fault) over the configurations of every selected module, shared by
+    every worker."""
+    root = shared_root(tmp_path_factory)
+
+    def launch(runs: Path) -> None:
+        first, last, faults = [], [], {}
+        for module in _modules_using(request, "two_rank_sweep"):
+            setups, module_faults = _declared(module, root)
+            for i, setup in enumerate(setups):
+                fault = module_faults.get(i)
+                (last if fault == "hang" else first).append((setup, fault))
+        union = first + last
+        for i, (_, fault) in enumerate(union):
+            if fault:
+                faults[i] = fault
+        # every probe, DeepSpeed's comms logger too: tests/test_runner.py checks comm_bytes against it
+        run_sweep(
+            [s for s, _ in union], sweep=SWEEP, runs_dir=runs, nprocs=NPROCS, steps=STEPS, warmup=WARMUP,
+            timeout_s=TIMEOUT_S, progress=False, faults=faults, probes=[(*PROBES, *OPTIONAL_PROBES)],
+        )  # fmt: skip
+
+    return TwoRankSweep(_once(tmp_path_factory, "shared-runs", launch), root)
 
 
 @pytest.fixture
@@ -161,18 +191,21 @@ class LocalNodesRun:
 @pytest.fixture(scope="session")
 def local_nodes_run(request, tmp_path_factory) -> LocalNodesRun:
     """One launch on 2 simulated nodes over the ``LOCAL_NODE_SETUPS`` of every selected module (all of
-    one cluster shape), keyed by ``config_id``."""
+    one cluster shape), keyed by ``config_id``, shared by every worker."""
     from kit.run.local_nodes import run_setups_on_local_nodes
 
-    union: dict[str, Setup] = {}
-    for module in _modules_using(request, "local_nodes_run"):
-        for setup in module.LOCAL_NODE_SETUPS:
-            union.setdefault(config_id(setup), setup)
-    folder = tmp_path_factory.mktemp("local-nodes")
-    rows = run_setups_on_local_nodes(
-        list(union.values()), folder, steps=NODE_STEPS, warmup=NODE_WARMUP, timeout_s=120
-    )
-    return LocalNodesRun(rows)
+    def launch(folder: Path) -> None:
+        union: dict[str, Setup] = {}
+        for module in _modules_using(request, "local_nodes_run"):
+            for setup in module.LOCAL_NODE_SETUPS:
+                union.setdefault(config_id(setup), setup)
+        rows = run_setups_on_local_nodes(
+            list(union.values()), folder, steps=NODE_STEPS, warmup=NODE_WARMUP, timeout_s=120
+        )
+        (folder / "rows.json").write_text(json.dumps(rows))
+
+    folder = _once(tmp_path_factory, "local-nodes", launch)
+    return LocalNodesRun(json.loads((folder / "rows.json").read_text()))
 
 
 @pytest.fixture
@@ -208,44 +241,50 @@ COMMTEST_SIZES = (8192, 1 << 20)
 @pytest.fixture(scope="session")
 def commtest_two_nodes(tmp_path_factory) -> dict:
     """``zerokit commtest --hostfile H --plot P --json`` on two simulated nodes (``localhost`` and
-    ``127.0.0.1``, 2 slots each: world size 4): its exit status, JSON, output tails and the plot's path."""
-    import json
+    ``127.0.0.1``, 2 slots each: world size 4), shared by every worker: its exit status, JSON, output tails
+    and the plot's path."""
     import subprocess
     import sys
 
     from kit.scaleout.hostfile import make_hosts, write_hostfile
 
-    folder = tmp_path_factory.mktemp("commtest")
-    hostfile = write_hostfile(make_hosts(["localhost", "127.0.0.1"], 2), folder / "hostfile")
-    plot = folder / "bw.png"
-    argv = [sys.executable, "-m", "kit", "commtest", "--hostfile", str(hostfile), "--iters", "2"]
-    argv += ["--sizes", *map(str, COMMTEST_SIZES), "--plot", str(plot), "--json"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    out = json.loads(done.stdout) if done.stdout.startswith("{") else None
-    why = f"{done.stdout[-1500:]}\n{done.stderr[-1500:]}"  # what an assertion on the exit status shows
-    return {"returncode": done.returncode, "json": out, "output": why, "plot": plot}
+    def launch(folder: Path) -> None:
+        hostfile = write_hostfile(make_hosts(["localhost", "127.0.0.1"], 2), folder / "hostfile")
+        argv = [sys.executable, "-m", "kit", "commtest", "--hostfile", str(hostfile), "--iters", "2"]
+        argv += ["--sizes", *map(str, COMMTEST_SIZES), "--plot", str(folder / "bw.png"), "--json"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        out = json.loads(done.stdout) if done.stdout.startswith("{") else None
+        why = f"{done.stdout[-1500:]}\n{done.stderr[-1500:]}"  # what an assertion on the exit status shows
+        (folder / "done.json").write_text(
+            json.dumps({"returncode": done.returncode, "json": out, "output": why})
+        )
+
+    folder = _once(tmp_path_factory, "commtest", launch)
+    return {**json.loads((folder / "done.json").read_text()), "plot": folder / "bw.png"}
 
 
 #: the shared launches: a test taking one is a ``distributed`` test, whatever its module says
 LAUNCHING = {"two_rank_sweep", "local_nodes_run", "commtest_two_nodes"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
+def pytest_itemcollected(item) -> None:
+    """Tests of the shared launches are marked ``distributed`` (``-m "not distributed"`` runs the rest
+    in seconds). ``make test`` runs every test in two processes (pytest-xdist's ``loadscope``: a module's
+    tests in one, so a module-scoped launch runs once); the shared launches run once for both (``_once``)."""
+    if LAUNCHING & set(getattr(item, "fixturenames", ())):  # a notebook (nbmake) takes none
+        item.add_marker(pytest.mark.distributed)
+
+
 def pytest_collection_modifyitems(items: list) -> None:
-    """Tests of the shared launches are marked ``distributed`` (``make test`` runs the others in parallel
-    processes, each of which would launch its own copy), and the NVMe runs go last: they wait for
-    DeepSpeed's async_io op, which ``make test`` builds meanwhile (tests/build_async_io.py); the order of
-    every other test is kept."""
-    for item in items:
-        if LAUNCHING & set(item.fixturenames):
-            item.add_marker(pytest.mark.distributed)
-    items.sort(key=lambda item: "nvme_sweep" in item.fixturenames)
+    """The NVMe runs go last: they wait for DeepSpeed's async_io op, which ``make test`` builds meanwhile
+    (tests/build_async_io.py); the order of every other test is kept."""
+    items.sort(key=lambda item: "nvme_sweep" in getattr(item, "fixturenames", ()))
 
 
 def _modules_using(request, fixture: str) -> list:
     """The modules of the selected tests that take ``fixture``, in collection order."""
     modules = []
     for item in request.session.items:
-        if fixture in item.fixturenames and item.module not in modules:
+        if fixture in getattr(item, "fixturenames", ()) and item.module not in modules:
             modules.append(item.module)
     return modules

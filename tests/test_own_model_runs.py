@@ -46,7 +46,8 @@ def setups(spec):
 def declared(root: Path) -> tuple[dict[str, list[Setup]], Setup, Path]:
     """The groups, the configuration whose model file fails inside the ranks, and that file (in ``root``)."""
     failing = root / "fails_in_ranks.py"
-    failing.write_text(FAILS_IN_RANKS)
+    if not failing.exists():  # the shared sweep's workers declare it too: written once, never rewritten
+        failing.write_text(FAILS_IN_RANKS)
     groups = {
         "llama": setups(models.override(models.preset("llama-2-7b"), SMALL)),
         "mixtral": setups(models.from_hf_config(MIXTRAL)),
@@ -63,8 +64,8 @@ def TWO_RANK_SETUPS(root: Path) -> list[Setup]:  # noqa: N802 (what tests/confte
 
 
 @pytest.fixture(scope="module")
-def sweep(two_rank_sweep, tmp_path_factory):
-    groups, broken, failing = declared(tmp_path_factory.getbasetemp())
+def sweep(two_rank_sweep):
+    groups, broken, failing = declared(two_rank_sweep.root)
     order = [*groups["llama"], broken, *groups["mixtral"], *groups["file"]]
     results = two_rank_sweep.results(order, warmup=WARMUP, steps=STEPS)
     return results, groups, broken, failing

@@ -194,6 +194,22 @@ def test_loss_curves_can_be_told_apart(results):
     assert len({(line.get_marker(), line.get_linestyle()) for line in lines}) == len(lines)
 
 
+def test_the_peak_timeline_shows_the_per_gpu_peak_and_the_verdicts_total():
+    """The memory panel's chart: each phase's tensors plus the GPU-only overhead, and the components' sum
+    the verdict beside it quotes drawn as a line: the numbers a reader compares are both on the chart."""
+    est = estimate(Setup(model=models.preset("llama-2-7b"), zero={"stage": 1}, batch={"micro_batch": 2}))
+    ax = plots.peak_timeline(
+        est.timeline, overhead=est.peak_overhead.bytes, fit_bytes=est.per_gpu_bytes
+    ).axes[0]
+    tops = [float(t.get_text()) for t in ax.texts]
+    assert tops == [round((b + est.peak_overhead.bytes) / GIB, 2) for b in est.phases.values()]
+    assert f"{est.peak_phase}, {est.peak_per_gpu_bytes / GIB:,.2f} GiB per GPU" in ax.get_title()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert f"at once, {est.per_gpu_bytes / GIB:,.2f} GiB" in legend[0] and "overhead" in legend
+    assert ax.get_lines()[0].get_ydata()[0] == pytest.approx(est.per_gpu_bytes / GIB)
+    assert ax.get_ylim()[1] > est.per_gpu_bytes / GIB  # the line inside the axes
+
+
 @pytest.mark.parametrize("stage", [0, 3])
 def test_estimated_memory_labels_do_not_overlap_the_bars(stage):
     # stage 0 of a 7B model is over an H100's capacity: the capacity line crosses the bar
@@ -205,7 +221,7 @@ def test_estimated_memory_labels_do_not_overlap_the_bars(stage):
     ax = fig.axes[0]
     bars = [p.get_window_extent(renderer) for p in ax.patches if p.get_height() > 0]
     texts = [t for t in ax.texts if t.get_text()]
-    assert [t.get_text() for t in texts] == [f"{est.per_gpu_bytes / GIB:,.1f} GiB"]  # the total above its bar
+    assert [t.get_text() for t in texts] == [f"{est.per_gpu_bytes / GIB:,.2f} GiB"]  # the total above its bar
     for text in texts:
         box = text.get_window_extent(renderer)
         assert not any(box.overlaps(bar) for bar in bars)

@@ -347,7 +347,11 @@ class MemoryPanel:
             self.plot.value = ui.figure_png(estimated_memory([est]))
             self.plot._dom_classes = ("zk-chart", chart_class(est))
         self.plot.layout.display = None
-        self.timeline_plot.value = ui.figure_png(peak_timeline(est.timeline)) if est.timeline else b""
+        if est.timeline:
+            chart = peak_timeline(est.timeline, overhead=est.peak_overhead.bytes, fit_bytes=est.per_gpu_bytes)
+            self.timeline_plot.value = ui.figure_png(chart)
+        else:
+            self.timeline_plot.value = b""
         self.timeline_plot.layout.display = None if est.timeline else "none"
 
     def _inputs(self) -> list[w.ValueWidget]:

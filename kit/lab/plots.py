@@ -135,7 +135,7 @@ def estimated_memory(estimates, title: str = "") -> Figure:
     capacities = {name: gpu(name).memory_gib for name in sorted({e.setup.cluster.gpu for e in estimates})}
     for x, (total, e) in enumerate(zip(totals, estimates, strict=True)):
         over = total > capacities[e.setup.cluster.gpu]
-        ax.annotate(f"{total:,.1f} GiB", (x, total), xytext=(0, 3), textcoords="offset points",
+        ax.annotate(f"{total:,.2f} GiB", (x, total), xytext=(0, 3), textcoords="offset points",
                     ha="center", va="bottom", fontsize=9, fontweight="bold",
                     color="#b00" if over else "black")  # fmt: skip
     for name, capacity in capacities.items():
@@ -350,15 +350,21 @@ def heartbeats(snapshot) -> Figure:
     return fig
 
 
-def peak_timeline(timeline, measured: dict[str, int] | None = None, title: str = "") -> Figure:
+def peak_timeline(
+    timeline, measured: dict[str, int] | None = None, title: str = "", overhead: int = 0,
+    fit_bytes: int | None = None,
+) -> Figure:  # fmt: skip
     """The predicted peak of each phase of a step (``kit.estimate.peak.Timeline``, e.g. an
     ``Estimate.timeline``), stacked by category, with the measured peak of each phase beside it
-    (``measured``: a record's ``measured.phases``, {phase: bytes}); the peak phase's label in bold."""
+    (``measured``: a record's ``measured.phases``, {phase: bytes}); the peak phase's label in bold.
+    ``overhead`` (an estimate's ``peak_overhead``: CUDA context, NCCL buffers, allocator slack) tops each
+    predicted bar, and ``fit_bytes`` (the components' sum the fit rule uses) is drawn as a line, so the
+    chart shows the number the verdict beside it quotes."""
     from kit.estimate.peak import CATEGORIES
 
     colors = {**COLORS, "temporaries": "#CCB974"}
-    totals = timeline.totals
-    unit, name = (GIB, "GiB") if max(totals.values()) >= GIB else (MIB, "MiB")
+    totals = {p: b + overhead for p, b in timeline.totals.items()}
+    unit, name = (GIB, "GiB") if max([*totals.values(), fit_bytes or 0]) >= GIB else (MIB, "MiB")
     phases = list(timeline.phases)
     width = 0.38 if measured else 0.6
     shift = width / 2 if measured else 0.0
@@ -366,6 +372,8 @@ def peak_timeline(timeline, measured: dict[str, int] | None = None, title: str =
     fig = Figure(figsize=(7.5, 4), layout="constrained")
     ax = fig.subplots()
     series = {c: [timeline.phases[p][c].bytes / unit for p in phases] for c in CATEGORIES}
+    if overhead:
+        series["overhead"] = [overhead / unit] * len(phases)
     _stack(ax, x, series, colors=colors, width=width)
     tops = [totals[p] / unit for p in phases]
     for xi, top in zip(x, tops, strict=True):
@@ -378,13 +386,18 @@ def peak_timeline(timeline, measured: dict[str, int] | None = None, title: str =
                       edgecolor="black", hatch="//", label="measured")  # fmt: skip
         ax.bar_label(bars, fmt="{:,.2f}", fontsize=8, padding=2)
         tops += got
+    if fit_bytes:
+        label = f"the verdict: every component\nat once, {fit_bytes / unit:,.2f} {name}"
+        ax.axhline(fit_bytes / unit, color="black", linestyle="--", linewidth=1, label=label)
+        tops.append(fit_bytes / unit)
     ax.set_xticks(range(len(phases)), phases)
     for label in ax.get_xticklabels():
         if label.get_text() == timeline.peak_phase:
             label.set_fontweight("bold")
-    ax.set_ylabel(f"{name} live on the GPU")
+    ax.set_ylabel(f"{name} on the GPU" if overhead else f"{name} live on the GPU")
     peak = timeline.peak_phase
-    ax.set_title(title or f"peak per phase of a step: {peak} ({totals[peak] / unit:,.2f} {name})")
+    what = "per GPU" if overhead else "of tensors"
+    ax.set_title(title or f"peak per phase of a step: {peak}, {totals[peak] / unit:,.2f} {name} {what}")
     _headroom(ax, tops, 1.15)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig
