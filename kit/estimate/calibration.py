@@ -14,7 +14,12 @@ fitted to the step times it is later compared with:
   the terms above leave unexplained in that engine's own measured micro-steps (DeepSpeed's bookkeeping,
   hooks, allocator calls), per parameter tensor of the calibration model (``tensors``);
 - ``ranks``, ``cores``, ``threads_per_rank``: how it ran; on a CPU machine a setup with more ranks than
-  cores shares them (``share``).
+  cores shares them (``share``);
+- ``busy``: per term, the share of its wall seconds a rank kept a core busy (process CPU seconds over wall
+  seconds x threads, measured beside each time above): ``compute``, ``adam``, ``copy``, ``comm`` per
+  collective, ``fixed`` per engine. Only that share is stretched on shared cores (``stretch``); a rank
+  waiting in gloo or for a core already held by another process leaves it to the others. A file without
+  it (older) stretches every term in full and says so.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ class Calibration:
     created: str
     host: str
     versions: dict[str, str]
+    busy: dict | None = None  # {compute, adam, copy: share, comm: {op: share}, fixed: {engine: share}}
     seconds: float = 0.0  # the launch's wall time
     measured: dict = field(default_factory=dict)  # the raw medians the fields came from
 
@@ -80,6 +86,9 @@ class Calibration:
                 raise ValueError(f"{name}: a measured rate must be > 0, got {getattr(self, name)!r}")
         if self.ranks < 1 or self.cores < 1 or self.threads_per_rank < 1:
             raise ValueError(f"ranks: must be >= 1 (ranks, cores, threads_per_rank), got {self.ranks}")
+        for name, share in _shares(self.busy or {}):
+            if not 0 <= share <= 1:
+                raise ValueError(f"busy.{name}: a busy share must be in [0, 1], got {share!r}")
 
     @property
     def label(self) -> str:
@@ -100,6 +109,31 @@ class Calibration:
         t0, s0 = threads_and_share(self.ranks)
         t, s = threads_and_share(gpus_per_node)
         return (s / s0) * (t0 / t), s / s0
+
+    def busy_share(self, term: str, key: str | None = None) -> float | None:
+        """The measured busy share of ``term`` (``compute``, ``adam``, ``copy``; ``comm`` of collective
+        ``key``, all_reduce's for one not measured; ``fixed`` of engine ``key``); None when not measured."""
+        if self.busy is None:
+            return None
+        share = self.busy.get(term)
+        if isinstance(share, dict):
+            share = share.get(key, share.get("all_reduce") if term == "comm" else None)
+        return share
+
+    def stretch(self, gpus_per_node: int, term: str, key: str | None = None) -> tuple[float, str]:
+        """The factor on ``term``'s seconds (``busy_share``'s names) for a rank of a node of
+        ``gpus_per_node`` ranks, and its formula: of the term's seconds at the calibration's rates only the
+        busy share b needs a core and runs s times slower on shared cores (``share``; compute's s also
+        counts its threads), the rest is waiting and stays: 1 - b + b x s. Not measured: all of it, x s."""
+        s_compute, s = self.share(gpus_per_node)
+        s = s_compute if term == "compute" else s
+        b = self.busy_share(term, key)
+        if s == 1:
+            return 1.0, "x 1 (no shared cores)"
+        if b is None:
+            return s, f"x {s:g} (shared cores; busy share not measured: all of it stretched)"
+        factor = 1 - b + b * s
+        return factor, f"x {factor:.3g} (shared cores: 1 - b + b x s, busy b = {b:.2f}, s = {s:g})"
 
     def link(self, op: str) -> Link | None:
         """``op``'s measured cost (all_reduce's for a collective not measured; None when one rank measured
@@ -157,6 +191,15 @@ class Calibration:
         if not isinstance(data, dict):
             raise ValueError(f"calibration: {path} is not a JSON object")
         return cls.from_dict(data)
+
+
+def _shares(busy: dict, prefix: str = ""):
+    """(dotted name, share) of every number in ``busy``, nested ones included."""
+    for name, value in busy.items():
+        if isinstance(value, dict):
+            yield from _shares(value, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", value
 
 
 def engine_key(stage: int, engine: str, offload_optimizer: str, offload_param: str) -> str:
