@@ -211,24 +211,25 @@ def test_a_calibration_predicts_configurations_it_never_ran(capsys, tmp_path):
 
 
 def test_only_the_busy_share_of_a_term_shares_the_cores(tmp_path):
-    """4 ranks of one thread on 2 cores: a term's busy share b runs 2x slower, the rest (a rank waiting in
-    gloo) leaves its core to another rank: x (1 - b + 2 b). One rank has both cores' threads for compute."""
+    """4 ranks of one thread on 2 cores: of a term's seconds the busy share b runs 2x slower, the rest (a
+    rank waiting in gloo) leaves its core to another rank: x (1 - b + 2 b). b is the term's busy share over
+    the compute passes' (0.8 here: the calibration's ranks had 1.6 of the 2 cores, the rest was others')."""
     from kit.estimate import partition
     from kit.estimate.calibration import Calibration
     from tests.test_perf import calibration, toy
 
     comm = {"all_gather": 0.4, "reduce_scatter": 0.6, "all_reduce": 0.7}
-    busy = {"compute": 0.9, "adam": 0.5, "copy": 0.3, "comm": comm}
-    busy["fixed"] = {"z3": 0.25}
+    busy = {"compute": 0.8, "adam": 0.5, "copy": 0.3, "comm": comm, "fixed": {"z3": 0.2}}
     old, new = calibration(), calibration(busy=busy)
+    assert new.cores_had == pytest.approx(1.6) and old.cores_had == 2
     two, four = toy(stage=3), toy(stage=3).replace(cluster={"gpus_per_node": 4})
     assert perf.step_time(two, calibration=new).step_s == perf.step_time(two, calibration=old).step_s
     was, now = perf.step_time(four, calibration=old), perf.step_time(four, calibration=new)
-    assert now.compute.seconds == pytest.approx(was.compute.seconds / 2 * 1.9)
+    assert now.compute.seconds == pytest.approx(was.compute.seconds)  # all busy: 2x either way
     part = partition.partition_numel(four)
-    assert now.optimizer.seconds == pytest.approx(part * 2e-8 * 1.5)
-    assert now.fixed.seconds == pytest.approx(was.fixed.seconds / 2 * 1.25)
-    # per collective: gathers at 1.4, reduce-scatters at 1.6, the norm's all-reduce at 1.7 (all at 2 before)
+    assert now.optimizer.seconds == pytest.approx(part * 2e-8 * (1 + 0.5 / 0.8))
+    assert now.fixed.seconds == pytest.approx(was.fixed.seconds / 2 * (1 + 0.2 / 0.8))
+    # per collective: 1 + b / 0.8 (all at 2 without busy shares)
     ops = {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 0.0}
     for part_ in collectives(four):
         gbps = old.collectives[perf.TIMED_AS[part_.name]].bus_gbps
@@ -237,21 +238,22 @@ def test_only_the_busy_share_of_a_term_shares_the_cores(tmp_path):
     for op, calls, _ in collective_calls(four):
         ops[op] += calls * old.collectives[op].latency_s * hops
     assert ops["all_reduce"] > 0
-    assert now.comm.seconds == pytest.approx(
-        1.4 * ops["all_gather"] + 1.6 * ops["reduce_scatter"] + 1.7 * ops["all_reduce"]
-    )
+    assert now.comm.seconds == pytest.approx(sum((1 + comm[op] / 0.8) * ops[op] for op in ops))
     assert was.comm.seconds == pytest.approx(2 * sum(ops.values()))
-    assert "x 1.9 (shared cores: 1 - b + b x s, busy b = 0.90, s = 2)" in now.compute.formula
-    assert "all_gather: (" in now.comm.formula and "busy b = 0.60" in now.comm.formula
+    assert "x 2 (shared cores: 1 - b + b x s, b = 1, s = 2 on 1.6 of 2 cores had)" in now.compute.formula
+    assert "all_gather: (" in now.comm.formula and "b = 0.60 busy / compute's 0.80 = 0.75" in now.comm.formula
     assert "busy share not measured: all of it stretched" in was.fixed.formula
-    one = toy(stage=3).replace(cluster={"gpus_per_node": 1})
+    one = toy(stage=3).replace(cluster={"gpus_per_node": 1})  # one rank: both threads on the 1.6 cores
     half = perf.step_time(one, calibration=new).compute.seconds
-    assert half == pytest.approx(perf.step_time(two, calibration=new).compute.seconds * (1 - 0.9 + 0.9 / 2))
+    assert half == pytest.approx(perf.step_time(two, calibration=new).compute.seconds / 2)
     offload = toy(stage=2, offload_optimizer="cpu").replace(cluster={"gpus_per_node": 4})
     p = partition.partition_numel(offload)
     down, up = 4 * p * 2, 4 * p  # gradients every micro-step at stage 2, parameters once
-    expected = (down / 4e9 + up / 5e9) * 1.3 + p * 3e-8 * 1.5
+    expected = (down / 4e9 + up / 5e9) * (1 + 0.3 / 0.8) + p * 3e-8 * (1 + 0.5 / 0.8)
     assert perf.step_time(offload, calibration=new).offload.seconds == pytest.approx(expected)
+    # a term busier than the compute passes is all busy: b at most 1
+    assert new.stretch(4, "comm", "all_reduce")[0] == pytest.approx(1.875)
+    assert calibration(busy={**busy, "comm": {"all_reduce": 0.9}}).stretch(4, "comm", "all_reduce")[0] == 2
     # an older file, without the key, loads and stretches every term in full, and says so
     data = old.to_dict()
     del data["busy"]

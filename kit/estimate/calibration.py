@@ -17,9 +17,9 @@ fitted to the step times it is later compared with:
   cores shares them (``share``);
 - ``busy``: per term, the share of its wall seconds a rank kept a core busy (process CPU seconds over wall
   seconds x threads, measured beside each time above): ``compute``, ``adam``, ``copy``, ``comm`` per
-  collective, ``fixed`` per engine. Only that share is stretched on shared cores (``stretch``); a rank
-  waiting in gloo or for a core already held by another process leaves it to the others. A file without
-  it (older) stretches every term in full and says so.
+  collective, ``fixed`` per engine. Only that share (over the compute passes', whose share is the cores
+  the launch had: ``cores_had``) is stretched on shared cores (``stretch``); a rank waiting in gloo leaves
+  its core to the others. A file without it (older) stretches every term in full and says so.
 """
 
 from __future__ import annotations
@@ -89,22 +89,36 @@ class Calibration:
         for name, share in _shares(self.busy or {}):
             if not 0 <= share <= 1:
                 raise ValueError(f"busy.{name}: a busy share must be in [0, 1], got {share!r}")
+        if self.busy is not None and not self.busy.get("compute", 0) > 0:
+            raise ValueError(f"busy.compute: must be a measured share > 0, got {self.busy.get('compute')!r}")
 
     @property
     def label(self) -> str:
         ranks = f"{self.ranks} rank{'s' if self.ranks > 1 else ''}"
         return f"calibrated on {self.device} ({ranks}, {self.backend}, {self.created[:16]})"
 
+    @property
+    def cores_had(self) -> float:
+        """The cores the calibration's ranks had: a launch's ranks share the cores their session gets
+        (Linux's autogroups; the launcher starts them in a session of their own), which the compute passes'
+        busy share measures: ranks x threads x that share, at most the cores (all of them when not
+        measured)."""
+        if self.busy is None:
+            return float(self.cores)
+        return min(float(self.cores), self.ranks * self.threads_per_rank * self.busy["compute"])
+
     def share(self, gpus_per_node: int) -> tuple[float, float]:
         """(compute, other) slowdown of a rank on a node of ``gpus_per_node`` ranks against the
         calibration's own: on a CPU machine each rank gets ``max(1, cores // ranks)`` threads (the
-        launcher's OMP_NUM_THREADS) and ranks x threads beyond the cores share them; a GPU is its own."""
+        launcher's OMP_NUM_THREADS) and ranks x threads beyond the cores it had (``cores_had``) share
+        them; a GPU is its own."""
         if self.accelerator != "cpu":
             return 1.0, 1.0
+        cores = self.cores_had
 
         def threads_and_share(n: int) -> tuple[int, float]:
             threads = max(1, self.cores // n)
-            return threads, max(1.0, n * threads / self.cores)
+            return threads, max(1.0, n * threads / cores)
 
         t0, s0 = threads_and_share(self.ranks)
         t, s = threads_and_share(gpus_per_node)
@@ -122,18 +136,24 @@ class Calibration:
 
     def stretch(self, gpus_per_node: int, term: str, key: str | None = None) -> tuple[float, str]:
         """The factor on ``term``'s seconds (``busy_share``'s names) for a rank of a node of
-        ``gpus_per_node`` ranks, and its formula: of the term's seconds at the calibration's rates only the
-        busy share b needs a core and runs s times slower on shared cores (``share``; compute's s also
-        counts its threads), the rest is waiting and stays: 1 - b + b x s. Not measured: all of it, x s."""
+        ``gpus_per_node`` ranks, and its formula: of the term's seconds at the calibration's rates the
+        share b that ran on a core needs one and runs s times slower on shared cores (``share``; compute's
+        s also counts its threads), the rest waited (a peer, a socket) and stays: 1 - b + b x s. A rank of
+        the calibration ran at most the compute passes' busy share of the time (``cores_had``), so b is the
+        term's busy share over theirs (1 for compute). Not measured: all of it, x s."""
         s_compute, s = self.share(gpus_per_node)
         s = s_compute if term == "compute" else s
-        b = self.busy_share(term, key)
+        share = self.busy_share(term, key)
         if s == 1:
             return 1.0, "x 1 (no shared cores)"
-        if b is None:
+        if share is None:
             return s, f"x {s:g} (shared cores; busy share not measured: all of it stretched)"
+        ran = self.busy["compute"]
+        b = min(1.0, share / ran)
         factor = 1 - b + b * s
-        return factor, f"x {factor:.3g} (shared cores: 1 - b + b x s, busy b = {b:.2f}, s = {s:g})"
+        busy = "b = 1" if term == "compute" else f"b = {share:.2f} busy / compute's {ran:.2f} = {b:.2f}"
+        cores = f"{self.cores_had:.2g} of {self.cores} cores had"
+        return factor, f"x {factor:.3g} (shared cores: 1 - b + b x s, {busy}, s = {s:.3g} on {cores})"
 
     def link(self, op: str) -> Link | None:
         """``op``'s measured cost (all_reduce's for a collective not measured; None when one rank measured

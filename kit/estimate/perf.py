@@ -469,14 +469,14 @@ def calibrated(
     """``step_time`` from a calibration: each term a measured rate, plus the engine's fixed costs.
 
     x = ``Calibration.stretch`` of each term (CPU ranks sharing cores: 1 - b + b s, b the term's measured
-    busy share, s the ranks' slowdown on the cores), k = micro-steps, B = blocks (layers + 1), n = tensors:
-    compute = k (FLOPs / tflops + micro_fixed_s B / B_cal) x; communication = sum over collectives of
-    (bytes / bus_gbps + calls x latency x (N-1)/(N_cal-1)) x of that collective; optimizer = P x
-    adam_s_per_param x; offload = (the bytes of ``_offload`` over the measured copies) x + P x
-    host_adam_s_per_param x (NVMe from ``hw``); bytes across nodes at most over the fabric's datasheet
-    bandwidth per GPU (``hw``, x ``assume.link_efficiency``); fixed = n (step_s_per_tensor + k
-    micro_step_s_per_tensor) x, of this engine as calibrated. A calibration of one rank has no links:
-    the datasheet's intra-node bandwidth x ``assume.link_efficiency``, no latency. On a GPU
+    busy share over the compute passes', s the ranks' slowdown on the cores), k = micro-steps,
+    B = blocks (layers + 1), n = tensors: compute = k (FLOPs / tflops + micro_fixed_s B / B_cal) x;
+    communication = sum over collectives of (bytes / bus_gbps + calls x latency x (N-1)/(N_cal-1)) x of
+    that collective; optimizer = P x adam_s_per_param x; offload = (the bytes of ``_offload`` over the
+    measured copies) x + P x host_adam_s_per_param x (NVMe from ``hw``); bytes across nodes at most over
+    the fabric's datasheet bandwidth per GPU (``hw``, x ``assume.link_efficiency``); fixed = n
+    (step_s_per_tensor + k micro_step_s_per_tensor) x, of this engine as calibrated. A calibration of one
+    rank has no links: the datasheet's intra-node bandwidth x ``assume.link_efficiency``, no latency. On a GPU
     ``overlap_comm`` hides ``assume.overlap`` of the communication; gloo's CPU collectives block, so on
     a CPU machine nothing.
     """
