@@ -13,7 +13,8 @@ line per measurement, which the parent fits (``kit.run.calibrate.fit``):
   ``micro_batches``, in rounds;
 - ``adam``: one ``torch.optim.Adam`` step on ``adam_numel`` elements, on the device and on the host;
 - ``copy``: device to host and host to device copies of ``copy_bytes``;
-- ``collective``: commtest's timed collectives (``kit.ranks.commtest_worker.time_collective``) per size;
+- ``collective``: commtest's timed collectives (``kit.ranks.commtest_worker.time_collective``) per size,
+  the median of ``repeat`` rounds;
 - ``engine``: per engine of ``engines`` (a Setup with grad accum >= 2), each micro-step of each timed
   step: ``train_step`` of ``kit.ranks.engine``, as a sweep steps it, timed at the end of every
   ``engine.step()``; the last micro-step of a step carries the optimizer step and the boundary's work.
@@ -145,22 +146,31 @@ def copies(nbytes: int, device, repeat: int) -> dict:
     return {"bytes": nbytes, "to_host_s": down, "to_device_s": up, "busy": share}
 
 
-def collectives(sizes: list[int], device, iters: int) -> list[dict]:
+def collectives(sizes: list[int], device, iters: int, repeat: int) -> list[dict]:
     """Seconds per call of commtest's collectives over message sizes (the full buffer, as nccl-tests),
-    and the busy share of the whole timing (its warm-up call and barrier are the same kind of wait)."""
+    and the busy share of the whole timing (its warm-up call and barrier are the same kind of wait):
+    the median of ``repeat`` rounds over every op and size in turn (a load spike on a shared machine
+    then falls on one round, not on one size's line)."""
     import torch.distributed as dist
 
     from kit.ranks.commtest_worker import buffer_numel, time_collective
 
-    out = []
-    for op in TIMED:
-        for size in sizes:
-            numel = buffer_numel(size, dist.get_world_size())
+    cases = [(op, buffer_numel(size, dist.get_world_size())) for op in TIMED for size in sizes]
+    rounds: dict[tuple[str, int], list[tuple[float, float]]] = {case: [] for case in cases}
+    for _ in range(repeat):
+        for op, numel in cases:
             cpu, start = time.process_time(), time.perf_counter()
             took = time_collective(op, numel, device, iters, 1)
-            share = busy(time.process_time() - cpu, time.perf_counter() - start)
-            out.append({"op": op, "size_bytes": 4 * numel, "s": took, "busy": share})
-    return out
+            rounds[op, numel].append((took, busy(time.process_time() - cpu, time.perf_counter() - start)))
+    return [
+        {
+            "op": op,
+            "size_bytes": 4 * numel,
+            "s": statistics.median(t for t, _ in rounds[op, numel]),
+            "busy": statistics.median(b for _, b in rounds[op, numel]),
+        }
+        for op, numel in cases
+    ]
 
 
 def engine_steps(config: dict, spec: dict, rank: int, world: int, bare: Bare) -> dict:
@@ -255,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     report("compute", compute(spec, bare))
     report("adam", adam(spec["adam_numel"], device, spec["repeat"]))
     report("copy", copies(spec["copy_bytes"], device, spec["repeat"]))
-    report("collective", collectives(spec["sizes"], device, spec["iters"]))
+    report("collective", collectives(spec["sizes"], device, spec["iters"], spec["repeat"]))
     for config in spec["engines"]:
         report("engine", engine_steps(config, spec, rank, world, bare))
         _barrier()
