@@ -8,6 +8,7 @@ import pytest
 from kit import models
 from kit.cli import main
 from kit.estimate import perf
+from kit.estimate.comm import collective_calls, collectives
 from kit.run import calibrate as cal
 from kit.run.results import Results
 from kit.run.sweep import TOY_ZERO, config_id
@@ -73,6 +74,11 @@ def test_calibrate_cli_measures_this_machine(capsys, tmp_path):
     assert main(["calibrate", str(tmp_path / "none")]) == 2
 
 
+#: the busy shares ``worker_lines`` measures: per collective (its middle size) and per engine
+BUSY_COMM = {"all_reduce": 0.6, "all_gather": 0.4, "reduce_scatter": 0.5, "broadcast": 0.3}
+BUSY_ENGINE = {"z1": 0.7, "z3": 0.45, "z2+offload": 0.9, "ddp": 0.8}
+
+
 def worker_lines(base: Setup, engines: dict[str, tuple[float, float]]) -> dict:
     """What ``kit.ranks.calibrate_worker`` would print on a machine of known rates and fixed costs."""
     from kit.estimate import partition
@@ -89,13 +95,14 @@ def worker_lines(base: Setup, engines: dict[str, tuple[float, float]]) -> dict:
             "micro_batches": [2, 4],
             "tokens": [128, 256],
             "rounds_s": [[fixed + per_token * t / rate for t in (128, 256)]] * 3,
+            "rounds_busy": [[0.9, 0.95]] * 3,
         },
-        "adam": {"numel": 1000, "device_s": 2e-5, "host_s": 3e-5},
-        "copy": {"bytes": 8e9, "to_host_s": 2.0, "to_device_s": 1.0},
+        "adam": {"numel": 1000, "device_s": 2e-5, "host_s": 3e-5, "host_busy": 0.8},
+        "copy": {"bytes": 8e9, "to_host_s": 2.0, "to_device_s": 1.0, "busy": 0.7},
         "collective": [
-            {"op": op, "size_bytes": size, "s": lat + size * bus_factor(op, 2) / (bw * 1e9)}
+            {"op": op, "size_bytes": size, "s": lat + size * bus_factor(op, 2) / (bw * 1e9), "busy": busy}
             for op, (lat, bw) in links.items()
-            for size in (4096, 1 << 20, 1 << 24)
+            for size, busy in ((4096, 0.2), (1 << 20, BUSY_COMM[op]), (1 << 24, 0.9))
         ],
         "engine": [],
     }  # fmt: skip
@@ -109,8 +116,12 @@ def worker_lines(base: Setup, engines: dict[str, tuple[float, float]]) -> dict:
         micro_s = two.step_s - one.step_s
         last_s = micro_s + 2 * one.step_s - two.step_s
         beside = [0.9 * bare, bare, 1.1 * bare]  # the engine's micro-steps ran at the middle one's load
-        item = {"key": key, "setup": setup.model_dump(mode="json"), "bare_s": beside}
-        lines["engine"].append({**item, "micro_steps_s": [[micro_s, last_s]] * 3})
+        item = {"key": key, "setup": setup.model_dump(mode="json"), "bare_s": beside, "bare_busy": [0.9] * 3}
+        # a micro-step's CPU seconds: its bare pass busy 0.9 of it, what the engine adds BUSY_ENGINE of it
+        cpu = [0.9 * bare + (t - bare) * BUSY_ENGINE[key] for t in (micro_s, last_s)]
+        lines["engine"].append(
+            {**item, "micro_steps_s": [[micro_s, last_s]] * 3, "micro_steps_cpu_s": [cpu] * 3}
+        )
     assert len(partition.numels(base)) == known.tensors
     return lines
 
@@ -132,8 +143,12 @@ def test_fit_recovers_each_rate_and_fixed_cost():
     for key, (step, micro) in costs.items():
         got = found.engines[key]
         assert (got.step_s_per_tensor, got.micro_step_s_per_tensor) == pytest.approx((step, micro)), key
+    # the compute passes' median (0.9, 0.95 in rounds, 0.9 beside the engines), each op's median size
+    assert found.busy == {
+        "compute": 0.9, "adam": 0.8, "copy": 0.7, "comm": BUSY_COMM, "fixed": BUSY_ENGINE
+    }  # fmt: skip
     text = cal.describe(found)
-    assert "GFLOP/s per rank" in text and "z2+offload" in text
+    assert "GFLOP/s per rank" in text and "z2+offload" in text and "engines z1 0.70, z3 0.45" in text
     with pytest.raises(ValueError, match="^engines: 'z4' is not an engine"):
         cal.engine_setup(base, "z4")
 
@@ -193,3 +208,62 @@ def test_a_calibration_predicts_configurations_it_never_ran(capsys, tmp_path):
     # by a median 36 % between runs minutes apart, so the test holds each prediction to a factor of 3 of
     # its measurement: what no load swing explains, a wrong unit, term or count does.
     assert all(1 / 3 <= r["predicted_s"] / r["measured_s"] <= 3 for r in rows), shown
+
+
+def test_only_the_busy_share_of_a_term_shares_the_cores(tmp_path):
+    """4 ranks of one thread on 2 cores: of a term's seconds the busy share b runs 2x slower, the rest (a
+    rank waiting in gloo) leaves its core to another rank: x (1 - b + 2 b). b is the term's busy share over
+    the compute passes' (0.8 here: the calibration's ranks had 1.6 of the 2 cores, the rest was others')."""
+    from kit.estimate import partition
+    from kit.estimate.calibration import Calibration
+    from tests.test_perf import calibration, toy
+
+    comm = {"all_gather": 0.4, "reduce_scatter": 0.6, "all_reduce": 0.7}
+    busy = {"compute": 0.8, "adam": 0.5, "copy": 0.3, "comm": comm, "fixed": {"z3": 0.2}}
+    old, new = calibration(), calibration(busy=busy)
+    assert new.cores_had == pytest.approx(1.6) and old.cores_had == 2
+    two, four = toy(stage=3), toy(stage=3).replace(cluster={"gpus_per_node": 4})
+    assert perf.step_time(two, calibration=new).step_s == perf.step_time(two, calibration=old).step_s
+    was, now = perf.step_time(four, calibration=old), perf.step_time(four, calibration=new)
+    assert now.compute.seconds == pytest.approx(was.compute.seconds)  # all busy: 2x either way
+    part = partition.partition_numel(four)
+    assert now.optimizer.seconds == pytest.approx(part * 2e-8 * (1 + 0.5 / 0.8))
+    assert now.fixed.seconds == pytest.approx(was.fixed.seconds / 2 * (1 + 0.2 / 0.8))
+    # per collective: 1 + b / 0.8 (all at 2 without busy shares)
+    ops = {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 0.0}
+    for part_ in collectives(four):
+        gbps = old.collectives[perf.TIMED_AS[part_.name]].bus_gbps
+        ops[perf.TIMED_AS[part_.name]] += part_.bytes / (gbps * 1e9)
+    hops = 3 / 1  # 4 ranks' ring against the calibration's 2
+    for op, calls, _ in collective_calls(four):
+        ops[op] += calls * old.collectives[op].latency_s * hops
+    assert ops["all_reduce"] > 0
+    assert now.comm.seconds == pytest.approx(sum((1 + comm[op] / 0.8) * ops[op] for op in ops))
+    assert was.comm.seconds == pytest.approx(2 * sum(ops.values()))
+    assert "x 2 (shared cores: 1 - b + b x s, b = 1, s = 2 on 1.6 of 2 cores had)" in now.compute.formula
+    assert "all_gather: (" in now.comm.formula and "b = 0.60 busy / compute's 0.80 = 0.75" in now.comm.formula
+    assert "busy share not measured: all of it stretched" in was.fixed.formula
+    one = toy(stage=3).replace(cluster={"gpus_per_node": 1})  # one rank: both threads on the 1.6 cores
+    half = perf.step_time(one, calibration=new).compute.seconds
+    assert half == pytest.approx(perf.step_time(two, calibration=new).compute.seconds / 2)
+    offload = toy(stage=2, offload_optimizer="cpu").replace(cluster={"gpus_per_node": 4})
+    p = partition.partition_numel(offload)
+    down, up = 4 * p * 2, 4 * p  # gradients every micro-step at stage 2, parameters once
+    expected = (down / 4e9 + up / 5e9) * (1 + 0.3 / 0.8) + p * 3e-8 * (1 + 0.5 / 0.8)
+    assert perf.step_time(offload, calibration=new).offload.seconds == pytest.approx(expected)
+    # a term busier than the compute passes is all busy: b at most 1
+    assert new.stretch(4, "comm", "all_reduce")[0] == pytest.approx(1.875)
+    assert calibration(busy={**busy, "comm": {"all_reduce": 0.9}}).stretch(4, "comm", "all_reduce")[0] == 2
+    # an older file, without the key, loads and stretches every term in full, and says so
+    data = old.to_dict()
+    del data["busy"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    loaded = Calibration.load(tmp_path / "old.json")
+    assert loaded.busy is None and perf.step_time(four, calibration=loaded).step_s == was.step_s
+    assert "busy shares: not measured" in cal.describe(loaded)
+    new.save(tmp_path / "new.json")
+    assert Calibration.load(tmp_path / "new.json") == new
+    with pytest.raises(
+        ValueError, match=r"^busy\.comm\.all_gather: a busy share must be in \[0, 1\], got 1\.5"
+    ):
+        calibration(busy={**busy, "comm": {"all_gather": 1.5}})

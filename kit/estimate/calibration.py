@@ -14,7 +14,12 @@ fitted to the step times it is later compared with:
   the terms above leave unexplained in that engine's own measured micro-steps (DeepSpeed's bookkeeping,
   hooks, allocator calls), per parameter tensor of the calibration model (``tensors``);
 - ``ranks``, ``cores``, ``threads_per_rank``: how it ran; on a CPU machine a setup with more ranks than
-  cores shares them (``share``).
+  cores shares them (``share``);
+- ``busy``: per term, the share of its wall seconds a rank kept a core busy (process CPU seconds over wall
+  seconds x threads, measured beside each time above): ``compute``, ``adam``, ``copy``, ``comm`` per
+  collective, ``fixed`` per engine. Only that share (over the compute passes', whose share is the cores
+  the launch had: ``cores_had``) is stretched on shared cores (``stretch``); a rank waiting in gloo leaves
+  its core to the others. A file without it (older) stretches every term in full and says so.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ class Calibration:
     created: str
     host: str
     versions: dict[str, str]
+    busy: dict | None = None  # {compute, adam, copy: share, comm: {op: share}, fixed: {engine: share}}
     seconds: float = 0.0  # the launch's wall time
     measured: dict = field(default_factory=dict)  # the raw medians the fields came from
 
@@ -80,26 +86,74 @@ class Calibration:
                 raise ValueError(f"{name}: a measured rate must be > 0, got {getattr(self, name)!r}")
         if self.ranks < 1 or self.cores < 1 or self.threads_per_rank < 1:
             raise ValueError(f"ranks: must be >= 1 (ranks, cores, threads_per_rank), got {self.ranks}")
+        for name, share in _shares(self.busy or {}):
+            if not 0 <= share <= 1:
+                raise ValueError(f"busy.{name}: a busy share must be in [0, 1], got {share!r}")
+        if self.busy is not None and not self.busy.get("compute", 0) > 0:
+            raise ValueError(f"busy.compute: must be a measured share > 0, got {self.busy.get('compute')!r}")
 
     @property
     def label(self) -> str:
         ranks = f"{self.ranks} rank{'s' if self.ranks > 1 else ''}"
         return f"calibrated on {self.device} ({ranks}, {self.backend}, {self.created[:16]})"
 
+    @property
+    def cores_had(self) -> float:
+        """The cores the calibration's ranks had: a launch's ranks share the cores their session gets
+        (Linux's autogroups; the launcher starts them in a session of their own), which the compute passes'
+        busy share measures: ranks x threads x that share, at most the cores (all of them when not
+        measured)."""
+        if self.busy is None:
+            return float(self.cores)
+        return min(float(self.cores), self.ranks * self.threads_per_rank * self.busy["compute"])
+
     def share(self, gpus_per_node: int) -> tuple[float, float]:
         """(compute, other) slowdown of a rank on a node of ``gpus_per_node`` ranks against the
         calibration's own: on a CPU machine each rank gets ``max(1, cores // ranks)`` threads (the
-        launcher's OMP_NUM_THREADS) and ranks x threads beyond the cores share them; a GPU is its own."""
+        launcher's OMP_NUM_THREADS) and ranks x threads beyond the cores it had (``cores_had``) share
+        them; a GPU is its own."""
         if self.accelerator != "cpu":
             return 1.0, 1.0
+        cores = self.cores_had
 
         def threads_and_share(n: int) -> tuple[int, float]:
             threads = max(1, self.cores // n)
-            return threads, max(1.0, n * threads / self.cores)
+            return threads, max(1.0, n * threads / cores)
 
         t0, s0 = threads_and_share(self.ranks)
         t, s = threads_and_share(gpus_per_node)
         return (s / s0) * (t0 / t), s / s0
+
+    def busy_share(self, term: str, key: str | None = None) -> float | None:
+        """The measured busy share of ``term`` (``compute``, ``adam``, ``copy``; ``comm`` of collective
+        ``key``, all_reduce's for one not measured; ``fixed`` of engine ``key``); None when not measured."""
+        if self.busy is None:
+            return None
+        share = self.busy.get(term)
+        if isinstance(share, dict):
+            share = share.get(key, share.get("all_reduce") if term == "comm" else None)
+        return share
+
+    def stretch(self, gpus_per_node: int, term: str, key: str | None = None) -> tuple[float, str]:
+        """The factor on ``term``'s seconds (``busy_share``'s names) for a rank of a node of
+        ``gpus_per_node`` ranks, and its formula: of the term's seconds at the calibration's rates the
+        share b that ran on a core needs one and runs s times slower on shared cores (``share``; compute's
+        s also counts its threads), the rest waited (a peer, a socket) and stays: 1 - b + b x s. A rank of
+        the calibration ran at most the compute passes' busy share of the time (``cores_had``), so b is the
+        term's busy share over theirs (1 for compute). Not measured: all of it, x s."""
+        s_compute, s = self.share(gpus_per_node)
+        s = s_compute if term == "compute" else s
+        share = self.busy_share(term, key)
+        if s == 1:
+            return 1.0, "x 1 (no shared cores)"
+        if share is None:
+            return s, f"x {s:g} (shared cores; busy share not measured: all of it stretched)"
+        ran = self.busy["compute"]
+        b = min(1.0, share / ran)
+        factor = 1 - b + b * s
+        busy = "b = 1" if term == "compute" else f"b = {share:.2f} busy / compute's {ran:.2f} = {b:.2f}"
+        cores = f"{self.cores_had:.2g} of {self.cores} cores had"
+        return factor, f"x {factor:.3g} (shared cores: 1 - b + b x s, {busy}, s = {s:.3g} on {cores})"
 
     def link(self, op: str) -> Link | None:
         """``op``'s measured cost (all_reduce's for a collective not measured; None when one rank measured
@@ -157,6 +211,15 @@ class Calibration:
         if not isinstance(data, dict):
             raise ValueError(f"calibration: {path} is not a JSON object")
         return cls.from_dict(data)
+
+
+def _shares(busy: dict, prefix: str = ""):
+    """(dotted name, share) of every number in ``busy``, nested ones included."""
+    for name, value in busy.items():
+        if isinstance(value, dict):
+            yield from _shares(value, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", value
 
 
 def engine_key(stage: int, engine: str, offload_optimizer: str, offload_param: str) -> str:

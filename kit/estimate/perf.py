@@ -468,66 +468,75 @@ def calibrated(
 ) -> StepTime:
     """``step_time`` from a calibration: each term a measured rate, plus the engine's fixed costs.
 
-    s = the calibration's slowdown of a rank of this node (``Calibration.share``: CPU ranks sharing
-    cores), k = micro-steps, B = blocks (layers + 1), n = tensors:
-    compute = k (FLOPs / tflops + micro_fixed_s B / B_cal) s_compute; communication = sum over
-    collectives of bytes / bus_gbps + calls x latency x (N-1)/(N_cal-1), x s; optimizer = P x
-    adam_s_per_param x s; offload = the bytes of ``_offload`` over the measured copies + P x
-    host_adam_s_per_param x s (NVMe from ``hw``); bytes across nodes at most over the fabric's datasheet
-    bandwidth per GPU (``hw``, x ``assume.link_efficiency``); fixed = n (step_s_per_tensor + k
-    micro_step_s_per_tensor) x s, of this engine as calibrated. A calibration of one rank has no links:
-    the datasheet's intra-node bandwidth x ``assume.link_efficiency``, no latency. On a GPU
+    x = ``Calibration.stretch`` of each term (CPU ranks sharing cores: 1 - b + b s, b the term's measured
+    busy share over the compute passes', s the ranks' slowdown on the cores), k = micro-steps,
+    B = blocks (layers + 1), n = tensors: compute = k (FLOPs / tflops + micro_fixed_s B / B_cal) x;
+    communication = sum over collectives of (bytes / bus_gbps + calls x latency x (N-1)/(N_cal-1)) x of
+    that collective; optimizer = P x adam_s_per_param x; offload = (the bytes of ``_offload`` over the
+    measured copies) x + P x host_adam_s_per_param x (NVMe from ``hw``); bytes across nodes at most over
+    the fabric's datasheet bandwidth per GPU (``hw``, x ``assume.link_efficiency``); fixed = n
+    (step_s_per_tensor + k micro_step_s_per_tensor) x, of this engine as calibrated. A calibration of one
+    rank has no links: the datasheet's intra-node bandwidth x ``assume.link_efficiency``, no latency. On a GPU
     ``overlap_comm`` hides ``assume.overlap`` of the communication; gloo's CPU collectives block, so on
     a CPU machine nothing.
     """
     assume = assume or Assumptions()
     b, c, z, m = setup.batch, setup.cluster, setup.zero, setup.model
-    k = b.grad_accum
-    s_compute, s = cal.share(c.gpus_per_node)
+    k, g = b.grad_accum, c.gpus_per_node
     per_token, how = flops_per_token(setup)
     flops = per_token * b.micro_batch * b.seq_len
     blocks, cal_blocks = (m.layers or 0) + 1, cal.layers + 1
+    x, shared = cal.stretch(g, "compute")
     compute = Part(
-        k * (flops / (cal.tflops * 1e12) + cal.micro_fixed_s * blocks / cal_blocks) * s_compute,
+        k * (flops / (cal.tflops * 1e12) + cal.micro_fixed_s * blocks / cal_blocks) * x,
         f"k={k} x (({how}) x {b.micro_batch * b.seq_len:,} tokens / {cal.tflops * 1e3:.3g} GFLOP/s + "
-        f"{cal.micro_fixed_s * 1e3:.3g} ms x {blocks}/{cal_blocks} blocks) x {s_compute:g} (shared cores)",
+        f"{cal.micro_fixed_s * 1e3:.3g} ms x {blocks}/{cal_blocks} blocks) {shared}",
     )
     sent = comm_bytes(setup)[0]
-    seconds, why = 0.0, []
     # across nodes the calibration's links do not reach: the fabric's datasheet bandwidth per GPU
-    across = (
-        (hw or hardware(setup)).inter_gbps * assume.link_efficiency / c.gpus_per_node if c.nodes > 1 else 0
-    )
+    across = (hw or hardware(setup)).inter_gbps * assume.link_efficiency / g if c.nodes > 1 else 0
     datasheet = Link(0.0, (hw or hardware(setup)).intra_gbps * assume.link_efficiency)
+    by_op: dict[str, tuple[float, list[str]]] = {}  # per measured collective: seconds and their formula
+
+    def add(op: str, took: float, formula: str) -> None:
+        before, why = by_op.get(op, (0.0, []))
+        by_op[op] = (before + took, [*why, formula])
+
     for part in collectives(setup):
-        gbps = (cal.link(TIMED_AS.get(part.name, "all_reduce")) or datasheet).bus_gbps
+        op = TIMED_AS.get(part.name, "all_reduce")
+        gbps = (cal.link(op) or datasheet).bus_gbps
         gbps = min(gbps, across) if part.scope == "inter" and across else gbps
-        seconds += part.bytes / (gbps * 1e9)
-        why.append(f"{part.bytes:,} B / {gbps:.3g} GB/s")
+        add(op, part.bytes / (gbps * 1e9), f"{part.bytes:,} B / {gbps:.3g} GB/s")
     hops = (setup.dp - 1) / max(1, cal.ranks - 1)
     for op, calls, formula in collective_calls(setup):
         latency = (cal.link(op) or datasheet).latency_s
-        seconds += calls * latency * hops
-        why.append(f"{calls} {op} ({formula}) x {latency * 1e6:.3g} us x {hops:g}")
-    comm = Part(seconds * s, " + ".join(why) + f", x {s:g}" if why else "one rank: no communication")
+        add(op, calls * latency * hops, f"{calls} {op} ({formula}) x {latency * 1e6:.3g} us x {hops:g}")
+    seconds, why = 0.0, []
+    for op, (took, formulas) in by_op.items():
+        x, shared = cal.stretch(g, "comm", op)
+        seconds += took * x
+        why.append(f"{op}: ({' + '.join(formulas)}) {shared}")
+    comm = Part(seconds, "; ".join(why) if why else "one rank: no communication")
     hidden = assume.overlap if z.overlap and cal.accelerator != "cpu" else 0.0
     exposed = Part(comm.seconds * (1 - hidden), f"{1 - hidden:g} x communication")
     part = partition.partition_numel(setup)
     if z.offload_optimizer == "none":
+        x, shared = cal.stretch(g, "adam")
         optimizer = Part(
-            part * cal.adam_s_per_param * s,
-            f"P ({part:,}) x {cal.adam_s_per_param * 1e9:.3g} ns Adam x {s:g}",
+            part * cal.adam_s_per_param * x,
+            f"P ({part:,}) x {cal.adam_s_per_param * 1e9:.3g} ns Adam {shared}",
         )
     else:
         optimizer = Part(0.0, "on the host (offload)")
-    offload = _calibrated_offload(setup, cal, hw, s)
+    offload = _calibrated_offload(setup, cal, hw)
     key = engine_key(z.stage, z.engine, z.offload_optimizer, z.offload_param)
     cost, which = cal.engine(key)
     n = len(partition.numels(setup))
+    x, shared = cal.stretch(g, "fixed", which)
     fixed = Part(
-        n * (cost.step_s_per_tensor + k * cost.micro_step_s_per_tensor) * s,
+        n * (cost.step_s_per_tensor + k * cost.micro_step_s_per_tensor) * x,
         f"n={n} tensors x ({cost.step_s_per_tensor * 1e6:.3g} us per step + k={k} x "
-        f"{cost.micro_step_s_per_tensor * 1e6:.3g} us per micro-step) x {s:g}, engine {which}",
+        f"{cost.micro_step_s_per_tensor * 1e6:.3g} us per micro-step) {shared}, engine {which}",
     )
     measured_link = cal.link("all_reduce") or datasheet
     hw = Hardware(
@@ -542,7 +551,7 @@ def calibrated(
     return StepTime(setup, hw, assume, compute, comm, exposed, optimizer, offload, sent, fixed, cal.label)
 
 
-def _calibrated_offload(setup: Setup, cal: Calibration, hw: Hardware | None, s: float) -> Part:
+def _calibrated_offload(setup: Setup, cal: Calibration, hw: Hardware | None) -> Part:
     z, k = setup.zero, setup.batch.grad_accum
     if z.offload_optimizer == "none" and z.offload_param == "none":
         return Part(0.0, "no offload")
@@ -553,14 +562,14 @@ def _calibrated_offload(setup: Setup, cal: Calibration, hw: Hardware | None, s: 
         up += p * part  # updated parameters back
     if z.offload_param != "none":
         up += 2 * k * p * part
-    seconds = down / (cal.to_host_gbps * 1e9) + up / (cal.to_device_gbps * 1e9)
-    formula = f"{down:,} B to host / {cal.to_host_gbps:.3g} GB/s + {up:,} B to device / "
-    formula += f"{cal.to_device_gbps:.3g} GB/s"
+    x, shared = cal.stretch(setup.cluster.gpus_per_node, "copy")
+    seconds = (down / (cal.to_host_gbps * 1e9) + up / (cal.to_device_gbps * 1e9)) * x
+    formula = f"({down:,} B to host / {cal.to_host_gbps:.3g} GB/s + {up:,} B to device / "
+    formula += f"{cal.to_device_gbps:.3g} GB/s) {shared}"
     if z.offload_optimizer != "none":
-        seconds += part * cal.host_adam_s_per_param
-        formula += f" + P ({part:,}) x {cal.host_adam_s_per_param * 1e9:.3g} ns host Adam"
-    seconds *= s
-    formula = f"({formula}) x {s:g}"
+        x, shared = cal.stretch(setup.cluster.gpus_per_node, "adam")
+        seconds += part * cal.host_adam_s_per_param * x
+        formula += f" + P ({part:,}) x {cal.host_adam_s_per_param * 1e9:.3g} ns host Adam {shared}"
     if z.nvme:
         swap = _nvme(setup, hw or hardware(setup))
         seconds, formula = seconds + swap.seconds, f"{formula} + {swap.formula} (datasheet)"

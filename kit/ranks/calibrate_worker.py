@@ -13,7 +13,8 @@ line per measurement, which the parent fits (``kit.run.calibrate.fit``):
   ``micro_batches``, in rounds;
 - ``adam``: one ``torch.optim.Adam`` step on ``adam_numel`` elements, on the device and on the host;
 - ``copy``: device to host and host to device copies of ``copy_bytes``;
-- ``collective``: commtest's timed collectives (``kit.ranks.commtest_worker.time_collective``) per size;
+- ``collective``: commtest's timed collectives (``kit.ranks.commtest_worker.time_collective``) per size,
+  the median of ``repeat`` rounds;
 - ``engine``: per engine of ``engines`` (a Setup with grad accum >= 2), each micro-step of each timed
   step: ``train_step`` of ``kit.ranks.engine``, as a sweep steps it, timed at the end of every
   ``engine.step()``; the last micro-step of a step carries the optimizer step and the boundary's work.
@@ -33,14 +34,16 @@ from kit.estimate.calibration import TAG
 from kit.scaleout.commtest import TIMED
 
 
-def seconds(fn, device, repeat: int, warmup: int = 1) -> float:
-    """Median seconds of ``fn()`` over ``repeat`` calls after ``warmup`` (CUDA events on a GPU)."""
+def seconds(fn, device, repeat: int, warmup: int = 1) -> tuple[float, float]:
+    """Median seconds of ``fn()`` over ``repeat`` calls after ``warmup`` (CUDA events on a GPU), and the
+    median share of them this process kept a core busy (``busy``)."""
     import torch
 
     for _ in range(warmup):
         fn()
-    times = []
+    times, shares = [], []
     for _ in range(repeat):
+        cpu = time.process_time()
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -52,7 +55,17 @@ def seconds(fn, device, repeat: int, warmup: int = 1) -> float:
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        shares.append(busy(time.process_time() - cpu, times[-1]))
+    return statistics.median(times), statistics.median(shares)
+
+
+def busy(cpu_s: float, wall_s: float) -> float:
+    """The share of ``wall_s`` a rank of ``torch.get_num_threads()`` threads kept its cores busy: its
+    process CPU seconds (every thread's, gloo's included) over wall x threads, at most 1. What is not
+    busy is waiting (a peer, a collective's socket, a core another process holds)."""
+    import torch
+
+    return min(1.0, cpu_s / (wall_s * torch.get_num_threads())) if wall_s > 0 else 1.0
 
 
 class Bare:
@@ -66,7 +79,8 @@ class Bare:
         self.model = self.workload.build().to(device=device, dtype=dtype)
         self.inputs: dict[int, tuple] = {}
 
-    def seconds(self, micro_batch: int) -> float:
+    def seconds(self, micro_batch: int) -> tuple[float, float]:
+        """Seconds of one forward + backward at ``micro_batch``, and their busy share."""
         from kit.ranks import engine
 
         if micro_batch not in self.inputs:
@@ -87,17 +101,19 @@ class Bare:
 def compute(spec: dict, bare: Bare) -> dict:
     """Forward + backward without an engine at each micro batch of ``micro_batches``, in turn for
     ``repeat`` rounds: seconds per round (a changing load on a shared machine falls on a round's
-    micro batches alike, so their ratio holds)."""
+    micro batches alike, so their ratio holds), and each time's busy share."""
     seq = bare.setup.batch.seq_len
     _barrier()
     rounds = [[bare.seconds(mb) for mb in spec["micro_batches"]] for _ in range(spec["repeat"])]
     return {"micro_batches": spec["micro_batches"], "tokens": [mb * seq for mb in spec["micro_batches"]]} | {
-        "rounds_s": rounds
+        "rounds_s": [[t for t, _ in r] for r in rounds],
+        "rounds_busy": [[b for _, b in r] for r in rounds],
     }
 
 
 def adam(numel: int, device, repeat: int) -> dict:
-    """Seconds of one Adam step on ``numel`` fp32 elements, on ``device`` and on the host."""
+    """Seconds of one Adam step on ``numel`` fp32 elements, on ``device`` and on the host (and the host
+    step's busy share)."""
     import torch
 
     out = {"numel": numel}
@@ -106,7 +122,10 @@ def adam(numel: int, device, repeat: int) -> dict:
         p.grad = torch.ones_like(p)
         opt = torch.optim.Adam([p], lr=1e-4)
         _barrier()
-        out["host_s" if where.type == "cpu" else "device_s"] = seconds(opt.step, where, repeat)
+        took, share = seconds(opt.step, where, repeat)
+        out["host_s" if where.type == "cpu" else "device_s"] = took
+        if where.type == "cpu":
+            out["host_busy"] = share
         del opt, p
     if device.type == "cpu":
         out["device_s"] = out["host_s"]
@@ -114,35 +133,51 @@ def adam(numel: int, device, repeat: int) -> dict:
 
 
 def copies(nbytes: int, device, repeat: int) -> dict:
-    """Seconds of a device-to-host and a host-to-device copy of ``nbytes`` (pinned host memory on a GPU)."""
+    """Seconds of a device-to-host and a host-to-device copy of ``nbytes`` (pinned host memory on a GPU),
+    and the busy share of both."""
     import torch
 
     on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
     _barrier()
-    down = seconds(lambda: host.copy_(on_device, non_blocking=True), device, repeat)
-    up = seconds(lambda: on_device.copy_(host, non_blocking=True), device, repeat)
-    return {"bytes": nbytes, "to_host_s": down, "to_device_s": up}
+    down, down_busy = seconds(lambda: host.copy_(on_device, non_blocking=True), device, repeat)
+    up, up_busy = seconds(lambda: on_device.copy_(host, non_blocking=True), device, repeat)
+    share = (down * down_busy + up * up_busy) / (down + up)
+    return {"bytes": nbytes, "to_host_s": down, "to_device_s": up, "busy": share}
 
 
-def collectives(sizes: list[int], device, iters: int) -> list[dict]:
-    """Seconds per call of commtest's collectives over message sizes (the full buffer, as nccl-tests)."""
+def collectives(sizes: list[int], device, iters: int, repeat: int) -> list[dict]:
+    """Seconds per call of commtest's collectives over message sizes (the full buffer, as nccl-tests),
+    and the busy share of the whole timing (its warm-up call and barrier are the same kind of wait):
+    the median of ``repeat`` rounds over every op and size in turn (a load spike on a shared machine
+    then falls on one round, not on one size's line)."""
     import torch.distributed as dist
 
     from kit.ranks.commtest_worker import buffer_numel, time_collective
 
-    out = []
-    for op in TIMED:
-        for size in sizes:
-            numel = buffer_numel(size, dist.get_world_size())
-            out.append({"op": op, "size_bytes": 4 * numel, "s": time_collective(op, numel, device, iters, 1)})
-    return out
+    cases = [(op, buffer_numel(size, dist.get_world_size())) for op in TIMED for size in sizes]
+    rounds: dict[tuple[str, int], list[tuple[float, float]]] = {case: [] for case in cases}
+    for _ in range(repeat):
+        for op, numel in cases:
+            cpu, start = time.process_time(), time.perf_counter()
+            took = time_collective(op, numel, device, iters, 1)
+            rounds[op, numel].append((took, busy(time.process_time() - cpu, time.perf_counter() - start)))
+    return [
+        {
+            "op": op,
+            "size_bytes": 4 * numel,
+            "s": statistics.median(t for t, _ in rounds[op, numel]),
+            "busy": statistics.median(b for _, b in rounds[op, numel]),
+        }
+        for op, numel in cases
+    ]
 
 
 def engine_steps(config: dict, spec: dict, rank: int, world: int, bare: Bare) -> dict:
     """Each micro-step's seconds of ``config``'s engine over the timed steps (after ``warmup`` steps),
     and after each step the same micro batch's forward + backward without the engine (``bare_s``): the
-    engine's own cost is the difference of two times measured under the same load."""
+    engine's own cost is the difference of two times measured under the same load; beside each time its
+    process CPU seconds (``micro_steps_cpu_s``, ``bare_cpu_s``)."""
     from deepspeed.accelerator import get_accelerator
 
     from kit.ranks import engine
@@ -150,34 +185,42 @@ def engine_steps(config: dict, spec: dict, rank: int, world: int, bare: Bare) ->
 
     setup = Setup.model_validate(config["setup"])
     run = engine.build_engine(setup, spec["seed"])
-    marks: list[float] = []
+    marks: list[tuple[float, float]] = []
 
     @contextlib.contextmanager
     def phase(name):
         yield
         if name == "optimizer":
             get_accelerator().synchronize()
-            marks.append(time.perf_counter())
+            marks.append((time.perf_counter(), time.process_time()))
 
     try:
         for step in range(spec["warmup"]):
             engine.train_step(run.engine, run.workload, setup, step, rank, world, seed=spec["seed"])
-        steps, reference = [], []
+        steps, cpus, reference = [], [], []
         for step in range(spec["warmup"], spec["warmup"] + spec["steps"]):
             _barrier()
             marks.clear()
             get_accelerator().synchronize()
-            start = time.perf_counter()
+            start = (time.perf_counter(), time.process_time())
             engine.train_step(
                 run.engine, run.workload, setup, step, rank, world, seed=spec["seed"], phase=phase
             )
             ends = [start, *marks]
-            steps.append([b - a for a, b in zip(ends, ends[1:], strict=False)])
+            steps.append([b[0] - a[0] for a, b in zip(ends, ends[1:], strict=False)])
+            cpus.append([b[1] - a[1] for a, b in zip(ends, ends[1:], strict=False)])
             reference.append(bare.seconds(setup.batch.micro_batch))
     finally:
         engine.teardown(run.engine)
         del run
-    return {"key": config["key"], "setup": config["setup"], "micro_steps_s": steps, "bare_s": reference}
+    return {
+        "key": config["key"],
+        "setup": config["setup"],
+        "micro_steps_s": steps,
+        "micro_steps_cpu_s": cpus,
+        "bare_s": [t for t, _ in reference],
+        "bare_busy": [b for _, b in reference],
+    }
 
 
 def _barrier() -> None:
@@ -222,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     report("compute", compute(spec, bare))
     report("adam", adam(spec["adam_numel"], device, spec["repeat"]))
     report("copy", copies(spec["copy_bytes"], device, spec["repeat"]))
-    report("collective", collectives(spec["sizes"], device, spec["iters"]))
+    report("collective", collectives(spec["sizes"], device, spec["iters"], spec["repeat"]))
     for config in spec["engines"]:
         report("engine", engine_steps(config, spec, rank, world, bare))
         _barrier()

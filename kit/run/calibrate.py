@@ -91,7 +91,20 @@ def describe(cal: Calibration) -> str:
             f"{cal.to_host_gbps:.2f} GB/s, to device {cal.to_device_gbps:.2f} GB/s",
             f"collectives (latency + bus bandwidth): {links or 'none (one rank: the datasheet links)'}",
             f"engines, fixed per tensor (per step / per micro-step, {cal.tensors} tensors): {engines}",
+            _describe_busy(cal.busy),
         ]
+    )
+
+
+def _describe_busy(busy: dict | None) -> str:
+    if busy is None:
+        return "busy shares: not measured (an older calibration): ranks beyond the cores stretch every term"
+    comm = ", ".join(f"{op} {b:.2f}" for op, b in sorted(busy["comm"].items()))
+    fixed = ", ".join(f"{k} {b:.2f}" for k, b in busy["fixed"].items())
+    return (
+        f"busy shares (CPU / wall seconds; only they share cores): compute {busy['compute']:.2f}, Adam "
+        f"{busy['adam']:.2f}, copies {busy['copy']:.2f}; collectives {comm or 'none'}; "
+        f"engines {fixed or 'none'}"
     )
 
 
@@ -209,7 +222,7 @@ def fit(lines: dict, base: Setup) -> Calibration:
             "copy": copy,
         },
     )
-    engines, medians = {}, {}
+    engines, medians, fixed_busy = {}, {}, {}
     for item in lines["engine"]:
         setup = Setup.model_validate(item["setup"])
         micro = statistics.median(t for step in item["micro_steps_s"] for t in step[:-1])
@@ -227,7 +240,43 @@ def fit(lines: dict, base: Setup) -> Calibration:
             micro_step_s_per_tensor=max(0.0, micro - per_micro) / tensors,
         )
         medians[item["key"]] = {"micro_step_s": micro, "last_micro_step_s": last, "bare_s": bare}
-    return replace(cal, engines=engines, measured={**cal.measured, "engines": medians})
+        fixed_busy[item["key"]] = _engine_busy(item, machine["threads_per_rank"])
+    busy = {
+        "compute": _round(
+            statistics.median(
+                [b for r in lines["compute"]["rounds_busy"] for b in r]
+                + [b for item in lines["engine"] for b in item["bare_busy"]]
+            )
+        ),
+        "adam": _round(adam["host_busy"]),
+        "copy": _round(copy["busy"]),
+        "comm": {
+            op: _round(statistics.median(c["busy"] for c in lines["collective"] if c["op"] == op))
+            for op in links
+        },
+        "fixed": fixed_busy,
+    }
+    return replace(cal, engines=engines, busy=busy, measured={**cal.measured, "engines": medians})
+
+
+def _engine_busy(item: dict, threads: int) -> float:
+    """The busy share of what engine ``item`` adds to the bare model: the CPU seconds (per thread) of its
+    timed steps beyond as many bare forward + backward passes over their wall seconds beyond them (the
+    whole steps' share when the bare passes took nearly as long)."""
+    wall = sum(t for step in item["micro_steps_s"] for t in step)
+    cpu = sum(t for step in item["micro_steps_cpu_s"] for t in step) / threads
+    passes = len(item["micro_steps_s"][0])  # micro-steps per step
+    bare = statistics.median(item["bare_s"]) * passes * len(item["micro_steps_s"])
+    bare_cpu = statistics.median(t * b for t, b in zip(item["bare_s"], item["bare_busy"], strict=True))
+    bare_cpu *= passes * len(item["micro_steps_s"])
+    if wall - bare > 0.05 * wall:
+        return _round(min(1.0, max(0.0, (cpu - bare_cpu) / (wall - bare))))
+    return _round(min(1.0, cpu / wall))
+
+
+def _round(share: float) -> float:
+    """A busy share as the file keeps it: 3 decimals, in [0, 1]."""
+    return round(min(1.0, max(0.0, share)), 3)
 
 
 def _compute_rate(lines: dict, per_token: float) -> tuple[float, float]:
