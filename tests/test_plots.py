@@ -189,6 +189,22 @@ def test_bars_never_touch_the_top_edge(results):
         assert ax.get_ylim()[1] >= 1.1 * top, draw.__name__
 
 
+@pytest.mark.parametrize("plot", [plots.throughput, plots.memory, plots.comm_volume, plots.loss_curves])
+def test_comparison_plots_keep_every_text_inside_the_figure(results, plot):
+    """A title wider than its axes (the legend beside them) is cut at the figure's edge in a notebook."""
+    fig = plot(results)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    page = fig.bbox
+    for ax in fig.axes:
+        low, high = sorted(ax.get_xlim())
+        ticks = [t for t in ax.get_xticklabels() if low <= t.get_position()[0] <= high]  # the drawn ones
+        for text in [ax.title, *ax.texts, *ticks, ax.xaxis.label, ax.yaxis.label]:
+            if text.get_text():
+                box = text.get_window_extent(renderer)
+                assert page.x0 - 1 <= box.x0 and box.x1 <= page.x1 + 1, text.get_text()
+
+
 def test_loss_curves_can_be_told_apart(results):
     lines = plots.loss_curves(results).axes[0].get_lines()
     assert len({(line.get_marker(), line.get_linestyle()) for line in lines}) == len(lines)

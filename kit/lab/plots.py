@@ -58,7 +58,7 @@ def memory(results: Results) -> Figure:
         )  # fmt: skip
     ax.set_xticks(list(positions), table["label"])
     ax.set_ylabel("MB per GPU (rank 0)")
-    ax.set_title("Memory per configuration: estimate (hatched, left) vs measured (right)")
+    ax.set_title("Memory per configuration\nestimate (hatched, left), measured (right)")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     sides = ("estimate", "measured")
     tops = [
@@ -378,7 +378,13 @@ def peak_timeline(
     tops = [totals[p] / unit for p in phases]
     for xi, top in zip(x, tops, strict=True):
         ax.annotate(
-            f"{top:,.2f}", (xi, top), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=8
+            f"{top:,.2f}",
+            (xi, top),
+            xytext=(0, 3),
+            textcoords="offset points",
+            ha="center",
+            fontsize=8,
+            bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5},  # readable over the verdict's line
         )
     if measured:
         got = [measured[p] / unit for p in phases]
