@@ -190,7 +190,7 @@ def test_a_gpu_without_the_precision_is_neither_offered_nor_said_to_fit(panel):
     assert "V100-SXM2-32GB" in panel.summary.value.split("also fits on:")[1]
 
 
-def test_the_chart_names_the_setting_it_shows(panel):
+def test_the_charts_name_the_setting_they_show(panel):
     from kit.lab.memory_panel import chart_class
 
     before = chart_class(panel.estimate)
@@ -198,6 +198,7 @@ def test_the_chart_names_the_setting_it_shows(panel):
     panel.micro_batch.value = 2
     est = panel.estimate
     assert panel.plot._dom_classes == ("zk-chart", chart_class(est)) and chart_class(est) != before
+    assert panel.timeline_plot._dom_classes == ("zk-peak-chart", chart_class(est))  # the peak chart too
     assert chart_class(est) == chart_class(estimate(est.setup))  # what a test computes for the setting
 
 

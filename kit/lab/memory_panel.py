@@ -347,11 +347,15 @@ class MemoryPanel:
             self.plot.value = ui.figure_png(estimated_memory([est]))
             self.plot._dom_classes = ("zk-chart", chart_class(est))
         self.plot.layout.display = None
-        if est.timeline:
-            chart = peak_timeline(est.timeline, overhead=est.peak_overhead.bytes, fit_bytes=est.per_gpu_bytes)
-            self.timeline_plot.value = ui.figure_png(chart)
-        else:
-            self.timeline_plot.value = b""
+        with self.timeline_plot.hold_sync():  # the same for the peak chart, which carries the same class
+            if est.timeline:
+                line = peak_timeline(
+                    est.timeline, overhead=est.peak_overhead.bytes, fit_bytes=est.per_gpu_bytes
+                )
+                self.timeline_plot.value = ui.figure_png(line)
+            else:
+                self.timeline_plot.value = b""
+            self.timeline_plot._dom_classes = ("zk-peak-chart", chart_class(est))
         self.timeline_plot.layout.display = None if est.timeline else "none"
 
     def _inputs(self) -> list[w.ValueWidget]:
@@ -462,9 +466,9 @@ def verdict_html(est) -> str:
 
 
 def chart_class(est) -> str:
-    """The CSS class that names what the chart shows: a digest of the setting and its bytes per GPU, the
-    verdict's number (a browser test waits for it before a screenshot: the picture arrives after the
-    text; an image widget has no tooltip to carry it)."""
+    """The CSS class that names what the charts show: a digest of the setting and its bytes per GPU, the
+    verdict's number (a browser test waits for it on both charts before a screenshot: a picture arrives
+    after the text; an image widget has no tooltip to carry it)."""
     shows = f"{est.setup.label}: {est.per_gpu_bytes / GIB:,.2f} GiB per GPU"
     return f"zk-shows-{hashlib.sha1(shows.encode()).hexdigest()[:12]}"
 

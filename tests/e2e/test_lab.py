@@ -131,10 +131,11 @@ def memory_panel(page) -> None:
     assert "z1 opt-off bf16 mb2 ckpt" in panel.locator(".zk-summary").inner_text()
     verdict = panel.locator(".zk-verdict").inner_text()
     assert verdict.startswith("✔ fits: " + shown.replace(" GiB", " GiB per GPU")), verdict
-    # the chart comes after the text: wait for the picture of this setting, drawn
-    chart = panel.locator(f"img.{chart_class(expected)}")
-    wait_for(lambda: chart.count() == 1, 30, "the chart of the setting the verdict names")
-    wait_for(lambda: chart.evaluate("i => i.complete && i.naturalWidth > 0"), 30, "the chart drawn")
+    # the charts come after the text: wait for both pictures of this setting (its bytes, its peak), drawn
+    charts = panel.locator(f"img.{chart_class(expected)}")
+    wait_for(lambda: charts.count() == 2, 30, "the charts of the setting the verdict names")
+    drawn = "is => is.every(i => i.complete && i.naturalWidth > 0)"
+    wait_for(lambda: charts.evaluate_all(drawn), 30, "the charts drawn")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     panel.scroll_into_view_if_needed()
     panel.screenshot(path=str(SCREENSHOTS / "memory_panel.png"))
