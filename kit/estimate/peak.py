@@ -35,8 +35,11 @@ place: the all-gather of the updated 16-bit partitions (16-bit Psi, stages 1-2) 
 stage-3 tensor (the largest), at the moment they are made (``kit.ranks.memory_timeline`` settles each
 collective, so a CPU measurement sees these copies freed when they really are).
 
-What it cannot see: the temporaries inside an op (kernels' workspaces: on CPU a bf16 ``mm`` of a
-transposed input allocates a scratch beside its output, 148,608 B for the toy's 256 x 128 by 128 x 64),
+On CPU (``"gloo"``) in bf16 the last block's backward adds the scratch oneDNN allocates inside the
+down-projection's weight-gradient ``mm`` (``kit.estimate.cpu_matmul``: 148,608 B for the toy's x^T of
+256 x 128 by 128 x 64 on one thread); a GPU prediction has no such term.
+
+What it cannot see: the temporaries inside other ops (kernels' workspaces; cuBLAS's workspace on a GPU),
 the head's loss for models without a language-model head (a formula family's head only), the backward
 working set of a model traced rather than given by a formula (its largest layer's gradient stands for it)
 and the outputs its forward holds without saving them (data/examples/conv_net.py at stage 2: +7.9 %
@@ -58,6 +61,7 @@ from typing import Literal
 
 from kit.estimate import baselines, partition
 from kit.estimate.activations import FORMULA_FAMILIES, SWIGLU_FAMILIES, _head_activations, formula
+from kit.estimate.cpu_matmul import CpuMatmul, bf16_mm_scratch
 from kit.estimate.result import NONE, Term
 from kit.models import spec_shapes
 from kit.rules import DS_SUB_GROUP_SIZE, FP32, element_bytes, optimizer_states, stage3_gathered
@@ -118,15 +122,17 @@ def timeline(
     *,
     implementation: Implementation = "fused",
     backend: Backend = "nccl",
+    cpu: CpuMatmul | None = None,
 ) -> Timeline:
     """The predicted peak per phase of a step (from the second on) of rank ``rank`` of ``setup``, from
     the states it holds on the device (``device``, ``kit.estimate.memory``'s) and its saved activations.
 
     ``implementation``: the torch optimizer's path (``"fused"`` for DeepSpeed's FusedAdam; the kit's runs
     use ``torch_adam``: ``"foreach"`` on CUDA, ``"single"`` on CPU); ``backend``: the collectives' (see the
-    module's doc). ``kit.estimate.memory.peak_timeline`` fills in the states."""
+    module's doc); ``cpu``: with ``"gloo"``, how the ranks' CPU matmuls run (default: one thread of
+    AVX-512 bf16). ``kit.estimate.memory.peak_timeline`` fills in the states."""
     act = activations
-    shape = _Shape(setup, act)
+    shape = _Shape(setup, act, (cpu or CpuMatmul()) if backend == "gloo" else None)
     resident = _resident(setup, device)
     forward = {**resident, "activations": shape.forward, "temporaries": shape.loss + shape.batch}
     moments = {"forward": "at the loss"}
@@ -175,7 +181,7 @@ def _largest(candidates: dict[str, dict[str, Term]]) -> tuple[str, dict[str, Ter
 class _Shape:
     """The activation-shaped terms of one micro-step."""
 
-    def __init__(self, setup: Setup, act: Term) -> None:
+    def __init__(self, setup: Setup, act: Term, cpu: CpuMatmul | None) -> None:
         m, b = setup.model, setup.batch
         p = element_bytes(setup.zero.precision)
         lm = (
@@ -228,7 +234,7 @@ class _Shape:
                 f"{p} B x ({1 + gated if gated else ''}b s f + f h + b s h): the MLP down-projection's input "
                 "and weight gradients and the incoming one"
                 + (", and the SwiGLU product's two input gradients" if gated else ""),
-            )
+            ) + _weight_grad_scratch(setup, cpu)
             head = m.vocab * h if m.vocab else 0
             z = setup.zero
             if m.tied_embeddings and head:
@@ -242,6 +248,25 @@ class _Shape:
             self.forward = self.blocks = act
             self.block_backward = Term(p * largest, f"{p} B x largest layer (its gradient)")
             self.tied = NONE
+
+
+def _weight_grad_scratch(setup: Setup, cpu: CpuMatmul | None) -> Term:
+    """On CPU in bf16, the scratch oneDNN allocates inside the down-projection's weight-gradient mm
+    (``kit.estimate.cpu_matmul``): GPT-2's ``Conv1D`` computes x^T (f x b s) by the gradient (b s x h);
+    ``nn.Linear`` (``mm_mat2_backward`` on the transposed weight) the gradient^T (h x b s) by x (b s x f)."""
+    m, b = setup.model, setup.batch
+    if cpu is None or setup.zero.precision != "bf16":
+        return NONE
+    tokens, f, h = b.micro_batch * b.seq_len, m.ffn or 4 * m.hidden, m.hidden
+    rows, cols, how = (
+        (f, h, "x^T (f x b s) by b s x h") if m.family == "gpt2" else (h, f, "g^T (h x b s) by b s x f")
+    )
+    n = bf16_mm_scratch(rows, tokens, cols, True, cpu)
+    if not n:
+        return NONE
+    return Term(
+        n, f"oneDNN's scratch in the weight gradient's bf16 mm, {how} ({cpu.isa}, {cpu.threads} thread(s))"
+    )
 
 
 def _resident(setup: Setup, device: dict[str, Term]) -> dict[str, Term]:
