@@ -156,10 +156,8 @@ GAS3 = {"grad_accum": 3, "train_batch": 12}
 #: 1 and 3, odd bucket sizes, stage 3 with every tensor released (gathers kept to their backward by
 #: max_reuse_distance, or released at once: then prefetch and max_live_parameters bound them)
 ACCURACY = [
-    # the shrunk Llama at stages 1-2 (z1 fp32 +0.3/-0.7/0.0 %, z2 +0.3/+1.2/0.0 % when the measurement holds)
-    # is left out until a lost free is found: on a loaded machine rank 1's optimizer phase counted one
-    # partition-sized tensor too many (+25 % z1 fp32, +14 % z2; 2 runs in about 15) although every
-    # collective's tensors are settled (kit.ranks.memory_timeline)
+    ("llama z1 fp32", _llama(stage=1, precision="fp32")),
+    ("llama z2", _llama(stage=2)),
     ("llama z3", _llama(stage=3)),
     ("file z2", _file(stage=2)),
     ("file z3", _file(stage=3)),
@@ -191,9 +189,18 @@ ACCURACY = [
     ),
 ]
 ALL = SETUPS + [s for _, s in ACCURACY]
-NAMES = {config_id(on_ranks(s, 2)): s.label for s in SETUPS} | {
-    config_id(on_ranks(s, 2)): name for name, s in ACCURACY
-}
+#: (name, Setup) of the 4-rank launch: stage 2's reduction and stage 3's gathers with partitions of a quarter
+FOUR = [
+    ("toy z2, 4 ranks", on_ranks(_setup(stage=2), 4)),
+    ("toy z3, 4 ranks", on_ranks(_setup(stage=3), 4)),
+    ("llama z2, 4 ranks", on_ranks(_llama(stage=2), 4)),
+]  # the model file (data/examples/mlp.py) is left out: at stage 2 its rank 0 peaks 3.2 % below the
+#   prediction, at stage 3 every rank 3.7 % above (see kit.estimate.peak, what it cannot see)
+NAMES = (
+    {config_id(on_ranks(s, 2)): s.label for s in SETUPS}
+    | {config_id(on_ranks(s, 2)): name for name, s in ACCURACY}
+    | {config_id(s): name for name, s in FOUR}
+)
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +210,24 @@ def sweep(tmp_path_factory):
     runs = tmp_path_factory.mktemp("peak")
     results = run_sweep(
         ALL, sweep="peak", runs_dir=runs, steps=2, warmup=0, progress=False, memory_timeline=True
+    )
+    assert all(r["status"] == "ok" for r in results.records), [r.get("error") for r in results.records]
+    return results
+
+
+@pytest.fixture(scope="module")
+def sweep4(tmp_path_factory):
+    """The 4-rank configurations in a second, short launch."""
+    runs = tmp_path_factory.mktemp("peak4")
+    results = run_sweep(
+        [s for _, s in FOUR],
+        sweep="peak4",
+        runs_dir=runs,
+        nprocs=4,
+        steps=2,
+        warmup=0,
+        progress=False,
+        memory_timeline=True,
     )
     assert all(r["status"] == "ok" for r in results.records), [r.get("error") for r in results.records]
     return results
@@ -307,27 +332,40 @@ def error_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def test_predicted_peak_per_phase_matches_every_rank(sweep):
+def _mismatches(records: list[dict]) -> list[str]:
+    """Each step-1 record's phase outside ``_tolerance`` (step 0 creates Adam's states in its optimizer
+    phase: not modelled)."""
     from kit.estimate import peak
 
     assert peak.PHASES == PHASES
     errors = []
-    for r in sweep.records:
-        if r["step"] < 1:  # step 0 creates Adam's states in its optimizer phase: not modelled
+    for r in records:
+        if r["step"] < 1:
             continue
         measured, predicted = r["measured"]["phases"], r["estimate"]["phases"]
         assert list(predicted) == list(PHASES)
         assert r["estimate"]["peak_tensor_bytes"] == max(predicted.values())
         for phase in PHASES:
             low, high = _tolerance(r, phase)
-            ratio = measured[phase] / predicted[phase]
-            if not low <= ratio <= high:
+            if not low <= measured[phase] / predicted[phase] <= high:
                 errors.append(
                     f"{NAMES[r['config_id']]} rank {r['rank']} {phase}: {measured[phase]:,} vs "
                     f"{predicted[phase]:,}"
                 )
+    return errors
+
+
+def test_predicted_peak_per_phase_matches_every_rank(sweep):
+    errors = _mismatches(sweep.records)
     print(error_table(sweep.records))
     assert not errors, "\n".join(errors) + "\n" + error_table(sweep.records)
+
+
+def test_predicted_peak_per_phase_matches_every_rank_of_4(sweep4):
+    assert {r["rank"] for r in sweep4.records} == {0, 1, 2, 3}
+    errors = _mismatches(sweep4.records)
+    print(error_table(sweep4.records))
+    assert not errors, "\n".join(errors) + "\n" + error_table(sweep4.records)
 
 
 def test_peak_timeline_plot_stacks_the_prediction_beside_the_measurement(toys):
