@@ -274,9 +274,7 @@ def _settle(method):
     returns: were the caller's reference dropped first, the storage would be freed on that thread, where
     the profiler does not record the free). If the worker still holds one after ``SETTLE_S`` (a loaded
     machine), the call keeps a reference and returns: this thread drops it once the worker has let go
-    (``_release_parked``), so the free is late, never lost. A hold is counted on the tensor and on its
-    storage: gloo's work may keep views of a tensor (a stage-3 all-gather's output: 7 storage references
-    against 3 before the call, the tensor's own count back), which hold the storage only. Storages the work
+    (``_release_parked``), so the free is late, never lost. Storages the work
     itself allocated (gloo's reduce-scatter clones its input) die with it: the replay frees them at the
     window's end."""
 
@@ -285,7 +283,7 @@ def _settle(method):
             return method(*args, **kwargs)
         _release_parked()
         tensors = [t for t in _tensor_args(args, kwargs) if hasattr(t, "_use_count")]
-        held = _holds(tensors)
+        held = [t._use_count() for t in tensors]
         _SETTLING.depth += 1
         try:
             return _settled_call(method, tensors, held, args, kwargs)
@@ -295,7 +293,7 @@ def _settle(method):
     return settled
 
 
-def _settled_call(method, tensors: list, held: list[tuple[int, int]], args: tuple, kwargs: dict):
+def _settled_call(method, tensors: list, held: list[int], args: tuple, kwargs: dict):
     from torch.profiler import record_function
 
     with record_function(_COLLECTIVE):
@@ -313,16 +311,8 @@ def _settled_call(method, tensors: list, held: list[tuple[int, int]], args: tupl
     return _Done() if asynchronous else None
 
 
-def _holds(tensors: list) -> list[tuple[int, int]]:
-    """Each tensor's references and its storage's (a view the work keeps holds the storage only)."""
-    import torch
-
-    return [(t._use_count(), torch._C._storage_Use_Count(t.untyped_storage()._cdata)) for t in tensors]
-
-
-def _still_held(tensors: list, held: list[tuple[int, int]]) -> bool:
-    now = _holds(tensors)
-    return any(a[0] > b[0] or a[1] > b[1] for a, b in zip(now, held, strict=True))
+def _still_held(tensors: list, held: list[int]) -> bool:
+    return any(t._use_count() > n for t, n in zip(tensors, held, strict=True))
 
 
 def _release_parked(wait_s: float = 0.0) -> None:
@@ -341,7 +331,7 @@ class _Depth(threading.local):
     depth = 0
 
     def __init__(self) -> None:
-        self.parked: list[tuple[list, list[tuple[int, int]]]] = []  # (tensors, their holds before the call)
+        self.parked: list[tuple[list, list[int]]] = []  # (tensors, their holds before the call)
 
 
 #: this thread's settled calls in progress (nested ones pass straight through) and kept references
