@@ -159,8 +159,8 @@ ACCURACY = [
     # the shrunk Llama at stages 1-2 (z1 fp32 +0.3/-0.7/0.0 %, z2 +0.3/-0.3/0.0 % when the measurement holds)
     # stays out: in about 1 launch in 5 under load one rank's optimizer phase counts allreduce_bucket's flat
     # copy of the ipg bucket (aten::cat in flatten_dense_tensors, in backward's reduction: 4 B x Psi at z1
-    # fp32, +25 %) whose free the profiler never records, although the collective returned only once gloo
-    # held neither the tensor nor its storage; where the free goes is not found yet
+    # fp32, +25 %) whose free the profiler never records; it came back with a settle that also waited on
+    # the storage's references (tried, reverted): where the free goes is not found yet
     ("llama z3", _llama(stage=3)),
     ("file z2", _file(stage=2)),
     ("file z3", _file(stage=3)),
