@@ -61,6 +61,58 @@ def test_torch_collectives_are_settled_once_even_inside_deepspeeds_and_restored_
     assert {name: getattr(dist, name) for name in before} == before
 
 
+def _lone_mm_scratch(m: int, k: int, n: int, transposed_a: bool) -> int:
+    """Bytes a lone bf16 ``torch.mm`` allocates under the profiler besides its m x n output."""
+    import torch
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import OpTree
+
+    a = torch.ones(k, m, dtype=torch.bfloat16).t() if transposed_a else torch.ones(m, k, dtype=torch.bfloat16)
+    b = torch.ones(k, n, dtype=torch.bfloat16)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        c = torch.mm(a, b)
+        del c
+    nodes = OpTree(prof.profiler.kineto_results).sorted_nodes
+    allocated = [n.typed[1].alloc_size for n in nodes if n.typed[0] == _EventType.Allocation]
+    return sum(size for size in allocated if size > 0) - m * n * 2
+
+
+#: (m, k, n, A transposed): the toy's and the shrunk Llama's weight gradients, K past one block (512),
+#: N in 2 chunks, a tail everywhere, below oneDNN's size, a single row
+MM_SHAPES = [
+    (256, 128, 64, True), (64, 64, 128, True), (256, 128, 64, False), (100, 37, 53, True),
+    (300, 2048, 70, True), (1024, 96, 1024, False), (567, 978, 455, True), (16, 16, 16, False),
+    (1, 128, 64, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_modelled_bf16_mm_scratch_is_what_a_lone_mm_allocates(threads):
+    """``kit.estimate.cpu_matmul`` against the profiler: oneDNN's brgemm scratchpad, to the byte, on this
+    CPU's ISA (its blocking is modelled for AVX-512 bf16 only: elsewhere the test says so)."""
+    import torch
+
+    from kit.estimate.cpu_matmul import AVX512_BF16, bf16_mm_scratch
+    from kit.ranks.memory_timeline import cpu_matmul
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cpu = cpu_matmul()
+        assert cpu.isa == AVX512_BF16, f"oneDNN's bf16 blocking is modelled for {AVX512_BF16}, not {cpu.isa}"
+        for m, k, n, transposed in MM_SHAPES:
+            assert bf16_mm_scratch(m, k, n, transposed, cpu) == _lone_mm_scratch(m, k, n, transposed), (
+                m,
+                k,
+                n,
+            )
+    finally:
+        torch.set_num_threads(before)
+    if threads == 1:  # the toy's last-block weight gradient: 148,608 B besides its 32,768 B output
+        assert bf16_mm_scratch(256, 128, 64, True, cpu) == 148_608
+
+
 def _setup(**zero) -> Setup:
     batch = zero.pop("batch", {})
     data = toy_setup(2).model_dump(mode="json")
@@ -104,10 +156,11 @@ GAS3 = {"grad_accum": 3, "train_batch": 12}
 #: 1 and 3, odd bucket sizes, stage 3 with every tensor released (gathers kept to their backward by
 #: max_reuse_distance, or released at once: then prefetch and max_live_parameters bound them)
 ACCURACY = [
-    # the shrunk Llama at stages 1-2 (z1 fp32 +0.3/-0.7/0.0 %, z2 +0.3/+1.2/0.0 % when the measurement holds)
-    # is left out until a lost free is found: on a loaded machine rank 1's optimizer phase counted one
-    # partition-sized tensor too many (+25 % z1 fp32, +14 % z2; 2 runs in about 15) although every
-    # collective's tensors are settled (kit.ranks.memory_timeline)
+    # the shrunk Llama at stages 1-2 (z1 fp32 +0.3/-0.7/0.0 %, z2 +0.3/-0.3/0.0 % when the measurement holds)
+    # stays out: in about 1 launch in 5 under load one rank's optimizer phase counts allreduce_bucket's flat
+    # copy of the ipg bucket (aten::cat in flatten_dense_tensors, in backward's reduction: 4 B x Psi at z1
+    # fp32, +25 %) whose free the profiler never records; it came back with a settle that also waited on
+    # the storage's references (tried, reverted): where the free goes is not found yet
     ("llama z3", _llama(stage=3)),
     ("file z2", _file(stage=2)),
     ("file z3", _file(stage=3)),
@@ -139,9 +192,18 @@ ACCURACY = [
     ),
 ]
 ALL = SETUPS + [s for _, s in ACCURACY]
-NAMES = {config_id(on_ranks(s, 2)): s.label for s in SETUPS} | {
-    config_id(on_ranks(s, 2)): name for name, s in ACCURACY
-}
+#: (name, Setup) of the 4-rank launch: stage 2's reduction and stage 3's gathers with partitions of a quarter
+FOUR = [
+    ("toy z2, 4 ranks", on_ranks(_setup(stage=2), 4)),
+    ("toy z3, 4 ranks", on_ranks(_setup(stage=3), 4)),
+]  # kept short (26 s on this loaded machine): the shrunk Llama at stage 2 (within 0.4 % on 4 ranks) is left
+#   out for time and for the flake above; the model file (data/examples/mlp.py) too: at stage 2 its rank 0
+#   peaks 3.2 % below the prediction, at stage 3 every rank 3.7 % above (kit.estimate.peak's doc)
+NAMES = (
+    {config_id(on_ranks(s, 2)): s.label for s in SETUPS}
+    | {config_id(on_ranks(s, 2)): name for name, s in ACCURACY}
+    | {config_id(s): name for name, s in FOUR}
+)
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +213,24 @@ def sweep(tmp_path_factory):
     runs = tmp_path_factory.mktemp("peak")
     results = run_sweep(
         ALL, sweep="peak", runs_dir=runs, steps=2, warmup=0, progress=False, memory_timeline=True
+    )
+    assert all(r["status"] == "ok" for r in results.records), [r.get("error") for r in results.records]
+    return results
+
+
+@pytest.fixture(scope="module")
+def sweep4(tmp_path_factory):
+    """The 4-rank configurations in a second, short launch."""
+    runs = tmp_path_factory.mktemp("peak4")
+    results = run_sweep(
+        [s for _, s in FOUR],
+        sweep="peak4",
+        runs_dir=runs,
+        nprocs=4,
+        steps=2,
+        warmup=0,
+        progress=False,
+        memory_timeline=True,
     )
     assert all(r["status"] == "ok" for r in results.records), [r.get("error") for r in results.records]
     return results
@@ -235,16 +315,7 @@ def test_offloaded_states_are_not_device_bytes(toys):
 
 
 def _tolerance(r: dict, phase: str) -> tuple[float, float]:
-    """(low, high) bounds on measured / predicted for one record's phase: 3 %, but see the comment."""
-    from kit.estimate.memory import peak_timeline
-
-    setup = Setup.model_validate(r["setup"])
-    moment = peak_timeline(setup, r["rank"], implementation="single", backend="gloo").moments[phase]
-    if moment == "in the last block's backward" and setup.zero.precision != "fp32":
-        # not modelled: a CPU kernel's scratch. In the last block's backward the weight gradient's bf16
-        # mm (x^T of 256 x 128 by 128 x 64) allocates 148,608 B inside aten::mm besides its output (the
-        # same mm alone does so too; in fp32 it allocates none, and fp32 runs match to 0.3 %)
-        return 0.97, 1.08
+    """(low, high) bounds on measured / predicted for one record's phase: 3 %."""
     return 0.97, 1.03
 
 
@@ -264,27 +335,40 @@ def error_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def test_predicted_peak_per_phase_matches_every_rank(sweep):
+def _mismatches(records: list[dict]) -> list[str]:
+    """Each step-1 record's phase outside ``_tolerance`` (step 0 creates Adam's states in its optimizer
+    phase: not modelled)."""
     from kit.estimate import peak
 
     assert peak.PHASES == PHASES
     errors = []
-    for r in sweep.records:
-        if r["step"] < 1:  # step 0 creates Adam's states in its optimizer phase: not modelled
+    for r in records:
+        if r["step"] < 1:
             continue
         measured, predicted = r["measured"]["phases"], r["estimate"]["phases"]
         assert list(predicted) == list(PHASES)
         assert r["estimate"]["peak_tensor_bytes"] == max(predicted.values())
         for phase in PHASES:
             low, high = _tolerance(r, phase)
-            ratio = measured[phase] / predicted[phase]
-            if not low <= ratio <= high:
+            if not low <= measured[phase] / predicted[phase] <= high:
                 errors.append(
                     f"{NAMES[r['config_id']]} rank {r['rank']} {phase}: {measured[phase]:,} vs "
                     f"{predicted[phase]:,}"
                 )
+    return errors
+
+
+def test_predicted_peak_per_phase_matches_every_rank(sweep):
+    errors = _mismatches(sweep.records)
     print(error_table(sweep.records))
     assert not errors, "\n".join(errors) + "\n" + error_table(sweep.records)
+
+
+def test_predicted_peak_per_phase_matches_every_rank_of_4(sweep4):
+    assert {r["rank"] for r in sweep4.records} == {0, 1, 2, 3}
+    errors = _mismatches(sweep4.records)
+    print(error_table(sweep4.records))
+    assert not errors, "\n".join(errors) + "\n" + error_table(sweep4.records)
 
 
 def test_peak_timeline_plot_stacks_the_prediction_beside_the_measurement(toys):

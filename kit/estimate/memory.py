@@ -38,6 +38,7 @@ from typing import Literal
 from kit.components import HELD
 from kit.estimate import baselines, nvme, partition, peak
 from kit.estimate.activations import activations
+from kit.estimate.cpu_matmul import CpuMatmul
 from kit.estimate.paper import zero_paper
 from kit.estimate.result import NONE, Estimate, Term, total
 from kit.rules import (
@@ -147,12 +148,13 @@ def peak_timeline(
     implementation: peak.Implementation = "fused",
     backend: peak.Backend = "nccl",
     activations: Term | None = None,
+    cpu: CpuMatmul | None = None,
 ) -> peak.Timeline:
     """``kit.estimate.peak.timeline`` of rank ``rank`` with its device states (and the estimate's
-    activations when given, else the formula's or the trace's)."""
+    activations when given, else the formula's or the trace's); ``cpu``: the CPU ranks' matmuls."""
     device = _faithful_states(setup, rank)["device"]
     act = activations if activations is not None else batch_activations(setup)
-    return peak.timeline(setup, rank, device, act, implementation=implementation, backend=backend)
+    return peak.timeline(setup, rank, device, act, implementation=implementation, backend=backend, cpu=cpu)
 
 
 def gpu_overheads(setup: Setup, allocated: int) -> Term:

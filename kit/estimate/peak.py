@@ -18,7 +18,8 @@ takes the largest of a few moments, each a sum of ``Term``s by category (``CATEG
   activations (the head's are freed), a tied embedding's gradient from the head (autograd holds it until
   the embedding's own use adds to it) and the block's backward working set (the MLP's down-projection:
   its input gradient b s f, its weight gradient f h, the incoming gradient b s h); (c) at its end: the
-  gradients of this rank (and the bucket).
+  gradients of this rank (and the bucket); (d) at stage 2, at each reduction of the bucket (a gradient
+  hook finding it full, and the epilogue): ``allreduce_bucket``'s flat copy of the bucket's gradients.
 - **optimizer**: with gradient accumulation, ``engine.step()`` between micro-steps (the held gradients
   and, at stage 1, the bucket); stages 1-2 flatten this rank's gradient partition into an fp32 copy
   (4 B x P) and step the torch optimizer on it; stage 3 first partitions its persistent parameters
@@ -35,8 +36,11 @@ place: the all-gather of the updated 16-bit partitions (16-bit Psi, stages 1-2) 
 stage-3 tensor (the largest), at the moment they are made (``kit.ranks.memory_timeline`` settles each
 collective, so a CPU measurement sees these copies freed when they really are).
 
-What it cannot see: the temporaries inside an op (kernels' workspaces: on CPU a bf16 ``mm`` of a
-transposed input allocates a scratch beside its output, 148,608 B for the toy's 256 x 128 by 128 x 64),
+On CPU (``"gloo"``) in bf16 the last block's backward adds the scratch oneDNN allocates inside the
+down-projection's weight-gradient ``mm`` (``kit.estimate.cpu_matmul``: 148,608 B for the toy's x^T of
+256 x 128 by 128 x 64 on one thread); a GPU prediction has no such term.
+
+What it cannot see: the temporaries inside other ops (kernels' workspaces; cuBLAS's workspace on a GPU),
 the head's loss for models without a language-model head (a formula family's head only), the backward
 working set of a model traced rather than given by a formula (its largest layer's gradient stands for it)
 and the outputs its forward holds without saving them (data/examples/conv_net.py at stage 2: +7.9 %
@@ -46,8 +50,10 @@ allocator's slack (``kit.estimate.memory`` adds both as overheads); DDP under ``
 norms and the residual stream in fp32 (the activations formula counts them in bf16: 1.3 % of the toy's
 forward); FSDP2's units come from the shape fields (a block is (Psi - embeddings) / layers); stage 3's
 reuse distance is walked per tensor in the model's order, not per module in the trace's; a stage-2 bucket
-flush counts the gradient in flight, not ``allreduce_bucket``'s flat copy of each destination rank's
-slices of the bucket (525,824 B at a model file's rank-1 peak: +2.7 % on 2 ranks, +4.3 % on one of 4).
+flush counts the end of backward's states, not the saved activations still live at it; on a model file
+(data/examples/mlp.py) on 4 ranks, stage 2's rank 0 peaks 3.2 % below the prediction (its flushes after
+its partition's first reduction hold less than a hook's gradient and the flat copy: not yet explained)
+and stage 3's every rank 3.7 % above (the traced backward working set).
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from typing import Literal
 
 from kit.estimate import baselines, partition
 from kit.estimate.activations import FORMULA_FAMILIES, SWIGLU_FAMILIES, _head_activations, formula
+from kit.estimate.cpu_matmul import CpuMatmul, bf16_mm_scratch
 from kit.estimate.result import NONE, Term
 from kit.models import spec_shapes
 from kit.rules import DS_SUB_GROUP_SIZE, FP32, element_bytes, optimizer_states, stage3_gathered
@@ -118,15 +125,17 @@ def timeline(
     *,
     implementation: Implementation = "fused",
     backend: Backend = "nccl",
+    cpu: CpuMatmul | None = None,
 ) -> Timeline:
     """The predicted peak per phase of a step (from the second on) of rank ``rank`` of ``setup``, from
     the states it holds on the device (``device``, ``kit.estimate.memory``'s) and its saved activations.
 
     ``implementation``: the torch optimizer's path (``"fused"`` for DeepSpeed's FusedAdam; the kit's runs
     use ``torch_adam``: ``"foreach"`` on CUDA, ``"single"`` on CPU); ``backend``: the collectives' (see the
-    module's doc). ``kit.estimate.memory.peak_timeline`` fills in the states."""
+    module's doc); ``cpu``: with ``"gloo"``, how the ranks' CPU matmuls run (default: one thread of
+    AVX-512 bf16). ``kit.estimate.memory.peak_timeline`` fills in the states."""
     act = activations
-    shape = _Shape(setup, act)
+    shape = _Shape(setup, act, (cpu or CpuMatmul()) if backend == "gloo" else None)
     resident = _resident(setup, device)
     forward = {**resident, "activations": shape.forward, "temporaries": shape.loss + shape.batch}
     moments = {"forward": "at the loss"}
@@ -150,9 +159,7 @@ def timeline(
     end["gradients"] = _end_gradients(setup, device, resident["gradients"])
     candidates = {"at the loss's backward": backward_at_loss, "in the last block's backward": block}
     candidates["at its end"] = end
-    flush = _flush(setup)
-    if flush.bytes:
-        candidates["at a bucket flush"] = {**end, "temporaries": flush}
+    candidates.update(_flushes(setup, rank, end, resident["gradients"]))
     moments["backward"], backward = _largest(candidates)
     steps = _optimizer(setup, rank, device, resident, implementation, backend)
     if setup.batch.grad_accum > 1:  # engine.step() of a micro-step before the boundary updates nothing
@@ -175,7 +182,7 @@ def _largest(candidates: dict[str, dict[str, Term]]) -> tuple[str, dict[str, Ter
 class _Shape:
     """The activation-shaped terms of one micro-step."""
 
-    def __init__(self, setup: Setup, act: Term) -> None:
+    def __init__(self, setup: Setup, act: Term, cpu: CpuMatmul | None) -> None:
         m, b = setup.model, setup.batch
         p = element_bytes(setup.zero.precision)
         lm = (
@@ -228,7 +235,7 @@ class _Shape:
                 f"{p} B x ({1 + gated if gated else ''}b s f + f h + b s h): the MLP down-projection's input "
                 "and weight gradients and the incoming one"
                 + (", and the SwiGLU product's two input gradients" if gated else ""),
-            )
+            ) + _weight_grad_scratch(setup, cpu)
             head = m.vocab * h if m.vocab else 0
             z = setup.zero
             if m.tied_embeddings and head:
@@ -242,6 +249,25 @@ class _Shape:
             self.forward = self.blocks = act
             self.block_backward = Term(p * largest, f"{p} B x largest layer (its gradient)")
             self.tied = NONE
+
+
+def _weight_grad_scratch(setup: Setup, cpu: CpuMatmul | None) -> Term:
+    """On CPU in bf16, the scratch oneDNN allocates inside the down-projection's weight-gradient mm
+    (``kit.estimate.cpu_matmul``): GPT-2's ``Conv1D`` computes x^T (f x b s) by the gradient (b s x h);
+    ``nn.Linear`` (``mm_mat2_backward`` on the transposed weight) the gradient^T (h x b s) by x (b s x f)."""
+    m, b = setup.model, setup.batch
+    if cpu is None or setup.zero.precision != "bf16":
+        return NONE
+    tokens, f, h = b.micro_batch * b.seq_len, m.ffn or 4 * m.hidden, m.hidden
+    rows, cols, how = (
+        (f, h, "x^T (f x b s) by b s x h") if m.family == "gpt2" else (h, f, "g^T (h x b s) by b s x f")
+    )
+    n = bf16_mm_scratch(rows, tokens, cols, True, cpu)
+    if not n:
+        return NONE
+    return Term(
+        n, f"oneDNN's scratch in the weight gradient's bf16 mm, {how} ({cpu.isa}, {cpu.threads} thread(s))"
+    )
 
 
 def _resident(setup: Setup, device: dict[str, Term]) -> dict[str, Term]:
@@ -308,17 +334,43 @@ def _autocast_copies(setup: Setup, head: bool = True) -> Term:
     return Term(p * n, f"{p} B x {n:,} (torch.autocast's cached weight copies, saved for backward{what})")
 
 
-def _flush(setup: Setup) -> Term:
-    """Stage 2 with more gradient than one bucket: a gradient hook that finds the bucket full reduces it
-    (``reduce_independent_p_g_buckets_and_remove_grads``) while its own tensor's 16-bit gradient is live,
-    the partition's gradient buffer already allocated by an earlier flush; the largest tensor's."""
+def _flushes(setup: Setup, rank: int, end: dict[str, Term], held: Term) -> dict[str, dict[str, Term]]:
+    """Stage 2's reductions (``average_tensor``): ``allreduce_bucket`` flattens the bucket's slices into
+    one copy (``use_multi_rank_bucket_allreduce``: every destination rank's slices together, 16-bit x the
+    elements in the bucket) and all-reduces it. A gradient hook that finds the bucket full reduces it
+    (``reduce_independent_p_g_buckets_and_remove_grads``) while its own tensor's gradient is live, the
+    epilogue (``independent_gradient_partition_epilogue``) what is left; the hooks run in the reverse of
+    the model's order. This rank's partition gradient buffer (``copy_grads_in_partition``) is allocated
+    after the first reduction of a tensor in its partition: before it, only what is ``held`` across
+    micro-steps."""
     z = setup.zero
     if z.engine != "deepspeed" or z.stage != 2 or not z.contiguous_gradients:
-        return NONE
-    if setup.model.params <= z.reduce_bucket_size:
-        return NONE
-    p, n = element_bytes(z.precision), max(partition.numels(setup))
-    return Term(p * n, f"{p} B x {n:,} (the largest tensor's gradient, its hook flushing a full bucket)")
+        return {}
+    p, part = element_bytes(z.precision), partition.partition_numel(setup)
+    numels = partition.numels(setup)
+    ends = [sum(numels[: i + 1]) for i in range(len(numels))]  # each tensor's end in the flat buffer
+    out: dict[str, dict[str, Term]] = {}
+    content, ours, allocated = 0, False, False
+    for t, stop in zip(reversed(numels), reversed(ends), strict=True):
+        if content + t > z.reduce_bucket_size:
+            flat = Term(
+                p * (t + content),
+                f"{p} B x ({t:,} + {content:,}) (a hook's gradient, the bucket's flat copy)",
+            )
+            moment = (
+                {**end, "temporaries": flat} if allocated else {**end, "gradients": held, "temporaries": flat}
+            )
+            best = out.get("at a bucket flush")
+            if best is None or sum(v.bytes for v in moment.values()) > sum(v.bytes for v in best.values()):
+                out["at a bucket flush"] = moment
+            allocated, content, ours = allocated or ours, 0, False
+        content += t
+        ours = ours or (stop - t < (rank + 1) * part and stop > rank * part)
+    last = Term(p * content, f"{p} B x {content:,} (the last bucket's flat copy)")
+    out["at the epilogue's reduction"] = {**end, "temporaries": last} | (
+        {} if allocated else {"gradients": held}
+    )
+    return out
 
 
 def _held_bucket(setup: Setup) -> Term:

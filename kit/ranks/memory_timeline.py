@@ -159,6 +159,22 @@ def host_optimizer(memory: StepMemory, engine) -> Iterator[None]:
         del inner.step  # the class's own step again
 
 
+def cpu_matmul():
+    """How this process's CPU matmuls run (``kit.estimate.cpu_matmul.CpuMatmul``): the ISA oneDNN's
+    brgemm picks for bf16 and the threads it books scratch for (``torch.get_num_threads``)."""
+    import torch
+
+    from kit.estimate.cpu_matmul import CpuMatmul
+
+    if torch.cpu._is_amx_tile_supported():
+        isa = "avx512_core_amx"
+    elif torch.cpu._is_avx512_bf16_supported():
+        isa = "avx512_core_bf16"
+    else:
+        isa = torch.backends.cpu.get_cpu_capability().lower()
+    return CpuMatmul(isa=isa, threads=torch.get_num_threads())
+
+
 def replay(result, known: dict[int, int], host: set[int]) -> dict[str, int]:
     """Peak live device-tensor bytes per phase from a profiler result (see the module's doc)."""
     from torch._C._profiler import _EventType

@@ -279,7 +279,7 @@ def _peak(setup, rank: int, whole_gpu) -> dict:
     ``torch_adam`` (torch's single-tensor path on CPU, foreach on CUDA) over gloo or NCCL."""
     from kit.estimate.memory import peak_timeline
     from kit.estimate.peak import runner_path
-    from kit.ranks import measure
+    from kit.ranks import measure, memory_timeline
 
     implementation, backend = runner_path("cpu" if measure.on_cpu() else "cuda")
     line = peak_timeline(
@@ -288,6 +288,7 @@ def _peak(setup, rank: int, whole_gpu) -> dict:
         implementation=implementation,
         backend=backend,
         activations=whole_gpu.terms["activations"],
+        cpu=memory_timeline.cpu_matmul() if measure.on_cpu() else None,
     )
     return {"peak_tensor_bytes": line.peak_tensor_bytes, "phases": line.totals}
 
