@@ -268,9 +268,9 @@ LAUNCHING = {"two_rank_sweep", "local_nodes_run", "commtest_two_nodes"}
 
 
 def pytest_itemcollected(item) -> None:
-    """Tests of the shared launches are marked ``distributed`` (``-m "not distributed"`` runs the rest
-    in seconds). ``make test`` runs every test in two processes (pytest-xdist's ``loadscope``: a module's
-    tests in one, so a module-scoped launch runs once); the shared launches run once for both (``_once``)."""
+    """Tests of the shared launches are marked ``distributed``: ``make test`` runs the others in two
+    processes first, then these one at a time (under pytest-xdist a shared launch still runs once for
+    all workers: ``_once``)."""
     if LAUNCHING & set(getattr(item, "fixturenames", ())):  # a notebook (nbmake) takes none
         item.add_marker(pytest.mark.distributed)
 
