@@ -3,6 +3,8 @@ several configurations measured on every rank (``run_sweep(..., memory_timeline=
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kit import models
@@ -61,23 +63,6 @@ def test_torch_collectives_are_settled_once_even_inside_deepspeeds_and_restored_
     assert {name: getattr(dist, name) for name in before} == before
 
 
-def _lone_mm_scratch(m: int, k: int, n: int, transposed_a: bool) -> int:
-    """Bytes a lone bf16 ``torch.mm`` allocates under the profiler besides its m x n output."""
-    import torch
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-    from torch.profiler._memory_profiler import OpTree
-
-    a = torch.ones(k, m, dtype=torch.bfloat16).t() if transposed_a else torch.ones(m, k, dtype=torch.bfloat16)
-    b = torch.ones(k, n, dtype=torch.bfloat16)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        c = torch.mm(a, b)
-        del c
-    nodes = OpTree(prof.profiler.kineto_results).sorted_nodes
-    allocated = [n.typed[1].alloc_size for n in nodes if n.typed[0] == _EventType.Allocation]
-    return sum(size for size in allocated if size > 0) - m * n * 2
-
-
 #: (m, k, n, A transposed): the toy's and the shrunk Llama's weight gradients, K past one block (512),
 #: N in 2 chunks, a tail everywhere, below oneDNN's size, a single row
 MM_SHAPES = [
@@ -87,30 +72,60 @@ MM_SHAPES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_the_modelled_bf16_mm_scratch_is_what_a_lone_mm_allocates(threads):
-    """``kit.estimate.cpu_matmul`` against the profiler: oneDNN's brgemm scratchpad, to the byte, on this
-    CPU's ISA (its blocking is modelled for AVX-512 bf16 only: elsewhere the test says so)."""
+def check_modelled_scratch() -> None:
+    """``kit.estimate.cpu_matmul``'s AVX-512 bf16 model against lone mms, on 1 and 2 threads (run by the
+    test below in a process whose oneDNN is held to that ISA)."""
     import torch
 
     from kit.estimate.cpu_matmul import AVX512_BF16, bf16_mm_scratch
-    from kit.ranks.memory_timeline import cpu_matmul
+    from kit.ranks.memory_timeline import cpu_matmul, lone_mm_scratch
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
         cpu = cpu_matmul()
-        assert cpu.isa == AVX512_BF16, f"oneDNN's bf16 blocking is modelled for {AVX512_BF16}, not {cpu.isa}"
+        assert cpu.isa == AVX512_BF16 and cpu.modelled, cpu
         for m, k, n, transposed in MM_SHAPES:
-            assert bf16_mm_scratch(m, k, n, transposed, cpu) == _lone_mm_scratch(m, k, n, transposed), (
-                m,
-                k,
-                n,
+            modelled, measured = (
+                bf16_mm_scratch(m, k, n, transposed, cpu),
+                lone_mm_scratch(m, k, n, transposed),
             )
-    finally:
-        torch.set_num_threads(before)
-    if threads == 1:  # the toy's last-block weight gradient: 148,608 B besides its 32,768 B output
-        assert bf16_mm_scratch(256, 128, 64, True, cpu) == 148_608
+            assert modelled == measured, (threads, m, k, n, transposed, modelled, measured)
+        if threads == 1:  # the toy's last-block weight gradient: 148,608 B besides its 32,768 B output
+            assert bf16_mm_scratch(256, 128, 64, True, cpu) == 148_608
+
+
+def test_the_modelled_bf16_mm_scratch_is_what_a_lone_mm_allocates():
+    """oneDNN's brgemm scratchpad, modelled to the byte for AVX-512 bf16: checked in a process whose oneDNN
+    is held to that ISA (``ONEDNN_MAX_CPU_ISA``), so a CPU with AMX checks it too."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    assert torch.cpu._is_avx512_bf16_supported(), (
+        "this CPU has no AVX-512 bf16: the model cannot be checked here"
+    )
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}
+    code = "from tests.test_peak import check_modelled_scratch; check_modelled_scratch()"
+    repo = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_a_rank_on_an_isa_not_modelled_measures_the_shape_it_predicts():
+    """On this CPU's own ISA the prediction's scratch is what a lone mm of the shape allocates: modelled on
+    AVX-512 bf16, measured on AMX (its blocking is not modelled); 0 without a rank to measure on."""
+    from kit.estimate.cpu_matmul import CpuMatmul, bf16_mm_scratch
+    from kit.ranks.memory_timeline import cpu_matmul, lone_mm_scratch
+
+    cpu = cpu_matmul()
+    for m, k, n, transposed in MM_SHAPES[:3]:
+        assert bf16_mm_scratch(m, k, n, transposed, cpu) == lone_mm_scratch(m, k, n, transposed) > 0
+    amx = CpuMatmul(isa="avx512_core_amx", measure=lambda m, k, n, t: 4096 + m)
+    assert bf16_mm_scratch(256, 128, 64, True, amx) == 4096 + 256
+    assert bf16_mm_scratch(256, 128, 64, True, CpuMatmul(isa="avx512_core_amx")) == 0
+    assert bf16_mm_scratch(16, 16, 16, False, amx) == 0  # torch's own kernel below oneDNN's size
 
 
 def _setup(**zero) -> Setup:

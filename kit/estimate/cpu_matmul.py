@@ -15,12 +15,16 @@ oneDNN's 128-byte alignment (``memory_tracking.hpp``):
 - A copied when it is a transposed view (a weight gradient's x^T, of two or more rows and columns):
   2 B x M_blk x rnd_up(K_blk, 32), + 32 elements when that is a power of two of at least 512.
 
-fp32 goes to MKL's sgemm, which allocates none. Other ISAs (AMX, AVX2) block differently: not modelled.
+fp32 goes to MKL's sgemm, which allocates none. Other ISAs block differently (AMX's
+``compute_blocking_heuristic_amx`` books a 4 KiB tile workspace per thread and pads K to 32, AVX2 has no
+bf16 brgemm): there the rank measures the shape instead (``CpuMatmul.measure``: one lone ``mm`` under
+the profiler, ``kit.ranks.memory_timeline.lone_mm_scratch``), and without a rank the scratch is 0.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 #: oneDNN's alignment of each scratchpad entry (``memory_tracking::default_alignment``)
 ALIGN = 128
@@ -34,17 +38,46 @@ AVX512_BF16 = "avx512_core_bf16"
 
 @dataclass(frozen=True)
 class CpuMatmul:
-    """How the CPU ranks' matmuls run: oneDNN's ISA and its threads (a rank's ``torch.get_num_threads``)."""
+    """How the CPU ranks' matmuls run: oneDNN's ISA and its threads (a rank's ``torch.get_num_threads``);
+    on a rank, ``measure(m, k, n, transposed_a)`` measures the scratch of a shape the model does not cover."""
 
     isa: str = AVX512_BF16
     threads: int = 1
+    measure: Callable[[int, int, int, bool], int] | None = field(default=None, compare=False, repr=False)
+    #: the shapes measured so far: (m, k, n, transposed_a) -> bytes
+    measured: dict[tuple[int, int, int, bool], int] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def modelled(self) -> bool:
+        return self.isa == AVX512_BF16
+
+    def record(self) -> dict:
+        """The record's ``cpu_matmul``: ``{"isa", "threads", "measured": [[m, k, n, transposed_a, bytes],
+        ...]}``."""
+        shapes = [[*shape, n] for shape, n in self.measured.items()]
+        return {"isa": self.isa, "threads": self.threads, "measured": shapes}
+
+    @classmethod
+    def from_record(cls, data: dict) -> CpuMatmul:
+        """The rank's matmuls again from its record (``record()``), its measured shapes looked up."""
+        measured = {(m, k, n, bool(t)): b for m, k, n, t, b in data.get("measured", [])}
+        lookup = lambda *shape: measured.get(shape, 0)  # noqa: E731
+        return cls(data["isa"], data["threads"], measure=lookup, measured=measured)
 
 
 def bf16_mm_scratch(m: int, k: int, n: int, transposed_a: bool, cpu: CpuMatmul) -> int:
     """Bytes of the scratchpad a bf16 ``mm`` of an m x k by a k x n matrix allocates (``transposed_a``:
-    the first is a transposed view); 0 below oneDNN's size or on an ISA not modelled."""
-    if m * k * n <= ONEDNN_MIN_MACS or cpu.isa != AVX512_BF16:
+    the first is a transposed view): modelled on AVX-512 bf16, measured on a rank of another ISA; 0 below
+    oneDNN's size or with neither."""
+    if m * k * n <= ONEDNN_MIN_MACS:
         return 0
+    if not cpu.modelled:
+        if cpu.measure is None:
+            return 0
+        shape = (m, k, n, transposed_a)
+        if shape not in cpu.measured:
+            cpu.measured[shape] = cpu.measure(*shape)
+        return cpu.measured[shape]
     nthr = cpu.threads
     transposed = transposed_a and m > 1 and k > 1  # a row or column is plain whatever its strides
     big_pow2_k = not transposed and _pow2(k) and k >= 8192 // 2

@@ -265,9 +265,10 @@ def _weight_grad_scratch(setup: Setup, cpu: CpuMatmul | None) -> Term:
     n = bf16_mm_scratch(rows, tokens, cols, True, cpu)
     if not n:
         return NONE
-    return Term(
-        n, f"oneDNN's scratch in the weight gradient's bf16 mm, {how} ({cpu.isa}, {cpu.threads} thread(s))"
-    )
+    source = f"{cpu.isa}, {cpu.threads} thread(s)"
+    if not cpu.modelled:
+        source += ", measured: a lone mm of that shape"
+    return Term(n, f"oneDNN's scratch in the weight gradient's bf16 mm, {how} ({source})")
 
 
 def _resident(setup: Setup, device: dict[str, Term]) -> dict[str, Term]:

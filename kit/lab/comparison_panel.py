@@ -533,13 +533,16 @@ def peak_records(results) -> list[dict]:
 
 def record_timeline(record: dict):
     """The timeline predicted for one record's setting, rank and device (``kit.estimate.peak.runner_path``:
-    the optimizer path and backend its run stepped), as its ``estimate.phases`` were."""
+    the optimizer path and backend its run stepped) and CPU matmuls (``cpu_matmul``), as its
+    ``estimate.phases`` were."""
+    from kit.estimate.cpu_matmul import CpuMatmul
     from kit.estimate.memory import peak_timeline
     from kit.estimate.peak import runner_path
 
     implementation, backend = runner_path(record["device"])
     setup = Setup.model_validate(record["setup"])
-    return peak_timeline(setup, record["rank"], implementation=implementation, backend=backend)
+    cpu = CpuMatmul.from_record(record["cpu_matmul"]) if "cpu_matmul" in record else None
+    return peak_timeline(setup, record["rank"], implementation=implementation, backend=backend, cpu=cpu)
 
 
 def peak_plot(record: dict):

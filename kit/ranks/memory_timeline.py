@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -159,20 +160,46 @@ def host_optimizer(memory: StepMemory, engine) -> Iterator[None]:
         del inner.step  # the class's own step again
 
 
+#: oneDNN's ``ONEDNN_MAX_CPU_ISA`` values that keep its bf16 matmul off AMX, and off AVX-512 bf16
+BELOW_AVX512_BF16 = {"sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2", "avx512_core", "avx512_core_vnni"}
+BELOW_AMX = BELOW_AVX512_BF16 | {"avx512_core_bf16", "avx10_1_512", "avx512_core_fp16"}
+
+
 def cpu_matmul():
     """How this process's CPU matmuls run (``kit.estimate.cpu_matmul.CpuMatmul``): the ISA oneDNN's
-    brgemm picks for bf16 and the threads it books scratch for (``torch.get_num_threads``)."""
+    brgemm picks for bf16 and the threads it books scratch for (``torch.get_num_threads``); on an ISA
+    the model does not cover, ``lone_mm_scratch`` measures each shape asked for."""
     import torch
 
     from kit.estimate.cpu_matmul import CpuMatmul
 
-    if torch.cpu._is_amx_tile_supported():
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").lower()
+    if torch.cpu._is_amx_tile_supported() and cap not in BELOW_AMX:
         isa = "avx512_core_amx"
-    elif torch.cpu._is_avx512_bf16_supported():
+    elif torch.cpu._is_avx512_bf16_supported() and cap not in BELOW_AVX512_BF16:
         isa = "avx512_core_bf16"
     else:
         isa = torch.backends.cpu.get_cpu_capability().lower()
-    return CpuMatmul(isa=isa, threads=torch.get_num_threads())
+    return CpuMatmul(isa=isa, threads=torch.get_num_threads(), measure=lone_mm_scratch)
+
+
+def lone_mm_scratch(m: int, k: int, n: int, transposed_a: bool) -> int:
+    """Bytes a lone bf16 ``torch.mm`` of an m x k (a transposed view when ``transposed_a``) by a k x n
+    matrix allocates under the profiler besides its output: oneDNN's scratchpad, on this CPU and
+    this thread count. Not inside a recording (one profiler at a time)."""
+    import torch
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import OpTree
+
+    a = torch.ones(k, m, dtype=torch.bfloat16).t() if transposed_a else torch.ones(m, k, dtype=torch.bfloat16)
+    b = torch.ones(k, n, dtype=torch.bfloat16)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        c = torch.mm(a, b)
+        del c
+    nodes = OpTree(prof.profiler.kineto_results).sorted_nodes
+    allocated = [n.typed[1].alloc_size for n in nodes if n.typed[0] == _EventType.Allocation]
+    return sum(size for size in allocated if size > 0) - m * n * 2
 
 
 def replay(result, known: dict[int, int], host: set[int]) -> dict[str, int]:

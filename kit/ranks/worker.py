@@ -264,8 +264,10 @@ def _predicted(record: dict, now, rank: int, predictions: dict, probes) -> None:
             record["estimate"]["activations"] = whole_gpu.components["activations"]
         if "peak_tensor_bytes" in measured:  # the timeline this rank's run follows: torch_adam, its backend
             if "peak" not in predicted:
-                predicted["peak"] = _peak(now, rank, whole_gpu)
+                predicted["peak"], predicted["cpu_matmul"] = _peak(now, rank, whole_gpu)
             record["estimate"].update(predicted["peak"])
+            if predicted["cpu_matmul"] is not None:  # the CPU matmuls the prediction assumed
+                record["cpu_matmul"] = predicted["cpu_matmul"].record()
     if "measured_host" in record:
         record["estimate_host"] = resident["host"]
     if "measured_nvme" in record:
@@ -274,7 +276,7 @@ def _predicted(record: dict, now, rank: int, predictions: dict, probes) -> None:
     record["estimate_comm_wire_bytes"] = predicted["comm_wire_bytes"]
 
 
-def _peak(setup, rank: int, whole_gpu) -> dict:
+def _peak(setup, rank: int, whole_gpu) -> tuple[dict, object]:
     """The predicted peak per phase of this rank's step (``kit.estimate.peak``): the runner steps
     ``torch_adam`` (torch's single-tensor path on CPU, foreach on CUDA) over gloo or NCCL."""
     from kit.estimate.memory import peak_timeline
@@ -282,15 +284,16 @@ def _peak(setup, rank: int, whole_gpu) -> dict:
     from kit.ranks import measure, memory_timeline
 
     implementation, backend = runner_path("cpu" if measure.on_cpu() else "cuda")
+    cpu = memory_timeline.cpu_matmul() if measure.on_cpu() else None
     line = peak_timeline(
         setup,
         rank,
         implementation=implementation,
         backend=backend,
         activations=whole_gpu.terms["activations"],
-        cpu=memory_timeline.cpu_matmul() if measure.on_cpu() else None,
+        cpu=cpu,
     )
-    return {"peak_tensor_bytes": line.peak_tensor_bytes, "phases": line.totals}
+    return {"peak_tensor_bytes": line.peak_tensor_bytes, "phases": line.totals}, cpu
 
 
 def _most(before: dict, after: dict) -> dict:
