@@ -42,7 +42,7 @@ NPROCS = 2
 #: the shared sweep's measured steps and warm-up: every module's step counts fit inside them
 STEPS, WARMUP = 3, 1
 #: the watchdog: longest time without progress before a configuration counts as hung
-TIMEOUT_S = 20.0
+TIMEOUT_S = 12.0
 SWEEP = "two-rank"
 
 

@@ -26,8 +26,19 @@ PARENT_WITH_CHILD = (
 )
 
 
+def test_one_machine_gets_torchrun_and_a_hostfile_deepspeed_unless_asked(tmp_path):
+    assert launcher.launch_argv("kit.ranks.worker", [], 2, master_port=1)[:3] == [
+        sys.executable, "-m", "torch.distributed.run",
+    ]  # fmt: skip
+    assert (
+        launcher.launch_argv("t.py", [], 1, nnodes=2, hostfile=tmp_path / "h", master_port=1)[0] == DEEPSPEED
+    )
+
+
 def test_deepspeed_single_node_argv():
-    argv = launcher.launch_argv("kit.ranks.worker", ["--spec", "s.json"], 2, master_port=29512)
+    argv = launcher.launch_argv(
+        "kit.ranks.worker", ["--spec", "s.json"], 2, launcher="deepspeed", master_port=29512
+    )
     assert argv == [
         DEEPSPEED, "--num_gpus", "2", "--master_addr", "127.0.0.1", "--master_port", "29512",
         "--module", "kit.ranks.worker", "--spec", "s.json",
@@ -62,7 +73,10 @@ def test_torchrun_argv():
         ({"nprocs": 0}, "nprocs: must be >= 1, got 0"),
         ({"nprocs": 2, "nnodes": 2, "node_rank": 2}, "node_rank: must be in 0..1 for nnodes=2, got 2"),
         ({"nprocs": 2, "launcher": "mpirun"}, "launcher: choose 'deepspeed' or 'torchrun', got 'mpirun'"),
-        ({"nprocs": 2, "nnodes": 2}, "hostfile: the deepspeed launcher needs a hostfile for nnodes > 1"),
+        (
+            {"nprocs": 2, "nnodes": 2, "launcher": "deepspeed"},
+            "hostfile: the deepspeed launcher needs a hostfile for nnodes > 1",
+        ),
     ],
 )
 def test_invalid_launch_is_one_clear_error(kwargs, message):
@@ -120,6 +134,23 @@ def test_timeout_kills_the_whole_process_group():
     assert rc == launcher.TIMEOUT_RC
     assert time.monotonic() - start < 2.0 + 2 * launcher.GRACE_S
     assert _gone(_child_pid(output))
+
+
+#: the same, its child in a session of its own (as torchrun starts each rank): out of the launch's group
+SESSION_CHILD = PARENT_WITH_CHILD.replace("sleep(600)']", "sleep(600)'], start_new_session=True")
+
+
+def test_timeout_kills_a_rank_that_left_the_process_group():
+    sessions = []
+
+    def on_line(line: str) -> None:
+        child = _child_pid(line)
+        sessions.append((child, os.getsid(child)))
+
+    rc, _ = launcher.run_launch([sys.executable, "-c", SESSION_CHILD], dict(os.environ), 1.0, on_line)
+    [(child, session)] = sessions
+    assert rc == launcher.TIMEOUT_RC and session == child  # its own session, not the launch's group
+    assert _gone(child)
 
 
 def test_watchdog_deadline_kills_before_the_timeout():

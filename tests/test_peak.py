@@ -235,13 +235,15 @@ def sweep(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sweep4(tmp_path_factory):
-    """The 4-rank configurations in a second, short launch."""
+    """The 4-rank configurations in a second, short launch, through DeepSpeed's launcher (``deepspeed
+    --num_gpus 4``: the one-machine path a user may ask for instead of torchrun)."""
     runs = tmp_path_factory.mktemp("peak4")
     results = run_sweep(
         [s for _, s in FOUR],
         sweep="peak4",
         runs_dir=runs,
         nprocs=4,
+        launcher_name="deepspeed",
         steps=2,
         warmup=0,
         progress=False,

@@ -361,7 +361,7 @@ def nodes_from_args(args: argparse.Namespace):
         if launcher in HOSTFILE_LAUNCHERS:
             raise UsageError(f"launcher: {launcher} reaches a --hostfile's nodes; give --hostfile")
         return None
-    if launcher not in ("deepspeed", *HOSTFILE_LAUNCHERS):
+    if launcher not in (None, "deepspeed", *HOSTFILE_LAUNCHERS):
         raise UsageError(
             f"launcher: with --hostfile choose one of {', '.join(HOSTFILE_LAUNCHERS)} (DeepSpeed's runner), "
             f"got {launcher!r}"
@@ -371,7 +371,7 @@ def nodes_from_args(args: argparse.Namespace):
         args.nprocs,
         nodes=args.nodes,
         local=args.local,
-        backend="pdsh" if launcher == "deepspeed" else launcher,
+        backend="pdsh" if launcher in (None, "deepspeed") else launcher,
         include=args.include,
         exclude=args.exclude,
         master_addr=args.master_addr,

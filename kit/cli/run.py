@@ -111,9 +111,9 @@ def add_launch_args(p: argparse.ArgumentParser, *, sweep: str) -> None:
     )
     p.add_argument(
         "--launcher",
-        default="deepspeed",
-        help="deepspeed or torchrun on this machine; with --hostfile DeepSpeed's runner: pdsh (default), "
-        "openmpi or slurm",
+        default=None,
+        help="on this machine torchrun (default: starts sooner) or deepspeed; with --hostfile DeepSpeed's "
+        "runner: pdsh (default), openmpi or slurm",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (on stderr)")
     add_hostfile_args(p)

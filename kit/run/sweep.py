@@ -1,12 +1,14 @@
 """Run a sweep of Setups for real: one launch of ``kit.ranks.worker`` for all, resumable, failure-proof.
 
 ``run_sweep`` validates every Setup before anything starts, skips the ones the sweep's records.jsonl
-already holds, writes a launch spec and starts DeepSpeed's launcher once. Rank 0's event lines drive a
-tqdm bar and a per-configuration watchdog: a configuration that runs past ``timeout_s`` gets a
-``timeout`` record, one that kills a rank an ``error`` record, the process group is killed and the
-remaining configurations are relaunched. Ctrl-C kills the group and re-raises; re-run to resume.
-A ``cancel`` hook (e.g. a Stop button's ``threading.Event().is_set``) kills the group too: the
-configuration under way gets a ``cancelled`` record, the records so far are kept and the sweep returns.
+already holds, writes a launch spec and starts the launcher once (``launcher_name``: torchrun on one
+machine by default, ``deepspeed --num_gpus N`` when asked, DeepSpeed's runner per node with a hostfile).
+Rank 0's event lines drive a tqdm bar and a per-configuration watchdog: a configuration that runs
+past ``timeout_s`` gets a ``timeout`` record, one that kills a rank an ``error`` record, the process
+group is killed and the remaining configurations are relaunched. Ctrl-C kills the group and
+re-raises; re-run to resume. A ``cancel`` hook (e.g. a Stop button's ``threading.Event().is_set``)
+kills the group too: the configuration under way gets a ``cancelled`` record, the records so far are
+kept and the sweep returns.
 """
 
 from __future__ import annotations
@@ -181,7 +183,7 @@ def run_sweep(
     seed: int = 0,
     timeout_s: float = 300.0,
     startup_s: float = 120.0,
-    launcher_name: str = "deepspeed",
+    launcher_name: str | None = None,
     progress: bool = True,
     instrument: bool = True,
     memory_timeline: bool = False,
