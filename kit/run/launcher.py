@@ -1,4 +1,4 @@
-"""Start multi-process runs: DeepSpeed's launcher (or torchrun) as a subprocess in its own process group.
+"""Start multi-process runs: torchrun or DeepSpeed's launcher as a subprocess in its own process group.
 
 The one place the kit starts ranks. Commands are argument lists (never a shell), each launch gets a
 free master port, and a timeout, a watchdog, a cancel hook or Ctrl-C kills the whole process group
