@@ -11,6 +11,7 @@ TORCH_INDEX ?=
 # DeepSpeed's internals); keep in step with pyproject.toml and environment.yml.
 DEEPSPEED   ?= deepspeed>=0.19.8,<0.20
 STAMP  := $(VENV)/.installed
+ENGINE := $(VENV)/.deepspeed
 
 export OMP_NUM_THREADS ?= 1
 # DeepSpeed's JIT-built ops (async_io for NVMe offload) in this venv, not ~/.cache/torch_extensions: their
@@ -21,10 +22,14 @@ export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml environment.yml
+# torch and DeepSpeed first (make test starts DeepSpeed's async_io build once they are in), then the kit
+$(ENGINE): pyproject.toml environment.yml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q "$(DEEPSPEED)"
+	touch $(ENGINE)
+
+$(STAMP): $(ENGINE)
 	$(PY) -m pip install -q -e ".[all]"
 	touch $(STAMP)
 
@@ -40,11 +45,12 @@ lint: install
 # two at a time (a kernel waits on its ranks much of the time: 256 -> 145 s on 2 cores). One pass of two
 # processes over everything (xdist loadscope) was tried: slower on a fresh clone (15:40 in all), its
 # launches and the async_io build oversubscribing the cores.
-# The async_io op the NVMe tests need builds meanwhile, niced, in the background (tests/build_async_io.py;
-# log in the venv).
-test: install libaio
-	nice -n 10 $(PY) -m tests.build_async_io > $(VENV)/async_io_build.log 2>&1 &
-	$(MAKE) --no-print-directory lint
+# The async_io op the NVMe tests need (about 320 CPU-s of g++) builds meanwhile in the background, from as
+# soon as DeepSpeed is installed, at the lowest priority: on the cores the launches leave idle (they wait
+# on each other much of the time); the NVMe runs go last (tests/build_async_io.py; log in the venv).
+test: libaio $(ENGINE)
+	nice -n 19 $(PY) -m tests.build_async_io > $(VENV)/async_io_build.log 2>&1 &
+	$(MAKE) --no-print-directory install lint
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q -n 2 -m "not distributed and not e2e" tests
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q -m "distributed and not e2e" tests
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q -n 2 --nbmake notebooks
