@@ -61,8 +61,9 @@ COLLECTIVES = (
 #: reduce-scatter, ``kit.ranks.baselines``), settled too
 TORCH_COLLECTIVES = ("all_gather_into_tensor", "reduce_scatter_tensor")
 #: the longest a collective waits for gloo's worker to let go of its tensors: long, since a reference
-#: parked past it is dropped late (at the next collective or phase end), its bytes counted until then
-#: (a flat gradient bucket in the optimizer phase, +5-9 % in about 1 make test in 3 at 1 s)
+#: parked past it is dropped late (at the next collective or phase end) and counts until then (at 1 s,
+#: about 1 make test in 3 counted a stage 0-2 flat gradient bucket in an optimizer phase, +5-9 %: a free
+#: late or lost on this path, not proven)
 SETTLE_S = 10.0
 #: the sleep between looks at gloo's hold: a real sleep, so that the worker thread gets the core
 POLL_S = 1e-4

@@ -162,9 +162,8 @@ class Nodes:
             raise ValueError(f"launcher: choose one of {', '.join(RUNNER_BACKENDS)}, got {self.backend!r}")
         port = self.master_port or free_port()
         master = self.master_addr or self.names[0]
-        exe = launch_argv(script, [], self.nprocs, launcher="deepspeed", master_port=port)[
-            0
-        ]  # next to Python
+        # the deepspeed command next to this Python
+        exe = launch_argv(script, [], self.nprocs, launcher="deepspeed", master_port=port)[0]
         argv = [exe, "--hostfile", str(self.hostfile), "--master_addr", master, "--master_port", str(port)]
         if self.backend != "pdsh":
             argv += ["--launcher", self.backend]
