@@ -40,7 +40,7 @@ lint: install
 	$(VENV)/bin/ruff check kit tests
 	$(VENV)/bin/ruff format --check kit tests
 
-# The README's test command: lint; the unit tests in two processes (pytest-xdist); the tests that launch
+# The README's test command (the launching passes print their slowest tests): lint; the unit tests in two processes (pytest-xdist); the tests that launch
 # processes (marked distributed: 2-rank CPU runs, timed process groups) one at a time; then the notebooks,
 # two at a time (a kernel waits on its ranks much of the time: 256 -> 145 s on 2 cores). One pass of two
 # processes over everything (xdist loadscope) was tried: slower on a fresh clone (15:40 in all), its
@@ -52,8 +52,8 @@ test: libaio $(ENGINE)
 	nice -n 19 $(PY) -m tests.build_async_io > $(VENV)/async_io_build.log 2>&1 &
 	$(MAKE) --no-print-directory install lint
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q -n 2 -m "not distributed and not e2e" tests
-	ZEROKIT_SMOKE=1 $(PY) -m pytest -q -m "distributed and not e2e" tests
-	ZEROKIT_SMOKE=1 $(PY) -m pytest -q -n 2 --nbmake notebooks
+	ZEROKIT_SMOKE=1 $(PY) -m pytest -q --durations=15 -m "distributed and not e2e" tests
+	ZEROKIT_SMOKE=1 $(PY) -m pytest -q --durations=11 -n 2 --nbmake notebooks
 
 # The notebooks as a user meets them: JupyterLab in headless Chromium (tests/e2e), every notebook run,
 # both panels clicked, a run stopped; screenshots to docs/screenshots/. The browser is Debian's chromium
