@@ -40,11 +40,12 @@ lint: install
 	$(VENV)/bin/ruff check kit tests
 	$(VENV)/bin/ruff format --check kit tests
 
-# The README's test command (the launching passes print their slowest tests): lint; the unit tests in two processes (pytest-xdist); the tests that launch
+# The README's test command: lint; the unit tests in two processes (pytest-xdist); the tests that launch
 # processes (marked distributed: 2-rank CPU runs, timed process groups) one at a time; then the notebooks,
 # two at a time (a kernel waits on its ranks much of the time: 256 -> 145 s on 2 cores). One pass of two
 # processes over everything (xdist loadscope) was tried: slower on a fresh clone (15:40 in all), its
 # launches and the async_io build oversubscribing the cores.
+# The launching passes print their slowest tests (--durations).
 # The async_io op the NVMe tests need (about 320 CPU-s of g++) builds meanwhile in the background, from as
 # soon as DeepSpeed is installed, at the lowest priority: on the cores the launches leave idle (they wait
 # on each other much of the time); the NVMe runs go last (tests/build_async_io.py; log in the venv).
