@@ -291,6 +291,10 @@ def test_the_multi_node_runner_command_is_deepspeeds(tmp_path, monkeypatch):
             ["--no-hostfile", "--launcher", "slurm"],
             "launcher: slurm reaches a --hostfile's nodes; give --hostfile",
         ),
+        (
+            ["--no-hostfile", "--launcher", "mpirun"],
+            "launcher: choose torchrun or deepspeed on this machine, got 'mpirun'",
+        ),
     ],
 )
 def test_hostfile_and_cluster_size_are_checked_before_launch(tmp_path, monkeypatch, capsys, flags, message):

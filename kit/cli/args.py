@@ -360,6 +360,8 @@ def nodes_from_args(args: argparse.Namespace):
                 )
         if launcher in HOSTFILE_LAUNCHERS:
             raise UsageError(f"launcher: {launcher} reaches a --hostfile's nodes; give --hostfile")
+        if launcher not in (None, "torchrun", "deepspeed"):
+            raise UsageError(f"launcher: choose torchrun or deepspeed on this machine, got {launcher!r}")
         return None
     if launcher not in (None, "deepspeed", *HOSTFILE_LAUNCHERS):
         raise UsageError(

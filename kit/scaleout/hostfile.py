@@ -162,6 +162,13 @@ def _deepspeed_filter(pool: dict[str, int], include: str, exclude: str) -> dict[
     """The hosts and slots DeepSpeed's runner keeps of ``pool`` (its own ``parse_inclusion_exclusion``)."""
     if not (include or exclude):
         return {host: list(range(n)) for host, n in pool.items()}
+    import os
+
+    from kit.run.launcher import ranks_accelerator
+
+    # the ranks' accelerator, as worker_env gives them: unset, DeepSpeed's import says it fell back to the
+    # CPU on stdout (a line in front of `--json`'s document)
+    os.environ.setdefault("DS_ACCELERATOR", ranks_accelerator())
     from deepspeed.launcher.runner import parse_inclusion_exclusion
 
     try:
