@@ -72,7 +72,10 @@ def test_torchrun_argv():
     [
         ({"nprocs": 0}, "nprocs: must be >= 1, got 0"),
         ({"nprocs": 2, "nnodes": 2, "node_rank": 2}, "node_rank: must be in 0..1 for nnodes=2, got 2"),
-        ({"nprocs": 2, "launcher": "mpirun"}, "launcher: choose 'deepspeed' or 'torchrun', got 'mpirun'"),
+        (
+            {"nprocs": 2, "launcher": "mpirun"},
+            "launcher: choose torchrun or deepspeed on this machine, got 'mpirun'",
+        ),
         (
             {"nprocs": 2, "nnodes": 2, "launcher": "deepspeed"},
             "hostfile: the deepspeed launcher needs a hostfile for nnodes > 1",

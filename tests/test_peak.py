@@ -116,6 +116,8 @@ def test_the_modelled_bf16_mm_scratch_is_what_a_lone_mm_allocates():
 def test_a_rank_on_an_isa_not_modelled_measures_the_shape_it_predicts():
     """On this CPU's own ISA the prediction's scratch is what a lone mm of the shape allocates: modelled on
     AVX-512 bf16, measured on AMX (its blocking is not modelled); 0 without a rank to measure on."""
+    import json
+
     from kit.estimate.cpu_matmul import CpuMatmul, bf16_mm_scratch
     from kit.ranks.memory_timeline import cpu_matmul, lone_mm_scratch
 
@@ -124,6 +126,11 @@ def test_a_rank_on_an_isa_not_modelled_measures_the_shape_it_predicts():
         assert bf16_mm_scratch(m, k, n, transposed, cpu) == lone_mm_scratch(m, k, n, transposed) > 0
     amx = CpuMatmul(isa="avx512_core_amx", measure=lambda m, k, n, t: 4096 + m)
     assert bf16_mm_scratch(256, 128, 64, True, amx) == 4096 + 256
+    # the record's cpu_matmul gives kit.lab the same bytes, and 0 for a shape the rank never measured
+    again = CpuMatmul.from_record(json.loads(json.dumps(amx.record())))
+    assert again == amx and again.measured == {(256, 128, 64, True): 4352}
+    assert bf16_mm_scratch(256, 128, 64, True, again) == 4352
+    assert bf16_mm_scratch(300, 128, 64, True, again) == 0
     assert bf16_mm_scratch(256, 128, 64, True, CpuMatmul(isa="avx512_core_amx")) == 0
     assert bf16_mm_scratch(16, 16, 16, False, amx) == 0  # torch's own kernel below oneDNN's size
 

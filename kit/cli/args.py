@@ -348,6 +348,7 @@ def nodes_from_args(args: argparse.Namespace):
     """The ``kit.run.local_nodes.Nodes`` of ``--hostfile`` (None without it), its hosts and the cluster
     size checked before anything starts: the hostfile line by line, ``--include`` / ``--exclude`` as
     DeepSpeed applies them, hosts against ``--nodes`` and slots against ``--nprocs``, one line each."""
+    from kit.run.launcher import check_launcher
     from kit.run.local_nodes import RUNNER_BACKENDS as HOSTFILE_LAUNCHERS  # beside deepspeed, torchrun
     from kit.scaleout.hostfile import nodes_from_hostfile
 
@@ -360,8 +361,10 @@ def nodes_from_args(args: argparse.Namespace):
                 )
         if launcher in HOSTFILE_LAUNCHERS:
             raise UsageError(f"launcher: {launcher} reaches a --hostfile's nodes; give --hostfile")
-        if launcher not in (None, "torchrun", "deepspeed"):
-            raise UsageError(f"launcher: choose torchrun or deepspeed on this machine, got {launcher!r}")
+        try:
+            check_launcher(launcher)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
         return None
     if launcher not in (None, "deepspeed", *HOSTFILE_LAUNCHERS):
         raise UsageError(

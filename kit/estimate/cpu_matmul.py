@@ -59,10 +59,9 @@ class CpuMatmul:
 
     @classmethod
     def from_record(cls, data: dict) -> CpuMatmul:
-        """The rank's matmuls again from its record (``record()``), its measured shapes looked up."""
+        """The rank's matmuls again from its record (``record()``): the shapes it measured, no more."""
         measured = {(m, k, n, bool(t)): b for m, k, n, t, b in data.get("measured", [])}
-        lookup = lambda *shape: measured.get(shape, 0)  # noqa: E731
-        return cls(data["isa"], data["threads"], measure=lookup, measured=measured)
+        return cls(data["isa"], data["threads"], measured=measured)
 
 
 def bf16_mm_scratch(m: int, k: int, n: int, transposed_a: bool, cpu: CpuMatmul) -> int:
@@ -72,12 +71,10 @@ def bf16_mm_scratch(m: int, k: int, n: int, transposed_a: bool, cpu: CpuMatmul) 
     if m * k * n <= ONEDNN_MIN_MACS:
         return 0
     if not cpu.modelled:
-        if cpu.measure is None:
-            return 0
         shape = (m, k, n, transposed_a)
-        if shape not in cpu.measured:
+        if shape not in cpu.measured and cpu.measure is not None:
             cpu.measured[shape] = cpu.measure(*shape)
-        return cpu.measured[shape]
+        return cpu.measured.get(shape, 0)
     nthr = cpu.threads
     transposed = transposed_a and m > 1 and k > 1  # a row or column is plain whatever its strides
     big_pow2_k = not transposed and _pow2(k) and k >= 8192 // 2

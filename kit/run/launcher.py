@@ -43,6 +43,14 @@ def free_port() -> int:
 #: the launcher for a run on this machine alone: torchrun starts 2 CPU ranks about 4 s sooner than
 #: ``deepspeed --num_gpus``, whose runner and per-node launch each import DeepSpeed before the ranks start
 LOCAL = "torchrun"
+#: the launchers of one node's ranks
+LAUNCHERS = ("torchrun", "deepspeed")
+
+
+def check_launcher(name: str | None) -> None:
+    """ValueError, one line, unless ``name`` is one of ``LAUNCHERS`` (None: the default)."""
+    if name is not None and name not in LAUNCHERS:
+        raise ValueError(f"launcher: choose {' or '.join(LAUNCHERS)} on this machine, got {name!r}")
 
 
 def launch_argv(
@@ -70,6 +78,7 @@ def launch_argv(
         raise ValueError(f"nprocs: must be >= 1, got {nprocs}")
     if nnodes < 1 or not 0 <= node_rank < nnodes:
         raise ValueError(f"node_rank: must be in 0..{nnodes - 1} for nnodes={nnodes}, got {node_rank}")
+    check_launcher(launcher)
     launcher = launcher or ("deepspeed" if hostfile is not None else LOCAL)
     port = master_port or free_port()
     is_module = not script.endswith(".py")
@@ -86,12 +95,10 @@ def launch_argv(
         elif nnodes > 1:
             raise ValueError("hostfile: the deepspeed launcher needs a hostfile for nnodes > 1")
         return argv + (["--module", script] if is_module else [script]) + list(script_args)
-    if launcher == "torchrun":
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nprocs)]
-        argv += ["--nnodes", str(nnodes), "--node_rank", str(node_rank)]
-        argv += ["--master_addr", master_addr, "--master_port", str(port)]
-        return argv + (["-m", script] if is_module else [script]) + list(script_args)
-    raise ValueError(f"launcher: choose 'deepspeed' or 'torchrun', got {launcher!r}")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nprocs)]  # torchrun
+    argv += ["--nnodes", str(nnodes), "--node_rank", str(node_rank)]
+    argv += ["--master_addr", master_addr, "--master_port", str(port)]
+    return argv + (["-m", script] if is_module else [script]) + list(script_args)
 
 
 def ranks_accelerator() -> str:
