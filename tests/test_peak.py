@@ -175,8 +175,9 @@ def _file(**zero) -> Setup:  # a model file (data/examples/mlp.py: 256-wide resi
 SMALL_LLAMA = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 256}
 GAS3 = {"grad_accum": 3, "train_batch": 12}
 #: (name, Setup) in the same launch: a shrunk Llama at stages 1-3, a model file, DDP and FSDP, grad
-#: accum 3 at stages 0, 1 and 3, odd bucket sizes, stage 3 with every tensor released (gathers kept to their backward by
-#: max_reuse_distance, or released at once: then prefetch and max_live_parameters bound them)
+#: accum 3 at stages 0, 1 and 3, odd bucket sizes, stage 3 with every tensor released (gathers kept to
+#: their backward by max_reuse_distance, or released at once: then prefetch and max_live_parameters bound
+#: them)
 ACCURACY = [
     ("llama z1 fp32", _llama(stage=1, precision="fp32")),
     ("llama z2", _llama(stage=2)),
