@@ -300,8 +300,9 @@ def _compute_rate(lines: dict, per_token: float) -> tuple[float, float]:
 def _hockney(x: list[float], y: list[float]) -> tuple[float, float]:
     """Seconds per byte and latency of t = latency + bytes x per_byte through measurements spanning orders
     of magnitude: least squares of the relative residuals (weights 1 / t^2), so each size counts by its
-    own precision. A plain least-squares line lets the largest message's noise (milliseconds) set the
-    intercept: gloo's measured latencies came out up to twice the 4 KiB call's own time."""
+    own precision. A plain least-squares line lets the large messages' noise (milliseconds) and gloo's
+    slower middle sizes set the intercept: its latencies came out up to 2.4x the 4 KiB call's whole time,
+    and the latency is what more ranks multiply (``perf.calibrated``: x (N-1)/(N_cal-1))."""
     w = [1 / t**2 for t in y]
     sw, sx, sy = (
         sum(w),
