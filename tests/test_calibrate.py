@@ -189,6 +189,28 @@ def test_estimate_and_plan_take_a_calibration(capsys, tmp_path):
     assert json.loads(capsys.readouterr().out)["calibration"] == "uncalibrated"
 
 
+def test_a_sweep_the_calibration_did_not_measure_says_what_was_carried_over(capsys, tmp_path):
+    """A bf16 sweep predicted from an fp32 calibration of the same model: the JSON names it per
+    configuration, the text in one line under the table with the command that measures it."""
+    from kit.records import append_record
+    from tests.test_perf import calibration, toy
+
+    path = tmp_path / "c.json"
+    calibration().save(path)
+    setups = [toy(stage=2), toy(stage=3, precision="bf16")]
+    for row in records([(s, [0.5, 0.4, 0.4]) for s in setups], "cpu").records:
+        append_record(str(tmp_path / "records.jsonl"), row)
+    assert main(["calibrate", str(tmp_path), "--calibration", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["configs"]
+    assert [r["carried_over"] for r in rows] == ["", "precision bf16 (the calibration measured fp32)"]
+    assert main(["calibrate", str(tmp_path), "--calibration", str(path)]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "carried over" in line]
+    assert notes == [
+        f"carried over, not measured: precision bf16 (the calibration measured fp32) ({setups[1].label}): "
+        "measure with the sweep's model and precision, zerokit calibrate --measure --model M --precision P"
+    ]
+
+
 @pytest.mark.distributed
 def test_a_calibration_predicts_configurations_it_never_ran(capsys, tmp_path):
     """One short measuring launch, then a sweep of configurations it never ran (sharing nothing with it

@@ -117,11 +117,12 @@ def test_every_formula_is_shown():
 
 
 def calibration(**changes):
-    from kit.estimate.calibration import Calibration, EngineCost, Link
+    from kit.estimate.calibration import Calibration, EngineCost, Link, model_text
 
     fields = dict(
         device="cpu", accelerator="cpu", backend="gloo", ranks=2, cores=2, threads_per_rank=1,
-        model="toy", layers=2, tensors=28, precision="fp32", tflops=0.05, micro_fixed_s=0.004,
+        model=model_text(models.toy_spec()), layers=2, tensors=28, precision="fp32", tflops=0.05,
+        micro_fixed_s=0.004,
         adam_s_per_param=2e-8, host_adam_s_per_param=3e-8, to_host_gbps=4.0, to_device_gbps=5.0,
         collectives={
             "all_reduce": Link(3e-4, 0.7), "all_gather": Link(5e-4, 0.3), "reduce_scatter": Link(1e-3, 0.5)
@@ -185,6 +186,28 @@ def test_a_calibration_offload_and_engine_fallback():
     assert t.optimizer.seconds == 0
     assert "engine z2" in t.fixed.formula  # not calibrated with offload: the stage's own costs
     assert "engine none" in perf.step_time(toy(stage=1), calibration=cal).fixed.formula
+
+
+def test_what_a_calibration_did_not_measure_is_said_where_its_step_time_is():
+    """Another precision, model or engine than the calibration measured: its rates and fixed costs are
+    carried over, and the step time's label says which (micro batch and ranks are modelled: not listed)."""
+    cal = calibration()
+    assert cal.carried_over(toy(stage=2)) == []
+    assert perf.step_time(toy(stage=2), calibration=cal).calibration == cal.label
+    assert (
+        cal.carried_over(toy(stage=2).replace(batch={"micro_batch": 1}, cluster={"gpus_per_node": 4})) == []
+    )
+    other = toy(stage=1, precision="bf16").replace(model=models.override(models.toy_spec(), {"layers": 4}))
+    assert cal.carried_over(other) == [
+        "precision bf16 (the calibration measured fp32)",
+        f"model gpt2 4 x {other.model.hidden}, {other.model.params:,} parameters (the calibration measured "
+        f"{cal.model})",
+        "engine z1 (no fixed costs)",
+    ]
+    assert perf.step_time(other, calibration=cal).calibration == (
+        f"{cal.label}; carried over, not measured: {'; '.join(cal.carried_over(other))}"
+    )
+    assert cal.carried_over(toy(stage=2, offload_optimizer="cpu")) == ["engine z2+offload (z2 measured)"]
 
 
 def test_ranks_beyond_the_cores_share_them():

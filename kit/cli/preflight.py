@@ -159,9 +159,12 @@ def calibrate_command(args: argparse.Namespace) -> int:
             f"this machine: {machine.threads} thread(s) per rank, matmul {rates}, gloo all-reduce "
             f"{machine.bus_gbps:.2f} GB/s, memory copy {machine.copy_gbps:.1f} GB/s"
         )
-    shown = table.assign(error=table.error.map("{:+.0%}".format))
+    shown = table.assign(error=table.error.map("{:+.0%}".format)).drop(columns="carried_over")
     print(shown.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     print(f"median |predicted / measured - 1| = {error:.0%} over {len(table)} configurations")
+    for what, rows in table[table.carried_over != ""].groupby("carried_over", sort=False):
+        print(f"carried over, not measured: {what} ({', '.join(rows.label)}): measure with the sweep's "
+              "model and precision, zerokit calibrate --measure --model M --precision P")  # fmt: skip
     return 0
 
 

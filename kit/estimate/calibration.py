@@ -9,7 +9,7 @@ fitted to the step times it is later compared with:
 - ``adam_s_per_param`` (on the device) and ``host_adam_s_per_param`` (the CPU, for optimizer offload);
 - ``to_host_gbps``, ``to_device_gbps``: host-device copies (offload);
 - ``collectives``: per collective, latency per call and bus bandwidth, a line through commtest's timings
-  (none from one rank, a single GPU: the datasheet's links then);
+  fitted on relative residuals (none from one rank, a single GPU: the datasheet's links then);
 - ``engines``: per engine (``engine_key``) the fixed seconds per optimizer step and per micro-step that
   the terms above leave unexplained in that engine's own measured micro-steps (DeepSpeed's bookkeeping,
   hooks, allocator calls), per parameter tensor of the calibration model (``tensors``);
@@ -20,6 +20,9 @@ fitted to the step times it is later compared with:
   collective, ``fixed`` per engine. Only that share (over the compute passes', whose share is the cores
   the launch had: ``cores_had``) is stretched on shared cores (``stretch``); a rank waiting in gloo leaves
   its core to the others. A file without it (older) stretches every term in full and says so.
+
+A setup of another precision, model or engine than the calibration measured gets its rates and fixed
+costs carried over; its step time says so (``carried_over``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ KIND = "zerokit-calibration"
 VERSION = 1
 #: stdout tag of the measuring rank's lines (``kit.ranks.calibrate_worker``)
 TAG = "ZEROKIT_CALIBRATION"
+
+
+def model_text(model) -> str:
+    """How a calibration names the model it measured (``model``: a ``kit.schema.ModelSpec``)."""
+    return f"{model.family} {model.layers} x {model.hidden}, {model.params:,} parameters"
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,22 @@ class Calibration:
         busy = "b = 1" if term == "compute" else f"b = {share:.2f} busy / compute's {ran:.2f} = {b:.2f}"
         cores = f"{self.cores_had:.2g} of {self.cores} cores had"
         return factor, f"x {factor:.3g} (shared cores: 1 - b + b x s, {busy}, s = {s:.3g} on {cores})"
+
+    def carried_over(self, setup) -> list[str]:
+        """What of ``setup`` (a ``kit.schema.Setup``) this calibration did not measure, so that its rates
+        and fixed costs are carried over: another precision (compute, Adam and the engines' costs are a
+        precision's), another model (compute at other shapes, fixed costs per tensor of another model's),
+        an engine not measured (``engine``). Micro batch, sequence and ranks are modelled, not listed."""
+        z, out = setup.zero, []
+        if z.precision != self.precision:
+            out.append(f"precision {z.precision} (the calibration measured {self.precision})")
+        if model_text(setup.model) != self.model:
+            out.append(f"model {model_text(setup.model)} (the calibration measured {self.model})")
+        key = engine_key(z.stage, z.engine, z.offload_optimizer, z.offload_param)
+        which = self.engine(key)[1]
+        if which != key:
+            out.append(f"engine {key} ({'no fixed costs' if which == 'none' else which + ' measured'})")
+        return out
 
     def link(self, op: str) -> Link | None:
         """``op``'s measured cost (all_reduce's for a collective not measured; None when one rank measured

@@ -548,7 +548,9 @@ def calibrated(
         memory_gbps=0.0,
         source=cal.label,
     )
-    return StepTime(setup, hw, assume, compute, comm, exposed, optimizer, offload, sent, fixed, cal.label)
+    missing = cal.carried_over(setup)
+    label = cal.label + ("; carried over, not measured: " + "; ".join(missing) if missing else "")
+    return StepTime(setup, hw, assume, compute, comm, exposed, optimizer, offload, sent, fixed, label)
 
 
 def _calibrated_offload(setup: Setup, cal: Calibration, hw: Hardware | None) -> Part:

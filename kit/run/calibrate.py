@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from kit.estimate import partition, perf
-from kit.estimate.calibration import TAG, Calibration, EngineCost, Link
+from kit.estimate.calibration import TAG, Calibration, EngineCost, Link, model_text
 from kit.models import override, toy_spec
 from kit.rules import bus_factor
 from kit.run.results import Results
@@ -200,7 +200,7 @@ def fit(lines: dict, base: Setup) -> Calibration:
         ranks=n,
         cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
         threads_per_rank=machine["threads_per_rank"],
-        model=f"{m.family} {m.layers} x {m.hidden}, {m.params:,} parameters",
+        model=model_text(m),
         layers=base.model.layers or 0,
         tensors=len(partition.numels(base)),
         precision=base.zero.precision,
@@ -420,6 +420,7 @@ def calibrate(
                 "offload_s": t.offload.seconds,
                 "fixed_s": t.fixed.seconds,
                 "error": t.step_s / measured - 1,
+                "carried_over": "; ".join(calibration.carried_over(setup)) if calibration else "",
             }
         )
     return pd.DataFrame(rows)
