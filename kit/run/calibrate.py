@@ -26,6 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pandas as pd
 
 from kit.estimate import partition, perf
@@ -303,16 +304,8 @@ def _hockney(x: list[float], y: list[float]) -> tuple[float, float]:
     own precision. A plain least-squares line lets the large messages' noise (milliseconds) and gloo's
     slower middle sizes set the intercept: its latencies came out up to 2.4x the 4 KiB call's whole time,
     and the latency is what more ranks multiply (``perf.calibrated``: x (N-1)/(N_cal-1))."""
-    w = [1 / t**2 for t in y]
-    sw, sx, sy = (
-        sum(w),
-        sum(a * b for a, b in zip(w, x, strict=True)),
-        sum(a * b for a, b in zip(w, y, strict=True)),
-    )
-    mx, my = sx / sw, sy / sw
-    slope = sum(c * (a - mx) * (b - my) for a, b, c in zip(x, y, w, strict=True))
-    slope /= sum(c * (a - mx) ** 2 for a, c in zip(x, w, strict=True))
-    return slope, my - slope * mx
+    slope, latency = np.polyfit(x, y, 1, w=[1 / t for t in y])  # polyfit squares w x residual
+    return float(slope), float(latency)
 
 
 @dataclass(frozen=True)
