@@ -43,6 +43,35 @@ def test_replay_counts_live_tensors_per_phase_and_leaves_host_work_out():
     assert memory.result()["peak_tensor_bytes"] == phases["backward"]
 
 
+def test_the_state_walk_holds_no_tensor_once_it_returns():
+    """The walk runs inside a step (``after_backward``): were a tensor it found kept past its return (a
+    recursive closure is a reference cycle), a buffer DeepSpeed drops would live on until Python's cyclic
+    collector ran, at a random point of a later phase."""
+    import gc
+    import weakref
+    from types import SimpleNamespace
+
+    import torch
+
+    from kit.ranks.state_walk import storages
+
+    module = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    optimizer.bucket = [torch.zeros(64)]  # a buffer the engine drops after the walk
+    bucket = weakref.ref(optimizer.bucket[0])
+    gc.disable()
+    try:
+        found = storages(SimpleNamespace(module=module, optimizer=optimizer))
+        mine = [(path, nbytes) for path, t, nbytes in found if t is bucket()]
+        assert mine == [("optimizer.bucket[0]", 256)]
+        assert {path for path, _, _ in found} >= {"module.weight", "module.bias"}
+        del found
+        optimizer.bucket = []
+        assert bucket() is None
+    finally:
+        gc.enable()
+
+
 def test_torch_collectives_are_settled_once_even_inside_deepspeeds_and_restored_after():
     import torch
     import torch.distributed as dist

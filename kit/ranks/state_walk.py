@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterator
 
 from kit.components import HELD
 
@@ -70,46 +71,45 @@ def locations(engine, setup) -> tuple[dict[int, int], set[int]]:
 
 
 def storages(engine) -> list[tuple[str, object, int]]:
-    """(path, tensor, storage bytes) for every distinct non-scalar storage the engine holds."""
+    """(path, tensor, storage bytes) for every distinct non-scalar storage the engine holds.
+
+    Depth first, by an explicit stack: a recursive closure would be a reference cycle holding every tensor
+    it found until Python's cyclic collector ran, at a random point of a later step (the memory timeline
+    then counted a gradient bucket DeepSpeed had long dropped)."""
     import torch
 
     seen: dict[tuple[int, str], tuple[str, object, int]] = {}
     visited: set[int] = set()
-
-    def visit(obj, path: str, depth: int) -> None:
+    stack: list[tuple[object, str, int]] = [(engine.optimizer, "optimizer", 0), (engine.module, "module", 0)]
+    while stack:
+        obj, path, depth = stack.pop()
         if depth > MAX_DEPTH or id(obj) in visited:
-            return
+            continue
         visited.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            if obj.device.type != "meta" and obj.numel() > 1:
-                storage = obj.untyped_storage()
-                key = (storage.data_ptr(), obj.device.type)
-                if storage.nbytes() and key not in seen:
-                    seen[key] = (path, obj, storage.nbytes())
-            if obj.grad is not None:
-                visit(obj.grad, path + ".grad", depth + 1)
-            if getattr(obj, "ds_tensor", None) is not None:
-                visit(obj.ds_tensor, path + ".ds_tensor", depth + 1)
-            if getattr(obj, "ds_secondary_tensor", None) is not None:  # ZeRO++ hpZ
-                visit(obj.ds_secondary_tensor, path + ".ds_secondary_tensor", depth + 1)
-            if getattr(obj, "nvme_swapper", None) is not None:  # ZeRO-Infinity: the pinned swap buffers
-                visit(obj.nvme_swapper, path + ".nvme_swapper", depth + 1)
-        elif isinstance(obj, torch.nn.Module):
-            for name, p in obj.named_parameters():
-                visit(p, f"{path}.{name}", depth + 1)
-        elif isinstance(obj, (list, tuple)):
-            for i, item in enumerate(obj):
-                visit(item, f"{path}[{i}]", depth + 1)
-        elif isinstance(obj, dict):
-            for key, item in obj.items():
-                visit(item, f"{path}[{key if isinstance(key, str) else '.'}]", depth + 1)
-        elif type(obj).__module__.startswith(("deepspeed", "torch.optim")) and hasattr(obj, "__dict__"):
-            for name, item in vars(obj).items():
-                visit(item, f"{path}.{name}", depth + 1)
-
-    visit(engine.module, "module", 0)
-    visit(engine.optimizer, "optimizer", 0)
+        if isinstance(obj, torch.Tensor) and obj.device.type != "meta" and obj.numel() > 1:
+            storage = obj.untyped_storage()
+            key = (storage.data_ptr(), obj.device.type)
+            if storage.nbytes() and key not in seen:
+                seen[key] = (path, obj, storage.nbytes())
+        stack.extend((item, name, depth + 1) for item, name in reversed(list(_children(obj, path, torch))))
     return list(seen.values())
+
+
+def _children(obj, path: str, torch) -> Iterator[tuple[object, str]]:
+    """(object, path) for what ``storages`` walks into from ``obj``, in order."""
+    if isinstance(obj, torch.Tensor):
+        # the gradient, ZeRO-3's partition, ZeRO++ hpZ's secondary one, ZeRO-Infinity's pinned swap buffers
+        for name in ("grad", "ds_tensor", "ds_secondary_tensor", "nvme_swapper"):
+            if getattr(obj, name, None) is not None:
+                yield getattr(obj, name), f"{path}.{name}"
+    elif isinstance(obj, torch.nn.Module):
+        yield from ((p, f"{path}.{name}") for name, p in obj.named_parameters())
+    elif isinstance(obj, (list, tuple)):
+        yield from ((item, f"{path}[{i}]") for i, item in enumerate(obj))
+    elif isinstance(obj, dict):
+        yield from ((item, f"{path}[{key if isinstance(key, str) else '.'}]") for key, item in obj.items())
+    elif type(obj).__module__.startswith(("deepspeed", "torch.optim")) and hasattr(obj, "__dict__"):
+        yield from ((item, f"{path}.{name}") for name, item in vars(obj).items())
 
 
 def classify(path: str) -> str:
