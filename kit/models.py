@@ -182,10 +182,10 @@ def override(spec: ModelSpec, changes: dict[str, Any]) -> ModelSpec:
     config = hf_models.config(cfg)
     for key, value in changes.items():
         names = SHAPE_KEYS.get(key, (key,))
-        name = next((n for n in names if hasattr(config, n)), None)
-        if name is None:
+        attr = next((n for n in names if hasattr(config, n)), None)
+        if attr is None:
             raise ValueError(f"model: {spec.family} configs have no {key!r} ({' or '.join(names)})")
-        setattr(config, name, value)
+        setattr(config, attr, value)
     kv = getattr(config, "num_key_value_heads", None)
     if (
         "heads" in changes

@@ -207,8 +207,34 @@ def test_a_sweep_the_calibration_did_not_measure_says_what_was_carried_over(caps
     notes = [line for line in capsys.readouterr().out.splitlines() if "carried over" in line]
     assert notes == [
         f"carried over, not measured: precision bf16 (the calibration measured fp32) ({setups[1].label}): "
-        "measure with the sweep's model and precision, zerokit calibrate --measure --model M --precision P"
+        "measure it with zerokit calibrate --measure --precision bf16"
     ]
+
+
+def test_the_command_that_measures_what_was_carried_over_measures_it():
+    """``measure_argv``: for a model, precision or engine the calibration did not measure, the
+    ``zerokit calibrate --measure`` whose calibration has none of it left to carry over."""
+    from kit.cli import build_parser
+    from kit.cli.preflight import measure_base
+    from kit.estimate.calibration import model_text
+    from kit.run.calibrate import measure_argv
+    from tests.test_perf import calibration, toy
+
+    cal = calibration()
+    assert measure_argv(toy(stage=2), cal) == ["zerokit", "calibrate", "--measure"]
+    deeper = toy(stage=1, precision="bf16").replace(model=models.override(models.toy_spec(), {"layers": 4}))
+    argv = measure_argv(deeper, cal)
+    assert argv[3:] == [
+        "--layers", "4", "--hidden", "64", "--heads", "4", "--ffn", "256", "--vocab", "512",
+        "--precision", "bf16", "--engines", "z2,z3,z3+offload,z1",
+    ]  # fmt: skip
+    base, engines = measure_base(build_parser().parse_args(argv[1:]))
+    costs = dict.fromkeys(engines, cal.engines["z2"])
+    measured = replace(cal, model=model_text(base.model), precision=base.zero.precision, engines=costs)
+    assert measured.carried_over(deeper) == []
+    assert measure_argv(toy(stage=2).replace(model=models.preset("llama-2-7b")), cal)[3:] == [
+        "--model", "llama-2-7b"
+    ]  # fmt: skip
 
 
 @pytest.mark.distributed

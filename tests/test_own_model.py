@@ -236,6 +236,7 @@ def test_overrides_shrink_a_preset_for_cpu_runs(capsys):
     small = models.override(
         models.preset("llama-3-8b"), {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256}
     )
+    assert small.name == "llama-3-8b-layers2-hidden64-heads4-vocab256"  # the preset and what changed
     cfg = json.loads(small.arch)
     assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_key_value_heads"], cfg["head_dim"]) == (
         2,

@@ -8,7 +8,7 @@ import pytest
 
 from kit import models
 from kit.estimate import estimate, perf, plan
-from kit.estimate.calibration import Calibration, EngineCost, Link
+from kit.estimate.calibration import Calibration, EngineCost, Link, engine_key, model_text
 from kit.estimate.comm import comm_by_scope
 from kit.fit import fit
 from kit.gpus import gpu, prices
@@ -104,6 +104,13 @@ def test_sampled_rows_equal_the_per_setup_path(name, seq_len, calibrated):
         table.drop_duplicates(["gpus", "engine", "stage", "offload_optimizer", "offload_param"]).index
     )
     assert_rows_are_the_setups(found, rows, cal)
+    if calibrated:  # what the calibration did not measure for this plan, each once: its model, engines
+        zs = [found.setup(i).zero for i in rows]
+        engines = {engine_key(z.stage, z.engine, z.offload_optimizer, z.offload_param) for z in zs}
+        carried = found.calibration.split("; carried over, not measured: ")[1].split("; ")
+        assert carried[0] == f"model {model_text(base.model)} (the calibration measured toy)"
+        named = [c.split()[1] for c in carried[1:]]  # "engine z1 (no fixed costs)"
+        assert set(named) == engines - set(cal.engines) and len(named) == len(set(named))
 
 
 def test_a_batch_schedule_is_estimated_setup_by_setup():

@@ -551,7 +551,8 @@ def test_plan_panel_takes_a_calibration(tmp_path):
     h100 = _h100_calibration()
     p = plan_panel(base, train_batch=64, max_nodes=2, calibration=h100)
     again = plan.search(base, train_batch=64, max_nodes=2, calibration=h100)
-    assert p.error is None and p.plan.calibration == h100.label and h100.label in p.verdict.value
+    assert p.error is None and p.plan.calibration == again.calibration and h100.label in p.verdict.value
+    assert again.calibration.startswith(h100.label + "; carried over, not measured: model llama 32 x 4096")
     assert set(p.plan.table.gpu) == {"H100-SXM-80GB"}  # only the calibrated GPU type is planned
     assert p.plan.table.step_s.tolist() == again.table.step_s.tolist()
     path = tmp_path / "calibration.json"
@@ -561,7 +562,7 @@ def test_plan_panel_takes_a_calibration(tmp_path):
     p.calibration.value = str(tmp_path / "missing.json")
     assert p.plan is None and p.error.startswith("calibration: cannot read")
     p.calibration.value = ""
-    assert p.error is None and p.plan.calibration == h100.label  # back to the one given
+    assert p.error is None and p.plan.calibration == again.calibration  # back to the one given
 
 
 def _h100_calibration():

@@ -8,6 +8,7 @@ script can stop before it books nodes for nothing.
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from kit.cli.args import UsageError, add_json, add_model_overrides, items, print_json, stdout_to_stderr
 from kit.rules import DEFAULT_MASTER_PORT
@@ -162,14 +163,16 @@ def calibrate_command(args: argparse.Namespace) -> int:
     shown = table.assign(error=table.error.map("{:+.0%}".format)).drop(columns="carried_over")
     print(shown.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     print(f"median |predicted / measured - 1| = {error:.0%} over {len(table)} configurations")
+    setups = {r["label"]: Setup.model_validate(r["setup"]) for r in ok}
     for what, rows in table[table.carried_over != ""].groupby("carried_over", sort=False):
-        print(f"carried over, not measured: {what} ({', '.join(rows.label)}): measure with the sweep's "
-              "model and precision, zerokit calibrate --measure --model M --precision P")  # fmt: skip
+        command = shlex.join(cal.measure_argv(setups[rows.label.iloc[0]], calibration))
+        print(f"carried over, not measured: {what} ({', '.join(rows.label)}): measure it with {command}")
     return 0
 
 
-def _measure(args: argparse.Namespace) -> int:
-    """``zerokit calibrate --measure``: one launch measuring this machine, written to ``--out``."""
+def measure_base(args: argparse.Namespace):
+    """``zerokit calibrate --measure``'s arguments as ``(base Setup, engines)``; UsageError on a bad one,
+    before anything launches."""
     from kit import models
     from kit.run import calibrate as cal
     from kit.run.sweep import TOY_ZERO
@@ -195,6 +198,14 @@ def _measure(args: argparse.Namespace) -> int:
     engines = tuple(items(args.engines)) or cal.DEFAULT_ENGINES
     for key in engines:
         cal.engine_setup(base, key)  # a bad name: one line before anything launches
+    return base, engines
+
+
+def _measure(args: argparse.Namespace) -> int:
+    """``zerokit calibrate --measure``: one launch measuring this machine, written to ``--out``."""
+    from kit.run import calibrate as cal
+
+    base, engines = measure_base(args)
     with stdout_to_stderr():
         found = cal.measure(base, args.nprocs, engines, steps=args.steps)
     found.save(args.out)

@@ -179,6 +179,12 @@ class Calibration:
             out.append(f"engine {key} ({'no fixed costs' if which == 'none' else which + ' measured'})")
         return out
 
+    def label_for(self, *setups) -> str:
+        """``label`` with what of ``setups`` it did not measure (``carried_over``, each item once): the
+        words a step time predicted from it is shown with."""
+        missing = list(dict.fromkeys(item for setup in setups for item in self.carried_over(setup)))
+        return self.label + ("; carried over, not measured: " + "; ".join(missing) if missing else "")
+
     def link(self, op: str) -> Link | None:
         """``op``'s measured cost (all_reduce's for a collective not measured; None when one rank measured
         none: the datasheet's links then)."""

@@ -548,8 +548,7 @@ def calibrated(
         memory_gbps=0.0,
         source=cal.label,
     )
-    missing = cal.carried_over(setup)
-    label = cal.label + ("; carried over, not measured: " + "; ".join(missing) if missing else "")
+    label = cal.label_for(setup)
     return StepTime(setup, hw, assume, compute, comm, exposed, optimizer, offload, sent, fixed, label)
 
 

@@ -365,8 +365,16 @@ def search(
     table = plan_grid.evaluate(
         setup, groups, checkpointing, train_batch, hardware, rates, tokens, headroom, assume, calibration
     )
-    label = calibration.label if calibration else "uncalibrated"
+    label = calibration.label_for(*_engines(setup, groups)) if calibration else "uncalibrated"
     return Plan(setup, table, tokens, headroom, assume, time.perf_counter() - start, skipped, label)
+
+
+def _engines(setup: Setup, groups: list[tuple[int, int, dict]]) -> list[Setup]:
+    """``setup`` once per engine the plan's groups run (stage, engine, offload): what a calibration must
+    have measured for the plan's step times."""
+    keys = ("engine", "stage", "offload_optimizer", "offload_param")
+    engines = {tuple(zero[k] for k in keys): zero for _, _, zero in groups}
+    return [setup.replace(zero=zero) for zero in engines.values()]
 
 
 def make_it_fit(

@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from kit.estimate import partition, perf
-from kit.estimate.calibration import TAG, Calibration, EngineCost, Link, model_text
-from kit.models import override, toy_spec
+from kit.estimate.calibration import TAG, Calibration, EngineCost, Link, engine_key, model_text
+from kit.models import override, preset_names, toy_spec
 from kit.rules import bus_factor
 from kit.run.results import Results
 from kit.schema import Setup
@@ -117,6 +117,27 @@ def engine_setup(base: Setup, key: str) -> Setup:
     if not (stage[:1] == "z" and stage[1:] in ("0", "1", "2", "3")) or offload not in ("", "offload"):
         raise ValueError(f"engines: {key!r} is not an engine; choose from {', '.join(DEFAULT_ENGINES)}")
     return base.replace(zero={"stage": int(stage[1:]), "offload_optimizer": "cpu" if offload else "none"})
+
+
+def measure_argv(setup: Setup, calibration: Calibration) -> list[str]:
+    """The ``zerokit calibrate --measure`` command that measures what ``calibration`` did not for ``setup``
+    (``Calibration.carried_over``): its model, its precision, and its engine beside the engines measured.
+    A model is named by its file or preset; a toy GPT by its shape (the default model's family); any
+    other by ``M`` with its shape, since a spec keeps no name ``--model`` reads."""
+    argv, m, z = ["zerokit", "calibrate", "--measure"], setup.model, setup.zero
+    if model_text(m) != calibration.model:
+        named = m.source or (m.name if m.name in preset_names() else None)
+        if named or m.family != DEFAULT_MODEL.family:
+            argv += ["--model", named or "M"]
+        if not named:
+            shape = {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "ffn": m.ffn, "vocab": m.vocab}
+            argv += [a for k, v in shape.items() if v is not None for a in (f"--{k}", str(v))]
+    if z.precision != calibration.precision:
+        argv += ["--precision", z.precision]
+    key = engine_key(z.stage, z.engine, z.offload_optimizer, z.offload_param)
+    if calibration.engine(key)[1] != key:
+        argv += ["--engines", ",".join([*calibration.engines, key])]
+    return argv
 
 
 def measure(

@@ -203,7 +203,7 @@ def tune(
     if (table["rank"] == 1).any():
         label = table.loc[table["rank"] == 1, "label"].iloc[0]
         best = next(c.setup for c in kept if c.label == label)
-    label = calibration.label if calibration else "uncalibrated"
+    label = calibration.label_for(*(c.setup for c in found)) if calibration else "uncalibrated"
     return Tuned(best, table, pruned, results.path, budget_bytes, results, label)
 
 
