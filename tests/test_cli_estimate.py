@@ -115,6 +115,16 @@ def test_invalid_input_exits_2_with_one_line(capsys, argv, message):
     assert len(err.strip().splitlines()) == 1 and message in err
 
 
+def test_a_reader_that_stops_reading_ends_the_output_quietly():
+    """``zerokit estimate --json | head -c 0``: the pipe closed before anything is written; the command
+    stops with 141 (128 + SIGPIPE, as cat) and no traceback."""
+    argv = [sys.executable, "-m", "kit", "estimate", "--model", "gpt2", "--json"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+        child.stdout.close()  # before the interpreter has even started
+        err = child.stderr.read().decode()
+    assert child.returncode == 141 and err == "", err
+
+
 def test_plan_lists_smallest_cluster_and_batches(capsys):
     code, out, _ = run_cli(
         capsys, "plan", "--model", "llama-2-7b", "--gpu", "A100-SXM-80GB", "--micro-batch", "1",

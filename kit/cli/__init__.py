@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from pydantic import ValidationError
@@ -49,3 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as error:
         print(f"zerokit {args.command}: {error.filename or error}: file not found", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (zerokit plan --json | head): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool the pipe's signal ended
