@@ -10,7 +10,9 @@ takes the largest of a few moments, each a sum of ``Term``s by category (``CATEG
   micro batch's token ids; at stage 3 the parameters gathered in flight (``kit.rules.stage3_gathered``
   over the tensors it releases) and those ``max_reuse_distance`` keeps gathered until their backward;
   at stage 1 with gradient accumulation the ipg bucket of micro-step 0 (released at the boundary); with
-  FSDP the root unsharded (every unit with ``fsdp-grad-op``) and the last all-gather's output.
+  FSDP the root unsharded (every unit with ``fsdp-grad-op``) and the last all-gather's output. At stage 3
+  over gloo also at the last all-gather (the blocks' activations, every tensor gathered so far and gloo's
+  flat copy of the one it gathers), if that is larger.
 - **backward**, (a) at the loss's backward: every saved activation, plus the fp32 gradients of the
   logits ``nll_loss_backward`` and ``log_softmax_backward`` make (4 B x b s v each); (b) in the last
   block's backward: the gradient bucket stages 1-2 allocate at the first gradient hook
@@ -19,7 +21,9 @@ takes the largest of a few moments, each a sum of ``Term``s by category (``CATEG
   the embedding's own use adds to it) and the block's backward working set (the MLP's down-projection:
   its input gradient b s f, its weight gradient f h, the incoming gradient b s h); (c) at its end: the
   gradients of this rank (and the bucket); (d) at stage 2, at each reduction of the bucket (a gradient
-  hook finding it full, and the epilogue): ``allreduce_bucket``'s flat copy of the bucket's gradients.
+  hook finding it full, and the epilogue): ``allreduce_bucket``'s flat copy of the bucket's gradients;
+  (e) at stage 3, at each reduce-scatter of the bucket (``_scatters``): ``reduce_scatter_coalesced``'s
+  padded flat copy, with only the tensors not yet through their backward still gathered.
 - **optimizer**: with gradient accumulation, ``engine.step()`` between micro-steps (the held gradients
   and, at stage 1, the bucket); stages 1-2 flatten this rank's gradient partition into an fp32 copy
   (4 B x P) and step the torch optimizer on it; stage 3 first partitions its persistent parameters
@@ -32,9 +36,11 @@ takes the largest of a few moments, each a sum of ``Term``s by category (``CATEG
   kernels (DeepSpeed's FusedAdam, what a ds_config without ``torch_adam`` gets on CUDA) none.
 
 ``backend="gloo"`` (the CPU accelerator) adds the copies gloo's collectives make where NCCL writes in
-place: the all-gather of the updated 16-bit partitions (16-bit Psi, stages 1-2) and of a persistent
-stage-3 tensor (the largest), at the moment they are made (``kit.ranks.memory_timeline`` settles each
-collective, so a CPU measurement sees these copies freed when they really are).
+place: the all-gather of the updated 16-bit partitions (16-bit Psi, stages 1-2) and of a stage-3
+tensor (the largest persistent one in the optimizer phase, the largest released one in the forward), and
+the clone of a stage-3 gradient reduce-scatter's input, at the moment they are made
+(``kit.ranks.memory_timeline`` settles each collective, so a CPU measurement sees these copies freed when
+they really are).
 
 On CPU (``"gloo"``) in bf16 the last block's backward adds the scratch oneDNN allocates inside the
 down-projection's weight-gradient ``mm`` (``kit.estimate.cpu_matmul``: 148,608 B for the toy's x^T of
@@ -52,8 +58,7 @@ forward); FSDP2's units come from the shape fields (a block is (Psi - embeddings
 reuse distance is walked per tensor in the model's order, not per module in the trace's; a stage-2 bucket
 flush counts the end of backward's states, not the saved activations still live at it; on a model file
 (data/examples/mlp.py) on 4 ranks, stage 2's rank 0 peaks 3.2 % below the prediction (its flushes after
-its partition's first reduction hold less than a hook's gradient and the flat copy: not yet explained)
-and stage 3's every rank 3.7 % above (the traced backward working set).
+its partition's first reduction hold less than a hook's gradient and the flat copy: not yet explained).
 """
 
 from __future__ import annotations
@@ -138,20 +143,31 @@ def timeline(
     shape = _Shape(setup, act, (cpu or CpuMatmul()) if backend == "gloo" else None)
     resident = _resident(setup, device)
     forward = {**resident, "activations": shape.forward, "temporaries": shape.loss + shape.batch}
-    moments = {"forward": "at the loss"}
+    moments = {}
     gathered = _gathered(setup)
     held = gathered + _held_bucket(setup)  # what the forward and the loss's backward hold besides
     forward["buffers"] += held + baselines.unsharded_at_loss(setup)
     forward["temporaries"] += _autocast_copies(setup)
+    forwards = {"at the loss": forward}
+    copy = _gather_copy(setup) if backend == "gloo" else NONE
+    if copy.bytes:  # stage 3 over gloo: the last released tensor's all-gather, everything gathered so far
+        forwards["at the last all-gather"] = {
+            **resident,
+            "buffers": resident["buffers"] + held,
+            "activations": shape.blocks,
+            "temporaries": shape.batch + copy,
+        }
+    moments["forward"], forward = _largest(forwards)
     backward_at_loss = {
         **resident,
         "activations": shape.forward,
         "temporaries": shape.loss_grads + shape.batch + _autocast_copies(setup),
     }
     backward_at_loss["buffers"] += held + baselines.unsharded_at_loss(setup, backward=True)
+    bucketed = resident["buffers"] + _bucket(setup)
     block = {
         **resident,
-        "buffers": resident["buffers"] + _bucket(setup) + gathered,
+        "buffers": bucketed + gathered,
         "activations": shape.blocks,
         "temporaries": shape.tied + shape.block_backward + shape.batch + _autocast_copies(setup, head=False),
     }
@@ -160,6 +176,7 @@ def timeline(
     candidates = {"at the loss's backward": backward_at_loss, "in the last block's backward": block}
     candidates["at its end"] = end
     candidates.update(_flushes(setup, rank, end, resident["gradients"]))
+    candidates.update(_scatters(setup, block, bucketed, end, gathered, backend))
     moments["backward"], backward = _largest(candidates)
     steps = _optimizer(setup, rank, device, resident, implementation, backend)
     if setup.batch.grad_accum > 1:  # engine.step() of a micro-step before the boundary updates nothing
@@ -372,6 +389,68 @@ def _flushes(setup: Setup, rank: int, end: dict[str, Term], held: Term) -> dict[
         {} if allocated else {"gradients": held}
     )
     return out
+
+
+def _scatters(
+    setup: Setup,
+    block: dict[str, Term],
+    bucketed: Term,
+    end: dict[str, Term],
+    gathered: Term,
+    backend: Backend,
+) -> dict[str, dict[str, Term]]:
+    """Stage 3's gradient reductions (``stage3.py``): a gradient hook whose tensor would overflow the
+    ipg bucket (``reduce_bucket_size`` elements) first reduces what it holds
+    (``reduce_independent_p_g_buckets_and_remove_grads``), the epilogue what is left. Each goes through
+    ``reduce_scatter_coalesced``, which concatenates every tensor's partitions padded to the ranks into
+    one flat buffer (16-bit x the sum of ceil(t / N) x N; none for a lone tensor N divides), and gloo's
+    reduce-scatter clones its input (NCCL none). At a hook the block's backward is live and, of the
+    released tensors, those not yet through their backward (at or before it in the forward) can still
+    be gathered; the epilogue runs after every module's backward (all released, activations freed)."""
+    z = setup.zero
+    if z.engine != "deepspeed" or z.stage != 3:
+        return {}
+    p, dp, copies = element_bytes(z.precision), setup.dp, 2 if backend == "gloo" else 1
+    numels = partition.numels(setup)
+    released = [-(-t // dp) * dp if t > z.param_persistence_threshold else 0 for t in numels]
+    how = "flat copy" + (" and gloo's clone of it" if copies == 2 else "")
+
+    def flat(bucket: list[int]) -> Term:
+        padded = sum(-(-t // dp) * dp for t in bucket)
+        n = 0 if len(bucket) == 1 and bucket[0] % dp == 0 else padded
+        return Term(copies * p * n, f"{copies} x {p} B x {n:,} (reduce_scatter_coalesced's {how})")
+
+    out: dict[str, dict[str, Term]] = {}
+    bucket: list[int] = []
+    for i in reversed(range(len(numels))):
+        if bucket and sum(bucket) + numels[i] > z.reduce_bucket_size:
+            still = min(gathered.bytes, p * sum(released[: i + 1]))
+            moment = {
+                **block,
+                "buffers": bucketed
+                + Term(still, f"{p} B x {still // p:,} gathered (not yet through backward)"),
+                "temporaries": block["temporaries"] + flat(bucket),
+            }
+            best = out.get("at a gradient reduce-scatter")
+            if best is None or sum(v.bytes for v in moment.values()) > sum(v.bytes for v in best.values()):
+                out["at a gradient reduce-scatter"] = moment
+            bucket = []
+        bucket.append(numels[i])
+    out["at the epilogue's reduce-scatter"] = {**end, "temporaries": flat(bucket)}
+    return out
+
+
+def _gather_copy(setup: Setup) -> Term:
+    """Stage 3 over gloo: ``_allgather_base`` allocates a flat copy of the tensor it gathers while it
+    runs (NCCL gathers in place); the largest released tensor's, padded to the ranks."""
+    z = setup.zero
+    if z.engine != "deepspeed" or z.stage != 3:
+        return NONE
+    released = [t for t in partition.numels(setup) if t > z.param_persistence_threshold]
+    if not released:
+        return NONE
+    p, n = element_bytes(z.precision), -(-max(released) // setup.dp) * setup.dp
+    return Term(p * n, f"{p} B x {n:,} (gloo's all-gather copy of the largest released tensor)")
 
 
 def _held_bucket(setup: Setup) -> Term:
