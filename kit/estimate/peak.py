@@ -21,7 +21,8 @@ takes the largest of a few moments, each a sum of ``Term``s by category (``CATEG
   the embedding's own use adds to it) and the block's backward working set (the MLP's down-projection:
   its input gradient b s f, its weight gradient f h, the incoming gradient b s h); (c) at its end: the
   gradients of this rank (and the bucket); (d) at stage 2, at each reduction of the bucket (a gradient
-  hook finding it full, and the epilogue): ``allreduce_bucket``'s flat copy of the bucket's gradients;
+  hook finding it full, and the epilogue): ``allreduce_bucket``'s flat copy of the bucket's gradients
+  (none when they are all one rank's: one slice, reduced in place);
   (e) at stage 3, at each reduce-scatter of the bucket (``_scatters``): ``reduce_scatter_coalesced``'s
   padded flat copy, with only the tensors not yet through their backward still gathered.
 - **optimizer**: with gradient accumulation, ``engine.step()`` between micro-steps (the held gradients
@@ -56,9 +57,7 @@ allocator's slack (``kit.estimate.memory`` adds both as overheads); DDP under ``
 norms and the residual stream in fp32 (the activations formula counts them in bf16: 1.3 % of the toy's
 forward); FSDP2's units come from the shape fields (a block is (Psi - embeddings) / layers); stage 3's
 reuse distance is walked per tensor in the model's order, not per module in the trace's; a stage-2 bucket
-flush counts the end of backward's states, not the saved activations still live at it; on a model file
-(data/examples/mlp.py) on 4 ranks, stage 2's rank 0 peaks 3.2 % below the prediction (its flushes after
-its partition's first reduction hold less than a hook's gradient and the flat copy: not yet explained).
+flush counts the end of backward's states, not the saved activations still live at it.
 """
 
 from __future__ import annotations
@@ -355,39 +354,44 @@ def _autocast_copies(setup: Setup, head: bool = True) -> Term:
 def _flushes(setup: Setup, rank: int, end: dict[str, Term], held: Term) -> dict[str, dict[str, Term]]:
     """Stage 2's reductions (``average_tensor``): ``allreduce_bucket`` flattens the bucket's slices into
     one copy (``use_multi_rank_bucket_allreduce``: every destination rank's slices together, 16-bit x the
-    elements in the bucket) and all-reduces it. A gradient hook that finds the bucket full reduces it
-    (``reduce_independent_p_g_buckets_and_remove_grads``) while its own tensor's gradient is live, the
-    epilogue (``independent_gradient_partition_epilogue``) what is left; the hooks run in the reverse of
-    the model's order. This rank's partition gradient buffer (``copy_grads_in_partition``) is allocated
-    after the first reduction of a tensor in its partition: before it, only what is ``held`` across
-    micro-steps."""
+    elements in the bucket) and all-reduces it; consecutive slices of one destination are merged first,
+    so a bucket that is one rank's alone is a single slice, reduced in place (no copy). A gradient hook
+    that finds the bucket full reduces it (``reduce_independent_p_g_buckets_and_remove_grads``) while its
+    own tensor's gradient is live, the epilogue (``independent_gradient_partition_epilogue``) what is
+    left; the hooks run in the reverse of the model's order. This rank's partition gradient buffer
+    (``copy_grads_in_partition``) is allocated after the first reduction of a tensor in its partition:
+    before it, only what is ``held`` across micro-steps."""
     z = setup.zero
     if z.engine != "deepspeed" or z.stage != 2 or not z.contiguous_gradients:
         return {}
     p, part = element_bytes(z.precision), partition.partition_numel(setup)
     numels = partition.numels(setup)
     ends = [sum(numels[: i + 1]) for i in range(len(numels))]  # each tensor's end in the flat buffer
+
+    def copy(content: int, owners: list[int]) -> Term:
+        if len(owners) == 1:
+            return Term(0, f"none: the bucket's {content:,} elements are one rank's, reduced in place")
+        return Term(p * content, f"{p} B x {content:,} (the bucket's flat copy)")
+
     out: dict[str, dict[str, Term]] = {}
-    content, ours, allocated = 0, False, False
+    content, owners, ours, allocated = 0, [], False, False
     for t, stop in zip(reversed(numels), reversed(ends), strict=True):
         if content + t > z.reduce_bucket_size:
-            flat = Term(
-                p * (t + content),
-                f"{p} B x ({t:,} + {content:,}) (a hook's gradient, the bucket's flat copy)",
-            )
+            flat = Term(p * t, f"{p} B x {t:,} (a hook's gradient)") + copy(content, owners)
             moment = (
                 {**end, "temporaries": flat} if allocated else {**end, "gradients": held, "temporaries": flat}
             )
             best = out.get("at a bucket flush")
             if best is None or sum(v.bytes for v in moment.values()) > sum(v.bytes for v in best.values()):
                 out["at a bucket flush"] = moment
-            allocated, content, ours = allocated or ours, 0, False
+            allocated, content, owners, ours = allocated or ours, 0, [], False
         content += t
+        for owner in range((stop - t) // part, (stop - 1) // part + 1):  # the tensor's slices, merged
+            if not owners or owners[-1] != owner:
+                owners.append(owner)
         ours = ours or (stop - t < (rank + 1) * part and stop > rank * part)
-    last = Term(p * content, f"{p} B x {content:,} (the last bucket's flat copy)")
-    out["at the epilogue's reduction"] = {**end, "temporaries": last} | (
-        {} if allocated else {"gradients": held}
-    )
+    last = {"temporaries": copy(content, owners)} | ({} if allocated else {"gradients": held})
+    out["at the epilogue's reduction"] = {**end, **last}
     return out
 
 
