@@ -190,24 +190,35 @@ def test_estimate_and_plan_take_a_calibration(capsys, tmp_path):
 
 
 def test_a_sweep_the_calibration_did_not_measure_says_what_was_carried_over(capsys, tmp_path):
-    """A bf16 sweep predicted from an fp32 calibration of the same model: the JSON names it per
-    configuration, the text in one line under the table with the command that measures it."""
+    """A bf16 sweep predicted from an fp32 calibration of the same model, and a shrunk Llama with the same
+    label: the JSON names what was carried over per configuration, the text one line per kind under the
+    table with the command that measures it (each configuration's own, labels alike or not)."""
     from kit.records import append_record
     from tests.test_perf import calibration, toy
 
     path = tmp_path / "c.json"
     calibration().save(path)
-    setups = [toy(stage=2), toy(stage=3, precision="bf16")]
+    small = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 256}
+    llama = toy(stage=3, precision="bf16").replace(model=models.override(models.preset("llama-2-7b"), small))
+    setups = [toy(stage=2), toy(stage=3, precision="bf16"), llama]
+    assert setups[1].label == llama.label
     for row in records([(s, [0.5, 0.4, 0.4]) for s in setups], "cpu").records:
         append_record(str(tmp_path / "records.jsonl"), row)
     assert main(["calibrate", str(tmp_path), "--calibration", str(path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["configs"]
-    assert [r["carried_over"] for r in rows] == ["", "precision bf16 (the calibration measured fp32)"]
+    bf16 = "precision bf16 (the calibration measured fp32)"
+    measured = calibration().model
+    model = f"model llama 2 x 64, {llama.model.params:,} parameters (the calibration measured {measured})"
+    assert [r["carried_over"] for r in rows] == ["", bf16, f"{bf16}; {model}"]
+    assert [r["config_id"] for r in rows] == [config_id(s) for s in setups]
     assert main(["calibrate", str(tmp_path), "--calibration", str(path)]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if "carried over" in line]
+    shape = "--layers 2 --hidden 64 --heads 4 --ffn 128 --vocab 256"
     assert notes == [
-        f"carried over, not measured: precision bf16 (the calibration measured fp32) ({setups[1].label}): "
-        "measure it with zerokit calibrate --measure --precision bf16"
+        f"carried over, not measured: {bf16} ({llama.label}): measure it with zerokit calibrate --measure "
+        "--precision bf16",
+        f"carried over, not measured: {bf16}; {model} ({llama.label}): measure it with zerokit calibrate "
+        f"--measure --model llama-2-7b {shape} --precision bf16",
     ]
 
 
@@ -235,6 +246,12 @@ def test_the_command_that_measures_what_was_carried_over_measures_it():
     assert measure_argv(toy(stage=2).replace(model=models.preset("llama-2-7b")), cal)[3:] == [
         "--model", "llama-2-7b"
     ]  # fmt: skip
+    small = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 256}
+    shrunk = toy(stage=2).replace(model=models.override(models.preset("llama-2-7b"), small))
+    argv = measure_argv(shrunk, cal)  # the preset a shrunk Llama came from, and its shape
+    assert argv[3:] == ["--model", "llama-2-7b", *[a for k, v in small.items() for a in (f"--{k}", str(v))]]
+    base, _ = measure_base(build_parser().parse_args(argv[1:]))
+    assert replace(cal, model=model_text(base.model)).carried_over(shrunk) == []
 
 
 @pytest.mark.distributed

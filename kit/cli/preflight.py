@@ -160,12 +160,12 @@ def calibrate_command(args: argparse.Namespace) -> int:
             f"this machine: {machine.threads} thread(s) per rank, matmul {rates}, gloo all-reduce "
             f"{machine.bus_gbps:.2f} GB/s, memory copy {machine.copy_gbps:.1f} GB/s"
         )
-    shown = table.assign(error=table.error.map("{:+.0%}".format)).drop(columns="carried_over")
+    shown = table.assign(error=table.error.map("{:+.0%}".format)).drop(columns=["config_id", "carried_over"])
     print(shown.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     print(f"median |predicted / measured - 1| = {error:.0%} over {len(table)} configurations")
-    setups = {r["label"]: Setup.model_validate(r["setup"]) for r in ok}
+    setups = {r["config_id"]: Setup.model_validate(r["setup"]) for r in ok}
     for what, rows in table[table.carried_over != ""].groupby("carried_over", sort=False):
-        command = shlex.join(cal.measure_argv(setups[rows.label.iloc[0]], calibration))
+        command = shlex.join(cal.measure_argv(setups[rows.config_id.iloc[0]], calibration))
         print(f"carried over, not measured: {what} ({', '.join(rows.label)}): measure it with {command}")
     return 0
 

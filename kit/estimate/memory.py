@@ -270,10 +270,9 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
         return {"device": device, "host": host}
 
     # stage 3
-    numels = partition.numels(setup)
     part = partition.partition_numel(setup)
-    persistent = [t for t in numels if t <= z.param_persistence_threshold]
-    persist_bytes = p * sum(-(-t // n) * n for t in persistent)
+    persistent = partition.persistent(setup)
+    persist_bytes = p * sum(partition.padded(t, n) for t in persistent)
     params_where = host if z.offload_param == "cpu" else device
     params_where["parameters"] = Term(
         p * part, f"{p} B x S, S = sum of ceil(numel / dp) over tensors = {part:,}"
@@ -283,7 +282,7 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
             persist_bytes, f"{len(persistent)} tensors <= {z.param_persistence_threshold:,} kept whole"
         )
     if z.hpz_partition_size > 1:
-        secondary = _hpz_secondary(setup, numels)
+        secondary = _hpz_secondary(setup)
         (device if z.offload_param == "none" else host)["parameters"] += secondary
     opt_where = host if z.offload_optimizer == "cpu" else device
     opt_where["optimizer_states"] = Term(
@@ -301,7 +300,7 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
     return {"device": device, "host": host}
 
 
-def _hpz_secondary(setup: Setup, numels: tuple[int, ...]) -> Term:
+def _hpz_secondary(setup: Setup) -> Term:
     """ZeRO++ hpZ's secondary partition (``partition_parameters.py`` ``_partition_param_sec``): every
     tensor released after use gets ``ds_secondary_tensor``, ``aligned / hpz`` elements in the parameter
     dtype, aligned = numel padded to a multiple of dp; on the parameters' remote device. Tensors kept whole
@@ -310,7 +309,7 @@ def _hpz_secondary(setup: Setup, numels: tuple[int, ...]) -> Term:
     ``zero.Init`` made)."""
     z, n, h = setup.zero, setup.dp, setup.zero.hpz_partition_size
     p = element_bytes(z.precision)
-    released = [t for t in numels if t > z.param_persistence_threshold]
+    released = partition.released(setup)
     elements = sum(-(-t // n) * (n // h) for t in released)
     return Term(
         p * elements,

@@ -42,6 +42,18 @@ def numels(setup: Setup) -> tuple[int, ...]:
     return (m.largest_layer_params,) + ((rest,) if rest else ())
 
 
+def padded(numel: int, n: int) -> int:
+    """``numel`` rounded up to a multiple of ``n`` ranks: ceil(numel / n) x n, a stage-3 tensor's size
+    gathered (its n partitions) or flattened for a reduce-scatter."""
+    return -(-numel // n) * n
+
+
+def released(setup: Setup) -> tuple[int, ...]:
+    """Numels of the tensors stage 3 partitions and gathers for each use (more than
+    ``param_persistence_threshold`` elements), in the model's order."""
+    return tuple(t for t in numels(setup) if t > setup.zero.param_persistence_threshold)
+
+
 def persistent(setup: Setup) -> tuple[int, ...]:
     """Numels of the tensors stage 3 keeps whole on every rank (at most ``param_persistence_threshold``
     elements), in the model's order."""

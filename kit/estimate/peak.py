@@ -191,8 +191,18 @@ def timeline(
 
 
 def _largest(candidates: dict[str, dict[str, Term]]) -> tuple[str, dict[str, Term]]:
-    name = max(candidates, key=lambda k: sum(t.bytes for t in candidates[k].values()))
+    name = max(candidates, key=lambda k: _total(candidates[k]))
     return name, dict(candidates[name])
+
+
+def _total(moment: dict[str, Term]) -> int:
+    return sum(t.bytes for t in moment.values())
+
+
+def _keep_larger(moments: dict[str, dict[str, Term]], name: str, moment: dict[str, Term]) -> None:
+    """``moments[name] = moment`` unless the one there is larger (the worst of a repeated moment)."""
+    if name not in moments or _total(moment) > _total(moments[name]):
+        moments[name] = moment
 
 
 class _Shape:
@@ -381,9 +391,7 @@ def _flushes(setup: Setup, rank: int, end: dict[str, Term], held: Term) -> dict[
             moment = (
                 {**end, "temporaries": flat} if allocated else {**end, "gradients": held, "temporaries": flat}
             )
-            best = out.get("at a bucket flush")
-            if best is None or sum(v.bytes for v in moment.values()) > sum(v.bytes for v in best.values()):
-                out["at a bucket flush"] = moment
+            _keep_larger(out, "at a bucket flush", moment)
             allocated, content, owners, ours = allocated or ours, 0, [], False
         content += t
         for owner in range((stop - t) // part, (stop - 1) // part + 1):  # the tensor's slices, merged
@@ -416,11 +424,11 @@ def _scatters(
         return {}
     p, dp, copies = element_bytes(z.precision), setup.dp, 2 if backend == "gloo" else 1
     numels = partition.numels(setup)
-    released = [-(-t // dp) * dp if t > z.param_persistence_threshold else 0 for t in numels]
+    released = [partition.padded(t, dp) if t > z.param_persistence_threshold else 0 for t in numels]
     how = "flat copy" + (" and gloo's clone of it" if copies == 2 else "")
 
     def flat(bucket: list[int]) -> Term:
-        padded = sum(-(-t // dp) * dp for t in bucket)
+        padded = sum(partition.padded(t, dp) for t in bucket)
         n = 0 if len(bucket) == 1 and bucket[0] % dp == 0 else padded
         return Term(copies * p * n, f"{copies} x {p} B x {n:,} (reduce_scatter_coalesced's {how})")
 
@@ -435,9 +443,7 @@ def _scatters(
                 + Term(still, f"{p} B x {still // p:,} gathered (not yet through backward)"),
                 "temporaries": block["temporaries"] + flat(bucket),
             }
-            best = out.get("at a gradient reduce-scatter")
-            if best is None or sum(v.bytes for v in moment.values()) > sum(v.bytes for v in best.values()):
-                out["at a gradient reduce-scatter"] = moment
+            _keep_larger(out, "at a gradient reduce-scatter", moment)
             bucket = []
         bucket.append(numels[i])
     out["at the epilogue's reduce-scatter"] = {**end, "temporaries": flat(bucket)}
@@ -450,10 +456,10 @@ def _gather_copy(setup: Setup) -> Term:
     z = setup.zero
     if z.engine != "deepspeed" or z.stage != 3:
         return NONE
-    released = [t for t in partition.numels(setup) if t > z.param_persistence_threshold]
+    released = partition.released(setup)
     if not released:
         return NONE
-    p, n = element_bytes(z.precision), -(-max(released) // setup.dp) * setup.dp
+    p, n = element_bytes(z.precision), partition.padded(max(released), setup.dp)
     return Term(p * n, f"{p} B x {n:,} (gloo's all-gather copy of the largest released tensor)")
 
 
@@ -480,16 +486,15 @@ def _gathered(setup: Setup) -> Term:
     z = setup.zero
     if z.engine != "deepspeed" or z.stage != 3:
         return NONE
-    tensors = partition.numels(setup)
-    released = [t for t in tensors if t > z.param_persistence_threshold]
+    tensors, released = partition.numels(setup), partition.released(setup)
     if not released:
         return NONE
     p, dp = element_bytes(z.precision), setup.dp
-    padded = sum(-(-t // dp) * dp for t in released)
+    padded = sum(partition.padded(t, dp) for t in released)
     kept, after = 0, 0
     for t in reversed(tensors):  # ``after``: the elements after tensor t in the forward
         if t > z.param_persistence_threshold and 2 * after < z.max_reuse_distance:
-            kept += -(-t // dp) * dp
+            kept += partition.padded(t, dp)
         after += t
     flight = stage3_gathered(sum(released), max(released), z.prefetch_bucket_size, z.max_live_parameters)
     n = min(padded, kept + flight)
@@ -556,9 +561,8 @@ def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[s
             }
         return out
     # stage 3
-    numels = partition.numels(setup)
-    persistent = [t for t in numels if t <= z.param_persistence_threshold]
-    whole = p * sum(-(-t // setup.dp) * setup.dp for t in persistent)
+    persistent = partition.persistent(setup)
+    whole = p * sum(partition.padded(t, setup.dp) for t in persistent)
     out = {}
     if z.offload_optimizer == "none":
         sub = min(partition.partition_numel(setup), DS_SUB_GROUP_SIZE)
@@ -575,7 +579,7 @@ def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[s
     else:
         out["during the update"] = base
     if gloo and persistent:
-        largest = -(-max(persistent) // setup.dp) * setup.dp
+        largest = partition.padded(max(persistent), setup.dp)
         out["at the persistent all-gather"] = {
             **base,
             "temporaries": Term(p * largest, f"{p} B x {largest:,} (gloo's all-gather copy)"),

@@ -25,14 +25,14 @@ their tensor held there when the call returns. Whenever the caller dropped its l
 in later phases (up to 45 % of a phase under load; FSDP2's reduce-scatter inputs, 273,920 B of a toy's
 optimizer phase, 1 run in 3). So while recording on CPU every collective of DeepSpeed's backend, and
 FSDP2's own, is settled (``settled_collectives``): waited at once, and returned only once its
-tensors are held no more than before the call (past ``SETTLE_S``, on a loaded machine, with a reference
-kept that this thread drops once gloo lets go: the free is recorded late rather than lost); the storages
+tensors are held no more than before the call (or after ``SETTLE_S``, on a loaded machine); the storages
 its work allocated die with the work, by the end of the collective's window. The caller's own frees then
 happen on its thread, when they really do, as a GPU's allocator would count them. A storage that still
-dies on another thread (gloo holding another tensor of it, which its hold on the given one does not show:
-a stage 1-2 flat gradient bucket, 2 launches in 37 under load, +14-25 % of an optimizer phase) is caught
-by a finalizer on its Python object, which PyTorch keeps for as long as the storage and which runs on the
-thread that frees it (``LostFrees``): the replay puts the free back at that moment.
+dies on another thread (gloo holding it past ``SETTLE_S``, or through another tensor of it, which its hold
+on the given one does not show: a stage 1-2 flat gradient bucket, 2 launches in 37 under load, +14-25 % of
+an optimizer phase) is caught by a finalizer on its Python object, which PyTorch keeps for as long as the
+storage and which runs on the thread that frees it (``LostFrees``): the replay puts the free back at that
+moment.
 
 What it cannot see: on CPU, a storage allocated before any profiling and freed during the window (the
 CPU allocator does not report such a free, so that storage still counts after it), any other free on a
@@ -65,11 +65,9 @@ COLLECTIVES = (
 #: the ``torch.distributed`` functions a PyTorch baseline calls itself (FSDP2's all-gather and
 #: reduce-scatter, ``kit.ranks.baselines``), settled too
 TORCH_COLLECTIVES = ("all_gather_into_tensor", "reduce_scatter_tensor")
-#: the longest a collective waits for gloo's worker to let go of its tensors: long, since a reference
-#: parked past it is dropped late (at the next collective or phase end) and counts until then (at 1 s,
-#: about 1 make test in 3 counted a stage 0-2 flat gradient bucket in an optimizer phase, +5-9 %: a free
-#: late or lost on this path, not proven)
-SETTLE_S = 10.0
+#: the longest a collective waits for gloo's worker to let go of its tensors (a storage it frees later is
+#: one of ``LostFrees``'s)
+SETTLE_S = 1.0
 #: the sleep between looks at gloo's hold: a real sleep, so that the worker thread gets the core
 POLL_S = 1e-4
 
@@ -106,7 +104,6 @@ class StepMemory:
             settled_collectives() as lost,
         ):
             yield self
-            _release_parked(wait_s=SETTLE_S)
         self.lost = lost
         self.phases = replay(prof.profiler.kineto_results, self.known, self.host, lost.frees)
 
@@ -119,7 +116,6 @@ class StepMemory:
 
             with record_function(_PHASE + name):
                 yield
-                _release_parked()
             return
         self.accelerator.synchronize()
         acc, earlier = self.accelerator, self.earlier
@@ -285,8 +281,8 @@ def _with_lost_frees(events: list[tuple[int, int, int]], lost) -> list[tuple[int
             allocations.setdefault(ptr, []).append(t)
     frees = []
     for t, ptr, since in lost:
-        reused = [a for a in allocations.get(ptr, ()) if a > since]
-        frees.append((min([t, *[a - 1 for a in reused[:1]]]), ptr, -1))
+        reused = next((a for a in allocations.get(ptr, ()) if a > since), None)
+        frees.append((t if reused is None else min(t, reused - 1), ptr, -1))
     return sorted(events + frees, key=lambda e: e[0])
 
 
@@ -364,16 +360,13 @@ def _settle(method, lost: LostFrees | None = None):
     then a no-op), and the call returns only once every tensor it was given is held no more than before
     (gloo's worker thread keeps the finished work, and with it those tensors, a moment after the wait
     returns: were the caller's reference dropped first, the storage would be freed on that thread, where
-    the profiler does not record the free). If the worker still holds one after ``SETTLE_S`` (a loaded
-    machine), the call keeps a reference and returns: this thread drops it once the worker has let go
-    (``_release_parked``), so the free is late, never lost. Storages the work
-    itself allocated (gloo's reduce-scatter clones its input) die with it: the replay frees them at the
-    window's end."""
+    the profiler does not record the free), or for at most ``SETTLE_S`` (``lost`` notes a storage the
+    worker frees later). Storages the work itself allocated (gloo's reduce-scatter clones its input) die
+    with it: the replay frees them at the window's end."""
 
     def settled(*args, **kwargs):
         if _SETTLING.depth:  # DeepSpeed's backend calling torch.distributed: the outer call's window
             return method(*args, **kwargs)
-        _release_parked()
         tensors = [t for t in _tensor_args(args, kwargs) if hasattr(t, "_use_count")]
         held = [t._use_count() for t in tensors]
         if lost is not None:
@@ -397,10 +390,7 @@ def _settled_call(method, tensors: list, held: list[int], args: tuple, kwargs: d
             work.wait()
             del work
         deadline = time.monotonic() + SETTLE_S
-        while _still_held(tensors, held):
-            if time.monotonic() > deadline:
-                _SETTLING.parked.append((tensors, held))
-                break
+        while _still_held(tensors, held) and time.monotonic() <= deadline:
             time.sleep(POLL_S)
     return _Done() if asynchronous else None
 
@@ -409,26 +399,11 @@ def _still_held(tensors: list, held: list[int]) -> bool:
     return any(t._use_count() > n for t, n in zip(tensors, held, strict=True))
 
 
-def _release_parked(wait_s: float = 0.0) -> None:
-    """Drop the references settled calls kept (see ``_settle``) whose storages the worker has let go of,
-    waiting up to ``wait_s`` for each; with ``wait_s`` the rest are dropped anyway."""
-    parked, _SETTLING.parked = _SETTLING.parked, []
-    for tensors, held in parked:
-        deadline = time.monotonic() + wait_s
-        while _still_held(tensors, held) and time.monotonic() <= deadline:
-            time.sleep(POLL_S)
-        if _still_held(tensors, held) and not wait_s:
-            _SETTLING.parked.append((tensors, held))
-
-
 class _Depth(threading.local):
     depth = 0
 
-    def __init__(self) -> None:
-        self.parked: list[tuple[list, list[int]]] = []  # (tensors, their holds before the call)
 
-
-#: this thread's settled calls in progress (nested ones pass straight through) and kept references
+#: this thread's settled calls in progress (nested ones pass straight through)
 _SETTLING = _Depth()
 
 

@@ -91,12 +91,14 @@ def storages(engine) -> list[tuple[str, object, int]]:
             key = (storage.data_ptr(), obj.device.type)
             if storage.nbytes() and key not in seen:
                 seen[key] = (path, obj, storage.nbytes())
-        stack.extend((item, name, depth + 1) for item, name in reversed(list(_children(obj, path, torch))))
+        stack.extend((item, name, depth + 1) for item, name in reversed(list(_children(obj, path))))
     return list(seen.values())
 
 
-def _children(obj, path: str, torch) -> Iterator[tuple[object, str]]:
+def _children(obj, path: str) -> Iterator[tuple[object, str]]:
     """(object, path) for what ``storages`` walks into from ``obj``, in order."""
+    import torch
+
     if isinstance(obj, torch.Tensor):
         # the gradient, ZeRO-3's partition, ZeRO++ hpZ's secondary one, ZeRO-Infinity's pinned swap buffers
         for name in ("grad", "ds_tensor", "ds_secondary_tensor", "nvme_swapper"):

@@ -122,15 +122,19 @@ def engine_setup(base: Setup, key: str) -> Setup:
 def measure_argv(setup: Setup, calibration: Calibration) -> list[str]:
     """The ``zerokit calibrate --measure`` command that measures what ``calibration`` did not for ``setup``
     (``Calibration.carried_over``): its model, its precision, and its engine beside the engines measured.
-    A model is named by its file or preset; a toy GPT by its shape (the default model's family); any
-    other by ``M`` with its shape, since a spec keeps no name ``--model`` reads."""
+    A model is named by its file, or by its preset with its shape (a preset ``kit.models.override``
+    changed keeps the preset's name in front); a toy GPT by its shape (the default model's family); any
+    other by ``M`` with its shape, since its spec keeps no name ``--model`` reads."""
     argv, m, z = ["zerokit", "calibrate", "--measure"], setup.model, setup.zero
     if model_text(m) != calibration.model:
-        named = m.source or (m.name if m.name in preset_names() else None)
+        preset = _preset_of(m.name)
+        named = m.source or preset
         if named or m.family != DEFAULT_MODEL.family:
             argv += ["--model", named or "M"]
-        if not named:
+        if not m.source and m.name != preset:
             shape = {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "ffn": m.ffn, "vocab": m.vocab}
+            if m.kv_heads not in (None, m.heads):
+                shape["kv-heads"] = m.kv_heads
             argv += [a for k, v in shape.items() if v is not None for a in (f"--{k}", str(v))]
     if z.precision != calibration.precision:
         argv += ["--precision", z.precision]
@@ -138,6 +142,13 @@ def measure_argv(setup: Setup, calibration: Calibration) -> list[str]:
     if calibration.engine(key)[1] != key:
         argv += ["--engines", ",".join([*calibration.engines, key])]
     return argv
+
+
+def _preset_of(name: str) -> str | None:
+    """The preset a model of this name is (``llama-2-7b``) or was changed from (``llama-2-7b-layers2-...``,
+    ``kit.models.override``'s names), the longest that fits; None for any other."""
+    fits = [p for p in preset_names() if name == p or name.startswith(p + "-")]
+    return max(fits, key=len, default=None)
 
 
 def measure(
@@ -425,6 +436,7 @@ def calibrate(
         rows.append(
             {
                 "label": config.label,
+                "config_id": config.config_id,
                 "device": device,
                 "measured_s": measured,
                 "predicted_s": t.step_s,
