@@ -239,7 +239,7 @@ def test_the_command_that_measures_what_was_carried_over_measures_it():
         "--layers", "4", "--hidden", "64", "--heads", "4", "--ffn", "256", "--vocab", "512",
         "--precision", "bf16", "--engines", "z2,z3,z3+offload,z1",
     ]  # fmt: skip
-    base, engines = measure_base(build_parser().parse_args(argv[1:]))
+    base, engines, _ = measure_base(build_parser().parse_args(argv[1:]))
     costs = dict.fromkeys(engines, cal.engines["z2"])
     measured = replace(cal, model=model_text(base.model), precision=base.zero.precision, engines=costs)
     assert measured.carried_over(deeper) == []
@@ -250,23 +250,31 @@ def test_the_command_that_measures_what_was_carried_over_measures_it():
     shrunk = toy(stage=2).replace(model=models.override(models.preset("llama-2-7b"), small))
     argv = measure_argv(shrunk, cal)  # the preset a shrunk Llama came from, and its shape
     assert argv[3:] == ["--model", "llama-2-7b", *[a for k, v in small.items() for a in (f"--{k}", str(v))]]
-    base, _ = measure_base(build_parser().parse_args(argv[1:]))
+    base, _, _ = measure_base(build_parser().parse_args(argv[1:]))
     assert replace(cal, model=model_text(base.model)).carried_over(shrunk) == []
 
 
 @pytest.mark.distributed
 def test_a_calibration_predicts_configurations_it_never_ran(capsys, tmp_path):
-    """One short measuring launch, then a sweep of configurations it never ran (sharing nothing with it
-    but the machine): grad accum 3, micro batch 3, offload, a model twice as deep."""
+    """One short measuring launch (and one timing the collectives on 4 ranks), then a sweep of
+    configurations it never ran (sharing nothing with it but the machine): grad accum 3, micro batch 3,
+    offload, a model twice as deep."""
     from kit.run.sweep import run_sweep
 
     out = tmp_path / "calibration.json"
     engines = "z0,z2,z3,z2+offload"
-    assert main(["calibrate", "--measure", "--engines", engines, "--out", str(out), "--json"]) == 0
+    assert (
+        main(["calibrate", "--measure", "--engines", engines, "--steps", "3", "--out", str(out), "--json"])
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["kind"] == "zerokit-calibration" and data["device"] == "cpu" and data["versions"]["deepspeed"]
     assert set(data["engines"]) == set(engines.split(",")) and data["tflops"] > 0
     assert all(c["bus_gbps"] > 0 and c["latency_s"] >= 0 for c in data["collectives"].values())
+    # CPU ranks: by default the collectives are also timed alone on twice the ranks, one launch of 4
+    four = data["collectives_at"]["4"]
+    assert set(four) == set(data["collectives"]) and all(c["bus_gbps"] > 0 for c in four.values())
+    assert {r["op"] for r in data["measured"]["collectives_at"]["4"]} == set(four)
     base = Setup(
         model=cal.DEFAULT_MODEL, cluster={"gpus_per_node": 2}, zero={**TOY_ZERO, "precision": "fp32"},
         batch={"micro_batch": 2, "seq_len": 64},
@@ -348,3 +356,66 @@ def test_only_the_busy_share_of_a_term_shares_the_cores(tmp_path):
         ValueError, match=r"^busy\.comm\.all_gather: a busy share must be in \[0, 1\], got 1\.5"
     ):
         calibration(busy={**busy, "comm": {"all_gather": 1.5}})
+
+
+def test_collectives_measured_on_more_ranks_predict_those_ranks(tmp_path):
+    """A calibration on 2 ranks that also timed the collectives on 4 (``collectives_at``): a 4-rank setup
+    takes those links as measured (no hops, no stretch: the 4 ranks shared the cores as it will), 8 ranks
+    scale them by (8-1)/(4-1) hops and stretch from 4 ranks, 3 ranks still use the 2-rank links."""
+    from kit.estimate.calibration import Calibration, Link
+    from tests.test_perf import calibration, toy
+
+    comm = {"all_gather": 0.4, "reduce_scatter": 0.6, "all_reduce": 0.7}
+    busy = {"compute": 0.8, "adam": 0.5, "copy": 0.3, "comm": comm, "fixed": {"z3": 0.2}}
+    four_links = {
+        "all_reduce": Link(4e-3, 0.5),
+        "all_gather": Link(3e-3, 0.2),
+        "reduce_scatter": Link(9e-3, 0.1),
+    }
+    two, both = calibration(busy=busy), calibration(busy=busy, collectives_at={"4": four_links})
+    assert both.links(4) == (4, four_links) and both.links(8) == (4, four_links)
+    assert both.links(3) == (2, two.collectives) and both.link("all_gather", 5) == four_links["all_gather"]
+
+    def expected(setup, links, hops, s):
+        """Each collective's bytes and calls on ``links``, latency x ``hops``, x (1 - b + b s)."""
+        ops = dict.fromkeys(links, 0.0)
+        for part_ in collectives(setup):
+            op = perf.TIMED_AS[part_.name]
+            ops[op] += part_.bytes / (links[op].bus_gbps * 1e9)
+        for op, calls, _ in collective_calls(setup):
+            ops[op] += calls * links[op].latency_s * hops
+        assert ops["all_gather"] > 0 and ops["reduce_scatter"] > 0
+        return sum((1 + comm[op] / 0.8 * (s - 1)) * seconds for op, seconds in ops.items())
+
+    for n, links, hops, s in (
+        (4, four_links, 1, 1.0),
+        (8, four_links, 7 / 3, 2.0),
+        (3, two.collectives, 2, 1.5),
+    ):
+        setup = toy(stage=3).replace(cluster={"gpus_per_node": n})
+        predicted = perf.step_time(setup, calibration=both).comm.seconds
+        assert predicted == pytest.approx(expected(setup, links, hops, s))
+    four = perf.step_time(toy(stage=3).replace(cluster={"gpus_per_node": 4}), calibration=both)
+    assert "x 3,000 us x 1)" in four.comm.formula and "x 1 (measured on 4 ranks)" in four.comm.formula
+    assert (
+        perf.step_time(toy(stage=3), calibration=both).step_s
+        == perf.step_time(toy(stage=3), calibration=two).step_s
+    )
+    assert "collectives on 4 ranks: all_gather 3000 us + 0.20 GB/s" in cal.describe(both)
+    both.save(tmp_path / "both.json")
+    assert Calibration.load(tmp_path / "both.json") == both
+    with pytest.raises(
+        ValueError, match=r"^comm-ranks: each must be >= 2 ranks, other than nprocs \(2\), got 2$"
+    ):
+        cal.measure(toy(stage=3), 2, comm_ranks=(4, 2))
+
+
+def test_calibrate_measure_rejects_bad_comm_ranks_before_launching(capsys):
+    assert main(["calibrate", "--measure", "--comm-ranks", "4,x"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("comm-ranks: a comma-separated list of rank counts (or 0 for none), got 'x'")
+    )
+    assert main(["calibrate", "--measure", "--comm-ranks", "1"]) == 2
+    assert "comm-ranks: each must be >= 2 ranks, other than nprocs (2), got 1" in capsys.readouterr().err

@@ -76,6 +76,12 @@ def register(sub) -> None:
         help="engines to time, comma-separated (default: z0,z1,z2,z3,z2+offload,z3+offload,ddp,fsdp)",
     )
     m.add_argument("--steps", type=int, default=5, help="timed steps per engine (default 5)")
+    m.add_argument(
+        "--comm-ranks",
+        help="then time the collectives alone on these numbers of ranks, one short launch each "
+        "(comma-separated; default: twice --nprocs on CPU ranks, where they share the cores, none on GPUs; "
+        "0 for none)",
+    )
     p.add_argument(
         "--nvme",
         metavar="PATH",
@@ -198,16 +204,30 @@ def measure_base(args: argparse.Namespace):
     engines = tuple(items(args.engines)) or cal.DEFAULT_ENGINES
     for key in engines:
         cal.engine_setup(base, key)  # a bad name: one line before anything launches
-    return base, engines
+    return base, engines, _comm_ranks(args.comm_ranks, args.nprocs)
+
+
+def _comm_ranks(text: str | None, nprocs: int) -> tuple[int, ...]:
+    """``--comm-ranks``' rank counts (``kit.run.calibrate.comm_ranks`` without it; ``measure`` checks
+    them); UsageError on one that is not a number."""
+    from kit.run import calibrate as cal
+
+    if text is None:
+        return cal.comm_ranks(nprocs)
+    counts = items(text)
+    bad = [n for n in counts if not n.isdigit()]
+    if bad:
+        raise UsageError(f"comm-ranks: a comma-separated list of rank counts (or 0 for none), got {bad[0]!r}")
+    return tuple(int(n) for n in counts if n != "0")
 
 
 def _measure(args: argparse.Namespace) -> int:
     """``zerokit calibrate --measure``: one launch measuring this machine, written to ``--out``."""
     from kit.run import calibrate as cal
 
-    base, engines = measure_base(args)
+    base, engines, comm_ranks = measure_base(args)
     with stdout_to_stderr():
-        found = cal.measure(base, args.nprocs, engines, steps=args.steps)
+        found = cal.measure(base, args.nprocs, engines, steps=args.steps, comm_ranks=comm_ranks)
     found.save(args.out)
     if args.json:
         print_json({"out": args.out, **found.to_dict()})

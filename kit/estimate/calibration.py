@@ -10,6 +10,8 @@ fitted to the step times it is later compared with:
 - ``to_host_gbps``, ``to_device_gbps``: host-device copies (offload);
 - ``collectives``: per collective, latency per call and bus bandwidth, a line through commtest's timings
   fitted on relative residuals (none from one rank, a single GPU: the datasheet's links then);
+  ``collectives_at``: the same, measured in a launch of their own on other numbers of ranks (by rank
+  count): a setup predicts with those measured nearest below its ranks (``links``);
 - ``engines``: per engine (``engine_key``) the fixed seconds per optimizer step and per micro-step that
   the terms above leave unexplained in that engine's own measured micro-steps (DeepSpeed's bookkeeping,
   hooks, allocator calls), per parameter tensor of the calibration model (``tensors``);
@@ -85,6 +87,7 @@ class Calibration:
     host: str
     versions: dict[str, str]
     busy: dict | None = None  # {compute, adam, copy: share, comm: {op: share}, fixed: {engine: share}}
+    collectives_at: dict[str, dict[str, Link]] = field(default_factory=dict)  # {ranks: {op: Link}}
     seconds: float = 0.0  # the launch's wall time
     measured: dict = field(default_factory=dict)  # the raw medians the fields came from
 
@@ -115,11 +118,11 @@ class Calibration:
             return float(self.cores)
         return min(float(self.cores), self.ranks * self.threads_per_rank * self.busy["compute"])
 
-    def share(self, gpus_per_node: int) -> tuple[float, float]:
-        """(compute, other) slowdown of a rank on a node of ``gpus_per_node`` ranks against the
-        calibration's own: on a CPU machine each rank gets ``max(1, cores // ranks)`` threads (the
-        launcher's OMP_NUM_THREADS) and ranks x threads beyond the cores it had (``cores_had``) share
-        them; a GPU is its own."""
+    def share(self, gpus_per_node: int, against: int | None = None) -> tuple[float, float]:
+        """(compute, other) slowdown of a rank on a node of ``gpus_per_node`` ranks against one of
+        ``against`` ranks (the calibration's own by default): on a CPU machine each rank gets
+        ``max(1, cores // ranks)`` threads (the launcher's OMP_NUM_THREADS) and ranks x threads beyond the
+        cores it had (``cores_had``) share them; a GPU is its own."""
         if self.accelerator != "cpu":
             return 1.0, 1.0
         cores = self.cores_had
@@ -128,7 +131,7 @@ class Calibration:
             threads = max(1, self.cores // n)
             return threads, max(1.0, n * threads / cores)
 
-        t0, s0 = threads_and_share(self.ranks)
+        t0, s0 = threads_and_share(against or self.ranks)
         t, s = threads_and_share(gpus_per_node)
         return (s / s0) * (t0 / t), s / s0
 
@@ -142,17 +145,22 @@ class Calibration:
             share = share.get(key, share.get("all_reduce") if term == "comm" else None)
         return share
 
-    def stretch(self, gpus_per_node: int, term: str, key: str | None = None) -> tuple[float, str]:
+    def stretch(
+        self, gpus_per_node: int, term: str, key: str | None = None, against: int | None = None
+    ) -> tuple[float, str]:
         """The factor on ``term``'s seconds (``busy_share``'s names) for a rank of a node of
         ``gpus_per_node`` ranks, and its formula: of the term's seconds at the calibration's rates the
         share b that ran on a core needs one and runs s times slower on shared cores (``share``; compute's
         s also counts its threads), the rest waited (a peer, a socket) and stays: 1 - b + b x s. A rank of
         the calibration ran at most the compute passes' busy share of the time (``cores_had``), so b is the
-        term's busy share over theirs (1 for compute). Not measured: all of it, x s."""
-        s_compute, s = self.share(gpus_per_node)
+        term's busy share over theirs (1 for compute). Not measured: all of it, x s. ``against``: the
+        ranks the term's rate was measured on, when not the calibration's (``links``)."""
+        s_compute, s = self.share(gpus_per_node, against)
         s = s_compute if term == "compute" else s
         share = self.busy_share(term, key)
         if s == 1:
+            if against and against != self.ranks:
+                return 1.0, f"x 1 (measured on {against} ranks)"
             return 1.0, "x 1 (no shared cores)"
         if share is None:
             return s, f"x {s:g} (shared cores; busy share not measured: all of it stretched)"
@@ -185,10 +193,19 @@ class Calibration:
         missing = list(dict.fromkeys(item for setup in setups for item in self.carried_over(setup)))
         return self.label + ("; carried over, not measured: " + "; ".join(missing) if missing else "")
 
-    def link(self, op: str) -> Link | None:
-        """``op``'s measured cost (all_reduce's for a collective not measured; None when one rank measured
-        none: the datasheet's links then)."""
-        return self.collectives.get(op) or self.collectives.get("all_reduce")
+    def links(self, ranks: int) -> tuple[int, dict[str, Link]]:
+        """The collectives measured on the most ranks at most ``ranks`` (the calibration's own when none
+        of ``collectives_at`` is), and that rank count."""
+        at = {self.ranks: self.collectives} | {int(n): links for n, links in self.collectives_at.items()}
+        n = max((n for n in at if n <= ranks), default=self.ranks)
+        return n, at[n]
+
+    def link(self, op: str, ranks: int | None = None) -> Link | None:
+        """``op``'s measured cost, on ``ranks`` ranks (``links``; the calibration's own by default):
+        all_reduce's for a collective not measured; None when one rank measured none (the datasheet's
+        links then)."""
+        links = self.links(ranks)[1] if ranks else self.collectives
+        return links.get(op) or links.get("all_reduce")
 
     def engine(self, key: str) -> tuple[EngineCost, str]:
         """The fixed costs of engine ``key``, and which measured engine they are: the engine itself, the
@@ -224,6 +241,10 @@ class Calibration:
             )
         data = {k: v for k, v in data.items() if k not in ("kind", "version")}
         data["collectives"] = {op: Link(**v) for op, v in data["collectives"].items()}
+        data["collectives_at"] = {
+            n: {op: Link(**v) for op, v in links.items()}
+            for n, links in data.get("collectives_at", {}).items()
+        }
         data["engines"] = {k: EngineCost(**v) for k, v in data["engines"].items()}
         try:
             return cls(**data)

@@ -471,9 +471,11 @@ def calibrated(
     x = ``Calibration.stretch`` of each term (CPU ranks sharing cores: 1 - b + b s, b the term's measured
     busy share over the compute passes', s the ranks' slowdown on the cores), k = micro-steps,
     B = blocks (layers + 1), n = tensors: compute = k (FLOPs / tflops + micro_fixed_s B / B_cal) x;
-    communication = sum over collectives of (bytes / bus_gbps + calls x latency x (N-1)/(N_cal-1)) x of
-    that collective; optimizer = P x adam_s_per_param x; offload = (the bytes of ``_offload`` over the
-    measured copies) x + P x host_adam_s_per_param x (NVMe from ``hw``); bytes across nodes at most over
+    communication = sum over collectives of (bytes / bus_gbps + calls x latency x (N-1)/(N_m-1)) x of
+    that collective, its links those measured on N_m ranks (``Calibration.links``: the most ranks up to
+    N; x stretches from N_m ranks); optimizer = P x adam_s_per_param x; offload = (the bytes of
+    ``_offload`` over the measured copies) x + P x host_adam_s_per_param x (NVMe from ``hw``); bytes
+    across nodes at most over
     the fabric's datasheet bandwidth per GPU (``hw``, x ``assume.link_efficiency``); fixed = n
     (step_s_per_tensor + k micro_step_s_per_tensor) x, of this engine as calibrated. A calibration of one
     rank has no links: the datasheet's intra-node bandwidth x ``assume.link_efficiency``, no latency. On a GPU
@@ -502,18 +504,19 @@ def calibrated(
         before, why = by_op.get(op, (0.0, []))
         by_op[op] = (before + took, [*why, formula])
 
+    on = cal.links(setup.dp)[0]  # the ranks the links were measured on
     for part in collectives(setup):
         op = TIMED_AS.get(part.name, "all_reduce")
-        gbps = (cal.link(op) or datasheet).bus_gbps
+        gbps = (cal.link(op, on) or datasheet).bus_gbps
         gbps = min(gbps, across) if part.scope == "inter" and across else gbps
         add(op, part.bytes / (gbps * 1e9), f"{part.bytes:,} B / {gbps:.3g} GB/s")
-    hops = (setup.dp - 1) / max(1, cal.ranks - 1)
+    hops = (setup.dp - 1) / max(1, on - 1)
     for op, calls, formula in collective_calls(setup):
-        latency = (cal.link(op) or datasheet).latency_s
-        add(op, calls * latency * hops, f"{calls} {op} ({formula}) x {latency * 1e6:.3g} us x {hops:g}")
+        latency = (cal.link(op, on) or datasheet).latency_s
+        add(op, calls * latency * hops, f"{calls} {op} ({formula}) x {latency * 1e6:,.4g} us x {hops:.3g}")
     seconds, why = 0.0, []
     for op, (took, formulas) in by_op.items():
-        x, shared = cal.stretch(g, "comm", op)
+        x, shared = cal.stretch(g, "comm", op, against=on)
         seconds += took * x
         why.append(f"{op}: ({' + '.join(formulas)}) {shared}")
     comm = Part(seconds, "; ".join(why) if why else "one rank: no communication")

@@ -14,7 +14,8 @@ line per measurement, which the parent fits (``kit.run.calibrate.fit``):
 - ``adam``: one ``torch.optim.Adam`` step on ``adam_numel`` elements, on the device and on the host;
 - ``copy``: device to host and host to device copies of ``copy_bytes``;
 - ``collective``: commtest's timed collectives (``kit.ranks.commtest_worker.time_collective``) per size,
-  the median of ``repeat`` rounds;
+  the median of ``repeat`` rounds (a spec with ``collectives_only`` measures only these: the second
+  launch that measures them on another number of ranks);
 - ``engine``: per engine of ``engines`` (a Setup with grad accum >= 2), each micro-step of each timed
   step: ``train_step`` of ``kit.ranks.engine``, as a sweep steps it, timed at the end of every
   ``engine.step()``; the last micro-step of a step carries the optimizer step and the boundary's work.
@@ -261,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
             "deepspeed": deepspeed.__version__,
         },
     )
+    if spec.get("collectives_only"):
+        report("collective", collectives(spec["sizes"], device, spec["iters"], spec["repeat"]))
+        report("done", True)
+        return 0
     bare = Bare(setup, device, dtype)
     report("compute", compute(spec, bare))
     report("adam", adam(spec["adam_numel"], device, spec["repeat"]))

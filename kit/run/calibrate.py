@@ -73,10 +73,7 @@ def holdout(base: Setup, nprocs: int = 2) -> list[Setup]:
 
 def describe(cal: Calibration) -> str:
     """A calibration in a few readable lines."""
-    links = ", ".join(
-        f"{op} {c.latency_s * 1e6:.0f} us + {c.bus_gbps:.2f} GB/s"
-        for op, c in sorted(cal.collectives.items())
-    )
+    links = _describe_links(cal.collectives)
     engines = ", ".join(
         f"{k} {e.step_s_per_tensor * 1e6:+.0f}/{e.micro_step_s_per_tensor * 1e6:+.0f} us"
         for k, e in cal.engines.items()
@@ -91,9 +88,16 @@ def describe(cal: Calibration) -> str:
             f"{cal.host_adam_s_per_param * 1e9:.1f} on the host; copies: to host "
             f"{cal.to_host_gbps:.2f} GB/s, to device {cal.to_device_gbps:.2f} GB/s",
             f"collectives (latency + bus bandwidth): {links or 'none (one rank: the datasheet links)'}",
+            *(f"collectives on {n} ranks: {_describe_links(at)}" for n, at in cal.collectives_at.items()),
             f"engines, fixed per tensor (per step / per micro-step, {cal.tensors} tensors): {engines}",
             _describe_busy(cal.busy),
         ]
+    )
+
+
+def _describe_links(links: dict[str, Link]) -> str:
+    return ", ".join(
+        f"{op} {c.latency_s * 1e6:.0f} us + {c.bus_gbps:.2f} GB/s" for op, c in sorted(links.items())
     )
 
 
@@ -151,6 +155,17 @@ def _preset_of(name: str) -> str | None:
     return max(fits, key=len, default=None)
 
 
+def comm_ranks(nprocs: int) -> tuple[int, ...]:
+    """The rank counts ``measure`` also times the collectives on by default: twice ``nprocs`` on CPU ranks
+    (gloo's latency on ranks sharing the cores does not scale by hops: measured 2 -> 4 ranks on 2 cores,
+    all-reduce x 4.3, all-gather x 7.5, reduce-scatter x 7-10 per 4 KiB call), none on GPUs (a node has
+    no ranks beyond its GPUs) or on one rank."""
+    import torch
+
+    cpu = os.environ.get("DS_ACCELERATOR") == "cpu" or not torch.cuda.is_available()
+    return (2 * nprocs,) if cpu and nprocs > 1 else ()
+
+
 def measure(
     base: Setup,
     nprocs: int = 2,
@@ -161,15 +176,19 @@ def measure(
     repeat: int = 5,
     iters: int = 5,
     sizes: tuple[int, ...] = CALIBRATION_SIZES,
+    comm_ranks: tuple[int, ...] = (),
     timeout_s: float = 300.0,
 ) -> Calibration:
     """One launch of ``kit.ranks.calibrate_worker`` on ``nprocs`` ranks measuring ``base``'s model (its
     micro batch and the one twice as large, grad accum 2 for the engines), fitted by ``fit``; one rank
-    (a single GPU) measures no collectives."""
-    from kit.run.launcher import launch_argv, run_launch, worker_env
-
+    (a single GPU) measures no collectives. Then one short launch per rank count of ``comm_ranks`` that
+    measures the collectives alone on that many ranks (``Calibration.collectives_at``; none unless asked:
+    ``zerokit calibrate --measure`` asks for ``comm_ranks(nprocs)``)."""
     if nprocs < 1:
         raise ValueError(f"nprocs: must be >= 1 (one rank measures no collectives), got {nprocs}")
+    bad = [n for n in comm_ranks if n < 2 or n == nprocs]
+    if bad:
+        raise ValueError(f"comm-ranks: each must be >= 2 ranks, other than nprocs ({nprocs}), got {bad[0]}")
     base = base.replace(cluster={"nodes": 1, "gpus_per_node": nprocs}, batch={"grad_accum": 2})
     configs = [{"key": key, "setup": engine_setup(base, key).model_dump(mode="json")} for key in engines]
     spec = {
@@ -186,6 +205,21 @@ def measure(
         "seed": 0,
     }
     start = time.monotonic()
+    cal = fit(_launch(spec, nprocs, timeout_s), base)
+    only = {**spec, "collectives_only": True, "sizes": list(sizes)}
+    rows = {str(n): _launch(only, n, timeout_s)["collective"] for n in sorted(set(comm_ranks))}
+    return replace(
+        cal,
+        collectives_at={n: _links(timed, int(n)) for n, timed in rows.items()},
+        measured={**cal.measured, "collectives_at": rows},
+        seconds=time.monotonic() - start,
+    )
+
+
+def _launch(spec: dict, nprocs: int, timeout_s: float) -> dict:
+    """The worker's measurements (``_parse``) from one launch of ``spec`` on ``nprocs`` ranks."""
+    from kit.run.launcher import launch_argv, run_launch, worker_env
+
     with tempfile.TemporaryDirectory(prefix="zerokit-calibrate-") as folder:
         path = os.path.join(folder, "spec.json")
         with open(path, "w") as f:
@@ -194,8 +228,22 @@ def measure(
     lines = _parse(output)
     if rc != 0 or "done" not in lines:
         tail = " | ".join(output.strip().splitlines()[-3:]) or "no output"
-        raise RuntimeError(f"calibrate: the measuring launch failed (exit status {rc}): {tail}")
-    return replace(fit(lines, base), seconds=time.monotonic() - start)
+        raise RuntimeError(
+            f"calibrate: the measuring launch on {nprocs} ranks failed (exit status {rc}): {tail}"
+        )
+    return lines
+
+
+def _links(rows: list[dict], ranks: int) -> dict[str, Link]:
+    """Per collective the worker timed (``rows``) on ``ranks`` ranks, its line through the sizes
+    (``_hockney``)."""
+    links = {}
+    for op in sorted({c["op"] for c in rows}):
+        mine = [c for c in rows if c["op"] == op]
+        x = [c["size_bytes"] * bus_factor(op, ranks) for c in mine]
+        per_byte, latency = _hockney(x, [c["s"] for c in mine])
+        links[op] = Link(latency_s=max(0.0, latency), bus_gbps=1 / per_byte / 1e9)
+    return links
 
 
 def _parse(output: str) -> dict:
@@ -218,13 +266,7 @@ def fit(lines: dict, base: Setup) -> Calibration:
     per_token = perf.flops_per_token(base)[0]
     tflops, fixed = _compute_rate(lines, per_token)
     n = machine["world_size"]
-    links = {}
-    for op in sorted({c["op"] for c in lines["collective"]}):
-        rows = [c for c in lines["collective"] if c["op"] == op]
-        x = [c["size_bytes"] * bus_factor(op, n) for c in rows]
-        y = [c["s"] for c in rows]
-        per_byte, latency = _hockney(x, y)
-        links[op] = Link(latency_s=max(0.0, latency), bus_gbps=1 / per_byte / 1e9)
+    links = _links(lines["collective"], n)
     adam, copy = lines["adam"], lines["copy"]
     cal = Calibration(
         device=machine["device"],

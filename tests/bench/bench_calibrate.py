@@ -35,7 +35,7 @@ def main() -> None:
         zero={**TOY_ZERO, "precision": "fp32"},
         batch={"micro_batch": 2, "seq_len": 64},
     )
-    found = measure(base, 2)
+    found = measure(base, 2, comm_ranks=(4,))
     print(f"calibration_launch: {found.seconds:.1f} s")
     print(f"calibration_compute: {found.tflops * 1e3:.1f} GFLOP/s")
     shares = {k: v for k, v in found.busy.items() if not isinstance(v, dict)}
@@ -49,8 +49,10 @@ def main() -> None:
                 progress=False, instrument=False,
             )  # fmt: skip
             tables.append((nprocs, results, calibrate(results, calibration=found)))
-    # the same calibration without its busy shares: every term stretched in full on shared cores
+    # the same calibration without its busy shares (every term stretched in full on shared cores), and
+    # without its 4-rank collectives (the 2-rank links' latency x hops)
     full = calibrate(tables[1][1], calibration=replace(found, busy=None)).set_index("label").error
+    hops = calibrate(tables[1][1], calibration=replace(found, collectives_at={})).set_index("label").error
     machine = cpu_machine(2, ("fp32",), matmul_shape(base), bus_gbps=allreduce_bus_gbps(2))
     errors = []
     for nprocs, results, table in tables:
@@ -60,6 +62,7 @@ def main() -> None:
             times = f"measured {row.measured_s:.3f} s, predicted {row.predicted_s:.3f} s"
             also = f"uncalibrated {before[row.label]:+.0%}"
             also += f", full stretch {full[row.label]:+.0%}" if nprocs == 4 else ""
+            also += f", 2-rank links {hops[row.label]:+.0%}" if nprocs == 4 else ""
             print(f"calibrated_{name}: {times}, {row.error:+.0%} ({also})")
             errors.append(abs(row.error))
     errors.sort()
