@@ -405,6 +405,10 @@ def test_collectives_measured_on_more_ranks_predict_those_ranks(tmp_path):
     both.save(tmp_path / "both.json")
     assert Calibration.load(tmp_path / "both.json") == both
     with pytest.raises(
+        ValueError, match=r"^collectives_at: keys are the rank counts measured \(>= 2\), got 'x'$"
+    ):
+        calibration(collectives_at={"x": four_links})
+    with pytest.raises(
         ValueError, match=r"^comm-ranks: each must be >= 2 ranks, other than nprocs \(2\), got 2$"
     ):
         cal.measure(toy(stage=3), 2, comm_ranks=(4, 2))
@@ -419,3 +423,21 @@ def test_calibrate_measure_rejects_bad_comm_ranks_before_launching(capsys):
     )
     assert main(["calibrate", "--measure", "--comm-ranks", "1"]) == 2
     assert "comm-ranks: each must be >= 2 ranks, other than nprocs (2), got 1" in capsys.readouterr().err
+
+
+def test_a_failed_measuring_launch_says_what_its_ranks_said_last():
+    """What a rank said, not torch's launcher's exit-code summary after it (a 4-rank launch's abort)."""
+    output = "\n".join(
+        [
+            'ZEROKIT_CALIBRATION {"kind": "done", "value": true}',
+            "terminate called without an active exception",
+            "W1202 21:44:36.555000 3341 .venv/lib/python3.11/site-packages/torch/distributed/elastic/"
+            "multiprocessing/api.py:1028] Sending process 3344 closing signal SIGTERM",
+            "Traceback (most recent call last):",
+            "  error_file: <N/A>",
+        ]
+    )
+    assert cal.last_words(output, 2) == (
+        'ZEROKIT_CALIBRATION {"kind": "done", "value": true} | terminate called without an active exception'
+    )
+    assert cal.last_words("a\nb") == "a | b" and cal.last_words("") == "no output"

@@ -100,6 +100,9 @@ class Calibration:
         for name, share in _shares(self.busy or {}):
             if not 0 <= share <= 1:
                 raise ValueError(f"busy.{name}: a busy share must be in [0, 1], got {share!r}")
+        for n in self.collectives_at:
+            if not (n.isdigit() and int(n) >= 2):
+                raise ValueError(f"collectives_at: keys are the rank counts measured (>= 2), got {n!r}")
         if self.busy is not None and not self.busy.get("compute", 0) > 0:
             raise ValueError(f"busy.compute: must be a measured share > 0, got {self.busy.get('compute')!r}")
 

@@ -156,10 +156,11 @@ def _preset_of(name: str) -> str | None:
 
 
 def comm_ranks(nprocs: int) -> tuple[int, ...]:
-    """The rank counts ``measure`` also times the collectives on by default: twice ``nprocs`` on CPU ranks
-    (gloo's latency on ranks sharing the cores does not scale by hops: measured 2 -> 4 ranks on 2 cores,
-    all-reduce x 4.3, all-gather x 7.5, reduce-scatter x 7-10 per 4 KiB call), none on GPUs (a node has
-    no ranks beyond its GPUs) or on one rank."""
+    """The rank counts ``zerokit calibrate --measure`` also times the collectives on (``measure``'s
+    ``comm_ranks``) unless told: twice ``nprocs`` on CPU ranks (gloo's latency on ranks sharing the cores
+    does not scale by hops: measured 2 -> 4 ranks on 2 cores, all-reduce x 4.3, all-gather x 7.5,
+    reduce-scatter x 7-10 per 4 KiB call), none on GPUs (a node has no ranks beyond its GPUs) or on one
+    rank."""
     import torch
 
     cpu = os.environ.get("DS_ACCELERATOR") == "cpu" or not torch.cuda.is_available()
@@ -227,11 +228,16 @@ def _launch(spec: dict, nprocs: int, timeout_s: float) -> dict:
         rc, output = run_launch(launch_argv(WORKER, ["--spec", path], nprocs), worker_env(nprocs), timeout_s)
     lines = _parse(output)
     if rc != 0 or "done" not in lines:
-        tail = " | ".join(output.strip().splitlines()[-3:]) or "no output"
-        raise RuntimeError(
-            f"calibrate: the measuring launch on {nprocs} ranks failed (exit status {rc}): {tail}"
-        )
+        failed = f"calibrate: the measuring launch on {nprocs} ranks failed (exit status {rc})"
+        raise RuntimeError(f"{failed}: {last_words(output)}")
     return lines
+
+
+def last_words(output: str, n: int = 3) -> str:
+    """A failed launch's last ``n`` lines from its ranks, before torch's launcher reports exit codes."""
+    lines = output.strip().splitlines()
+    cut = next((i for i, line in enumerate(lines) if "torch/distributed/elastic" in line), len(lines))
+    return " | ".join((lines[:cut] or lines)[-n:]) or "no output"
 
 
 def _links(rows: list[dict], ranks: int) -> dict[str, Link]:
