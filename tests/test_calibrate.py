@@ -258,11 +258,11 @@ def test_the_command_that_measures_what_was_carried_over_measures_it():
 def test_a_calibration_predicts_configurations_it_never_ran(capsys, tmp_path):
     """One short measuring launch (and one timing the collectives on 4 ranks), then a sweep of
     configurations it never ran (sharing nothing with it but the machine): grad accum 3, micro batch 3,
-    offload, a model twice as deep."""
+    offload (the twice-deeper model, with the rest of the hold-out, is `make bench`'s: suite time)."""
     from kit.run.sweep import run_sweep
 
     out = tmp_path / "calibration.json"
-    engines = "z0,z2,z3,z2+offload"
+    engines = "z0,z3,z2+offload"
     assert (
         main(["calibrate", "--measure", "--engines", engines, "--steps", "3", "--out", str(out), "--json"])
         == 0
@@ -279,7 +279,7 @@ def test_a_calibration_predicts_configurations_it_never_ran(capsys, tmp_path):
         model=cal.DEFAULT_MODEL, cluster={"gpus_per_node": 2}, zero={**TOY_ZERO, "precision": "fp32"},
         batch={"micro_batch": 2, "seq_len": 64},
     )  # fmt: skip
-    chosen = [cal.holdout(base)[i] for i in (0, 3, 4, 6)]  # z0 accum 3, z3 micro 3, z2 offload, deeper
+    chosen = [cal.holdout(base)[i] for i in (0, 3, 4)]  # z0 accum 3, z3 micro 3, z2 offload
     run_sweep(chosen, sweep="holdout", runs_dir=tmp_path, steps=3, progress=False, instrument=False)
     assert main(["calibrate", str(tmp_path / "holdout"), "--calibration", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -288,7 +288,7 @@ def test_a_calibration_predicts_configurations_it_never_ran(capsys, tmp_path):
     for r in rows:
         assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
     errors = sorted(abs(r["error"]) for r in rows)
-    assert report["median_abs_error"] == pytest.approx((errors[1] + errors[2]) / 2)
+    assert report["median_abs_error"] == pytest.approx(errors[1])
     assert report["calibration"].startswith("calibrated on cpu")
     shown = [(r["label"], round(r["measured_s"], 3), round(r["predicted_s"], 3)) for r in rows]
     # The accuracy goal (median |error| <= 0.10, none above 0.25) is a timing target: `make bench`
