@@ -475,9 +475,9 @@ def calibrated(
     that collective, its links those measured on N_m ranks (``Calibration.links``: the most ranks up to
     N; x stretches from N_m ranks); optimizer = P x adam_s_per_param x; offload = (the bytes of
     ``_offload`` over the measured copies) x + P x host_adam_s_per_param x (NVMe from ``hw``); bytes
-    across nodes at most over
-    the fabric's datasheet bandwidth per GPU (``hw``, x ``assume.link_efficiency``); fixed = n
-    (step_s_per_tensor + k micro_step_s_per_tensor) x, of this engine as calibrated. A calibration of one
+    across nodes at most over the fabric's datasheet bandwidth per GPU (``hw``, x
+    ``assume.link_efficiency``); fixed = n (step_s_per_tensor + k micro_step_s_per_tensor) x, of this
+    engine as calibrated. A calibration of one
     rank has no links: the datasheet's intra-node bandwidth x ``assume.link_efficiency``, no latency. On a GPU
     ``overlap_comm`` hides ``assume.overlap`` of the communication; gloo's CPU collectives block, so on
     a CPU machine nothing.
