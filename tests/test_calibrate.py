@@ -42,7 +42,24 @@ def test_gpu_records_are_predicted_from_the_datasheet():
         assert row.measured_s == pytest.approx(median)
         assert row.predicted_s == pytest.approx(perf.step_time(setup).step_s)
         assert row.error == pytest.approx(row.predicted_s / row.measured_s - 1)
+        assert (row.measured_min_s, row.measured_max_s) == (min(times), max(times))
     assert cal.median_abs_error(table) == pytest.approx(table.error.abs().median())
+
+
+def test_a_prediction_between_the_fastest_and_slowest_step_is_within_the_steps():
+    """The run's own step-to-step range beside each prediction: inside it, the machine's noise covers
+    the error."""
+    setup = Setup(model=models.toy_spec(), cluster={"gpus_per_node": 2}, zero={"precision": "fp32"}, batch={})
+    machine = cal.CpuMachine(threads=1, tflops={"fp32": 0.05}, bus_gbps=1.0, copy_gbps=10.0)
+    p = perf.step_time(setup, machine.hardware("fp32"), cal.MEASURED).step_s
+    other = setup.replace(batch={"grad_accum": 2})
+    q = perf.step_time(other, machine.hardware("fp32"), cal.MEASURED).step_s
+    table = cal.calibrate(
+        records([(setup, [0.9 * p, 1.3 * p, 1.1 * p]), (other, [1.2 * q, 1.4 * q])], "cpu"), machine
+    )
+    assert list(cal.within_steps(table)) == [True, False]
+    assert table.measured_min_s.tolist() == pytest.approx([0.9 * p, 1.2 * q])
+    assert table.measured_max_s.tolist() == pytest.approx([1.3 * p, 1.4 * q])
 
 
 def test_cpu_records_use_the_measured_machine_without_discounts():
@@ -211,8 +228,15 @@ def test_a_sweep_the_calibration_did_not_measure_says_what_was_carried_over(caps
     model = f"model llama 2 x 64, {llama.model.params:,} parameters (the calibration measured {measured})"
     assert [r["carried_over"] for r in rows] == ["", bf16, f"{bf16}; {model}"]
     assert [r["config_id"] for r in rows] == [config_id(s) for s in setups]
+    assert [(r["measured_min_s"], r["measured_max_s"]) for r in rows] == [(0.4, 0.5)] * 3
+    assert [r["within_steps"] for r in rows] == [0.4 <= r["predicted_s"] <= 0.5 for r in rows]
     assert main(["calibrate", str(tmp_path), "--calibration", str(path)]) == 0
-    notes = [line for line in capsys.readouterr().out.splitlines() if "carried over" in line]
+    text = capsys.readouterr().out
+    header, *table = text.splitlines()[1:5]
+    assert "steps_ms" in header.split() and all(" 400-500 " in line for line in table)
+    within = sum(r["within_steps"] for r in rows)
+    assert f"over 3 configurations; {within} predicted within their fastest to slowest step" in text
+    notes = [line for line in text.splitlines() if "carried over" in line]
     shape = "--layers 2 --hidden 64 --heads 4 --ffn 128 --vocab 256"
     assert notes == [
         f"carried over, not measured: {bf16} ({llama.label}): measure it with zerokit calibrate --measure "

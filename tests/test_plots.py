@@ -290,3 +290,27 @@ def test_predicted_vs_measured_draws_each_timed_configuration_on_the_y_equals_x_
     assert ax.get_xlim() == pytest.approx(ax.get_ylim()) and ax.get_xscale() == "log"
     empty = plots.predicted_vs_measured(table.iloc[2:])
     assert "no configuration has both" in empty.axes[0].texts[0].get_text()
+
+
+def test_predicted_vs_measured_bars_each_point_from_its_fastest_to_its_slowest_step():
+    import pandas as pd
+
+    table = pd.DataFrame(
+        {
+            "label": ["z0 mb1", "z3 mb2"],
+            "measured_s": [0.020, 0.050],
+            "measured_min_s": [0.018, 0.030],
+            "measured_max_s": [0.025, 0.060],
+            "predicted_s": [0.022, 0.040],
+        }
+    )
+    fig = plots.predicted_vs_measured(table)
+    FigureCanvasAgg(fig).draw()
+    (ax,) = fig.axes
+    (bar,) = ax.containers
+    assert bar.get_label() == "measured: fastest to slowest step"
+    (bars,) = bar.lines[2]  # the horizontal bars' LineCollection
+    spans = [segment[:, 0].tolist() for segment in bars.get_segments()]
+    assert spans == [pytest.approx([18.0, 25.0]), pytest.approx([30.0, 60.0])]
+    assert [segment[0, 1] for segment in bars.get_segments()] == pytest.approx([22.0, 40.0])
+    assert ax.get_xlim()[0] <= 18.0 / 1.4 + 1e-9 and ax.get_xlim()[1] >= 60.0 * 1.4 - 1e-9

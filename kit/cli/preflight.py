@@ -166,9 +166,19 @@ def calibrate_command(args: argparse.Namespace) -> int:
             f"this machine: {machine.threads} thread(s) per rank, matmul {rates}, gloo all-reduce "
             f"{machine.bus_gbps:.2f} GB/s, memory copy {machine.copy_gbps:.1f} GB/s"
         )
-    shown = table.assign(error=table.error.map("{:+.0%}".format)).drop(columns=["config_id", "carried_over"])
+    steps = [
+        f"{a * 1e3:,.0f}-{b * 1e3:,.0f}"
+        for a, b in zip(table.measured_min_s, table.measured_max_s, strict=True)
+    ]
+    shown = table.assign(error=table.error.map("{:+.0%}".format)).drop(
+        columns=["config_id", "carried_over", "measured_min_s", "measured_max_s", "within_steps"]
+    )
+    shown.insert(shown.columns.get_loc("measured_s") + 1, "steps_ms", steps)
     print(shown.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
-    print(f"median |predicted / measured - 1| = {error:.0%} over {len(table)} configurations")
+    print(
+        f"median |predicted / measured - 1| = {error:.0%} over {len(table)} configurations; "
+        f"{int(table.within_steps.sum())} predicted within their fastest to slowest step (steps_ms)"
+    )
     setups = {r["config_id"]: Setup.model_validate(r["setup"]) for r in ok}
     for what, rows in table[table.carried_over != ""].groupby("carried_over", sort=False):
         command = shlex.join(cal.measure_argv(setups[rows.config_id.iloc[0]], calibration))

@@ -11,6 +11,7 @@ predicted beside measured, with the y = x line.
 
 from __future__ import annotations
 
+import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
@@ -281,8 +282,9 @@ def batch_schedule(results: Results) -> Figure:
 def predicted_vs_measured(table, title: str = "", band: float = 0.25) -> Figure:
     """Predicted against measured step time per configuration (rows of ``kit.run.calibrate.calibrate`` or
     of ``Tuned.table`` with ``label``, ``measured_s``, ``predicted_s``), log-log, with the y = x line and
-    the +-``band`` region shaded; each point named with its label and error (predicted / measured - 1).
-    Rows without both times (pruned, failed) are left out."""
+    the +-``band`` region shaded; each point named with its label and error (predicted / measured - 1),
+    with a bar from its fastest to its slowest measured step where the table has them (``measured_min_s``,
+    ``measured_max_s``). Rows without both times (pruned, failed) are left out."""
     rows = table.dropna(subset=["measured_s", "predicted_s"])
     fig = Figure(figsize=(7, 4.8), layout="constrained")
     ax = fig.subplots()
@@ -292,19 +294,22 @@ def predicted_vs_measured(table, title: str = "", band: float = 0.25) -> Figure:
         ax.set_xticks([])
         ax.set_yticks([])
         return fig
-    low = min(rows.measured_s.min(), rows.predicted_s.min()) / 1.4
-    high = max(rows.measured_s.max(), rows.predicted_s.max()) * 1.4
+    times = rows.filter(["measured_s", "measured_min_s", "measured_max_s", "predicted_s"])
+    low, high = times.min().min() / 1.4, times.max().max() * 1.4
     errors = rows.predicted_s / rows.measured_s - 1
     ms = [low * 1e3, high * 1e3]
     ax.fill_between(ms, [v * (1 - band) for v in ms], [v * (1 + band) for v in ms], color="0.92",
                     label=f"within {band:.0%}")  # fmt: skip
     ax.plot(ms, ms, color="black", lw=1, label="predicted = measured")
+    if {"measured_min_s", "measured_max_s"} <= set(rows.columns):  # the run's fastest to slowest step
+        spread = [
+            (rows.measured_s - rows.measured_min_s) * 1e3,
+            (rows.measured_max_s - rows.measured_s) * 1e3,
+        ]
+        ax.errorbar(rows.measured_s * 1e3, rows.predicted_s * 1e3, xerr=spread, fmt="none", ecolor="#4C72B0",
+                    alpha=0.6, lw=1.2, capsize=3, zorder=3,
+                    label="measured: fastest to slowest step")  # fmt: skip
     ax.scatter(rows.measured_s * 1e3, rows.predicted_s * 1e3, s=28, color="#4C72B0", zorder=3)
-    for k, (row, error) in enumerate(zip(rows.itertuples(), errors, strict=True)):
-        ax.annotate(
-            f"{row.label} ({error:+.0%})", (row.measured_s * 1e3, row.predicted_s * 1e3), fontsize=8,
-            xytext=(6, -10 if k % 2 else 4), textcoords="offset points",
-        )  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(ms)
@@ -320,7 +325,37 @@ def predicted_vs_measured(table, title: str = "", band: float = 0.25) -> Figure:
     ax.set_title(title or f"{len(rows)} configurations, median |error| {median:.0%}")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize="small", loc="upper left")
+    texts = [f"{row.label} ({error:+.0%})" for row, error in zip(rows.itertuples(), errors, strict=True)]
+    xy = np.c_[rows.measured_s * 1e3, rows.predicted_s * 1e3]
+    for (x, y), text, dy in zip(xy, texts, _dodge(fig, ax, xy, texts), strict=True):
+        box = {"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8}
+        ax.annotate(
+            text, (x, y), fontsize=8, xytext=(6, dy), textcoords="offset points", zorder=2.5, bbox=box
+        )
     return fig
+
+
+#: a label's offsets from its point (points, above then below, nearest first): ``_dodge``'s choices
+TRIES = (4, -12, 16, -24, 28, -36, 40, -48)
+
+
+def _dodge(fig: Figure, ax, xy, texts: list[str], size: float = 8) -> list[float]:
+    """Vertical offsets (points) of labels set right of the points ``xy`` (data) so that no two overlap:
+    from the lowest point up, each label takes the nearest offset above or below its point that covers no
+    other label and no point."""
+    fig.draw_without_rendering()  # the layout: the axes' final size
+    at = ax.transData.transform(xy) * 72 / fig.dpi
+    tall, offsets = size * 1.25, [0.0] * len(texts)
+    placed = [(x - 4, x + 4, y - tall / 2) for x, y in at]  # the points themselves stay visible
+    for i in np.argsort(at[:, 1], kind="stable"):
+        left, right = at[i, 0] + 6, at[i, 0] + 6 + 0.55 * size * len(texts[i])
+        free = (
+            dy for dy in TRIES
+            if not any(left < r and x < right and abs(at[i, 1] + dy - y) < tall for x, r, y in placed)
+        )  # fmt: skip
+        offsets[i] = next(free, TRIES[0])
+        placed.append((left, right, at[i, 1] + offsets[i]))
+    return offsets
 
 
 def heartbeats(snapshot) -> Figure:

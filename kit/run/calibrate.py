@@ -460,8 +460,9 @@ def cpu_machine(
 def calibrate(
     results: Results, machine: CpuMachine | None = None, calibration: Calibration | None = None
 ) -> pd.DataFrame:
-    """Per configuration of a sweep: measured median step time, the model's prediction (and its parts),
-    and the error ``predicted / measured - 1``. With a ``calibration`` (``measure``) every record is
+    """Per configuration of a sweep: measured median step time (and its fastest and slowest step,
+    ``measured_min_s``, ``measured_max_s``: how far the machine moved it), the model's prediction (and its
+    parts), and the error ``predicted / measured - 1``. With a ``calibration`` (``measure``) every record is
     predicted from it; without, CPU records need ``machine`` (``cpu_machine()``) and GPU records use
     the datasheet."""
     rows = []
@@ -487,6 +488,8 @@ def calibrate(
                 "config_id": config.config_id,
                 "device": device,
                 "measured_s": measured,
+                "measured_min_s": float(config.step_time_min_s),
+                "measured_max_s": float(config.step_time_max_s),
                 "predicted_s": t.step_s,
                 "compute_s": t.compute.seconds,
                 "comm_s": t.exposed_comm.seconds,
@@ -497,7 +500,16 @@ def calibrate(
                 "carried_over": "; ".join(calibration.carried_over(setup)) if calibration else "",
             }
         )
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    if len(table):
+        table["within_steps"] = within_steps(table)
+    return table
+
+
+def within_steps(table: pd.DataFrame) -> pd.Series:
+    """Per configuration of ``calibrate``'s table: whether the prediction lies between its fastest and
+    slowest measured step (an error the run's own step-to-step noise covers)."""
+    return (table.predicted_s >= table.measured_min_s) & (table.predicted_s <= table.measured_max_s)
 
 
 def median_abs_error(table: pd.DataFrame) -> float:

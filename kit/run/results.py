@@ -57,9 +57,10 @@ class Results:
     def summary(self) -> pd.DataFrame:
         """One row per configuration: label, status, error, its start cost (``start_s``: seconds from
         the configuration's start to its first step on rank 0), median step time and throughput over the
-        measured steps, last loss, peak memory, bytes on the wire per step, and each model-state
-        component as measured on rank 0 beside the estimator's prediction for that rank (and the
-        whole-GPU peak estimate beside the measured peak)."""
+        measured steps (and the fastest and slowest step: ``step_time_min_s``, ``step_time_max_s``), last
+        loss, peak memory, bytes on the wire per step, and each model-state component as measured on rank
+        0 beside the estimator's prediction for that rank (and the whole-GPU peak estimate beside the
+        measured peak)."""
         if self.df.empty:
             return pd.DataFrame(columns=["config_id", "label", "status", "error"])
         device = self.states(MEASURED).query("rank == 0 and where == 'device'")
@@ -81,6 +82,9 @@ class Results:
                 for key in (*keys, "estimate_comm_wire_bytes"):
                     if key in steps:
                         row[key] = float(steps[key].median())
+                if "step_time_s" in steps:
+                    row["step_time_min_s"] = float(steps["step_time_s"].min())
+                    row["step_time_max_s"] = float(steps["step_time_s"].max())
                 row["loss"] = float(steps["loss"].iloc[-1])
                 peaks = (
                     "peak_allocated_bytes",

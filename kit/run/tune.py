@@ -43,7 +43,8 @@ OFFLOADS = ("none", "cpu")
 KEEPS = ("train_batch", "grad_accum")
 COLUMNS = [
     "label", "stage", "offload", "micro_batch", "grad_accum", "train_batch", "estimated_gib",
-    "samples_per_s", "status", "rank", "predicted_s", "measured_s", "error",
+    "samples_per_s", "status", "rank", "predicted_s", "measured_s", "measured_min_s", "measured_max_s",
+    "error",
 ]  # fmt: skip
 
 
@@ -228,7 +229,7 @@ def _table(
         row.update(grad_accum=s.batch.grad_accum, train_batch=s.batch.train_batch)
         row["estimated_gib"] = round(c.estimated_bytes / GIB, 4)
         row["samples_per_s"], row["status"] = float("nan"), "pruned"
-        row["measured_s"] = row["error"] = float("nan")
+        row["measured_s"] = row["measured_min_s"] = row["measured_max_s"] = row["error"] = float("nan")
         row["predicted_s"] = (
             perf.step_time(s, calibration=calibration).step_s if calibration else float("nan")
         )
@@ -238,6 +239,8 @@ def _table(
             if row["status"] == "ok":
                 row["samples_per_s"] = float(summary.loc[cid, "samples_per_s"])
                 row["measured_s"] = float(summary.loc[cid, "step_time_s"])
+                row["measured_min_s"] = float(summary.loc[cid, "step_time_min_s"])
+                row["measured_max_s"] = float(summary.loc[cid, "step_time_max_s"])
                 row["error"] = row["predicted_s"] / row["measured_s"] - 1
         rows.append(row)
     table = pd.DataFrame(rows)
