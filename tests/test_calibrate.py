@@ -166,6 +166,13 @@ def test_fit_recovers_each_rate_and_fixed_cost():
     }  # fmt: skip
     text = cal.describe(found)
     assert "GFLOP/s per rank" in text and "z2+offload" in text and "engines z1 0.70, z3 0.45" in text
+    # the micro batch's pass: the same in every round and (as a median) beside every engine
+    one = 0.003 + perf.flops_per_token(base)[0] * 128 / 0.04e12
+    assert cal.moved(found) == pytest.approx((one, one))
+    assert f"took {one * 1e3:.1f}-{one * 1e3:.1f} ms over the launch (x 1.00)" in text
+    slower = replace(found, measured={**found.measured, "engines": {"z1": {"bare_s": 1.5 * one}}})
+    assert cal.moved(slower) == pytest.approx((one, 1.5 * one)) and "(x 1.50)" in cal.describe(slower)
+    assert cal.moved(replace(found, measured={})) is None
     with pytest.raises(ValueError, match="^engines: 'z4' is not an engine"):
         cal.engine_setup(base, "z4")
 

@@ -91,8 +91,28 @@ def describe(cal: Calibration) -> str:
             *(f"collectives on {n} ranks: {_describe_links(at)}" for n, at in cal.collectives_at.items()),
             f"engines, fixed per tensor (per step / per micro-step, {cal.tensors} tensors): {engines}",
             _describe_busy(cal.busy),
+            *_describe_moved(moved(cal)),
         ]
     )
+
+
+def moved(cal: Calibration) -> tuple[float, float] | None:
+    """The fastest and slowest seconds the calibration's forward + backward of one micro batch took over
+    its launch (each compute round, and the median beside each engine): how far the machine itself moved
+    while it measured; None in a file without them."""
+    rounds = [r[0] for r in cal.measured.get("compute", {}).get("rounds_s", [])]
+    times = rounds + [e["bare_s"] for e in cal.measured.get("engines", {}).values()]
+    return (min(times), max(times)) if times else None
+
+
+def _describe_moved(span: tuple[float, float] | None) -> list[str]:
+    if span is None:
+        return []
+    low, high = span
+    return [
+        f"this machine moved: the same forward + backward took {low * 1e3:.1f}-{high * 1e3:.1f} ms over the "
+        f"launch (x {high / low:.2f}): the machine's own noise, which no prediction gets under"
+    ]
 
 
 def _describe_links(links: dict[str, Link]) -> str:
