@@ -472,3 +472,27 @@ def test_a_failed_measuring_launch_says_what_its_ranks_said_last():
         'ZEROKIT_CALIBRATION {"kind": "done", "value": true} | terminate called without an active exception'
     )
     assert cal.last_words("a\nb") == "a | b" and cal.last_words("") == "no output"
+
+
+def test_measure_times_the_collectives_on_the_ranks_the_cli_does_unless_told(monkeypatch):
+    """``measure``'s default ``comm_ranks`` (None) is ``zerokit calibrate --measure``'s: on CPU ranks a
+    second launch of the collectives alone on twice the ranks; ``()`` makes none."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    base = Setup(
+        model=models.toy_spec(), cluster={"gpus_per_node": 2}, zero={**TOY_ZERO, "precision": "fp32"},
+        batch={"micro_batch": 2, "grad_accum": 2, "seq_len": 64},
+    )  # fmt: skip
+    lines = worker_lines(base, {})
+    launched = []
+
+    def launch(spec, nprocs, timeout_s):
+        launched.append((nprocs, spec.get("collectives_only", False)))
+        return lines
+
+    monkeypatch.setattr(cal, "_launch", launch)
+    assert cal.default_comm_ranks(2) == (4,) and cal.default_comm_ranks(1) == ()
+    found = cal.measure(base, 2, ("z1",))
+    assert launched == [(2, False), (4, True)] and set(found.collectives_at) == {"4"}
+    launched.clear()
+    assert cal.measure(base, 2, ("z1",), comm_ranks=()).collectives_at == {}
+    assert launched == [(2, False)]

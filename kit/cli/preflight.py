@@ -218,12 +218,12 @@ def measure_base(args: argparse.Namespace):
 
 
 def _comm_ranks(text: str | None, nprocs: int) -> tuple[int, ...]:
-    """``--comm-ranks``' rank counts (``kit.run.calibrate.comm_ranks`` without it; ``measure`` checks
+    """``--comm-ranks``' rank counts (``kit.run.calibrate.default_comm_ranks`` without it; ``measure`` checks
     them); UsageError on one that is not a number."""
     from kit.run import calibrate as cal
 
     if text is None:
-        return cal.comm_ranks(nprocs)
+        return cal.default_comm_ranks(nprocs)
     counts = items(text)
     bad = [n for n in counts if not n.isdigit()]
     if bad:

@@ -175,7 +175,7 @@ def _preset_of(name: str) -> str | None:
     return max(fits, key=len, default=None)
 
 
-def comm_ranks(nprocs: int) -> tuple[int, ...]:
+def default_comm_ranks(nprocs: int) -> tuple[int, ...]:
     """The rank counts ``zerokit calibrate --measure`` also times the collectives on (``measure``'s
     ``comm_ranks``) unless told: twice ``nprocs`` on CPU ranks (gloo's latency on ranks sharing the cores
     does not scale by hops: measured 2 -> 4 ranks on 2 cores, all-reduce x 4.3, all-gather x 7.5,
@@ -197,16 +197,18 @@ def measure(
     repeat: int = 5,
     iters: int = 5,
     sizes: tuple[int, ...] = CALIBRATION_SIZES,
-    comm_ranks: tuple[int, ...] = (),
+    comm_ranks: tuple[int, ...] | None = None,
     timeout_s: float = 300.0,
 ) -> Calibration:
     """One launch of ``kit.ranks.calibrate_worker`` on ``nprocs`` ranks measuring ``base``'s model (its
     micro batch and the one twice as large, grad accum 2 for the engines), fitted by ``fit``; one rank
     (a single GPU) measures no collectives. Then one short launch per rank count of ``comm_ranks`` that
-    measures the collectives alone on that many ranks (``Calibration.collectives_at``; none unless asked:
-    ``zerokit calibrate --measure`` asks for ``comm_ranks(nprocs)``)."""
+    measures the collectives alone on that many ranks (``Calibration.collectives_at``); None, as
+    ``zerokit calibrate --measure`` without ``--comm-ranks``: ``default_comm_ranks(nprocs)``; ``()``: none."""
     if nprocs < 1:
         raise ValueError(f"nprocs: must be >= 1 (one rank measures no collectives), got {nprocs}")
+    if comm_ranks is None:
+        comm_ranks = default_comm_ranks(nprocs)
     bad = [n for n in comm_ranks if n < 2 or n == nprocs]
     if bad:
         raise ValueError(f"comm-ranks: each must be >= 2 ranks, other than nprocs ({nprocs}), got {bad[0]}")
