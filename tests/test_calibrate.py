@@ -474,9 +474,15 @@ def test_a_failed_measuring_launch_says_what_its_ranks_said_last():
     assert cal.last_words("a\nb") == "a | b" and cal.last_words("") == "no output"
 
 
-def test_measure_times_the_collectives_on_the_ranks_the_cli_does_unless_told(monkeypatch):
+def test_measure_times_the_collectives_on_the_ranks_the_cli_does_unless_told(monkeypatch, capsys, tmp_path):
     """``measure``'s default ``comm_ranks`` (None) is ``zerokit calibrate --measure``'s: on CPU ranks a
-    second launch of the collectives alone on twice the ranks; ``()`` makes none."""
+    second launch of the collectives alone on twice the ranks, none on GPUs; ``()`` (``--comm-ranks 0``)
+    makes none."""
+    import torch
+
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cal.default_comm_ranks(2) == ()  # a node has no ranks beyond its GPUs
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     base = Setup(
         model=models.toy_spec(), cluster={"gpus_per_node": 2}, zero={**TOY_ZERO, "precision": "fp32"},
@@ -496,3 +502,10 @@ def test_measure_times_the_collectives_on_the_ranks_the_cli_does_unless_told(mon
     launched.clear()
     assert cal.measure(base, 2, ("z1",), comm_ranks=()).collectives_at == {}
     assert launched == [(2, False)]
+    out = str(tmp_path / "calibration.json")
+    for flags, expected in (([], [(2, False), (4, True)]), (["--comm-ranks", "0"], [(2, False)])):
+        launched.clear()
+        assert main(["calibrate", "--measure", "--engines", "z1", "--out", out, *flags]) == 0
+        assert launched == expected, flags
+        shown = "collectives on 4 ranks: " in capsys.readouterr().out
+        assert shown == (len(expected) == 2), flags

@@ -187,8 +187,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
 
 def measure_base(args: argparse.Namespace):
-    """``zerokit calibrate --measure``'s arguments as ``(base Setup, engines)``; UsageError on a bad one,
-    before anything launches."""
+    """``zerokit calibrate --measure``'s arguments as ``(base Setup, engines, comm_ranks)``; UsageError on a
+    bad one, before anything launches."""
     from kit import models
     from kit.run import calibrate as cal
     from kit.run.sweep import TOY_ZERO
@@ -214,16 +214,14 @@ def measure_base(args: argparse.Namespace):
     engines = tuple(items(args.engines)) or cal.DEFAULT_ENGINES
     for key in engines:
         cal.engine_setup(base, key)  # a bad name: one line before anything launches
-    return base, engines, _comm_ranks(args.comm_ranks, args.nprocs)
+    return base, engines, _comm_ranks(args.comm_ranks)
 
 
-def _comm_ranks(text: str | None, nprocs: int) -> tuple[int, ...]:
-    """``--comm-ranks``' rank counts (``kit.run.calibrate.default_comm_ranks`` without it; ``measure`` checks
-    them); UsageError on one that is not a number."""
-    from kit.run import calibrate as cal
-
+def _comm_ranks(text: str | None) -> tuple[int, ...] | None:
+    """``--comm-ranks``' rank counts; None without it (``measure`` then takes
+    ``kit.run.calibrate.default_comm_ranks`` and checks them); UsageError on one that is not a number."""
     if text is None:
-        return cal.default_comm_ranks(nprocs)
+        return None
     counts = items(text)
     bad = [n for n in counts if not n.isdigit()]
     if bad:
