@@ -46,12 +46,14 @@ lint: install
 # processes over everything (xdist loadscope) was tried: slower on a fresh clone (15:40 in all), its
 # launches and the async_io build oversubscribing the cores.
 # The launching passes print their slowest tests (--durations).
-# The async_io op the NVMe tests need (about 320 CPU-s of g++) builds meanwhile in the background, from as
-# soon as DeepSpeed is installed, at the lowest priority: on the cores the launches leave idle (they wait
-# on each other much of the time); the NVMe runs go last (tests/build_async_io.py; log in the venv).
+# DeepSpeed's async_io op the NVMe tests need (about 320 CPU-s of g++) builds in the background from as soon
+# as DeepSpeed is installed, while the kit installs and lint runs; the tests start once it is built (the
+# second tests.build_async_io waits on torch's build lock, then loads it). Built beside the tests instead,
+# it cost the launching pass about 140 s and made its time depend on the build's (log in the venv).
 test: libaio $(ENGINE)
 	nice -n 19 $(PY) -m tests.build_async_io > $(VENV)/async_io_build.log 2>&1 &
 	$(MAKE) --no-print-directory install lint
+	$(PY) -m tests.build_async_io
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q -n 2 -m "not distributed and not e2e" tests
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q --durations=15 -m "distributed and not e2e" tests
 	ZEROKIT_SMOKE=1 $(PY) -m pytest -q --durations=11 -n 2 --nbmake notebooks

@@ -1,9 +1,9 @@
 """DeepSpeed's async_io op (NVMe offload's reads and writes) JIT-built ahead of tests/test_nvme.py.
 
 ``make test`` starts this in the background at ``nice 19`` once torch and DeepSpeed are installed, while
-the kit installs and lint and the other tests run (the build is about 320 CPU-seconds of g++ on 2 cores;
-``import kit`` needs only pydantic, which DeepSpeed brings); the NVMe run's ranks then load the built op,
-or wait on torch's build lock until this build ends. It builds in the ranks' environment (``worker_env``:
+the kit installs and lint runs (the build is about 320 CPU-seconds of g++ on 2 cores; ``import kit`` needs
+only pydantic, which DeepSpeed brings), then runs it again before the tests: the second waits on torch's
+build lock until the first build ends, then loads the op. It builds in the ranks' environment (``worker_env``:
 the venv's ninja first on PATH, the CPU accelerator without CUDA), so the ranks' ninja finds nothing to redo.
 Prints one line: the seconds it took, or why nothing was built.
 """

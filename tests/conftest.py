@@ -275,12 +275,6 @@ def pytest_itemcollected(item) -> None:
         item.add_marker(pytest.mark.distributed)
 
 
-def pytest_collection_modifyitems(items: list) -> None:
-    """The NVMe runs go last: they wait for DeepSpeed's async_io op, which ``make test`` builds meanwhile
-    (tests/build_async_io.py); the order of every other test is kept."""
-    items.sort(key=lambda item: "nvme_sweep" in getattr(item, "fixturenames", ()))
-
-
 def _modules_using(request, fixture: str) -> list:
     """The modules of the selected tests that take ``fixture``, in collection order."""
     modules = []

@@ -308,8 +308,7 @@ def test_async_io_is_checked_before_launch(monkeypatch):
 # --- a real run: 2 CPU ranks, stage 3, swap files under tmp_path ------------------------------------------
 
 #: the first NVMe launch on a machine JIT-builds DeepSpeed's async_io op (about 320 CPU-seconds, 3-10 minutes
-#: on 2 busy cores); under make test it builds in the background meanwhile (tests/build_async_io.py), and
-#: the ranks wait on its build lock (tests/conftest.py runs these tests last)
+#: on 2 busy cores); make test builds it before the tests (tests/build_async_io.py), pytest alone here
 ASYNC_IO_BUILD_S = 900.0
 RUN = {**TOY_ZERO, "stage": 3, "buffer_size": 1_000_000}
 RUNS = {
