@@ -518,7 +518,7 @@ def calibrate(
                 "optimizer_s": t.optimizer.seconds,
                 "offload_s": t.offload.seconds,
                 "fixed_s": t.fixed.seconds,
-                "error": t.step_s / measured - 1,
+                "error": error(t.step_s, measured),
                 "carried_over": "; ".join(calibration.carried_over(setup)) if calibration else "",
             }
         )
@@ -532,6 +532,11 @@ def within_steps(table: pd.DataFrame) -> pd.Series:
     """Per configuration of ``calibrate``'s table: whether the prediction lies between its fastest and
     slowest measured step (an error the run's own step-to-step noise covers)."""
     return (table.predicted_s >= table.measured_min_s) & (table.predicted_s <= table.measured_max_s)
+
+
+def error(predicted_s: float, measured_s: float) -> float:
+    """The step-time model's error on one configuration: predicted / measured - 1 (``configs[].error``)."""
+    return predicted_s / measured_s - 1
 
 
 def median_abs_error(table: pd.DataFrame) -> float:

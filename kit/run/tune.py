@@ -34,6 +34,7 @@ import pandas as pd
 
 from kit import grid
 from kit.estimate.calibration import Calibration
+from kit.run.calibrate import error
 from kit.run.results import Results
 from kit.run.sweep import config_id, on_ranks, run_sweep
 from kit.schema import Setup
@@ -241,7 +242,7 @@ def _table(
                 row["measured_s"] = float(summary.loc[cid, "step_time_s"])
                 row["measured_min_s"] = float(summary.loc[cid, "step_time_min_s"])
                 row["measured_max_s"] = float(summary.loc[cid, "step_time_max_s"])
-                row["error"] = row["predicted_s"] / row["measured_s"] - 1
+                row["error"] = error(row["predicted_s"], row["measured_s"])
         rows.append(row)
     table = pd.DataFrame(rows)
     ok = table["status"] == "ok"
