@@ -323,7 +323,7 @@ def test_a_calibration_predicts_configurations_it_never_ran(capsys, tmp_path):
     assert report["calibration"].startswith("calibrated on cpu")
     shown = [(r["label"], round(r["measured_s"], 3), round(r["predicted_s"], 3)) for r in rows]
     # The accuracy goal (median |error| <= 0.10, none above 0.25) is a timing target: `make bench`
-    # (tests/bench/bench_calibrate.py) measures and prints it in one quiet run. Here, in make test, beside
+    # (tests/bench/bench_calibrate.py) measures it on medians over rounds. Here, in make test, beside
     # whatever else shares 2 cores, the same configuration's step time moves by up to a median 36 % between
     # runs minutes apart, so the test holds each prediction to a factor of 3 of its measurement: what no
     # load swing explains, a wrong unit, term or count does.

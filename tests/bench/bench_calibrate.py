@@ -1,20 +1,27 @@
 """The step-time model against measurement on this machine, calibrated and not: a compute-heavy toy GPT
 (3.3M parameters, 4 blocks of width 256, fp32, 64 tokens per sample), 2 CPU ranks.
 
-First one ``zerokit calibrate --measure`` launch (``kit.run.calibrate.measure``: the model alone at micro
-batches 2 and 4, every engine at micro batch 2 and grad accum 2, collectives, Adam, copies), then,
-right after it, the configurations it never ran (``kit.run.calibrate.holdout``: grad accum 3, micro
-batch 3, offload, twice as deep, twice as wide; stages 1-3 on 4 ranks), each predicted from the
-calibration and, as before, from the uncalibrated model with this machine's matmul rate and gloo
-bandwidth (``cpu_machine``); then the 2-rank ones measured again, the machine's own noise floor: how far
-the same configuration's median step moved between two runs minutes apart. Prints the calibration's busy
-shares (what of each term shares the cores on 4 ranks), each configuration's error and its steps' range
-(4 ranks: also with every term stretched in full, the model before busy shares; 2 ranks: against the
-second measurement) and the median and largest |error|.
+In each of ``ROUNDS`` rounds: one ``zerokit calibrate --measure`` launch (``kit.run.calibrate.measure``:
+the model alone at micro batches 2 and 4, every engine at micro batch 2 and grad accum 2, collectives,
+Adam, copies), then, right after it, the configurations it never ran (``kit.run.calibrate.holdout``: grad
+accum 3, micro batch 3, offload, twice as deep, twice as wide; stages 1-3 on 4 ranks), each predicted from
+that round's calibration and, as before, from the uncalibrated model with this machine's matmul rate and
+gloo bandwidth (``cpu_machine``).
+
+The host moves a whole round at once (most configurations of a sweep off the same way: a configuration's
+median step moved from round to round by a median 18-37 % in three runs on this project's shared 2-core
+machines), so one round's error is as much the host's as the model's. The goal is
+read on the medians over the rounds, the way the rest of ``make bench`` compares: per configuration the
+median measured step time against the median prediction (each round's calibration predicts; nothing is
+fitted to what is measured). Each round's own median and largest error is printed beside it, and the
+machine's own noise floor: how far a configuration's median step moved from round to round.
 """
 
+import statistics
 import tempfile
 from dataclasses import replace
+
+import pandas as pd
 
 from kit.run.calibrate import (
     DEFAULT_MODEL,
@@ -29,6 +36,9 @@ from kit.run.sweep import TOY_ZERO, run_sweep
 from kit.scaleout.commtest import allreduce_bus_gbps
 from kit.schema import Setup
 
+#: calibration + hold-out rounds: the median of 5 drops two rounds the host moved
+ROUNDS = 5
+
 
 def main() -> None:
     base = Setup(
@@ -37,53 +47,69 @@ def main() -> None:
         zero={**TOY_ZERO, "precision": "fp32"},
         batch={"micro_batch": 2, "seq_len": 64},
     )
-    found = measure(base, 2, comm_ranks=(4,))
-    print(f"calibration_launch: {found.seconds:.1f} s")
-    print(f"calibration_compute: {found.tflops * 1e3:.1f} GFLOP/s")
-    shares = {k: v for k, v in found.busy.items() if not isinstance(v, dict)}
-    shares |= {f"{k}.{op}": v for k, by in found.busy.items() if isinstance(by, dict) for op, v in by.items()}
-    print("calibration_busy: " + ", ".join(f"{k} {v:.2f}" for k, v in shares.items()) + " share")
+    machine = cpu_machine(2, ("fp32",), matmul_shape(base), bus_gbps=allreduce_bus_gbps(2))
     tables = []
     with tempfile.TemporaryDirectory() as runs:
-        for nprocs, sweep in ((2, "holdout2"), (4, "holdout4"), (2, "holdout2-again")):
-            results = run_sweep(
-                holdout(base, nprocs), sweep=sweep, runs_dir=runs, nprocs=nprocs, steps=4, progress=False,
-                instrument=False,
-            )  # fmt: skip
-            tables.append((nprocs, results, calibrate(results, calibration=found)))
-    # the machine's own noise: the 2-rank hold-out measured again, right after the 4-rank one
-    again = tables.pop()[2].set_index("label")
-    # the same calibration without its busy shares (every term stretched in full on shared cores), and
-    # without its 4-rank collectives (the 2-rank links' latency x hops)
-    full = calibrate(tables[1][1], calibration=replace(found, busy=None)).set_index("label").error
-    hops = calibrate(tables[1][1], calibration=replace(found, collectives_at={})).set_index("label").error
-    machine = cpu_machine(2, ("fp32",), matmul_shape(base), bus_gbps=allreduce_bus_gbps(2))
-    errors, noise, inside = [], [], 0
-    for nprocs, results, table in tables:
-        before = calibrate(results, machine).set_index("label").error
-        for row in table.itertuples():
-            name = f"{row.label.replace(' ', '_')}_{nprocs}ranks"
-            times = f"measured {row.measured_s:.3f} s, predicted {row.predicted_s:.3f} s"
-            also = f"uncalibrated {before[row.label]:+.0%}"
-            also += f", full stretch {full[row.label]:+.0%}" if nprocs == 4 else ""
-            also += f", 2-rank links {hops[row.label]:+.0%}" if nprocs == 4 else ""
-            if nprocs == 2:
-                moved = again.measured_s[row.label] / row.measured_s - 1
-                also += f", measured again {moved:+.0%}: {again.error[row.label]:+.0%}"
-                noise.append(abs(moved))
-            steps = f"steps {row.measured_min_s:.3f}-{row.measured_max_s:.3f} s"
-            within = "within" if row.within_steps else "outside"
-            print(f"calibrated_{name}: {times} ({steps}), {row.error:+.0%}, {within} the steps ({also})")
-            errors.append(abs(row.error))
-            inside += bool(row.within_steps)
-    errors.sort()
-    median = errors[len(errors) // 2] if len(errors) % 2 else sum(errors[len(errors) // 2 - 1 :][:2]) / 2
-    print(f"calibrated_median_abs_error: {median:.3f} ratio (goal <= 0.10)")
+        for r in range(ROUNDS):
+            found = measure(base, 2, comm_ranks=(4,))
+            print(f"calibration_launch_round{r + 1}: {found.seconds:.1f} s, {found.tflops * 1e3:.1f} GFLOP/s")
+            if r == 0:
+                print("calibration_busy: " + _busy(found.busy) + " share")
+            for nprocs in (2, 4):
+                results = run_sweep(
+                    holdout(base, nprocs), sweep=f"holdout{nprocs}-{r}", runs_dir=runs, nprocs=nprocs,
+                    steps=4, progress=False, instrument=False,
+                )  # fmt: skip
+                table = calibrate(results, calibration=found).assign(nprocs=nprocs, round=r)
+                # the same calibration without its busy shares (every term stretched in full on shared
+                # cores), without its 4-rank collectives (the 2-rank links' latency x hops), and uncalibrated
+                for column, other in (
+                    ("full_s", calibrate(results, calibration=replace(found, busy=None))),
+                    ("hops_s", calibrate(results, calibration=replace(found, collectives_at={}))),
+                    ("uncalibrated_s", calibrate(results, machine)),
+                ):
+                    table[column] = other.predicted_s.to_numpy()
+                tables.append(table)
+    every = pd.concat(tables, ignore_index=True)
+    for r, one in every.groupby("round"):
+        errors = one.error.abs()
+        print(f"calibrated_round{r + 1}: median |error| {errors.median():.3f}, max {errors.max():.3f} ratio")
+    numbers = ["measured_s", "predicted_s", "full_s", "hops_s", "uncalibrated_s"]
+    keys = ["nprocs", "label"]
+    median = every.groupby(keys, sort=False)[numbers].median()
+    spread = every.groupby(keys, sort=False).measured_s.agg(["min", "max"])
+    inside = every.groupby(keys, sort=False).within_steps.sum()
+    by_round = every.groupby(keys, sort=False).error.agg(lambda e: "/".join(f"{x:+.0%}" for x in e))
+    errors, moved = [], []
+    for (nprocs, label), row in median.iterrows():
+        error = row.predicted_s / row.measured_s - 1
+        name = f"{label.replace(' ', '_')}_{nprocs}ranks"
+        lo, hi = spread.loc[(nprocs, label)]
+        times = f"measured {row.measured_s:.3f} s (rounds {lo:.3f}-{hi:.3f} s), "
+        times += f"predicted {row.predicted_s:.3f} s"
+        also = f"uncalibrated {row.uncalibrated_s / row.measured_s - 1:+.0%}"
+        if nprocs == 4:
+            also += f", full stretch {row.full_s / row.measured_s - 1:+.0%}"
+            also += f", 2-rank links {row.hops_s / row.measured_s - 1:+.0%}"
+        steps = f"within its steps in {inside.loc[(nprocs, label)]} of {ROUNDS} rounds"
+        rounds = f"rounds {by_round.loc[(nprocs, label)]}"
+        print(f"calibrated_{name}: {times}, {error:+.0%} ({rounds}), {steps} ({also})")
+        errors.append(abs(error))
+        moved.append(hi / lo - 1)
+    print(f"calibrated_median_abs_error: {statistics.median(errors):.3f} ratio (goal <= 0.10)")
     print(f"calibrated_max_abs_error: {max(errors):.3f} ratio (goal <= 0.25)")
-    print(f"calibrated_within_steps: {inside} of {len(errors)} configurations")
-    print(f"calibrated_median_abs_error_measured_again: {median_abs_error(again):.3f} ratio (2 ranks)")
-    noise.sort()
+    rounds = every.groupby("round").apply(median_abs_error, include_groups=False)
+    print(f"calibrated_median_abs_error_rounds: {', '.join(f'{e:.3f}' for e in rounds)} ratio")
     print(
-        f"measured_again_median_abs_change: {noise[len(noise) // 2]:.3f} ratio, max {noise[-1]:.3f} (2 ranks)"
+        f"measured_rounds_slowest_over_fastest: median {statistics.median(moved):.3f}, "
+        f"max {max(moved):.3f} ratio (the machine's own noise)"
     )
-    print(f"uncalibrated_median_abs_error: {median_abs_error(calibrate(tables[0][1], machine)):.3f} ratio")
+    before = (median.uncalibrated_s / median.measured_s - 1).abs().median()
+    print(f"uncalibrated_median_abs_error: {before:.3f} ratio")
+
+
+def _busy(busy: dict) -> str:
+    """The calibration's busy shares, one ``name share`` per term (per collective and engine)."""
+    shares = {k: v for k, v in busy.items() if not isinstance(v, dict)}
+    shares |= {f"{k}.{op}": v for k, by in busy.items() if isinstance(by, dict) for op, v in by.items()}
+    return ", ".join(f"{k} {v:.2f}" for k, v in shares.items())
