@@ -9,7 +9,7 @@ that round's calibration and, as before, from the uncalibrated model with this m
 gloo bandwidth (``cpu_machine``).
 
 The host moves a whole round at once (most configurations of a sweep off the same way: a configuration's
-median step moved from round to round by a median 18-37 % in three runs on this project's shared 2-core
+median step moved from round to round by a median 18-37 % in four runs on this project's shared 2-core
 machines), so one round's error is as much the host's as the model's. The goal is
 read on the medians over the rounds, the way the rest of ``make bench`` compares: per configuration the
 median measured step time against the median prediction (each round's calibration predicts; nothing is
