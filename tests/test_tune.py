@@ -160,6 +160,38 @@ def test_the_ranking_is_by_median_throughput_and_failures_are_unranked(monkeypat
     assert f"best: {found[1].label}" in text and "error" in text
 
 
+def test_a_calibration_predicts_every_candidate_and_the_run_ones_carry_their_error(monkeypatch, tmp_path):
+    """With a calibration every candidate gets its predicted step time (pruned ones too, ranked among
+    themselves by predicted samples/s), and each measured one its error: predicted / measured - 1."""
+    from kit.estimate import perf
+    from tests.test_perf import calibration
+
+    cal = calibration()
+    space = {"stages": (1, 2, 3), "offloads": ("none",), "micro_batches": (1, 2)}
+    found = tuning.candidates(toy_setup(), **space)
+    budget = sorted(c.estimated_bytes for c in found)[2]
+    kept = [c for c in found if c.estimated_bytes <= budget]
+    assert 0 < len(kept) < len(found)
+    speeds = {c.label: 10.0 * (i + 1) for i, c in enumerate(kept)}  # median step 1 / speed s
+    monkeypatch.setattr(
+        tuning, "run_sweep",
+        lambda setups, **_: fake_results(tmp_path / "r.jsonl", [(s, speeds[s.label]) for s in setups]),
+    )  # fmt: skip
+    tuned = tuning.tune(toy_setup(), budget_bytes=budget, runs_dir=tmp_path, calibration=cal, **space)
+    table = tuned.table.set_index("label")
+    for c in found:
+        assert table.loc[c.label, "predicted_s"] == perf.step_time(c.setup, calibration=cal).step_s
+    for label, speed in speeds.items():
+        row = table.loc[label]
+        assert row.status == "ok" and row.measured_s == pytest.approx(1 / speed)
+        assert row.error == pytest.approx(row.predicted_s * speed - 1)
+    pruned = tuned.table[tuned.table.status == "pruned"]
+    assert len(pruned) == len(found) - len(kept) and pruned.error.isna().all()
+    faster = list(pruned.train_batch / pruned.predicted_s)
+    assert faster == sorted(faster, reverse=True)
+    assert tuned.calibration.startswith("calibrated on cpu")
+
+
 SPACE = {"stages": (0, 3), "offloads": ("none", "cpu"), "micro_batches": (1, 2, 4)}
 
 

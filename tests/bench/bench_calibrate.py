@@ -27,6 +27,7 @@ from kit.run.calibrate import (
     DEFAULT_MODEL,
     calibrate,
     cpu_machine,
+    error,
     holdout,
     matmul_shape,
     measure,
@@ -72,8 +73,10 @@ def main() -> None:
                 tables.append(table)
     every = pd.concat(tables, ignore_index=True)
     for r, one in every.groupby("round"):
-        errors = one.error.abs()
-        print(f"calibrated_round{r + 1}: median |error| {errors.median():.3f}, max {errors.max():.3f} ratio")
+        print(
+            f"calibrated_round{r + 1}: median |error| {median_abs_error(one):.3f}, "
+            f"max {one.error.abs().max():.3f} ratio"
+        )
     numbers = ["measured_s", "predicted_s", "full_s", "hops_s", "uncalibrated_s"]
     keys = ["nprocs", "label"]
     median = every.groupby(keys, sort=False)[numbers].median()
@@ -82,29 +85,27 @@ def main() -> None:
     by_round = every.groupby(keys, sort=False).error.agg(lambda e: "/".join(f"{x:+.0%}" for x in e))
     errors, moved = [], []
     for (nprocs, label), row in median.iterrows():
-        error = row.predicted_s / row.measured_s - 1
+        off = error(row.predicted_s, row.measured_s)
         name = f"{label.replace(' ', '_')}_{nprocs}ranks"
         lo, hi = spread.loc[(nprocs, label)]
         times = f"measured {row.measured_s:.3f} s (rounds {lo:.3f}-{hi:.3f} s), "
         times += f"predicted {row.predicted_s:.3f} s"
-        also = f"uncalibrated {row.uncalibrated_s / row.measured_s - 1:+.0%}"
+        also = f"uncalibrated {error(row.uncalibrated_s, row.measured_s):+.0%}"
         if nprocs == 4:
-            also += f", full stretch {row.full_s / row.measured_s - 1:+.0%}"
-            also += f", 2-rank links {row.hops_s / row.measured_s - 1:+.0%}"
+            also += f", full stretch {error(row.full_s, row.measured_s):+.0%}"
+            also += f", 2-rank links {error(row.hops_s, row.measured_s):+.0%}"
         steps = f"within its steps in {inside.loc[(nprocs, label)]} of {ROUNDS} rounds"
         rounds = f"rounds {by_round.loc[(nprocs, label)]}"
-        print(f"calibrated_{name}: {times}, {error:+.0%} ({rounds}), {steps} ({also})")
-        errors.append(abs(error))
+        print(f"calibrated_{name}: {times}, {off:+.0%} ({rounds}), {steps} ({also})")
+        errors.append(abs(off))
         moved.append(hi / lo - 1)
     print(f"calibrated_median_abs_error: {statistics.median(errors):.3f} ratio (goal <= 0.10)")
     print(f"calibrated_max_abs_error: {max(errors):.3f} ratio (goal <= 0.25)")
-    rounds = every.groupby("round").apply(median_abs_error, include_groups=False)
-    print(f"calibrated_median_abs_error_rounds: {', '.join(f'{e:.3f}' for e in rounds)} ratio")
     print(
         f"measured_rounds_slowest_over_fastest: median {statistics.median(moved):.3f}, "
         f"max {max(moved):.3f} ratio (the machine's own noise)"
     )
-    before = (median.uncalibrated_s / median.measured_s - 1).abs().median()
+    before = error(median.uncalibrated_s, median.measured_s).abs().median()
     print(f"uncalibrated_median_abs_error: {before:.3f} ratio")
 
 
