@@ -50,7 +50,13 @@ def test_estimate_json_contract(capsys):
     assert data["cpu_bytes_per_node"] == 8 * (2 * 2**30 + 4 * 32_000 * 4096)
     assert data["nvme_bytes_per_node"] == 0 and set(data["host_bytes_per_rank"].values()) == {0}
     assert data == json.loads(json.dumps(estimate(Setup.model_validate(data["setup"])).to_dict()))
-    assert data["per_gpu_bytes"] == sum(data["components"].values())
+    assert data["components_bytes"] == sum(data["components"].values())
+    # the verdict's number is the predicted peak per GPU: the peak phase's tensors + the GPU's overheads
+    assert (
+        data["per_gpu_bytes"]
+        == data["peak_per_gpu_bytes"]
+        == max(data["phases"].values()) + (estimate(Setup.model_validate(data["setup"])).peak_overhead.bytes)
+    )
     assert data["setup"]["batch"] == {
         "micro_batch": 1,
         "grad_accum": 4,

@@ -369,3 +369,133 @@ def test_cli_ds_config_flag_uses_the_batch_flags(tmp_path):
     s = setup_from_args(args)
     assert (s.batch.micro_batch, s.batch.grad_accum, s.batch.train_batch) == (2, 4, 64)
     assert (s.zero.stage, s.zero.offload_param, s.model.params) == (3, "cpu", 1_000_000_000)
+
+
+# ----- what DeepSpeed runs but the kit does not model (issue 39, item 4) --------------------------------
+
+#: each feature on, and the one line it is refused with
+UNMODELLED = [
+    (
+        {"tensor_parallel": {"autotp_size": 2}},
+        "ds_config.tensor_parallel.autotp_size: tensor parallelism (2) is not modelled by zero-kit: its "
+        "estimate would leave out the 2-way split of the linear layers' weights, gradients, optimizer states "
+        "and activations, and their all-reduces; 0 or 1 leaves it off",
+    ),
+    (
+        {"sequence_parallel_size": 4},
+        "ds_config.sequence_parallel_size: sequence parallelism (4) is not modelled by zero-kit yet: its "
+        "estimate would leave out the 4-way split of each sequence's activations and its all-to-alls; "
+        "1 leaves it off",
+    ),
+    (
+        {"pipeline": {"stages": 4}},
+        "ds_config.pipeline.stages: pipeline parallelism (4) is not modelled by zero-kit: its estimate "
+        "would leave out the layers' split over 4 stages and the activations of the micro-batches in "
+        'flight; "auto" or 1 leaves it off',
+    ),
+    (
+        {"compile": {"deepcompile": True}},
+        "ds_config.compile.deepcompile: DeepCompile (true) is not modelled by zero-kit: its estimate would "
+        "leave out the torch.compile graph's own schedule of parameter gathers, releases and offloads, "
+        "which replaces ZeRO's hooks; false leaves it off",
+    ),
+]
+#: the values that leave each off, as DeepSpeed reads them ("auto": a pydantic config class's default)
+OFF = [
+    {"tensor_parallel": {"autotp_size": 0}},
+    {"tensor_parallel": {"autotp_size": 1, "tp_overlap_comm": True}},
+    {"tensor_parallel": {"autotp_size": "auto"}},
+    {"sequence_parallel_size": 1},
+    {"pipeline": {"stages": 1}},
+    {"pipeline": {"stages": "auto", "partition": "best"}},
+    {"compile": {"deepcompile": False}},
+    {"compile": {"deepcompile": False, "offload_activation": True, "passes": ["z3"]}},
+    {"compile": {}},
+    {"fp8": {"enabled": False}},
+]
+FEATURES = [next(iter(extra)) for extra, _ in UNMODELLED]
+ZERO3 = {
+    "train_micro_batch_size_per_gpu": 2,
+    "zero_optimization": {"stage": 3},
+    "bf16": {"enabled": True},
+    "optimizer": {"type": "AdamW"},
+}
+
+
+@pytest.mark.parametrize("extra, line", UNMODELLED, ids=FEATURES)
+def test_a_feature_the_kit_does_not_model_is_refused_in_one_line(extra, line):
+    with pytest.raises(ValueError) as error:
+        read_ds_config({**ZERO3, **extra}, model=BARE, cluster=CLUSTER)
+    assert str(error.value) == line and "\n" not in line
+    # first, whatever else the config holds that the kit cannot read
+    with pytest.raises(ValueError) as error:
+        read_ds_config({**ZERO3, **extra, "torch_autocast": {"enabled": True}}, model=BARE, cluster=CLUSTER)
+    assert str(error.value) == line
+
+
+@pytest.mark.parametrize("extra", OFF, ids=str)
+def test_a_feature_left_off_is_accepted_silently_with_the_same_bytes(extra):
+    from kit.estimate import estimate
+
+    plain, plain_notes = read_ds_config(ZERO3, model=MODEL, cluster=CLUSTER)
+    setup, notes = read_ds_config({**ZERO3, **extra}, model=MODEL, cluster=CLUSTER)
+    assert (setup, notes) == (plain, plain_notes)
+    assert estimate(setup).per_gpu_bytes == estimate(plain).per_gpu_bytes
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            {"sequence_parallel_size": 0},
+            "ds_config.sequence_parallel_size: must be a whole number >= 1, got 0",
+        ),
+        (
+            {"tensor_parallel": {"autotp_size": "2"}},
+            "ds_config.tensor_parallel.autotp_size: must be a whole number >= 0 or \"auto\", got '2'",
+        ),
+        (
+            {"compile": {"deepcompile": "yes"}},
+            "ds_config.compile.deepcompile: must be true or false, got 'yes'",
+        ),
+        ({"compile": {"deepcompile": 1}}, "ds_config.compile.deepcompile: must be true or false, got 1"),
+        ({"tensor_parallel": 2}, "tensor_parallel: must be a JSON object, got 2"),
+    ],
+)
+def test_a_value_deepspeed_could_not_read_as_on_or_off_is_one_line(extra, message):
+    with pytest.raises(ValueError) as error:
+        read_ds_config({**ZERO3, **extra}, model=BARE, cluster=CLUSTER)
+    assert str(error.value) == message
+
+
+def test_what_the_training_script_may_turn_on_is_a_note():
+    """A pipeline section (read only for a PipelineModule) or an FP8 key (DeepSpeed has none): noted, the
+    estimate unchanged."""
+    plain, _ = read_ds_config(ZERO3, model=MODEL, cluster=CLUSTER)
+    config = {**ZERO3, "pipeline": {"activation_checkpoint_interval": 1}, "fp8": {"enabled": True}}
+    setup, notes = read_ds_config(config, model=MODEL, cluster=CLUSTER)
+    assert setup == plain
+    assert notes == [
+        "pipeline: only DeepSpeed's PipelineEngine reads it (a PipelineModule model); zero-kit does not "
+        "model pipeline parallelism, so this estimate is of a model that is not a PipelineModule",
+        "fp8: DeepSpeed has no FP8 setting and ignores this key; FP8 training (Transformer Engine, torchao) "
+        "is the training script's, and zero-kit does not model it",
+    ]
+
+
+@pytest.mark.parametrize("extra, line", UNMODELLED, ids=FEATURES)
+def test_the_cli_refuses_a_feature_the_kit_does_not_model_with_exit_2_and_one_line(
+    capsys, tmp_path, extra, line
+):
+    from kit.cli import main
+
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({**ZERO3, **extra}))
+    for command in (["estimate"], ["estimate", "--json"], ["launch-cmd"]):
+        code = main([*command, "--ds-config", str(path), "--params", "1e9"])
+        out, err = capsys.readouterr()
+        assert (code, out, err.splitlines()) == (2, "", [f"zerokit {command[0]}: {line}"]), command
+    runs = tmp_path / "runs"
+    code = main(["run", "--ds-config", str(path), "--model", "gpt2", "--runs-dir", str(runs), "--json"])
+    out, err = capsys.readouterr()
+    assert (code, out, err.splitlines()) == (2, "", [f"zerokit run: {line}"]) and not runs.exists()

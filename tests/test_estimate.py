@@ -8,7 +8,8 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 from kit import Setup
 from kit.components import COMPONENTS
 from kit.estimate import estimate, rank_states
-from kit.estimate.memory import PROCESS_BASE_BYTES
+from kit.estimate.memory import PROCESS_BASE_BYTES, peak_timeline
+from kit.gpus import gpu
 from kit.models import from_count, preset, tensor_numels, toy_spec
 from kit.workloads import toymodels
 
@@ -162,7 +163,8 @@ def test_components_and_fit_verdicts():
     s = setup_for(preset("llama-2-7b"), 3)
     e = estimate(s)
     assert set(e.components) == set(COMPONENTS)
-    assert e.per_gpu_bytes == sum(e.components.values())
+    assert e.components_bytes == sum(e.components.values())
+    assert e.per_gpu_bytes == e.peak_tensor_bytes + e.peak_overhead.bytes
     assert e.model_states_bytes == sum(
         e.components[k] for k in ("parameters", "gradients", "optimizer_states")
     )
@@ -170,6 +172,44 @@ def test_components_and_fit_verdicts():
     assert all(e.formulas[k] for k in COMPONENTS)
     data = e.to_dict()
     assert data["setup"]["batch"]["train_batch"] == 8 and data["params"] == 6_738_415_616
+
+
+def test_the_peak_decides_fits_not_the_sum_of_components():
+    """Issue 39: Llama-3-8B at stage 3 with CPU optimizer offload, 64K tokens a micro-step, checkpointing:
+    every component at once is 70.49 GiB, but the loss's backward holds 62.6 GiB of fp32 logit gradients and
+    the peak per GPU is past an H100's 79.65 GiB: it does not fit. The paper's formula, which has no peak,
+    decides on its components' sum."""
+    s = Setup(
+        model=preset("llama-3-8b"),
+        cluster={"gpus_per_node": 8, "gpu": "H100-SXM-80GB"},
+        zero={"stage": 3, "offload_optimizer": "cpu", "precision": "bf16", "activation_checkpointing": True},
+        batch={"micro_batch": 8, "seq_len": 8192},
+    )
+    e = estimate(s)
+    capacity = gpu("H100-SXM-80GB").memory_bytes
+    assert e.components_bytes < capacity < e.per_gpu_bytes and e.peak_phase == "backward"
+    assert not e.fits["H100-SXM-80GB"] and e.fits["H200-SXM-141GB"]
+    for name, ok in e.fits.items():  # every GPU's verdict is the peak's
+        assert ok == (e.per_gpu_bytes <= gpu(name).memory_bytes and gpu(name).peak_tflops("bf16") > 0), name
+    paper = estimate(s, formula="zero-paper")
+    assert paper.timeline is None and paper.per_gpu_bytes == paper.components_bytes
+
+
+def test_stage_0_in_fp16_flattens_fp32_copies_of_every_gradient():
+    """DeepSpeed's FP16_Optimizer (stage 0 in fp16 or bf16 with FusedAdam, a GPU's default): ``step``
+    makes a list of every gradient's fp32 copy and flattens it while the 16-bit gradients are live: 16-bit
+    parameters 2 + master and Adam 12 + 16-bit gradients 2 + the list 4 + its flat copy 4 = 24 B per
+    parameter (torch's Adam on CPU ranks steps FP16_UnfusedOptimizer: 20). A 1.5B GPT-2 on a 32 GB V100
+    so runs out of memory at micro batch 1, as the DeepSpeed ZeRO tutorial's run did (data/published,
+    A22)."""
+    s = Setup(model=preset("gpt2"), cluster={"gpus_per_node": 1}, zero={"stage": 0, "precision": "fp16"})
+    psi = s.model.params
+    e = estimate(s)
+    assert e.timeline.moments["optimizer"] == "at the gradients' flattening"
+    assert e.phases["optimizer"] == 24 * psi
+    assert estimate(s.replace(zero={"precision": "bf16"})).phases["optimizer"] == 24 * psi
+    cpu = peak_timeline(s, implementation="single", backend="gloo")  # FP16_UnfusedOptimizer, per tensor
+    assert cpu.totals["optimizer"] == 20 * psi + 2 * 4 * max(tensor_numels(s.model))
 
 
 def test_offload_moves_bytes_from_gpu_to_cpu():
@@ -226,7 +266,8 @@ def test_peak_timeline_in_the_estimate_and_its_json():
     assert data["peak_tensor_bytes"] == max(data["phases"].values()) == data["phases"][data["peak_phase"]]
     overhead = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES + int(e.peak_tensor_bytes * ALLOCATOR_FRAGMENTATION)
     assert data["peak_per_gpu_bytes"] == e.peak_tensor_bytes + overhead
-    assert data["per_gpu_bytes"] == sum(e.components.values())  # the component list keeps its meaning
+    assert data["per_gpu_bytes"] == data["peak_per_gpu_bytes"]  # the verdict's number is the peak's
+    assert data["components_bytes"] == sum(e.components.values())  # the component list keeps its meaning
     assert all(data["formulas"][f"phase.{p}"] for p in PHASES)
     paper = estimate(setup_for(preset("llama-2-7b"), 3), formula="zero-paper").to_dict()
     assert paper["peak_tensor_bytes"] is None and paper["phases"] is None

@@ -31,8 +31,9 @@ def finding(explanation: Explanation, key: str):
 
 
 def allocated(setup: Setup) -> int:
+    """Bytes per GPU of the estimate's components but the overhead allowance (what the review's costs are)."""
     e = estimate(setup)
-    return e.per_gpu_bytes - e.components["overhead"]
+    return e.components_bytes - e.components["overhead"]
 
 
 # ----- what DeepSpeed refuses --------------------------------------------------------------------------
@@ -397,8 +398,8 @@ def test_run_refuses_a_config_deepspeed_refuses_before_launch(capsys, tmp_path):
 
 
 def test_the_stage_finding_names_the_per_gpu_total_as_what_it_is():
-    """The stage line's second figure is the whole per-GPU estimate (activations, buffers and overhead
-    included), not model states "in all"."""
+    """The stage line's second figure is the predicted peak per GPU (the verdict's number: activations,
+    buffers and overhead included), not model states "in all"."""
     from kit.paths import DATA
     from kit.units import size
 
@@ -410,7 +411,10 @@ def test_the_stage_finding_names_the_per_gpu_total_as_what_it_is():
     e = estimate(report.setup)
     message = finding(report, "zero_optimization.stage").message
     assert f"model states {size(e.model_states_bytes)} per GPU" in message
-    total = f"{size(e.per_gpu_bytes)} per GPU with activations ({size(e.components['activations'])})"
+    total = (
+        f"a peak of {size(e.per_gpu_bytes)} per GPU in the {e.peak_phase} "
+        f"(activations {size(e.components['activations'])}"
+    )
     assert total in message and "in all" not in message
 
 
@@ -426,3 +430,44 @@ def test_fp16_on_a_gpu_with_bf16_is_advised_bf16(capsys):
     v100 = explained(config, model=GPT2, cluster={"gpus_per_node": 8, "gpu": "V100-SXM2-32GB"}, micro_batch=1)
     kept = finding(v100, "fp16.enabled")
     assert kept.severity == "info" and kept.suggestion == "keep it: the V100-SXM2-32GB has no bf16"
+
+
+def test_a_feature_the_kit_does_not_model_is_an_error_listed_first(capsys, tmp_path):
+    """Tensor parallelism on (issue 39, item 4): DeepSpeed accepts it, the kit has no estimate for it: an
+    error finding with the reader's one line, before DeepSpeed's own refusals; no Setup; the same line is
+    what `zerokit estimate --ds-config` exits 2 with. Off (autotp_size 1) it is reviewed as without it."""
+    from kit.ds_config.reader import unmodelled
+
+    config = hf_stage2(overlap_comms=True, allgather_bucket_size=9999)  # two refusals of DeepSpeed's
+    config["tensor_parallel"] = {"autotp_size": 2}
+    [(key, line)] = unmodelled(config)
+    e = explained(config, model=LLAMA)
+    first = e.errors[0]
+    assert (first.key, first.message, key) == ("tensor_parallel.autotp_size", line, first.key)
+    assert first.suggestion == (
+        "zero-kit cannot estimate this run; with autotp_size 0 or 1 it estimates ZeRO's data parallelism "
+        "alone"
+    )
+    assert len(e.errors) == 3 and not e.valid and e.setup is None
+    assert e.notes == [
+        "no estimate: zero-kit does not model what tensor_parallel.autotp_size turns on (its error)"
+    ]
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    assert main(["explain", "--ds-config", str(path), "--model", "llama-2-7b", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["valid"] is False and data["setup"] is None and data["findings"][0]["message"] == line
+    code = main(["estimate", "--ds-config", str(path), "--model", "llama-2-7b"])
+    out, err = capsys.readouterr()
+    assert (code, out, err.splitlines()) == (2, "", [f"zerokit estimate: {line}"])
+    # the text report says whose refusal it is: DeepSpeed refuses the config (its two refusals) ...
+    assert main(["explain", "--ds-config", str(path), "--model", "llama-2-7b"]) == 0
+    assert "DeepSpeed refuses this config: 3 error(s)" in capsys.readouterr().out
+    # ... and with only the feature the kit does not model, DeepSpeed accepts it
+    path.write_text(json.dumps({**hf_stage2(), "tensor_parallel": {"autotp_size": 2}}))
+    assert main(["explain", "--ds-config", str(path), "--model", "llama-2-7b"]) == 0
+    out = capsys.readouterr().out
+    assert "DeepSpeed accepts this config, but zero-kit does not model what it turns on: 1 error(s)" in out
+    off = explained({**hf_stage2(), "tensor_parallel": {"autotp_size": 1}}, model=LLAMA)
+    plain = explained(hf_stage2(), model=LLAMA)
+    assert off.valid and (off.setup, off.findings, off.notes) == (plain.setup, plain.findings, plain.notes)

@@ -247,7 +247,7 @@ def test_docker_command_and_launch_script():
 @pytest.fixture
 def zerokit(monkeypatch, capsys):
     """Run ``zerokit`` in-process with only this module's command group; returns (rc, stdout, stderr)."""
-    monkeypatch.setattr(cli, "GROUPS", (cli.launch,))
+    monkeypatch.setattr(cli, "GROUPS", ("launch",))
 
     def run(*argv: str) -> tuple[int, str, str]:
         rc = cli.main(list(argv))

@@ -142,6 +142,9 @@ def test_a_wheel_installed_outside_the_repo_answers_estimate(tmp_path):
     assert sorted(p.name for p in (data / "models").glob("*.json")) == sorted(
         p.name for p in (REPO / "data" / "models").glob("*.json")
     )
+    ours = REPO / "data"
+    published = [p.relative_to(ours) for p in (ours / "published").rglob("*") if p.is_file()]
+    assert published and all((data / p).read_bytes() == (ours / p).read_bytes() for p in published)
     done = subprocess.run(
         [fresh / "bin" / "zerokit", "estimate", "--model", "llama-2-7b", "--stage", "3", "--json"],
         capture_output=True, text=True, cwd=elsewhere, env=env,
@@ -153,6 +156,13 @@ def test_a_wheel_installed_outside_the_repo_answers_estimate(tmp_path):
 
     here = estimate(Setup(model=models.preset("llama-2-7b"), zero={"stage": 3}, batch={}))
     assert json.loads(done.stdout)["per_gpu_bytes"] == here.per_gpu_bytes
+    # the published runs and their models' configs are found inside the installed package
+    done = subprocess.run(
+        [fresh / "bin" / "zerokit", "published", "--json"],
+        capture_output=True, text=True, cwd=elsewhere, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["summary"]["tables"]["memory"]["expressed"] > 0
 
 
 def test_the_architecture_page_maps_every_module():

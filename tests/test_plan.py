@@ -38,14 +38,17 @@ def test_smallest_cluster_is_the_first_that_fits(llama7b):
         found = fits(*sizes[i])
         assert found.fits["H100-SXM-80GB"] and round(found.per_gpu_bytes / GIB, 2) == row.per_gpu_gib
         assert all(not fits(*smaller).fits["H100-SXM-80GB"] for smaller in sizes[:i])
-    # ZeRO-1/2 need 4 GPUs, ZeRO-3 only 2, optimizer offload 1: the verdicts the README teaches
-    assert list(table["gpus"].iloc[1:]) == [4, 1, 4, 1, 2, 1]
+    # on their peak (issue 39), ZeRO-1, 2 and 3 need 2 GPUs, optimizer offload 1 (their component sums
+    # asked for 4 at ZeRO-1/2: the step's fp32 gradient copy, the bucket and the activations all at once)
+    assert list(table["gpus"].iloc[1:]) == [2, 1, 2, 1, 2, 1]
 
 
 def test_largest_micro_batch_is_the_boundary(llama7b):
     ckpt = llama7b.replace(zero={"stage": 3, "activation_checkpointing": True})
     micro = plan.largest_micro_batch(ckpt)
-    assert micro == 49  # 8 x H100 80 GB, seq 2048: 2sbh per layer kept, one layer recomputed
+    # 8 x H100 80 GB, seq 2048: 2sbh per layer kept, one layer recomputed, and at the loss's backward the
+    # fp32 logits' two gradients (their component sum, without them, said 49)
+    assert micro == 46
     assert estimate(ckpt.replace(batch={"micro_batch": micro})).fits["H100-SXM-80GB"]
     assert not estimate(ckpt.replace(batch={"micro_batch": micro + 1})).fits["H100-SXM-80GB"]
     too_big = Setup(
@@ -76,7 +79,7 @@ def searched():
 def test_search_rows_are_what_estimate_and_perf_say_of_their_setup(searched):
     table = searched.table
     assert len(table) > 1000 and searched.skipped == [
-        "V100-SXM2-16GB: no bf16 support", "V100-SXM2-32GB: no bf16 support"
+        "V100-SXM2-16GB: no bf16 support", "V100-SXM2-32GB: no bf16 support", "TITAN-RTX: no bf16 support"
     ]  # fmt: skip
     assert ((table.micro_batch * table.gpus * table.grad_accum) == 256).all()  # the global batch is kept
     one_gpu = table[table.gpus == 1]

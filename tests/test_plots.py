@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 from kit import models
 from kit.components import MEASURED as COMPONENTS
 from kit.estimate import estimate
+from kit.gpus import gpu
 from kit.lab import plots
 from kit.records import append_record, load_records
 from kit.rules import wire_bytes
@@ -137,7 +138,12 @@ def test_estimated_memory_stacks_components():
     for bar in ax.patches:
         x = round(bar.get_x(), 3)
         tops[x] = max(tops.get(x, 0.0), bar.get_y() + bar.get_height())
-    assert sorted(tops.values()) == pytest.approx(sorted(e.per_gpu_bytes / GIB for e in estimates), rel=1e-9)
+    assert sorted(tops.values()) == pytest.approx(
+        sorted(e.components_bytes / GIB for e in estimates), rel=1e-9
+    )
+    # the verdict's number, the peak per GPU, is the tick across each bar
+    ticks = ax.collections[0].get_segments()
+    assert [seg[0][1] for seg in ticks] == pytest.approx([e.per_gpu_bytes / GIB for e in estimates], rel=1e-9)
     assert ax.lines[0].get_ydata()[0] == pytest.approx(79.65)
 
 
@@ -210,20 +216,23 @@ def test_loss_curves_can_be_told_apart(results):
     assert len({(line.get_marker(), line.get_linestyle()) for line in lines}) == len(lines)
 
 
-def test_the_peak_timeline_shows_the_per_gpu_peak_and_the_verdicts_total():
-    """The memory panel's chart: each phase's tensors plus the GPU-only overhead, and the components' sum
-    the verdict beside it quotes drawn as a line: the numbers a reader compares are both on the chart."""
+def test_the_peak_timeline_shows_the_per_gpu_peak_and_the_gpus_memory():
+    """The memory panel's chart: each phase's tensors plus the GPU-only overhead, so the peak phase's bar is
+    the number the verdict beside it quotes (issue 39), and the GPU's memory it is compared with drawn as a
+    line."""
     est = estimate(Setup(model=models.preset("llama-2-7b"), zero={"stage": 1}, batch={"micro_batch": 2}))
+    h100 = gpu("H100-SXM-80GB").memory_bytes
     ax = plots.peak_timeline(
-        est.timeline, overhead=est.peak_overhead.bytes, fit_bytes=est.per_gpu_bytes
+        est.timeline, overhead=est.peak_overhead.bytes, capacity=("H100-SXM-80GB", h100)
     ).axes[0]
     tops = [float(t.get_text()) for t in ax.texts]
     assert tops == [round((b + est.peak_overhead.bytes) / GIB, 2) for b in est.phases.values()]
-    assert f"{est.peak_phase}, {est.peak_per_gpu_bytes / GIB:,.2f} GiB per GPU" in ax.get_title()
+    assert max(tops) == round(est.per_gpu_bytes / GIB, 2)  # the verdict's number is the peak phase's bar
+    assert f"{est.peak_phase}, {est.per_gpu_bytes / GIB:,.2f} GiB per GPU" in ax.get_title()
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert f"at once, {est.per_gpu_bytes / GIB:,.2f} GiB" in legend[0] and "overhead" in legend
-    assert ax.get_lines()[0].get_ydata()[0] == pytest.approx(est.per_gpu_bytes / GIB)
-    assert ax.get_ylim()[1] > est.per_gpu_bytes / GIB  # the line inside the axes
+    assert "H100-SXM-80GB: 79.65 GiB" in legend and "overhead" in legend
+    assert ax.get_lines()[0].get_ydata()[0] == pytest.approx(h100 / GIB)
+    assert ax.get_ylim()[1] > h100 / GIB  # the line inside the axes
 
 
 @pytest.mark.parametrize("stage", [0, 3])
@@ -237,7 +246,7 @@ def test_estimated_memory_labels_do_not_overlap_the_bars(stage):
     ax = fig.axes[0]
     bars = [p.get_window_extent(renderer) for p in ax.patches if p.get_height() > 0]
     texts = [t for t in ax.texts if t.get_text()]
-    assert [t.get_text() for t in texts] == [f"{est.per_gpu_bytes / GIB:,.2f} GiB"]  # the total above its bar
+    assert [t.get_text() for t in texts] == [f"peak {est.per_gpu_bytes / GIB:,.2f} GiB"]  # above its bar
     for text in texts:
         box = text.get_window_extent(renderer)
         assert not any(box.overlaps(bar) for bar in bars)
@@ -314,3 +323,118 @@ def test_predicted_vs_measured_bars_each_point_from_its_fastest_to_its_slowest_s
     assert spans == [pytest.approx([18.0, 25.0]), pytest.approx([30.0, 60.0])]
     assert [segment[0, 1] for segment in bars.get_segments()] == pytest.approx([22.0, 40.0])
     assert ax.get_xlim()[0] <= 18.0 / 1.4 + 1e-9 and ax.get_xlim()[1] >= 60.0 * 1.4 - 1e-9
+
+
+@pytest.fixture(scope="module")
+def published_report():
+    from kit.estimate import published as P
+
+    return P.report("memory")
+
+
+def _renderer(fig: Figure):
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    return renderer
+
+
+def test_published_draws_each_measured_number_at_the_reports_bytes(published_report):
+    fig = plots.published(published_report)
+    _renderer(fig)
+    (ax,) = fig.axes
+    drawn = {c.get_gid(): c.get_offsets().tolist() for c in ax.collections if c.get_gid()}
+    numbers = [(c, v) for c in published_report.comparisons for v in c.values]
+    assert numbers and drawn == {
+        f"{c.id} {v.quantity}": [[v.measured_bytes / GIB, v.predicted_bytes / GIB]] for c, v in numbers
+    }  # exactly the report's bytes, in GiB
+    (identity,) = ax.lines
+    assert list(identity.get_xdata()) == list(identity.get_ydata())  # predicted = measured
+    assert list(identity.get_xdata()) == list(ax.get_xlim()) == list(ax.get_ylim())
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    (band,) = [c for c in ax.collections if not c.get_gid()]
+    corners = band.get_paths()[0].vertices
+    low, high = ax.get_xlim()
+    for x in (low, high):  # the band runs from 0.9 x to 1.1 x at both ends
+        ys = sorted(y for cx, y in corners if cx == pytest.approx(x))
+        assert ys[0] == pytest.approx(0.9 * x) and ys[-1] == pytest.approx(1.1 * x)
+    rows = len({c.id for c, _ in numbers})
+    assert ax.get_title() == (
+        f"Predicted vs measured per GPU: {rows} of the {len(published_report.comparisons)} published rows "
+        f"({len(numbers)} numbers)"
+    )
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == [f"{c.id} {v.quantity.replace('_', ' ')} ({100 * v.error:+.1f} %)" for c, v in numbers]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend[:2] == ["predicted = measured", "within 10 %"]
+    assert {"ZeRO-3", "high confidence (filled)", "medium / low confidence"} <= set(legend)
+    assert "max allocated vs peak_tensor_bytes" in legend
+
+
+def test_published_marks_engine_and_confidence(published_report):
+    import dataclasses
+
+    from kit.estimate.published import Report
+
+    a18, a19 = (c for c in published_report.comparisons if c.id in ("A18", "A19"))
+    medium = dataclasses.replace(a19, row={**a19.row, "confidence": "medium"})
+    ax = plots.published(Report((a18, medium))).axes[0]
+    points = {c.get_gid(): c for c in ax.collections if c.get_gid()}
+    high, hollow = points["A18 max_allocated"], points["A19 max_allocated"]
+    assert list(high.get_facecolor()[0]) == list(high.get_edgecolor()[0])  # filled
+    assert list(hollow.get_facecolor()[0]) == [1.0, 1.0, 1.0, 1.0]  # hollow: medium confidence
+    shapes = {gid: c.get_paths()[0].vertices.shape for gid, c in points.items()}
+    assert shapes["A18 max_allocated"] != shapes["A19 max_allocated"]  # ZeRO-3 vs ZeRO-3 + ZeRO++
+    empty = plots.published(Report(()))
+    assert "no row of this report has a number" in empty.axes[0].texts[0].get_text()
+
+
+def test_published_labels_stay_inside_and_apart(published_report):
+    from matplotlib.transforms import Bbox
+
+    fig = plots.published(published_report)
+    renderer = _renderer(fig)
+    (ax,) = fig.axes
+    page, frame = fig.bbox, ax.get_window_extent(renderer)
+    labels = [t.get_window_extent(renderer) for t in ax.texts]
+    points = ax.transData.transform(
+        [c.get_offsets()[0] for c in ax.collections if c.get_gid()]
+    )  # each marker: s=56 pt^2, about 7.5 pt across
+    radius = 3.75 * fig.dpi / 72
+    for i, box in enumerate(labels):
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+        assert not any(box.overlaps(other) for other in labels[i + 1 :]), ax.texts[i].get_text()
+        dots = [Bbox.from_extents(x - radius, y - radius, x + radius, y + radius) for x, y in points]
+        assert not any(box.overlaps(dot) for dot in dots), ax.texts[i].get_text()
+    texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.get_legend().get_texts()]
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, text
+    assert min(t.get_fontsize() for t in [*ax.texts, *ax.get_legend().get_texts()]) >= 8
+
+
+def test_published_fits_puts_each_boundary_at_its_share_of_the_gpu(published_report):
+    fig = plots.published_fits(published_report)
+    renderer = _renderer(fig)
+    (ax,) = fig.axes
+    checks = [(c, k) for c in published_report.comparisons for k in c.checks]
+    drawn = {c.get_gid(): c for c in ax.collections if c.get_gid()}
+    assert checks and list(drawn) == [f"{c.id} mb{k.micro_batch}" for c, k in checks]
+    for (c, k), point in zip(checks, drawn.values(), strict=True):
+        x, y = point.get_offsets()[0]
+        assert x == 100 * k.predicted_bytes / k.capacity_bytes  # the verdict's own bytes
+        fits = [tuple(point.get_facecolor()[0][:3])] == [(46 / 255, 125 / 255, 50 / 255)]
+        assert fits == (k.measured == "fits"), c.id  # green: it fit; red: it ran out of memory
+    (line,) = ax.lines
+    assert list(line.get_xdata()) == [100, 100]
+    verdicts = [t.get_text() for t in ax.texts]
+    assert [v.split(":")[0] for v in verdicts] == ["agrees" if k.agrees else "DISAGREES" for _, k in checks]
+    agree = sum(k.agrees for _, k in checks)
+    assert ax.get_title().startswith(f"Fit or OOM: {agree} of {len(checks)} verdicts agree, ")
+    page = fig.bbox
+    everything = [ax.title, ax.xaxis.label, *ax.texts, *ax.get_yticklabels(), *fig.legends[0].get_texts()]
+    boxes = [t.get_window_extent(renderer) for t in everything]
+    for text, box in zip(everything, boxes, strict=True):
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, text
+    ticks = boxes[2 + len(verdicts) :][: len(checks)]
+    assert not any(a.overlaps(b) for i, a in enumerate(ticks) for b in ticks[i + 1 :])
+    assert min(t.get_fontsize() for t in everything) >= 8

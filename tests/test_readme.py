@@ -42,7 +42,7 @@ def test_the_zeropp_figures_in_the_prose_are_the_estimates():
     found = re.search(
         r"for Llama-2-7B on 2 x 8 H100s, ([\d.]+) GiB per GPU per step cross nodes with ZeRO-3, ([\d.]+) GiB "
         r"with all three \(plus ([\d.]+) GiB inside the node\), for ([\d.]+) GiB more parameter memory per "
-        r"GPU \(the secondary partition; ([\d.]+) GiB more in all\)",
+        r"GPU \(the secondary partition; ([\d.]+) GiB more at the peak per GPU\)",
         prose,
     )
     assert found, "the README's ZeRO++ sentence changed: update this test with it"

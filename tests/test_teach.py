@@ -390,7 +390,7 @@ def test_the_notebook_tables_of_01_04_and_09(llama7b):
         paper.loc["z3 fp16 mb1", "paper model states GB"]
         == estimate(z3, formula="zero-paper").model_states_bytes / 1e9
     )
-    assert paper.loc["z3 fp16 mb1", "deepspeed total per GPU GB"] == estimate(z3).per_gpu_bytes / 1e9
+    assert paper.loc["z3 fp16 mb1", "deepspeed peak per GPU GB"] == estimate(z3).per_gpu_bytes / 1e9
     s3 = llama7b.replace(cluster={"nodes": 2}, zero={"stage": 3})
     zeropp = s3.replace(zero=grid.zeropp_variants(8)["ZeRO++ (hpZ + qwZ + qgZ)"])
     parts = tables.collectives_table([s3, zeropp])
@@ -437,3 +437,113 @@ def test_schedules_side_by_side_reads_rank_0s_steps():
     assert set(table.columns.get_level_values(1)) == {"ramp", "by micro"}
     with pytest.raises(ValueError, match="labels: none of"):
         tables.schedules_side_by_side(Results(records), ["absent"])
+
+
+@pytest.fixture(scope="module")
+def published_report():
+    from kit.estimate import published
+
+    return published.report()
+
+
+def test_published_table_shows_each_number_and_boundary_as_a_reader_reads_it(published_report):
+    from kit.lab import tables
+    from kit.units import GIB
+
+    table = tables.published_table(published_report)
+    assert list(table.columns) == ["id", "check", "measured", "predicted", "error", "confidence", "setup"]
+    found = {c.id: c for c in published_report.comparisons}
+    a18 = found["A18"]
+    allocated, reserved = a18.values
+    rows = table[table["id"] == "A18"].to_dict("records")
+    assert rows == [
+        {
+            "id": "A18",
+            "check": "max allocated",
+            "measured": "8.09 GiB",  # Megatron's 8284.7 "MB" of 2^20 bytes
+            "predicted": f"{allocated.predicted_bytes / GIB:.2f} GiB",
+            "error": f"{100 * allocated.error:+.1f} %",
+            "confidence": "high",
+            "setup": a18.label,
+        },
+        {
+            "id": "A18",
+            "check": "max reserved",
+            "measured": "18.40 GiB",  # 18838.0 MiB
+            "predicted": f"{reserved.predicted_bytes / GIB:.2f} GiB",
+            "error": f"{100 * reserved.error:+.1f} %",
+            "confidence": "high",
+            "setup": a18.label,
+        },
+    ]
+    assert a18.label.startswith("megatron-gpt-18b: z3 fp16 mb1 ckpt on 4 x 16 V100-SXM2-32GB")
+    assert allocated.error < 0 and rows[0]["error"].startswith("-") and rows[0]["error"].endswith(" %")
+    a33 = found["A33"]
+    (check,) = a33.checks
+    capacity = f"{check.capacity_bytes / GIB:.2f}"
+    (row,) = table[table["id"] == "A33"].to_dict("records")
+    assert row == {
+        "id": "A33",
+        "check": "fit at mb 7 (max)",
+        "measured": "fits",
+        "predicted": f"{check.predicted} ({check.predicted_bytes / GIB:.2f} of {capacity} GiB)",
+        "error": "agrees" if check.agrees else "DISAGREES",
+        "confidence": "low",
+        "setup": f"{a33.label}; the kit's largest mb {a33.largest_micro_batch}",
+    }
+    assert row["predicted"].endswith(" of 23.65 GiB)")  # a TITAN RTX's 24 GB
+    expressed = [c for c in published_report.comparisons if c.expressed]
+    assert len(table) == sum(len(c.values) + len(c.checks) for c in expressed)
+    assert "A37" not in set(table["id"])  # a row the kit cannot express has no number beside it
+
+
+def test_unexpressed_table_groups_what_the_kit_cannot_express_by_reason(published_report):
+    from kit.estimate.published import STEP_TIME
+    from kit.lab import tables
+
+    table = tables.unexpressed_table(published_report)
+    assert list(table.columns) == ["id", "table", "model", "reason"]
+    refused = [c for c in published_report.comparisons if not c.expressed]
+    assert sorted(table["id"]) == sorted(c.id for c in refused)
+    reasons = table["reason"].tolist()
+    assert reasons == sorted(reasons, key=lambda r: (-reasons.count(r), r))  # grouped, the most first
+    (a37,) = table[table["id"] == "A37"].to_dict("records")
+    assert a37 == {
+        "id": "A37",
+        "table": "memory",
+        "model": "BLOOM prototype 20B (NLAYERS=8, NHIDDEN=14400)",
+        "reason": "tensor parallelism (TP=8)",
+    }
+    assert table.iloc[0].to_dict() == {
+        "id": "B01", "table": "throughput", "model": table.iloc[0]["model"], "reason": STEP_TIME
+    }  # fmt: skip
+    grouped = tables.unexpressed_table(published_report, by_reason=True).set_index("reason")
+    assert grouped.loc["FSDP1 flat parameters"].tolist() == [
+        13, "A34, A35, A36, B17, B18, B19, B20, B21, B22, B23, B24, B25, B26"
+    ]  # fmt: skip
+    assert grouped.loc["tensor parallelism (TP=8)", "ids"] == "A37"
+    assert grouped["rows"].sum() == len(refused)
+
+
+def test_published_answer_is_built_from_the_summary(published_report):
+    from kit.estimate import estimate
+    from kit.fit import estimate_fit
+    from kit.lab import tables
+
+    answer = tables.published_answer(published_report)
+    s = published_report.summary()
+    allocated, reserved, fit = s["quantities"]["max_allocated"], s["quantities"]["max_reserved"], s["fit"]
+    assert answer.startswith(
+        f"The tensor peak is within {100 * abs(allocated['worst_error']):.1f} % of max allocated on 2 rows "
+        f"(median {100 * allocated['median_abs_error']:.1f} %); "
+    )
+    assert f"; {fit['agree']} of {fit['rows']} fit / OOM rows agree" in answer
+    assert f"{100 * reserved['median_abs_error']:.1f} % (median; worst" in answer
+    assert "; 8 of 32 published memory rows are expressed." in answer
+    zero3 = [c for c in published_report.comparisons if c.id in ("A18", "A19")]
+    over = {
+        c.id: max(v.measured_bytes for v in c.values) / estimate_fit(estimate(c.setup)).need for c in zero3
+    }
+    ratio, worst = max((r, i) for i, r in over.items())
+    assert ratio > 1 and f" At ZeRO-3 the published max reserved was up to {ratio:.2f}x" in answer
+    assert f"the verdict's peak per GPU ({worst})" in answer

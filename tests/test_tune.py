@@ -36,8 +36,8 @@ def test_candidates_cover_stage_offload_micro_batch_and_skip_what_no_stage_can_r
     ]
     assert len(found) == 5 * 2
     assert {c.setup.cluster.world_size for c in found} == {NPROCS}
-    # the bytes the pruning compares are the estimator's components of each candidate, summed
-    assert [c.estimated_bytes for c in found] == [sum(estimate(c.setup).components.values()) for c in found]
+    # the bytes the pruning compares are each candidate's predicted peak per GPU, the verdict's number
+    assert [c.estimated_bytes for c in found] == [estimate(c.setup).per_gpu_bytes for c in found]
 
 
 def test_candidates_keep_the_train_batch_like_deepspeeds_autotuner_or_the_grad_accum():

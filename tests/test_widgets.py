@@ -255,9 +255,12 @@ def test_formula_table_has_units_and_separators(panel):
     table = panel.formulas.value
     for term in panel.estimate.terms.values():
         assert f">{term.bytes:,}<" in table
-    assert f">{panel.estimate.per_gpu_bytes:,}<" in table and ">optimizer states<" in table
-    assert [t.bytes for t in panel.estimate.terms.values() if f">{t.bytes}<" in table] == []  # raw counts
-    assert ">component<" in table and table.count("<tr>") == len(panel.estimate.terms) + 3  # no empty row
+    est = panel.estimate
+    assert f">{est.per_gpu_bytes:,}<" in table and ">optimizer states<" in table
+    assert f">{est.components_bytes:,}<" in table and "peak per GPU<" in table  # both, named
+    assert [t.bytes for t in est.terms.values() if f">{t.bytes}<" in table] == []  # raw counts
+    # the components, their sum, the peak per GPU, CPU RAM and the header: no empty row
+    assert ">component<" in table and table.count("<tr>") == len(est.terms) + 4
 
 
 def test_labels_line_up_and_buttons_fit_their_labels(panel):

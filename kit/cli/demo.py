@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def memory_table(setup):
-    """Bytes per GPU (GiB) by component for each common ZeRO variant of ``setup``, plus CPU RAM per node."""
+    """Bytes per GPU (GiB) by component for each common ZeRO variant of ``setup``, their sum, the predicted
+    peak per GPU (what ``fits`` is decided on) and CPU RAM per node."""
     import pandas as pd
 
     from kit.components import COMPONENTS
@@ -39,7 +40,8 @@ def memory_table(setup):
         e = estimate(setup.replace(zero=variant))
         estimates.append(e)
         row = {"variant": e.setup.label, **{c: e.components[c] / GIB for c in COMPONENTS}}
-        row.update(per_gpu=e.per_gpu_bytes / GIB, cpu_per_node=e.cpu_bytes_per_node / GIB)
+        row.update(components_sum=e.components_bytes / GIB, peak_per_gpu=e.per_gpu_bytes / GIB)
+        row["cpu_per_node"] = e.cpu_bytes_per_node / GIB
         row["fits"] = e.fits[setup.cluster.gpu]
         rows.append(row)
     return pd.DataFrame(rows).set_index("variant").round(2), estimates

@@ -129,7 +129,9 @@ def render(result) -> str:
     ]
     for name, term in result.terms.items():
         lines.append(f"{name:18}{term.bytes / GIB:9.2f}  {term.formula}")
-    lines.append(f"{'total':18}{result.per_gpu_bytes / GIB:9.2f}  every component at once (the fit uses it)")
+    whole = result.components_bytes / GIB
+    verdict = "not the verdict: the peak below is" if result.timeline else "the verdict"
+    lines.append(f"{'sum':18}{whole:9.2f}  every component at once ({verdict})")
     if result.timeline:
         lines += [
             "",
@@ -146,7 +148,16 @@ def render(result) -> str:
         lines.append(
             f"{'overhead':18}{result.peak_overhead.bytes / GIB:9.2f}  {result.peak_overhead.formula}"
         )
-        lines.append(f"{'peak per GPU':18}{result.peak_per_gpu_bytes / GIB:9.2f}  the peak phase + overhead")
+        lines.append(
+            f"{'peak per GPU':18}{result.per_gpu_bytes / GIB:9.2f}  the peak phase + overhead (the verdict)"
+        )
+        if result.reserved:
+            lines.append(
+                f"{'max reserved':18}{result.reserved_bytes / GIB:9.2f}  torch.cuda.max_memory_reserved, the "
+                "caching allocator replayed over two steps, not yet the verdict (expandable_segments: "
+                f"{result.reserved_expandable_bytes / GIB:.2f}); published ZeRO-3 runs reserved more: "
+                "zerokit published"
+            )
     if result.trace:
         t = result.trace
         lines.append(
@@ -161,6 +172,13 @@ def render(result) -> str:
     lines.append(f"{'checkpoint on disk':18}{result.checkpoint_bytes / GIB:9.2f}  one saved tag, all ranks")
     lines += ["", "fits: " + ", ".join(_fits_on(result, g) for g in result.fits)]
     lines += [f"note: {n}" for n in result.notes]
+    plain, grown = result.reserved_bytes, result.reserved_expandable_bytes
+    if plain and plain - grown > 0.05 * plain:
+        less = (plain - grown) / GIB
+        lines.append(
+            f"note: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True would reserve {less:.2f} GiB less "
+            f"({plain / GIB:.2f} -> {grown / GIB:.2f} GiB, replayed)"
+        )
     return "\n".join(lines)
 
 

@@ -55,6 +55,7 @@ def run_explain(args: argparse.Namespace) -> int:
 def report(explanation, title: str = "") -> str:
     """The readable report of an ``Explanation``: findings grouped by severity, errors first, then the
     notes."""
+    from kit.ds_config.reader import UNMODELLED
     from kit.estimate.review import SEVERITIES
 
     counts = {s: sum(f.severity == s for f in explanation.findings) for s in SEVERITIES}
@@ -67,7 +68,13 @@ def report(explanation, title: str = "") -> str:
             f"stage {z.stage}, {z.precision}, offload optimizer={z.offload_optimizer} "
             f"param={z.offload_param}, batch {b.train_batch} = {b.micro_batch} x {s.dp} x {b.grad_accum}"
         )
-    verdict = "DeepSpeed accepts this config" if explanation.valid else "DeepSpeed refuses this config"
+    unmodelled = {u.key for u in UNMODELLED}
+    if explanation.valid:
+        verdict = "DeepSpeed accepts this config"
+    elif all(f.key in unmodelled for f in explanation.errors):
+        verdict = "DeepSpeed accepts this config, but zero-kit does not model what it turns on"
+    else:
+        verdict = "DeepSpeed refuses this config"
     lines.append(
         f"{verdict}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"
     )

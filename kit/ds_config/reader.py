@@ -5,15 +5,19 @@ Reading follows what DeepSpeed itself does with a config (``deepspeed/runtime/co
 ``transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig`` does (``kit.ds_keys``'s rules). Plain
 functions over dicts: no torch or deepspeed import (``zerokit estimate --ds-config`` stays instant).
 ``load_ds_config``, ``read_or_repair`` and ``resolved_for_deepspeed`` are what the review of a config
-(``kit.estimate.review``) builds on.
+(``kit.estimate.review``) builds on. A feature DeepSpeed runs but zero-kit does not model (``UNMODELLED``:
+tensor, sequence or pipeline parallelism, DeepCompile) is refused when on, with one line naming the key
+(``unmodelled``), before anything else is read.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kit.ds_keys import BATCH_KEYS, NVME_KEYS, ZERO_KEYS, ZEROPP_KEYS
 from kit.fit import supports
@@ -35,9 +39,62 @@ _UNSUPPORTED = [
     ("fp16", "fp16_master_weights_and_grads", False, "fp16 master weights"),
     ("data_types", "grad_accum_dtype", None, "a custom gradient accumulation dtype"),
     ("torch_autocast", "enabled", False, "torch autocast"),
-    ("tensor_parallel", "autotp_size", 0, "tensor parallelism"),
-    (None, "sequence_parallel_size", 1, "sequence parallelism"),
 ]
+
+
+class Unmodelled(NamedTuple):
+    """A feature a ds_config turns on that zero-kit does not model, as DeepSpeed 0.19 reads it."""
+
+    key: str  # dotted, in the ds_config
+    name: str
+    on: Callable[[Any], bool]  # of a value ``_checked`` accepted
+    leaves_out: str  # what the estimate would miss; {n}: the value
+    off: str  # the values that leave it off
+    yet: bool = False  # another issue models it
+
+
+def _above_one(value: Any) -> bool:
+    return value != "auto" and value > 1
+
+
+#: Each is refused only when on; its off values pass silently. DeepSpeed's pydantic config classes drop
+#: an "auto" value (``DeepSpeedConfigModel.__init__``, config_utils.py), so "auto" is their default.
+UNMODELLED = (
+    # tensor_parallel/config.py ``TPTrainingConfig.autotp_size`` (0: off); engine.py shards the model
+    # only ``if self.autotp_size() > 1`` (``_configure_tensor_parallel``).
+    Unmodelled(
+        "tensor_parallel.autotp_size", "tensor parallelism", _above_one,
+        "the {n}-way split of the linear layers' weights, gradients, optimizer states and activations, "
+        "and their all-reduces", "0 or 1",
+    ),
+    # deepspeed/__init__.py ``initialize`` (a mesh of data_parallel_size x sequence_parallel_size) and
+    # runtime/config.py (data-parallel world = world / sequence_parallel_size): Ulysses.
+    Unmodelled(
+        "sequence_parallel_size", "sequence parallelism", _above_one,
+        "the {n}-way split of each sequence's activations and its all-to-alls", "1", yet=True,
+    ),
+    # runtime/config.py ``get_pipeline_config``: DeepSpeed itself never reads "stages" (a PipelineModule's
+    # num_stages decides), but a whole number > 1 there says the run is pipelined.
+    Unmodelled(
+        "pipeline.stages", "pipeline parallelism", _above_one,
+        "the layers' split over {n} stages and the activations of the micro-batches in flight",
+        '"auto" or 1',
+    ),
+    # compile/config.py ``CompileConfig.deepcompile``: engine.compile() builds DeepCompile's backend
+    # (``get_deepspeed_compile_backend``) only ``if self.is_deepcompile_enabled()``; every other compile
+    # key is read by that backend, or only with AutoEP (``autoep_non_moe``).
+    Unmodelled(
+        "compile.deepcompile", "DeepCompile", lambda value: value is True,
+        "the torch.compile graph's own schedule of parameter gathers, releases and offloads, which "
+        "replaces ZeRO's hooks", "false",
+    ),
+)  # fmt: skip
+
+#: ``get_pipeline_config``'s defaults (runtime/config.py): a "pipeline" section of these says nothing
+_PIPELINE_DEFAULTS = {
+    "stages": "auto", "partition": "best", "seed_layers": False, "activation_checkpoint_interval": 0,
+    "pipe_partitioned": True, "grad_partitioned": True,
+}  # fmt: skip
 
 
 def read_ds_config(
@@ -64,7 +121,10 @@ def read_ds_config(
         raise ValueError(f"ds_config: must be a JSON object, got {type(config).__name__}")
     cluster = cluster if isinstance(cluster, Cluster) else Cluster.model_validate(cluster or {})
     notes: list[str] = []
+    for _, line in unmodelled(config):
+        raise ValueError(line)
     _reject_unsupported(config)
+    notes += _unmodelled_notes(config)
     flags = {"micro_batch": micro_batch, "grad_accum": grad_accum, "train_batch": train_batch}
     batch = {**_batch(config, flags, notes), "seq_len": seq_len}
     zero = {**_zero(config, model, notes), "zero_init": zero_init}
@@ -104,6 +164,77 @@ def _section(config: dict, name: str) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f"{name}: must be a JSON object, got {value!r}")
     return value
+
+
+def unmodelled(config: dict, *, quiet: bool = False) -> list[tuple[str, str]]:
+    """``(key, line)`` of each feature ``config`` turns on that zero-kit does not model (``UNMODELLED``:
+    tensor, sequence or pipeline parallelism, DeepCompile); none for the values that leave it off.
+    ValueError (one line) for a value DeepSpeed could not read as one, or with ``quiet`` no lines."""
+    try:
+        return _unmodelled(config)
+    except ValueError:
+        if quiet:
+            return []
+        raise
+
+
+def _unmodelled(config: dict) -> list[tuple[str, str]]:
+    found = []
+    for feature in UNMODELLED:
+        *path, leaf = feature.key.split(".")
+        section = config
+        for name in path:
+            section = _section(section, name)
+        if leaf not in section:
+            continue
+        value = _checked(feature.key, section[leaf])
+        if feature.on(value):
+            shown = json.dumps(value)
+            found.append((
+                feature.key,
+                f"ds_config.{feature.key}: {feature.name} ({shown}) is not modelled by zero-kit"
+                f"{' yet' if feature.yet else ''}: its estimate would leave out "
+                f"{feature.leaves_out.format(n=shown)}; {feature.off} leaves it off",
+            ))  # fmt: skip
+    return found
+
+
+def _checked(key: str, value: Any) -> Any:
+    """An ``UNMODELLED`` key's value as DeepSpeed reads it, or ValueError naming the key."""
+    if key == "compile.deepcompile":
+        if isinstance(value, bool) or value == "auto":  # pydantic would take "true" or 1: say which
+            return value is True
+        raise ValueError(f"ds_config.{key}: must be true or false, got {value!r}")
+    lowest = 0 if key == "tensor_parallel.autotp_size" else 1
+    auto = key != "sequence_parallel_size"  # read from the dict as it is, without a config class
+    whole = isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer()
+    if (value == "auto" and auto) or (whole and value >= lowest):
+        return value if value == "auto" else int(value)
+    choices = f"a whole number >= {lowest}" + (' or "auto"' if auto else "")
+    raise ValueError(f"ds_config.{key}: must be {choices}, got {value!r}")
+
+
+def _unmodelled_notes(config: dict) -> list[str]:
+    """What may be on in the training script although the ds_config does not say: a "pipeline" section
+    (read only for a PipelineModule), an FP8 key (DeepSpeed has none)."""
+    notes = []
+    pipeline = _section(config, "pipeline")
+    if any(_PIPELINE_DEFAULTS.get(k, _MISSING) != v for k, v in pipeline.items() if k != "stages"):
+        notes.append(
+            "pipeline: only DeepSpeed's PipelineEngine reads it (a PipelineModule model); zero-kit does not "
+            "model pipeline parallelism, so this estimate is of a model that is not a PipelineModule"
+        )
+    for key, value in config.items():
+        off = value in (False, None, 0, {}) or (isinstance(value, dict) and value.get("enabled") is False)
+        if re.search("fp8|float8", key, re.IGNORECASE) and not off:
+            notes.append(
+                f"{key}: DeepSpeed has no FP8 setting and ignores this key; FP8 training (Transformer "
+                "Engine, torchao) is the training script's, and zero-kit does not model it"
+            )
+    return notes
+
+
+_MISSING = object()
 
 
 def _reject_unsupported(config: dict) -> None:
@@ -358,6 +489,9 @@ def read_or_repair(
             return setup, [*notes, f"the estimate assumes {assumed}, since {problem}"], problem
         except ValueError:
             pass
+    key = next((key for key, line in unmodelled(raw, quiet=True) if line == problem), None)
+    if key:  # the review's error finding says it in full
+        return None, [f"no estimate: zero-kit does not model what {key} turns on (its error)"], problem
     return None, [f"no estimate: {problem}"], problem
 
 

@@ -31,12 +31,13 @@ its formulas were read from. ``overhead`` is an allowance, not a measurement.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
 
 from kit.components import HELD
-from kit.estimate import baselines, nvme, partition, peak
+from kit.estimate import baselines, nvme, partition, peak, reserved
 from kit.estimate.activations import activations
 from kit.estimate.cpu_matmul import CpuMatmul
 from kit.estimate.paper import zero_paper
@@ -90,7 +91,7 @@ def estimate(setup: Setup, formula: Formula = "deepspeed", trace: bool = False) 
     act = batch_activations(setup)
     terms = gpu_terms(setup, held.device, act)
     side = _trace_beside(setup) if trace or act.formula.startswith("traced") else None
-    line = peak.timeline(setup, held.rank, held.device, act)
+    line, overhead = peak_per_gpu(setup, held, act)
     return Estimate(
         setup,
         "deepspeed",
@@ -101,7 +102,8 @@ def estimate(setup: Setup, formula: Formula = "deepspeed", trace: bool = False) 
         side,
         nvme_term=held.disk,
         timeline=line,
-        peak_overhead=gpu_overheads(setup, line.peak_tensor_bytes),
+        peak_overhead=overhead,
+        replay=functools.partial(reserved.reserved, setup, held.device, act),
     )
 
 
@@ -139,6 +141,14 @@ def gpu_terms(setup: Setup, device: dict[str, Term], act: Term) -> dict[str, Ter
     }
     terms["overhead"] = gpu_overheads(setup, sum(t.bytes for t in terms.values()))
     return terms
+
+
+def peak_per_gpu(setup: Setup, held: States, act: Term) -> tuple[peak.Timeline, Term]:
+    """The predicted peak of a step on ``held``'s rank with activations ``act``, and what the GPU holds
+    beyond its tensors then: their sum is the verdict's number (``Estimate.per_gpu_bytes``), which
+    ``kit.estimate.plan_grid`` computes the same way."""
+    line = peak.timeline(setup, held.rank, held.device, act)
+    return line, gpu_overheads(setup, line.peak_tensor_bytes)
 
 
 def peak_timeline(

@@ -51,7 +51,12 @@ def padded(numel: int, n: int) -> int:
 def released(setup: Setup) -> tuple[int, ...]:
     """Numels of the tensors stage 3 partitions and gathers for each use (more than
     ``param_persistence_threshold`` elements), in the model's order."""
-    return tuple(t for t in numels(setup) if t > setup.zero.param_persistence_threshold)
+    return _released(setup.model, setup.zero.param_persistence_threshold)
+
+
+@lru_cache(maxsize=512)
+def _released(model: ModelSpec, threshold: int) -> tuple[int, ...]:
+    return tuple(t for t in numels(Setup(model=model)) if t > threshold)
 
 
 def persistent(setup: Setup) -> tuple[int, ...]:

@@ -23,14 +23,18 @@ takes the largest of a few moments, each a sum of ``Term``s by category (``CATEG
   gradients of this rank (and the bucket); (d) at stage 2, at each reduction of the bucket (a gradient
   hook finding it full, and the epilogue): ``allreduce_bucket``'s flat copy of the bucket's gradients
   (none when they are all one rank's: one slice, reduced in place);
-  (e) at stage 3, at each reduce-scatter of the bucket (``_scatters``): ``reduce_scatter_coalesced``'s
-  padded flat copy, with only the tensors not yet through their backward still gathered.
+  (e) at stage 3, at each reduce-scatter of the bucket: ``reduce_scatter_coalesced``'s padded flat
+  copy, with only the tensors not yet through their backward still gathered ((d) and (e):
+  ``kit.estimate.reductions``).
 - **optimizer**: with gradient accumulation, ``engine.step()`` between micro-steps (the held gradients
   and, at stage 1, the bucket); stages 1-2 flatten this rank's gradient partition into an fp32 copy
   (4 B x P) and step the torch optimizer on it; stage 3 first partitions its persistent parameters
   (``_partition_all_parameters``: their full copies are freed, regathered after the update) and steps
   one sub group with its fp32 gradient; FSDP steps each rank's shards; stage 0's ``BF16_Optimizer``
-  keeps the 16-bit gradients and their fp32 copy (4 B x Psi). The optimizer's temporaries follow
+  keeps the 16-bit gradients and their fp32 copy (4 B x Psi); with DeepSpeed's FusedAdam (a GPU's default)
+  a 16-bit stage 0 steps through ``FP16_Optimizer`` (bf16 too: ``_do_optimizer_sanity_check``'s
+  ``DDP_BFLOAT16``), which makes a list of every gradient's fp32 copy and flattens it, both live with the
+  16-bit gradients (4 B x Psi more). The optimizer's temporaries follow
   torch's ``adam.py``: the single-tensor path (a CPU tensor's default) allocates ``exp_avg_sq.sqrt()``
   and its quotient, 2 x 4 B x the largest tensor it steps; ``_multi_tensor_adam`` (foreach, CUDA's
   default for ``torch_adam``) one ``_foreach_sqrt`` copy of every tensor, 4 B x their sum; fused
@@ -64,15 +68,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
-from kit.estimate import baselines, partition
+from kit.estimate import baselines, partition, reductions
 from kit.estimate.activations import FORMULA_FAMILIES, SWIGLU_FAMILIES, _head_activations, formula
 from kit.estimate.cpu_matmul import CpuMatmul, bf16_mm_scratch
 from kit.estimate.result import NONE, Term
 from kit.models import spec_shapes
 from kit.rules import DS_SUB_GROUP_SIZE, FP32, element_bytes, optimizer_states, stage3_gathered
-from kit.schema import Setup
+from kit.schema import ModelSpec, Setup
 
 #: the phases of a step, in order (``kit.ranks.memory_timeline.PHASES``)
 PHASES = ("forward", "backward", "optimizer")
@@ -174,8 +179,8 @@ def timeline(
     end["gradients"] = _end_gradients(setup, device, resident["gradients"])
     candidates = {"at the loss's backward": backward_at_loss, "in the last block's backward": block}
     candidates["at its end"] = end
-    candidates.update(_flushes(setup, rank, end, resident["gradients"]))
-    candidates.update(_scatters(setup, block, bucketed, end, gathered, backend))
+    candidates.update(reductions.flushes(setup, rank, end, resident["gradients"]))
+    candidates.update(reductions.scatters(setup, block, bucketed, end, gathered, backend))
     moments["backward"], backward = _largest(candidates)
     steps = _optimizer(setup, rank, device, resident, implementation, backend)
     if setup.batch.grad_accum > 1:  # engine.step() of a micro-step before the boundary updates nothing
@@ -197,12 +202,6 @@ def _largest(candidates: dict[str, dict[str, Term]]) -> tuple[str, dict[str, Ter
 
 def _total(moment: dict[str, Term]) -> int:
     return sum(t.bytes for t in moment.values())
-
-
-def _keep_larger(moments: dict[str, dict[str, Term]], name: str, moment: dict[str, Term]) -> None:
-    """``moments[name] = moment`` unless the one there is larger (the worst of a repeated moment)."""
-    if name not in moments or _total(moment) > _total(moments[name]):
-        moments[name] = moment
 
 
 class _Shape:
@@ -361,95 +360,6 @@ def _autocast_copies(setup: Setup, head: bool = True) -> Term:
     return Term(p * n, f"{p} B x {n:,} (torch.autocast's cached weight copies, saved for backward{what})")
 
 
-def _flushes(setup: Setup, rank: int, end: dict[str, Term], held: Term) -> dict[str, dict[str, Term]]:
-    """Stage 2's reductions (``average_tensor``): ``allreduce_bucket`` flattens the bucket's slices into
-    one copy (``use_multi_rank_bucket_allreduce``: every destination rank's slices together, 16-bit x the
-    elements in the bucket) and all-reduces it; consecutive slices of one destination are merged first,
-    so a bucket that is one rank's alone is a single slice, reduced in place (no copy). A gradient hook
-    that finds the bucket full reduces it (``reduce_independent_p_g_buckets_and_remove_grads``) while its
-    own tensor's gradient is live, the epilogue (``independent_gradient_partition_epilogue``) what is
-    left; the hooks run in the reverse of the model's order. This rank's partition gradient buffer
-    (``copy_grads_in_partition``) is allocated after the first reduction of a tensor in its partition:
-    before it, only what is ``held`` across micro-steps."""
-    z = setup.zero
-    if z.engine != "deepspeed" or z.stage != 2 or not z.contiguous_gradients:
-        return {}
-    p, part = element_bytes(z.precision), partition.partition_numel(setup)
-    numels = partition.numels(setup)
-    ends = [sum(numels[: i + 1]) for i in range(len(numels))]  # each tensor's end in the flat buffer
-
-    def copy(content: int, owners: list[int]) -> Term:
-        if len(owners) == 1:
-            return Term(0, f"none: the bucket's {content:,} elements are one rank's, reduced in place")
-        return Term(p * content, f"{p} B x {content:,} (the bucket's flat copy)")
-
-    out: dict[str, dict[str, Term]] = {}
-    content, owners, ours, allocated = 0, [], False, False
-    for t, stop in zip(reversed(numels), reversed(ends), strict=True):
-        if content + t > z.reduce_bucket_size:
-            flat = Term(p * t, f"{p} B x {t:,} (a hook's gradient)") + copy(content, owners)
-            moment = (
-                {**end, "temporaries": flat} if allocated else {**end, "gradients": held, "temporaries": flat}
-            )
-            _keep_larger(out, "at a bucket flush", moment)
-            allocated, content, owners, ours = allocated or ours, 0, [], False
-        content += t
-        for owner in range((stop - t) // part, (stop - 1) // part + 1):  # the tensor's slices, merged
-            if not owners or owners[-1] != owner:
-                owners.append(owner)
-        ours = ours or (stop - t < (rank + 1) * part and stop > rank * part)
-    last = {"temporaries": copy(content, owners)} | ({} if allocated else {"gradients": held})
-    out["at the epilogue's reduction"] = {**end, **last}
-    return out
-
-
-def _scatters(
-    setup: Setup,
-    block: dict[str, Term],
-    bucketed: Term,
-    end: dict[str, Term],
-    gathered: Term,
-    backend: Backend,
-) -> dict[str, dict[str, Term]]:
-    """Stage 3's gradient reductions (``stage3.py``): a gradient hook whose tensor would overflow the
-    ipg bucket (``reduce_bucket_size`` elements) first reduces what it holds
-    (``reduce_independent_p_g_buckets_and_remove_grads``), the epilogue what is left. Each goes through
-    ``reduce_scatter_coalesced``, which concatenates every tensor's partitions padded to the ranks into
-    one flat buffer (16-bit x the sum of ceil(t / N) x N; none for a lone tensor N divides), and gloo's
-    reduce-scatter clones its input (NCCL none). At a hook the block's backward is live and, of the
-    released tensors, those not yet through their backward (at or before it in the forward) can still
-    be gathered; the epilogue runs after every module's backward (all released, activations freed)."""
-    z = setup.zero
-    if z.engine != "deepspeed" or z.stage != 3:
-        return {}
-    p, dp, copies = element_bytes(z.precision), setup.dp, 2 if backend == "gloo" else 1
-    numels = partition.numels(setup)
-    released = [partition.padded(t, dp) if t > z.param_persistence_threshold else 0 for t in numels]
-    how = "flat copy" + (" and gloo's clone of it" if copies == 2 else "")
-
-    def flat(bucket: list[int]) -> Term:
-        padded = sum(partition.padded(t, dp) for t in bucket)
-        n = 0 if len(bucket) == 1 and bucket[0] % dp == 0 else padded
-        return Term(copies * p * n, f"{copies} x {p} B x {n:,} (reduce_scatter_coalesced's {how})")
-
-    out: dict[str, dict[str, Term]] = {}
-    bucket: list[int] = []
-    for i in reversed(range(len(numels))):
-        if bucket and sum(bucket) + numels[i] > z.reduce_bucket_size:
-            still = min(gathered.bytes, p * sum(released[: i + 1]))
-            moment = {
-                **block,
-                "buffers": bucketed
-                + Term(still, f"{p} B x {still // p:,} gathered (not yet through backward)"),
-                "temporaries": block["temporaries"] + flat(bucket),
-            }
-            _keep_larger(out, "at a gradient reduce-scatter", moment)
-            bucket = []
-        bucket.append(numels[i])
-    out["at the epilogue's reduce-scatter"] = {**end, "temporaries": flat(bucket)}
-    return out
-
-
 def _gather_copy(setup: Setup) -> Term:
     """Stage 3 over gloo: ``_allgather_base`` allocates a flat copy of the tensor it gathers while it
     runs (NCCL gathers in place); the largest released tensor's, padded to the ranks."""
@@ -486,22 +396,31 @@ def _gathered(setup: Setup) -> Term:
     z = setup.zero
     if z.engine != "deepspeed" or z.stage != 3:
         return NONE
-    tensors, released = partition.numels(setup), partition.released(setup)
+    released = partition.released(setup)
     if not released:
         return NONE
     p, dp = element_bytes(z.precision), setup.dp
-    padded = sum(partition.padded(t, dp) for t in released)
-    kept, after = 0, 0
-    for t in reversed(tensors):  # ``after``: the elements after tensor t in the forward
-        if t > z.param_persistence_threshold and 2 * after < z.max_reuse_distance:
-            kept += partition.padded(t, dp)
-        after += t
+    padded, kept = _reuse(setup.model, dp, z.param_persistence_threshold, z.max_reuse_distance)
     flight = stage3_gathered(sum(released), max(released), z.prefetch_bucket_size, z.max_live_parameters)
     n = min(padded, kept + flight)
     how = "largest released tensor + prefetch, capped by max_live"
     if kept:
         how = f"{kept:,} kept to their backward (reuse within max_reuse_distance) + {how}"
     return Term(p * n, f"{p} B x {n:,} gathered ({how}; at most every released tensor)")
+
+
+@lru_cache(maxsize=256)
+def _reuse(model: ModelSpec, dp: int, threshold: int, reuse_distance: int) -> tuple[int, int]:
+    """``_gathered``'s walk: the padded elements of every released tensor, and of those kept gathered to
+    their backward (the elements after a tensor in the forward, twice, within ``max_reuse_distance``)."""
+    padded, kept, after = 0, 0, 0
+    for t in reversed(partition.numels(Setup(model=model))):  # ``after``: the elements after t
+        if t > threshold:
+            padded += partition.padded(t, dp)
+            if 2 * after < reuse_distance:
+                kept += partition.padded(t, dp)
+        after += t
+    return padded, kept
 
 
 def _temporaries(setup: Setup, tensors: list[int], implementation: Implementation) -> Term:
@@ -535,13 +454,23 @@ def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[s
         grads = device["gradients"]
         if p != FP32:  # BF16_Optimizer / FP16: an fp32 copy of every gradient
             grads += Term(FP32 * psi, "4 B x Psi (fp32 gradient copies)")
-        return {
+        out = {
             "during the update": {
                 **base,
                 "gradients": grads,
                 "temporaries": _temporaries(setup, tensors, implementation),
             }
         }
+        if p != FP32 and implementation == "fused":
+            # FP16_Optimizer.step (fused_optimizer.py; bf16 too: _do_optimizer_sanity_check's DDP_BFLOAT16)
+            # flattens a list of every gradient's fp32 copy: the list, its flat copy and the 16-bit
+            # gradients are live together
+            out["at the gradients' flattening"] = {
+                **base,
+                "gradients": grads,
+                "temporaries": Term(FP32 * psi, "4 B x Psi (FP16_Optimizer's per-tensor fp32 copies)"),
+            }
+        return out
     if z.stage in (1, 2):
         part = partition.partition_numel(setup)
         out = {}

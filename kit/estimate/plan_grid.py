@@ -2,7 +2,8 @@
 
 A plan's setups share most of their terms: the model states, CPU RAM and NVMe files of a cluster size and
 ZeRO variant do not depend on the batch (``kit.estimate.memory.states``), the activations depend only on
-the micro batch and checkpointing (``memory.batch_activations``), and what a step asks of a GPU does not
+the micro batch and checkpointing (``memory.batch_activations``), the peak per GPU that decides the fit is
+``memory.peak_per_gpu`` of those, and what a step asks of a GPU does not
 depend on the GPU's type (``kit.estimate.perf.load``). So each term is computed once, by the functions
 ``estimate`` and ``step_time`` call, and the step time, cost and fit of every setup on every GPU type
 come from one numpy evaluation of the same arithmetic (``perf.seconds`` of ``perf.Load.arrays`` on
@@ -19,7 +20,6 @@ import numpy as np
 import pandas as pd
 
 from kit import batch as batch_math
-from kit.components import COMPONENTS
 from kit.estimate import memory, perf
 from kit.estimate.calibration import Calibration
 from kit.estimate.result import Term
@@ -83,8 +83,8 @@ def evaluate(
                     key = (d.micro_batch, ckpt)
                     if key not in saved:
                         saved[key] = memory.batch_activations(candidate)
-                    terms = memory.gpu_terms(candidate, held.device, saved[key])
-                    per_gpu = sum(terms[k].bytes for k in COMPONENTS)
+                    line, overhead = memory.peak_per_gpu(candidate, held, saved[key])
+                    per_gpu = line.peak_tensor_bytes + overhead.bytes
                     cpu, disk = held.cpu.bytes, held.disk.bytes
                 need = perf.load(candidate)
                 loads.append(need)

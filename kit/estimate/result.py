@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -58,6 +59,8 @@ class Estimate:
     timeline: Any = None
     #: the GPU-only overheads beside the tensors: CUDA context, NCCL buffers, allocator slack on the peak
     peak_overhead: Term = NONE
+    #: the caching allocator's replay of its steps, run when asked (``kit.estimate.reserved.reserved``)
+    replay: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def components(self) -> dict[str, int]:
@@ -76,13 +79,26 @@ class Estimate:
         if self.timeline:
             out.update({f"phase.{k}": v for k, v in self.timeline.formulas().items()})
             out["peak_overhead"] = self.peak_overhead.formula
+            if self.reserved:
+                out["reserved"] = self.reserved.term().formula
         if self.nvme_term.bytes:
             out["nvme_per_node"] = self.nvme_term.formula
         return out
 
     @property
-    def per_gpu_bytes(self) -> int:
+    def components_bytes(self) -> int:
+        """Every component at once, each buffer at its largest: a view by component, never the verdict (it
+        leaves out the loss's temporaries the peak holds, and adds buffers that are never live together)."""
         return sum(self.components.values())
+
+    @property
+    def per_gpu_bytes(self) -> int:
+        """The predicted peak per GPU, the one number "fits" is decided on (``kit.fit``): the peak phase's
+        tensors plus what the GPU runtime holds beyond them (``peak_overhead``). The ZeRO paper's formula has
+        no timeline: its components' sum."""
+        if self.timeline is None:
+            return self.components_bytes
+        return self.timeline.peak_tensor_bytes + self.peak_overhead.bytes
 
     @property
     def peak_tensor_bytes(self) -> int | None:
@@ -100,9 +116,28 @@ class Estimate:
 
     @property
     def peak_per_gpu_bytes(self) -> int | None:
-        """The timeline's peak plus the GPU-only overheads; ``per_gpu_bytes`` (the components' sum, an
-        upper bound: every buffer live at once) stays what the fit rule and the plan use."""
-        return self.timeline.peak_tensor_bytes + self.peak_overhead.bytes if self.timeline else None
+        """``per_gpu_bytes`` where there is a timeline (the JSON's older name for it), else None."""
+        return self.per_gpu_bytes if self.timeline else None
+
+    @cached_property
+    def reserved(self):
+        """The caching allocator's replay of two steps (``kit.estimate.reserved.Reserved``): what
+        ``torch.cuda.max_memory_reserved()`` would report beyond the tensors; None without a timeline or
+        for what it does not replay (PyTorch's baselines, offloaded parameters)."""
+        return self.replay() if self.timeline is not None and self.replay else None
+
+    @property
+    def reserved_bytes(self) -> int | None:
+        """Predicted ``max_memory_reserved``: the tensor peak plus the replay's cached bytes beyond its own
+        tensor peak (``Reserved.cached``); None without a timeline."""
+        r = self.reserved
+        return None if r is None else self.timeline.peak_tensor_bytes + r.cached
+
+    @property
+    def reserved_expandable_bytes(self) -> int | None:
+        """``reserved_bytes`` with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``."""
+        r = self.reserved
+        return None if r is None else self.timeline.peak_tensor_bytes + r.expandable_cached
 
     @property
     def model_states_bytes(self) -> int:
@@ -139,10 +174,13 @@ class Estimate:
             "params": s.model.params,
             "largest_layer_params": s.model.largest_layer_params,
             "per_gpu_bytes": self.per_gpu_bytes,
+            "components_bytes": self.components_bytes,
             "peak_tensor_bytes": self.peak_tensor_bytes,
             "peak_phase": self.peak_phase,
             "phases": self.phases,
             "peak_per_gpu_bytes": self.peak_per_gpu_bytes,
+            "reserved_bytes": self.reserved_bytes,
+            "reserved_expandable_bytes": self.reserved_expandable_bytes,
             "model_states_bytes": self.model_states_bytes,
             "components": self.components,
             "host_bytes_per_rank": self.host,
@@ -161,7 +199,13 @@ class Estimate:
         import pandas as pd
 
         rows = [(k, t.bytes, t.bytes / GIB, t.formula) for k, t in self.terms.items()]
-        rows.append(("total per GPU", self.per_gpu_bytes, self.per_gpu_bytes / GIB, "sum of the above"))
+        whole = self.components_bytes
+        rows.append(("sum of components", whole, whole / GIB, "every component at once (not the verdict)"))
+        if self.timeline:
+            peak = self.per_gpu_bytes
+            rows.append(
+                ("peak per GPU", peak, peak / GIB, f"the {self.peak_phase} peak + overhead (the verdict)")
+            )
         cpu = self.cpu_bytes_per_node
         rows.append(("CPU RAM per node", cpu, cpu / GIB, self.cpu_term.formula))
         if self.nvme_bytes_per_node:

@@ -349,9 +349,8 @@ class MemoryPanel:
         self.plot.layout.display = None
         with self.timeline_plot.hold_sync():  # the same for the peak chart, which carries the same class
             if est.timeline:
-                line = peak_timeline(
-                    est.timeline, overhead=est.peak_overhead.bytes, fit_bytes=est.per_gpu_bytes
-                )
+                room = (c.gpu, int(_gpu_gib(c.gpu) * GIB))
+                line = peak_timeline(est.timeline, overhead=est.peak_overhead.bytes, capacity=room)
                 self.timeline_plot.value = ui.figure_png(line)
             else:
                 self.timeline_plot.value = b""
@@ -476,7 +475,11 @@ def chart_class(est) -> str:
 def formula_table_html(est) -> str:
     """The estimate's components as a table: GiB, bytes with separators, and the formula behind each."""
     rows = [[name.replace("_", " "), t.bytes / GIB, t.bytes, t.formula] for name, t in est.terms.items()]
-    rows.append(["total per GPU", est.per_gpu_bytes / GIB, est.per_gpu_bytes, "sum of the above"])
+    whole = est.components_bytes
+    rows.append(["sum of components", whole / GIB, whole, "every component at once (not the verdict)"])
+    if est.timeline:
+        peak, phase = est.per_gpu_bytes, est.peak_phase
+        rows.append(["peak per GPU", peak / GIB, peak, f"the {phase} peak + overhead: the verdict's number"])
     total_row = len(rows) - 1
     rows.append(
         ["CPU RAM per node", est.cpu_bytes_per_node / GIB, est.cpu_bytes_per_node, est.cpu_term.formula]

@@ -6,10 +6,14 @@ estimates alone (no run), stacked by component against each GPU's capacity. ``co
 rank puts on the wire per step, by collective. ``loss_curves``: loss per step of every configuration,
 on one axis (ZeRO stages should overlap: sharding does not change the math). ``heartbeats``: memory and
 samples/s of every rank over time, from a ``kit.monitor.Snapshot``. ``predicted_vs_measured``: step times
-predicted beside measured, with the y = x line.
+predicted beside measured, with the y = x line. ``published`` and ``published_fits``: the kit beside
+published measurements of real GPU runs (``kit.estimate.published.report``), max allocated and max reserved
+predicted against measured, and each fit / OOM boundary against the GPU's memory.
 """
 
 from __future__ import annotations
+
+import textwrap
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -124,7 +128,8 @@ def loss_curves(results: Results) -> Figure:
 
 def estimated_memory(estimates, title: str = "") -> Figure:
     """Stacked bars of bytes per GPU by component, one per ``kit.estimate.Estimate``, against each
-    GPU's capacity (a dashed line per GPU type)."""
+    GPU's capacity (a dashed line per GPU type). The bar is every component at once; the verdict's number,
+    the predicted peak per GPU (``Estimate.per_gpu_bytes``), is the black tick across it, labelled."""
     from kit.gpus import gpu
 
     fig = Figure(figsize=(max(4.8, 1.0 * len(estimates) + 3.5), 3.8), layout="constrained")
@@ -132,12 +137,16 @@ def estimated_memory(estimates, title: str = "") -> Figure:
     series = {c: [e.components[c] / GIB for e in estimates] for c in COLORS}
     labels = [e.setup.label for e in estimates]
     _stack(ax, labels, series, colors=COLORS, width=0.6)
-    totals = [e.per_gpu_bytes / GIB for e in estimates]
+    peaks = [e.per_gpu_bytes / GIB for e in estimates]
+    sums = [e.components_bytes / GIB for e in estimates]
     capacities = {name: gpu(name).memory_gib for name in sorted({e.setup.cluster.gpu for e in estimates})}
-    for x, (total, e) in enumerate(zip(totals, estimates, strict=True)):
-        over = total > capacities[e.setup.cluster.gpu]
-        ax.annotate(f"{total:,.2f} GiB", (x, total), xytext=(0, 3), textcoords="offset points",
-                    ha="center", va="bottom", fontsize=9, fontweight="bold",
+    verdict = "the step's peak per GPU\n(the verdict; the bars:\nevery component at once)"
+    ax.hlines(peaks, [x - 0.4 for x in range(len(peaks))], [x + 0.4 for x in range(len(peaks))],
+              colors="black", linewidth=2.5, label=verdict, zorder=3)  # fmt: skip
+    for x, (peak, e) in enumerate(zip(peaks, estimates, strict=True)):
+        over = peak > capacities[e.setup.cluster.gpu]
+        ax.annotate(f"peak {peak:,.2f} GiB", (x, max(peak, sums[x])), xytext=(0, 3),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=9, fontweight="bold",
                     color="#b00" if over else "black")  # fmt: skip
     for name, capacity in capacities.items():
         # the capacity is named in the legend, not on the plot, where a bar over it would hide the text
@@ -146,7 +155,7 @@ def estimated_memory(estimates, title: str = "") -> Figure:
         )
     ax.set_ylabel("GiB per GPU")
     ax.set_title(title or "estimated memory per GPU")
-    _headroom(ax, totals + list(capacities.values()), 1.18)
+    _headroom(ax, peaks + sums + list(capacities.values()), 1.18)
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     _rotate(ax)
     return fig
@@ -174,8 +183,21 @@ def _ok(results: Results):
     return table[table["status"] == "ok"].reset_index(drop=True)
 
 
+def _empty(ax, text: str) -> None:
+    """An axes with nothing to draw says so, without ticks."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
 def _rotate(ax) -> None:
-    for label in ax.get_xticklabels():
+    """Long tick labels slanted; under four bars, wrapped on lines instead (a slanted label of a lone bar
+    runs past the figure's left edge)."""
+    labels = ax.get_xticklabels()
+    if len(labels) < 4:
+        ax.set_xticks(ax.get_xticks(), [textwrap.fill(t.get_text(), 12) for t in labels])
+        return
+    for label in labels:
         label.set_rotation(30)
         label.set_horizontalalignment("right")
 
@@ -212,9 +234,7 @@ def pareto(
             arrowprops={"arrowstyle": "->", "color": "0.3", "shrinkA": 0, "shrinkB": 4},
         )  # fmt: skip
     if fit.empty:
-        ax.text(0.5, 0.5, "no setup fits within the limits", transform=ax.transAxes, ha="center")
-        ax.set_xticks([])
-        ax.set_yticks([])
+        _empty(ax, "no setup fits within the limits")
     else:
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -289,10 +309,7 @@ def predicted_vs_measured(table, title: str = "", band: float = 0.25) -> Figure:
     fig = Figure(figsize=(7, 4.8), layout="constrained")
     ax = fig.subplots()
     if rows.empty:
-        ax.text(0.5, 0.5, "no configuration has both a measured and a predicted time", ha="center",
-                transform=ax.transAxes)  # fmt: skip
-        ax.set_xticks([])
-        ax.set_yticks([])
+        _empty(ax, "no configuration has both a measured and a predicted time")
         return fig
     times = rows.filter(["measured_s", "measured_min_s", "measured_max_s", "predicted_s"])
     low, high = times.min().min() / 1.4, times.max().max() * 1.4
@@ -387,19 +404,20 @@ def heartbeats(snapshot) -> Figure:
 
 def peak_timeline(
     timeline, measured: dict[str, int] | None = None, title: str = "", overhead: int = 0,
-    fit_bytes: int | None = None,
+    capacity: tuple[str, int] | None = None,
 ) -> Figure:  # fmt: skip
     """The predicted peak of each phase of a step (``kit.estimate.peak.Timeline``, e.g. an
     ``Estimate.timeline``), stacked by category, with the measured peak of each phase beside it
     (``measured``: a record's ``measured.phases``, {phase: bytes}); the peak phase's label in bold.
     ``overhead`` (an estimate's ``peak_overhead``: CUDA context, NCCL buffers, allocator slack) tops each
-    predicted bar, and ``fit_bytes`` (the components' sum the fit rule uses) is drawn as a line, so the
-    chart shows the number the verdict beside it quotes."""
+    predicted bar, so the peak phase's bar is the verdict's number (``Estimate.per_gpu_bytes``), and
+    ``capacity`` (a GPU's name and memory in bytes) is drawn as a line: what the verdict compares, drawn."""
     from kit.estimate.peak import CATEGORIES
 
     colors = {**COLORS, "temporaries": "#CCB974"}
     totals = {p: b + overhead for p, b in timeline.totals.items()}
-    unit, name = (GIB, "GiB") if max([*totals.values(), fit_bytes or 0]) >= GIB else (MIB, "MiB")
+    room = capacity[1] if capacity else 0
+    unit, name = (GIB, "GiB") if max([*totals.values(), room]) >= GIB else (MIB, "MiB")
     phases = list(timeline.phases)
     width = 0.38 if measured else 0.6
     shift = width / 2 if measured else 0.0
@@ -427,10 +445,10 @@ def peak_timeline(
                       edgecolor="black", hatch="//", label="measured")  # fmt: skip
         ax.bar_label(bars, fmt="{:,.2f}", fontsize=8, padding=2)
         tops += got
-    if fit_bytes:
-        label = f"the verdict: every component\nat once, {fit_bytes / unit:,.2f} {name}"
-        ax.axhline(fit_bytes / unit, color="black", linestyle="--", linewidth=1, label=label)
-        tops.append(fit_bytes / unit)
+    if capacity:
+        label = f"{capacity[0]}: {room / unit:,.2f} {name}"
+        ax.axhline(room / unit, color="black", linestyle="--", linewidth=1.2, label=label)
+        tops.append(room / unit)
     ax.set_xticks(range(len(phases)), phases)
     for label in ax.get_xticklabels():
         if label.get_text() == timeline.peak_phase:
@@ -441,4 +459,165 @@ def peak_timeline(
     ax.set_title(title or f"peak per phase of a step: {peak}, {totals[peak] / unit:,.2f} {name} {what}")
     _headroom(ax, tops, 1.15)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return fig
+
+
+#: each engine's marker in ``published`` (``kit.lab.tables.engine_name``)
+ENGINE_MARKERS = {
+    "ZeRO-0": "s", "ZeRO-1": "^", "ZeRO-2": "D", "ZeRO-3": "o", "ZeRO-3 + ZeRO++": "p", "DDP": "P",
+    "FSDP2": "X", "FSDP2 grad-op": "v",
+}  # fmt: skip
+#: each measured quantity's colour in ``published``
+QUANTITY_COLORS = {"max_allocated": "#4C72B0", "max_reserved": "#DD8452"}
+
+
+def published(report, band: float = 0.10) -> Figure:
+    """Predicted against measured GiB per GPU of every number a published run measured and the kit
+    predicts (``kit.estimate.published.report``: max allocated beside the peak of live tensors, max reserved
+    beside the reserved bytes), log-log, with the y = x line and the +-``band`` region shaded. A point's
+    colour is its quantity, its shape the engine (ZeRO stage, DDP, FSDP2), filled for a row of high
+    confidence and hollow for medium or low; each is named by its row id, quantity and error
+    (predicted / measured - 1), the names set apart by ``_dodge``. The title counts the rows drawn."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    from kit.lab.tables import QUANTITY_TEXT, engine_name
+
+    points = [(c, v) for c in report.comparisons for v in c.values]
+    rows = len({c.id for c, _ in points})
+    fig = Figure(figsize=(9, 5.2), layout="constrained")
+    ax = fig.subplots()
+    ax.set_title(
+        f"Predicted vs measured per GPU: {rows} of the {len(report.comparisons)} published rows "
+        f"({len(points)} numbers)"
+    )
+    if not points:
+        _empty(ax, "no row of this report has a number the kit predicts")
+        return fig
+    xy = np.array([[v.measured_bytes / GIB, v.predicted_bytes / GIB] for _, v in points])
+    texts = [f"{c.id} {QUANTITY_TEXT[v.quantity]} ({100 * v.error:+.1f} %)" for c, v in points]
+    engines = [engine_name(c.setup) for c, _ in points]
+    predicted_as = {q: " / ".join(sorted({v.predicted_as for _, v in points if v.quantity == q}))
+                    for q in QUANTITY_COLORS if any(v.quantity == q for _, v in points)}  # fmt: skip
+
+    def mark(label, marker="o", color="0.35", face=None):
+        return Line2D([], [], ls="none", marker=marker, ms=7, mew=1.5, mec=color,
+                      mfc=color if face is None else face, label=label)  # fmt: skip
+
+    handles = [
+        Line2D([], [], color="black", lw=1, label="predicted = measured"),
+        Patch(color="0.9", label=f"within {100 * band:.0f} %"),
+        *(mark(f"{QUANTITY_TEXT[q]} vs {by}", color=QUANTITY_COLORS[q]) for q, by in predicted_as.items()),
+        *(mark(e, ENGINE_MARKERS.get(e, "*")) for e in sorted(set(engines), key=list(ENGINE_MARKERS).index)),
+        mark("high confidence (filled)"),
+        mark("medium / low confidence", face="white"),
+    ]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    low, high = xy.min() / 1.6, xy.max() * 1.6
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 1-2-5 ticks: the points span a decade
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.4g}"))
+        axis.set_minor_formatter(NullFormatter())
+    ax.grid(True, which="major", alpha=0.3)
+    ax.set_xlabel("measured GiB per GPU (torch.cuda.max_memory_allocated / _reserved)")
+    ax.set_ylabel("predicted GiB per GPU (the kit)")
+    # room right of the points for their names: a name ``width`` points long right of a point fits when the
+    # log axis spans log(x / low) / (1 - width / the axes' width) or more (twice: the ticks move the axes)
+    widths = [6 + 0.6 * 8 * len(t) + 4 for t in texts]  # a little wider than ``_dodge``'s estimate
+    for _ in range(2):
+        fig.draw_without_rendering()
+        side = ax.bbox.width * 72 / fig.dpi
+        needs = [np.log(x / low) / (1 - w / side) for (x, _), w in zip(xy, widths, strict=True)]
+        span = max(np.log(xy.max() * 1.6 / low), *needs)
+        high = low * float(np.exp(span))
+        ax.set_xlim(low, high)
+        ax.set_ylim(low, high)
+    ends = [low, high]
+    ax.fill_between(ends, [v * (1 - band) for v in ends], [v * (1 + band) for v in ends], color="0.9",
+                    lw=0, zorder=1)  # fmt: skip
+    ax.plot(ends, ends, color="black", lw=1, zorder=1.5)
+    for (c, v), (x, y), engine in zip(points, xy, engines, strict=True):
+        color = QUANTITY_COLORS[v.quantity]
+        filled = c.row["confidence"] == "high"
+        ax.scatter([x], [y], s=56, marker=ENGINE_MARKERS.get(engine, "*"), edgecolors=color, linewidths=1.5,
+                   facecolors=color if filled else "white", zorder=3, gid=f"{c.id} {v.quantity}")  # fmt: skip
+    for (x, y), text, dy in zip(xy, texts, _dodge(fig, ax, xy, texts), strict=True):
+        box = {"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8}
+        ax.annotate(
+            text, (x, y), fontsize=8, xytext=(6, dy), textcoords="offset points", zorder=2.5, bbox=box
+        )
+    return fig
+
+
+def published_fits(report) -> Figure:
+    """The fit / OOM boundaries of published runs beside the kit's verdict (``kit.fit.estimate_fit``): per
+    boundary the predicted peak per GPU as a share of the GPU's memory (the verdict's capacity), marked by
+    whether the run fit (a green dot) or ran out of memory (a red cross), with a line at 100 %: a dot left
+    of it and a cross right of it agree. Beside each row, whether the verdict agrees."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    checks = [(c, k) for c in report.comparisons for k in c.checks]
+    rows = len({c.id for c, _ in checks})
+    agree = sum(k.agrees for _, k in checks)
+    fig = Figure(figsize=(8.6, 1.8 + 0.5 * max(len(checks), 2)), layout="constrained")
+    ax = fig.subplots()
+    ax.set_title(
+        f"Fit or OOM: {agree} of {len(checks)} verdicts agree, {rows} of the "
+        f"{len(report.comparisons)} published rows"
+    )
+    if not checks:
+        _empty(ax, "no row of this report has a fit / OOM boundary")
+        return fig
+    shares = [100 * k.predicted_bytes / k.capacity_bytes for _, k in checks]
+    right = max(125.0, max(shares) * 1.12)
+    ax.axvspan(0, 100, color="#e6f2e6", lw=0, zorder=0)
+    ax.axvspan(100, right, color="#f6e3e3", lw=0, zorder=0)
+    ax.axvline(100, color="black", ls="--", lw=1.2, zorder=1)
+    labels = []
+    for y, ((c, k), share) in enumerate(zip(checks, shares, strict=True)):
+        fit = k.measured == "fits"
+        ax.scatter([share], [y], s=70, marker="o" if fit else "X", color="#2E7D32" if fit else "#C62828",
+                   edgecolors="white", linewidths=0.8, zorder=3, gid=f"{c.id} mb{k.micro_batch}")  # fmt: skip
+        setup = c.setup.replace(batch={"micro_batch": k.micro_batch})
+        cluster = setup.cluster
+        labels.append(
+            f"{c.id} {setup.model.name} ({c.row['confidence']})\n{setup.label}, "
+            f"{cluster.world_size} x {cluster.gpu}"
+        )
+        verdict = "agrees" if k.agrees else "DISAGREES"
+        if k.problem == "precision":
+            verdict += f": no {setup.zero.precision} on the GPU"
+        else:
+            verdict += f": {k.predicted_bytes / GIB:,.2f} of {k.capacity_bytes / GIB:,.2f} GiB"
+        ax.annotate(verdict, (1.0, y), xycoords=("axes fraction", "data"), xytext=(6, 0),
+                    textcoords="offset points", va="center", fontsize=8,
+                    color="black" if k.agrees else "#C62828",
+                    fontweight="normal" if k.agrees else "bold")  # fmt: skip
+    ax.set_yticks(range(len(checks)), labels, fontsize=8)
+    ax.set_ylim(len(checks) - 0.5, -0.5)  # the first row on top
+    ax.set_xlim(0, right)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f} %"))
+    ax.set_xlabel("the kit's predicted peak per GPU, % of the GPU's memory (the fit rule's capacity)")
+    handles = [
+        Line2D([], [], ls="none", marker="o", ms=8, color="#2E7D32", mec="white", label="the run fit"),
+        Line2D(
+            [],
+            [],
+            ls="none",
+            marker="X",
+            ms=8,
+            color="#C62828",
+            mec="white",
+            label="the run ran out of memory",
+        ),
+        Patch(color="#e6f2e6", label="the kit says: fits"),
+        Patch(color="#f6e3e3", label="the kit says: OOM"),
+        Line2D([], [], color="black", ls="--", lw=1.2, label="100 %: the GPU's memory"),
+    ]
+    fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncols=3, frameon=False)
     return fig

@@ -56,7 +56,8 @@ class Explanation:
 
     @property
     def valid(self) -> bool:
-        """Whether DeepSpeed accepts the config (no ``error`` finding)."""
+        """Whether DeepSpeed accepts the config and zero-kit models what it turns on (no ``error``
+        finding)."""
         return not self.errors
 
     @property

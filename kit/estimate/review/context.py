@@ -44,9 +44,9 @@ class Context:
         return next((f"zero_optimization.{n}" for n in names if n in self.zero), None)
 
     def allocated(self, setup: Setup | None = None) -> int:
-        """Bytes per GPU the estimate allocates (everything but the overhead allowance)."""
+        """Bytes per GPU the estimate's components allocate (everything but the overhead allowance)."""
         e = self.est if setup is None else estimate(setup)
-        return e.per_gpu_bytes - e.components["overhead"]
+        return e.components_bytes - e.components["overhead"]
 
     def delta(self, **zero: Any) -> int:
         """Bytes per GPU this setup allocates beyond the same setup with ``zero`` changed."""

@@ -2,7 +2,9 @@
 
 DeepSpeed's own parser reads the config (``kit.ds_config.deepspeed_refusals``: every refusal, plus the
 checks it makes only when the engine starts); unknown top-level keys, which DeepSpeed ignores silently,
-and its deprecation warnings become warnings.
+and its deprecation warnings become warnings. A feature DeepSpeed runs but zero-kit does not model
+(tensor, sequence or pipeline parallelism, DeepCompile: ``kit.ds_config.reader.unmodelled``) is an
+error too, listed first: no estimate covers the config.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from kit.batch import nearest_valid
 from kit.ds_config import deepspeed_refusals, known_keys
-from kit.ds_config.reader import resolved_for_deepspeed
+from kit.ds_config.reader import UNMODELLED, resolved_for_deepspeed, unmodelled
 from kit.ds_keys import BATCH_KEYS
 from kit.estimate.review.context import Finding
 from kit.fit import supports
@@ -26,12 +28,12 @@ def refusal_findings(
 ) -> list[Finding]:
     world = cluster.world_size
     config = resolved_for_deepspeed(raw, setup, flags)
+    findings = _unmodelled(raw)  # first: the line `zerokit estimate --ds-config` refuses with
     try:
         refused, warned = deepspeed_refusals(config, world)
     except ImportError:
         notes.append("DeepSpeed is not installed: its own parser did not check this config")
-        return []
-    findings = []
+        return findings
     for r in refused:
         if r.kind == "unknown":
             message = f"{r.message}: DeepSpeed does not know this key and refuses the config"
@@ -46,6 +48,21 @@ def refusal_findings(
     for line in warned:
         findings.append(_deprecated(line, raw))
     return findings
+
+
+def _unmodelled(raw: dict) -> list[Finding]:
+    """An error per feature the config turns on that zero-kit does not model (``reader.UNMODELLED``):
+    DeepSpeed accepts it, but no estimate of the kit covers it."""
+    found = unmodelled(raw, quiet=True)  # a value DeepSpeed cannot read: the reader's note says it
+    off = {f.key: f.off for f in UNMODELLED}
+    return [
+        Finding(
+            key, "error", line,
+            f"zero-kit cannot estimate this run; with {key.split('.')[-1]} {off[key]} it estimates ZeRO's "
+            "data parallelism alone",
+        )
+        for key, line in found
+    ]  # fmt: skip
 
 
 def _fix(r, config: dict, cluster: Cluster) -> str:

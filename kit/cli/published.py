@@ -1,0 +1,170 @@
+"""``zerokit published``: the published measurements of real GPU runs (``data/published/``) beside the kit's
+predictions, row by row (``kit.estimate.published``): a table, the summary, and what the kit cannot
+express yet; ``--json`` prints ``{"rows": [...], "summary": {...}}``."""
+
+from __future__ import annotations
+
+import argparse
+
+from kit.cli.args import UsageError, add_json, print_json
+from kit.units import GIB
+
+#: ``--table`` choices
+TABLE_CHOICES = ("all", "memory", "throughput")
+#: the text table's columns and widths
+COLUMNS = (("id", 3), ("check", 18), ("measured", 9), ("predicted", 25), ("error", 9), ("conf.", 6))
+#: quantities as the text names them
+QUANTITY_TEXT = {"max_allocated": "max allocated", "max_reserved": "max reserved"}
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "published",
+        help="published GPU runs (data/published) beside the kit's predictions, row by row",
+        description="Every published measurement of a real GPU run in data/published/ beside the kit's "
+        "prediction: max allocated and max reserved bytes per GPU, fit / OOM at a micro batch, or the one "
+        "reason the kit cannot express the run yet. Step-time rows are listed with their reason.",
+    )
+    p.add_argument(
+        "--table", default="all", help=f"which rows: {', '.join(TABLE_CHOICES)} (default %(default)s)"
+    )
+    p.add_argument(
+        "--id",
+        dest="ids",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="ID",
+        help="only these rows (A18 ...)",
+    )
+    add_json(p, '{"rows": [...], "summary": {...}}')
+    p.set_defaults(func=published_command)
+
+
+def published_command(args: argparse.Namespace) -> int:
+    from kit.estimate import published
+
+    if args.table not in TABLE_CHOICES:
+        raise UsageError(f"--table: choose one of {', '.join(TABLE_CHOICES)}, got {args.table!r}")
+    known = published.ids(args.table)
+    unknown = [i for i in dict.fromkeys(args.ids) if i not in known]
+    if unknown:
+        raise UsageError(
+            f"--id: no row {', '.join(unknown)} in table {args.table}; choose from {_ranges(known)}"
+        )
+    result = published.report(args.table, args.ids)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print(text(result))
+    return 0
+
+
+def text(result) -> str:
+    """The readable report: one line per compared quantity or fit boundary, the summary, the notes (each
+    once, with the rows it applies to), and every row the kit cannot express yet with its reason."""
+    shown = [c for c in result.comparisons if c.expressed and (c.values or c.checks)]
+    lines = [
+        "Published GPU runs (data/published) beside the kit's predictions, per GPU",
+        "(GiB = 2^30 bytes; error = predicted / measured - 1; fits: kit.fit's verdict on the row's GPU)",
+        "",
+        "  ".join(f"{name:<{width}}" for name, width in COLUMNS) + "  setup",
+    ]
+    for c in shown:
+        for n, cells in enumerate(_cells(c)):
+            row = "  ".join(f"{cell:<{w}}" for cell, (_, w) in zip(cells, COLUMNS, strict=True))
+            lines.append((row + "  " + (_setup_text(c) if n == 0 else "")).rstrip())
+    if not shown:
+        lines.append("(no row of this selection is compared)")
+    lines += ["", "summary:"] + [f"  {line}" for line in summary_lines(result.summary())]
+    notes: dict[str, list[str]] = {}
+    for c in shown:
+        for note in _notes(c):
+            notes.setdefault(note, []).append(c.id)
+    if notes:
+        lines += ["", "notes:"] + [f"  {', '.join(ids)}: {note}" for note, ids in notes.items()]
+    refused = [c for c in result.comparisons if not c.expressed]
+    if refused:
+        lines += ["", "cannot express yet:"] + [f"  {c.id}  {c.reason}" for c in refused]
+    return "\n".join(lines)
+
+
+def _cells(c) -> list[tuple[str, ...]]:
+    """The table's cells, one tuple per compared quantity or fit boundary of one row."""
+    conf = c.row["confidence"]
+    out = []
+    for v in c.values:
+        measured, predicted = _gib(v.measured_bytes), _gib(v.predicted_bytes)
+        out.append((c.id, QUANTITY_TEXT[v.quantity], measured, predicted, f"{100 * v.error:+.1f} %", conf))
+    for k in c.checks:
+        if k.problem == "precision":
+            predicted = f"{k.predicted} (no {c.setup.zero.precision})"
+        else:
+            predicted = f"{k.predicted} ({k.predicted_bytes / GIB:.2f} of {k.capacity_bytes / GIB:.2f} GiB)"
+        check = f"fit at mb {k.micro_batch}" + (" (max)" if k.largest else "")
+        out.append((c.id, check, k.measured, predicted, "agrees" if k.agrees else "DISAGREES", conf))
+    return out
+
+
+def _setup_text(c) -> str:
+    if c.checks:
+        return f"{c.label}; kit's largest mb {c.largest_micro_batch}"
+    return c.label
+
+
+def _notes(c) -> list[str]:
+    """What a reader needs beside a row's numbers: the mapping's assumptions, a prediction that stands in
+    for another quantity, a measured reading not compared."""
+    notes = list(c.notes)
+    for v in c.values:
+        if v.predicted_as == "peak_per_gpu_bytes":
+            notes.append(
+                f"{QUANTITY_TEXT[v.quantity]} predicted by peak_per_gpu_bytes (the Estimate has no "
+                "reserved_bytes yet; it adds the CUDA context and NCCL's buffers, which are not reserved)"
+            )
+    if c.measured_bytes is not None:
+        also = c.row.get("value_secondary")
+        notes.append(
+            f"measured {_gib(c.measured_bytes)}{f' ({also})' if also else ''} by {c.row['measured_what']}, "
+            f"not compared; the kit's peak of live tensors {_gib(c.checks[0].peak_tensor_bytes)}"
+        )
+    return notes
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """The summary as lines: rows expressed per table, per quantity the median |error| and the worst, and
+    the fit / OOM agreement."""
+    from kit.estimate.published import STEP_TIME
+
+    lines = []
+    for table, counts in summary["tables"].items():
+        pending = counts["step_time_pending"]
+        tail = f" ({pending} wait for the {STEP_TIME})" if pending else ""
+        lines.append(f"{table}: {counts['expressed']} of {counts['rows']} rows expressed{tail}")
+    for quantity, q in summary["quantities"].items():
+        median, worst, by = 100 * q["median_abs_error"], 100 * q["worst_error"], ", ".join(q["predicted_as"])
+        lines.append(
+            f"{QUANTITY_TEXT[quantity]}: {q['rows']} row(s), median |error| {median:.1f} %, "
+            f"worst {worst:+.1f} % ({q['worst_id']}); predicted by {by}"
+        )
+    fit = summary["fit"]
+    if fit["rows"]:
+        disagree = f"; disagree: {', '.join(fit['disagree'])}" if fit["disagree"] else ""
+        lines.append(f"fit / OOM: {fit['agree']} of {fit['rows']} row(s) agree{disagree}")
+    return lines
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / GIB:.2f} GiB"
+
+
+def _ranges(ids: list[str]) -> str:
+    """``A01-A10, A18-A39, B01-B36``: consecutive ids of one letter as ranges."""
+    runs: list[list[str]] = []
+    for i in ids:
+        last = runs[-1][-1] if runs else ""
+        if last and last[0] == i[0] and int(i[1:]) == int(last[1:]) + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(run[0] if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)

@@ -1,0 +1,587 @@
+"""Published measurements of real GPU runs beside the kit's predictions: the test set of its GPU-side
+numbers (``data/published/``, copied unchanged from ``../shared/published/``; its README says how to read
+a row).
+
+``memory.jsonl`` rows are numbers (``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` per GPU)
+or boundaries (a setting that fit, or ran out of memory). ``express`` turns a row into the Setup the kit
+can describe, or into the one reason it cannot, a phrase a user understands ("tensor parallelism (TP=8)",
+"torch.compile"): the kit never puts a number beside a run it cannot describe. ``compare`` estimates an
+expressed row and sets the prediction beside the measurement:
+- max allocated <- ``Estimate.peak_tensor_bytes`` (the step's largest phase of live device tensors);
+- max reserved <- ``Estimate.reserved_bytes`` where the estimate has one, else ``peak_per_gpu_bytes`` (the
+  peak plus the CUDA context, NCCL's buffers and the allocator's slack), and the row says which;
+- fits / OOM at a micro batch <- ``kit.fit.estimate_fit`` on the row's GPU (the verdict's one rule), with
+  the largest micro batch the kit finds fitting beside it ("fits at BS=N (max)" is checked as: fits at N).
+A reading that is neither (nvidia-smi's memory in use, what PyTorch had allocated when it ran out) is
+shown beside the verdict, never compared: the allocator's cache fills a card whatever the run needs.
+``throughput.jsonl`` rows (step time) are loaded and classified the same way; comparing them is issue
+42's (``kind == "step_time"``, reason ``STEP_TIME``).
+
+How a row maps: DeepSpeed ZeRO stage N -> stage N ("ZeRO disabled": stage 0, DeepSpeed's fp16 optimizer);
+PyTorch DDP -> engine ``ddp``; FSDP2 full shard -> ``fsdp`` (``kit.rules.BASELINES``); the GPU by type and
+memory (``GPUS``: a V100-SXM3 32 GB has the V100-SXM2-32GB's memory); the model by name (``MODELS``: a
+preset, or ``data/published/models/*.json`` for Megatron's GPTs, whose vocabulary Megatron pads to a
+multiple of 128); bucket sizes, overlap and ZeRO++ from ``buckets``. Knobs a row does not give take the
+kit's defaults, DeepSpeed 0.19's, though several runs used older versions.
+
+Units: Megatron's ``report_memory`` prints "MB" of 1024 x 1024 bytes (MiB); nvidia-smi's MiB and PyTorch's
+GiB are binary; "GB" with no tool named is taken as 1e9 bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from pydantic import ValidationError
+
+from kit import models
+from kit.estimate.memory import estimate
+from kit.estimate.plan import largest_micro_batch
+from kit.fit import estimate_fit
+from kit.paths import PUBLISHED
+from kit.schema import ModelSpec, Setup, one_line_error
+from kit.units import GIB, MIB
+
+TABLES = ("memory", "throughput")
+#: what a row compares: a number of bytes, a fit / OOM boundary, a step time (issue 42)
+KINDS = ("memory", "fit", "step_time")
+#: the memory quantities a number row measures
+QUANTITIES = ("max_allocated", "max_reserved")
+#: the reason every step-time row gives until issue 42 compares them
+STEP_TIME = "step time: issue 42"
+#: the largest micro batch ``largest_micro_batch`` tries
+MAX_MICRO_BATCH = 4096
+
+#: a row's model (a piece of its ``model`` text, first match wins) -> a preset, or a config file under
+#: data/published/models/ (its ``_source`` says where each number comes from)
+MODELS = (
+    ("Megatron-DeepSpeed GPT 18B", "megatron-gpt-18b.json"),
+    ("Megatron GPT-2 10B", "megatron-gpt2-10b.json"),
+    ("Megatron GPT-2 1.5B", "megatron-gpt2-1.5b.json"),
+    ("gpt2-large", "gpt2-large"),
+    ("gpt2-xl", "gpt2-xl"),
+    ("Llama 2 70B", "llama-2-70b"),
+    ("Llama 3.1 8B", "llama-3-8b"),  # Llama 3's tensors; 3.1 changes only the rotary scaling
+)
+#: models whose trained head the kit has no workload for
+HEADS = (("DeBERTa-v2-xlarge-mnli", "sequence-classification head (DeBERTa-v2 MNLI)"),)
+#: (piece of the row's ``gpu_type``, its ``gpu_mem_gb``) -> the GPU in data/gpus.csv with that memory
+GPUS = (
+    ("V100", 32, "V100-SXM2-32GB"),
+    ("V100", 16, "V100-SXM2-16GB"),
+    ("A100", 80, "A100-SXM-80GB"),
+    ("A100", 40, "A100-SXM-40GB"),
+    ("H200", 141, "H200-SXM-141GB"),
+    ("H100", 80, "H100-SXM-80GB"),
+    ("TITAN RTX", 24, "TITAN-RTX"),
+)
+#: other parallelism a row names -> what it is called
+PARALLELISM = {"TP": "tensor", "PP": "pipeline", "CP": "context", "SP": "sequence"}
+#: units of ``value`` (``_bytes`` reads Megatron's "MB")
+UNITS = {"GiB": GIB, "MiB": MIB, "GB": 10**9}
+
+
+def load(table: str) -> list[dict[str, Any]]:
+    """The rows of ``data/published/<table>.jsonl`` as they are, in file order."""
+    if table not in TABLES:
+        raise ValueError(f"table: choose one of {', '.join(TABLES)}, got {table!r}")
+    with open(PUBLISHED / f"{table}.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def rows(table: str = "all") -> list[dict[str, Any]]:
+    """Every row of one table (``memory``, ``throughput``) or of both (``all``)."""
+    return [row for name in (TABLES if table == "all" else (table,)) for row in load(name)]
+
+
+def kind(row: dict[str, Any]) -> str:
+    """``memory`` (bytes measured), ``fit`` (a fit / OOM boundary) or ``step_time`` (a throughput row)."""
+    if row["table"] == "throughput":
+        return "step_time"
+    return "memory" if row["outcome"] == "measured" else "fit"
+
+
+@dataclass(frozen=True)
+class Expressed:
+    """A row as the kit describes it: its ``setup``, or the one ``reason`` it cannot; ``notes`` are the
+    assumptions the mapping made (a GPU taken by its memory, a sequence length read from a guess...)."""
+
+    setup: Setup | None
+    reason: str | None
+    notes: tuple[str, ...] = ()
+
+
+def express(row: dict[str, Any]) -> Expressed:
+    """The Setup of a memory row, or the first reason the kit cannot express it (``reason``)."""
+    reason = feature_reason(row)
+    if reason:
+        return Expressed(None, reason)
+    notes: list[str] = []
+    zero = _engine(row)
+    if isinstance(zero, str):
+        return Expressed(None, zero)
+    precision = _precision(row["precision"])
+    if zero["engine"] != "deepspeed" and precision == "fp16":
+        name = zero["engine"].upper()
+        return Expressed(
+            None, f"fp16 mixed precision under PyTorch {name} (the kit's {name} is fp32 or bf16)"
+        )
+    gpu = _gpu(row, notes)
+    if gpu is None:
+        return Expressed(None, f"GPU {row['gpu_type']} {row['gpu_mem_gb']} GB is not in data/gpus.csv")
+    spec = _model(row, notes)
+    if spec is None:
+        return Expressed(None, f"model {row['model']} is not a preset or in data/published/models")
+    seq, why = _seq_len(row["seq_len"])
+    if seq is None:
+        return Expressed(None, why)
+    if why:
+        notes.append(why)
+    nodes, gpus = row["num_nodes"] or 1, row["num_gpus"]
+    if gpus % nodes:
+        return Expressed(None, f"{gpus} GPUs do not split evenly over {nodes} nodes")
+    zero.update(
+        precision=precision,
+        optimizer=_optimizer(row["optimizer"]),
+        offload_optimizer=_offload(row["offload_optimizer"]),
+        offload_param=_offload(row["offload_param"]),
+        activation_checkpointing=_checkpointing(row["activation_checkpointing"], notes),
+        **_buckets(row["buckets"]),
+    )
+    try:
+        setup = Setup(
+            model=spec,
+            cluster={"nodes": nodes, "gpus_per_node": gpus // nodes, "gpu": gpu},
+            zero=zero,
+            batch={
+                "micro_batch": row["micro_batch_per_gpu"],
+                "grad_accum": row["grad_accum"] or 1,
+                "seq_len": seq,
+            },
+        )
+    except (ValidationError, ValueError) as error:
+        return Expressed(None, one_line_error(error))
+    if row.get("global_batch") not in (None, setup.batch.train_batch):
+        notes.append(f"global batch {row['global_batch']} given, {setup.batch.train_batch} from the setup")
+    return Expressed(setup, None, tuple(notes))
+
+
+def feature_reason(row: dict[str, Any]) -> str | None:
+    """The first thing a row's run does that the kit does not model, read from its text alone (no Setup
+    needed, so step-time rows ask it too): other parallelism, Float8, torch.compile, selective
+    checkpointing, FSDP1, frozen parts, source and target lengths that differ, a head the kit lacks."""
+    other = row.get("other_parallelism") or ""
+    degrees = {k: int(n) for k, n in re.findall(r"\b(TP|PP|CP|SP)\s*=\s*(\d+)", other) if int(n) > 1}
+    if degrees:
+        names = [PARALLELISM[k] for k in degrees]
+        what = " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
+        return f"{what} parallelism ({', '.join(f'{k}={n}' for k, n in degrees.items())})"
+    text = f"{row.get('precision') or ''}; {row.get('extras') or ''}"
+    if _mentions(text, "float8", "fp8"):
+        return "Float8 linears"
+    if _mentions(row.get("extras"), "compile"):
+        return "torch.compile"
+    checkpointing = str(row.get("activation_checkpointing") or "").lower()
+    if checkpointing.startswith("selective"):
+        level = "op-level" if "op" in checkpointing else "every n-th block"
+        return f"selective activation checkpointing ({level})"
+    if "FSDP1" in row["framework"] or (
+        re.search(r"FULL_SHARD|SHARD_GRAD_OP|HYBRID_SHARD", row.get("sharding") or "")
+        and "FSDP2" not in row["framework"]
+    ):
+        return "FSDP1 flat parameters"
+    extras = row.get("extras") or ""
+    if "freeze_embeds" in extras:
+        return "frozen embeddings (--freeze_embeds)"
+    if _mentions(extras, "frozen", "freeze"):
+        return "frozen parameters"
+    lengths = re.match(r"\s*(\d+)\s*src\s*/\s*(\d+)\s*tgt", str(row.get("seq_len")))
+    if lengths and lengths.group(1) != lengths.group(2):
+        return f"source and target lengths differ ({lengths.group(1)} / {lengths.group(2)})"
+    return next((why for name, why in HEADS if name in row["model"]), None)
+
+
+def _mentions(text: str | None, *words: str) -> bool:
+    """Whether ``text`` names one of ``words`` outside a negation ("no torch.compile, no Float8")."""
+    for part in re.split(r"[,;+]", (text or "").lower()):
+        part = part.strip()
+        if not part.startswith(("no ", "without ")) and any(w in part for w in words):
+            return True
+    return False
+
+
+def _engine(row: dict[str, Any]) -> dict[str, Any] | str:
+    """``ZeroSettings``' engine and stage for a row's framework, or why the kit has none for it."""
+    text = f"{row['framework']} {row.get('sharding') or ''}"
+    if "FSDP2" in text:
+        return {"engine": "fsdp", "stage": 2 if "reshard_after_forward=False" in text else 3}
+    if re.search(r"\bDDP\b", text):
+        return {"engine": "ddp", "stage": 0}
+    if "no DeepSpeed" in text:
+        return "one GPU without DDP (plain PyTorch: no DDP gradient buckets)"
+    if "DeepSpeed" in row["framework"] and isinstance(row.get("zero_stage"), int):
+        return {"engine": "deepspeed", "stage": row["zero_stage"]}
+    return f"framework {row['framework']}"
+
+
+def _precision(text: str | None) -> str:
+    t = (text or "").lower()
+    return "bf16" if "bf16" in t else "fp16" if "fp16" in t else "fp32"
+
+
+def _optimizer(text: str | None) -> str:
+    t = (text or "").lower()
+    return "sgd" if "sgd" in t else "adamw" if "adamw" in t else "adam" if "adam" in t else "adamw"
+
+
+def _offload(text: str | None) -> str:
+    t = (text or "none").lower()
+    return "cpu" if t.startswith("cpu") else "nvme" if t.startswith("nvme") else "none"
+
+
+def _checkpointing(text: str | None, notes: list[str]) -> bool:
+    t = (text or "off").lower()
+    if t.startswith("off"):
+        return False
+    if "likely" in t or "assumed" in t:
+        notes.append(f"activation checkpointing taken as on (the row says {text!r})")
+    return True
+
+
+def _buckets(text: str | None) -> dict[str, Any]:
+    """ZeroSettings fields a row's ``buckets`` text sets: bucket sizes, overlap, contiguous gradients and
+    ZeRO++'s hpZ, qwZ and qgZ (ds_config key names)."""
+    out: dict[str, Any] = {}
+    t = text or ""
+    for key in ("reduce_bucket_size", "allgather_bucket_size"):
+        size = re.search(rf"\b{key}\s*=\s*(\d+(?:\.\d+)?(?:e\d+)?)", t)
+        if size:
+            out[key] = int(float(size.group(1)))
+    hpz = re.search(r"\bzero_hpz_partition_size\s*=\s*(\d+)", t)
+    if hpz:
+        out["hpz_partition_size"] = int(hpz.group(1))
+    for key in ("quantized_weights", "quantized_gradients"):
+        if re.search(rf"\bzero_{key}\s*=\s*true", t):
+            out[key] = True
+    for flag in ("overlap_comm", "contiguous_gradients"):
+        found = re.search(rf"\b{flag}\b(?:\s*=\s*(true|false))?", t)
+        if found:
+            out[flag] = found.group(1) != "false"
+    return out
+
+
+def _gpu(row: dict[str, Any], notes: list[str]) -> str | None:
+    kind_, memory = row.get("gpu_type") or "", row.get("gpu_mem_gb")
+    name = next((n for piece, gb, n in GPUS if piece in kind_ and memory == gb), None)
+    if name and "SXM3" in kind_:
+        notes.append(f"{kind_} {memory} GB taken as the {name} (the same memory)")
+    return name
+
+
+def _model(row: dict[str, Any], notes: list[str]) -> ModelSpec | None:
+    source = next((s for piece, s in MODELS if piece in row["model"]), None)
+    if source is None:
+        return None
+    if source.endswith(".json") and "Megatron" in row["model"]:
+        notes.append(f"vocabulary {row['vocab']:,} padded to {spec_of(source).vocab:,} as Megatron does")
+    return spec_of(source)
+
+
+@cache
+def spec_of(source: str) -> ModelSpec:
+    """The ModelSpec of a ``MODELS`` source: a config file under data/published/models, or a preset."""
+    if source.endswith(".json"):
+        return models.from_hf_config(PUBLISHED / "models" / source)
+    return models.preset(source)
+
+
+def _seq_len(value: Any) -> tuple[int | None, str | None]:
+    """``(tokens, note)``, or ``(None, reason)`` for a length the kit cannot take as one number."""
+    if isinstance(value, int):
+        return value, None
+    text = str(value)
+    both = re.match(r"\s*(\d+)\s*src\s*/\s*(\d+)\s*tgt", text)
+    if both and both.group(1) == both.group(2):
+        return int(both.group(1)), f"source and target both {both.group(1)} tokens"
+    first = re.match(r"\s*(\d+)", text)
+    if first is None or both:
+        return None, f"sequence length {text!r}"
+    return int(first.group(1)), f"sequence length taken as {first.group(1)} (the row says {text!r})"
+
+
+def _bytes(row: dict[str, Any], value: float, unit: str) -> int:
+    """``value`` in ``unit`` as bytes; Megatron's ``report_memory`` "MB" are MiB (it divides by 1024**2)."""
+    if unit == "MB":
+        return round(value * (MIB if "report_memory" in row["measured_what"] else 10**6))
+    return round(value * UNITS[unit])
+
+
+def _quantity(row: dict[str, Any]) -> str | None:
+    what = row["measured_what"]
+    if "max_memory_allocated" in what:
+        return "max_allocated"
+    if "reserved" in what:
+        return "max_reserved"
+    return None  # the tool is not stated: nothing to compare it with
+
+
+def _secondary_reserved(row: dict[str, Any]) -> int | None:
+    """The max reserved a row prints beside max allocated (``value_secondary``), in bytes."""
+    found = re.search(r"max reserved\s+([\d.]+)\s*(MB|MiB|GiB|GB)", row.get("value_secondary") or "")
+    return _bytes(row, float(found.group(1)), found.group(2)) if found else None
+
+
+@dataclass(frozen=True)
+class Value:
+    """A measured number of bytes beside the prediction (``predicted_as``: the estimate's field)."""
+
+    quantity: str
+    measured_bytes: int
+    predicted_bytes: int
+    predicted_as: str
+
+    @property
+    def error(self) -> float:
+        """predicted / measured - 1."""
+        return self.predicted_bytes / self.measured_bytes - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        keys = ("quantity", "measured_bytes", "predicted_bytes", "predicted_as", "error")
+        return {k: getattr(self, k) for k in keys}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One fit / OOM boundary: the run at ``micro_batch`` ``measured`` (fits / OOM; ``largest``: the largest
+    micro batch that fit, "fits at BS=N (max)"), and the kit's verdict (``kit.fit.estimate_fit``:
+    ``predicted_bytes`` per GPU against ``capacity_bytes``, ``problem`` its reason; ``peak_tensor_bytes``
+    the peak of live tensors in it)."""
+
+    micro_batch: int
+    measured: str
+    predicted: str
+    predicted_bytes: int
+    capacity_bytes: int
+    problem: str
+    peak_tensor_bytes: int
+    largest: bool = False
+
+    @property
+    def agrees(self) -> bool:
+        return self.measured == self.predicted
+
+    def to_dict(self) -> dict[str, Any]:
+        keys = ("micro_batch", "largest", "measured", "predicted", "agrees", "predicted_bytes")
+        keys += ("capacity_bytes", "problem", "peak_tensor_bytes")
+        return {k: getattr(self, k) for k in keys}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One published row beside the kit's prediction, or the reason there is none."""
+
+    row: dict[str, Any]
+    kind: str
+    setup: Setup | None = None
+    reason: str | None = None
+    notes: tuple[str, ...] = ()
+    values: tuple[Value, ...] = ()
+    checks: tuple[Check, ...] = ()
+    #: a reading shown beside a fit / OOM verdict, not compared (nvidia-smi's, or allocated at the OOM)
+    measured_bytes: int | None = None
+    #: the largest micro batch the kit finds fitting (fit rows; 0: none)
+    largest_micro_batch: int | None = None
+
+    @property
+    def id(self) -> str:
+        return self.row["id"]
+
+    @property
+    def expressed(self) -> bool:
+        return self.reason is None
+
+    @property
+    def agrees(self) -> bool | None:
+        """Whether every fit / OOM boundary agrees (None for a row without one)."""
+        return all(c.agrees for c in self.checks) if self.checks else None
+
+    @property
+    def label(self) -> str | None:
+        """``megatron-gpt-18b: z3 fp16 mb1 ckpt on 4 x 16 V100-SXM2-32GB``."""
+        s = self.setup
+        if s is None:
+            return None
+        c = s.cluster
+        return f"{s.model.name}: {s.label} on {c.nodes} x {c.gpus_per_node} {c.gpu}"
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.row
+        return {
+            "id": r["id"],
+            "table": r["table"],
+            "kind": self.kind,
+            "model": r["model"],
+            "framework": r["framework"],
+            "label": self.label,
+            "measured_what": r["measured_what"],
+            "outcome": None if self.kind == "memory" else r.get("outcome"),
+            "values": [v.to_dict() for v in self.values],
+            "checks": [c.to_dict() for c in self.checks],
+            "agrees": self.agrees,
+            "measured_bytes": self.measured_bytes,
+            "largest_micro_batch": self.largest_micro_batch,
+            "confidence": r["confidence"],
+            "reason": self.reason,
+            "notes": list(self.notes),
+            "source": r["source"],
+            "setup": self.setup.model_dump(mode="json") if self.setup else None,
+        }
+
+
+def compare(row: dict[str, Any]) -> Comparison:
+    """A row beside the kit's prediction (see the module docstring), or with the reason it has none."""
+    what = kind(row)
+    if what == "step_time":
+        return Comparison(row, what, reason=feature_reason(row) or STEP_TIME)
+    expressed = express(row)
+    if expressed.setup is None:
+        return Comparison(row, what, reason=expressed.reason)
+    setup, notes = expressed.setup, list(expressed.notes)
+    if what == "memory":
+        est = estimate(setup)
+        measured = {_quantity(row): _bytes(row, row["value"], row["unit"])}
+        measured.setdefault("max_reserved", _secondary_reserved(row))
+        values = tuple(
+            Value(quantity, nbytes, *_predicted(est, quantity))
+            for quantity, nbytes in measured.items()
+            if quantity in QUANTITIES and nbytes is not None
+        )
+        if not values:
+            notes.append(f"not compared: the kit predicts no {row['measured_what']!r}")
+        return Comparison(row, what, setup, notes=tuple(notes), values=values)
+    checks = []
+    for micro_batch, fits, largest in _boundaries(row, notes):
+        at = (
+            setup
+            if micro_batch == setup.batch.micro_batch
+            else setup.replace(batch={"micro_batch": micro_batch})
+        )
+        est = estimate(at)
+        verdict = estimate_fit(est)
+        measured, predicted = ("fits" if ok else "OOM" for ok in (fits, verdict.ok))
+        checks.append(
+            Check(
+                micro_batch,
+                measured,
+                predicted,
+                verdict.need,
+                verdict.capacity,
+                verdict.problem,
+                est.peak_tensor_bytes,
+                largest,
+            )  # fmt: skip
+        )
+    reading = _bytes(row, row["value"], row["unit"]) if row.get("value") is not None else None
+    return Comparison(
+        row,
+        what,
+        setup,
+        notes=tuple(notes),
+        checks=tuple(checks),
+        measured_bytes=reading,
+        largest_micro_batch=largest_micro_batch(setup, limit=MAX_MICRO_BATCH),
+    )
+
+
+def _predicted(est, quantity: str) -> tuple[int, str]:
+    """``(bytes, the estimate's field)`` predicting ``quantity`` (one of ``QUANTITIES``): max allocated is
+    the peak of live tensors; max reserved is ``reserved_bytes`` where the Estimate has it, else the peak
+    per GPU (its CUDA context and NCCL buffers are not reserved by the allocator: it over-predicts)."""
+    if quantity == "max_allocated":
+        return est.peak_tensor_bytes, "peak_tensor_bytes"
+    reserved = getattr(est, "reserved_bytes", None)
+    if reserved is not None:
+        return reserved, "reserved_bytes"
+    return est.peak_per_gpu_bytes, "peak_per_gpu_bytes"
+
+
+def _boundaries(row: dict[str, Any], notes: list[str]) -> list[tuple[int, bool, bool]]:
+    """``(micro batch, fits, the largest that fit)`` of each clause of a row's ``outcome`` ("fits", "OOM",
+    "fits at BS=8 (max)", "fits (BS=20); OOM (BS=30)"); a clause about another setup ("DDP OOM at BS=1") is
+    left out, and noted."""
+    out = []
+    for clause in row["outcome"].split(";"):
+        found = re.match(r"\s*(fits|OOM)\b(?:.*?BS=(\d+))?", clause)
+        if found is None:
+            notes.append(f"not checked: {clause.strip()!r} (another setup)")
+            continue
+        micro_batch = int(found.group(2)) if found.group(2) else row["micro_batch_per_gpu"]
+        out.append((micro_batch, found.group(1) == "fits", "(max)" in clause))
+    return out
+
+
+@dataclass(frozen=True)
+class Report:
+    """Comparisons of a selection of rows and their summary."""
+
+    comparisons: tuple[Comparison, ...]
+
+    def summary(self) -> dict[str, Any]:
+        """Per table the rows, those expressed and those waiting for the step-time comparison (issue 42);
+        per quantity the median |error| and the worst error; how many fit / OOM rows agree."""
+        tables = {}
+        for table in TABLES:
+            mine = [c for c in self.comparisons if c.row["table"] == table]
+            if mine:
+                tables[table] = {
+                    "rows": len(mine),
+                    "expressed": sum(c.expressed for c in mine),
+                    "step_time_pending": sum(c.reason == STEP_TIME for c in mine),
+                }
+        quantities = {}
+        for quantity in QUANTITIES:
+            found = [(c.id, v) for c in self.comparisons for v in c.values if v.quantity == quantity]
+            if not found:
+                continue
+            worst_id, worst = max(found, key=lambda item: abs(item[1].error))
+            quantities[quantity] = {
+                "rows": len(found),
+                "median_abs_error": statistics.median(abs(v.error) for _, v in found),
+                "worst_error": worst.error,
+                "worst_id": worst_id,
+                "predicted_as": sorted({v.predicted_as for _, v in found}),
+            }
+        checked = [c for c in self.comparisons if c.checks]
+        return {
+            "tables": tables,
+            "quantities": quantities,
+            "fit": {
+                "rows": len(checked),
+                "agree": sum(bool(c.agrees) for c in checked),
+                "disagree": [c.id for c in checked if not c.agrees],
+            },
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": [c.to_dict() for c in self.comparisons], "summary": self.summary()}
+
+
+def ids(table: str = "all") -> list[str]:
+    """The ids of a table's rows (``A01``...), in file order."""
+    return [row["id"] for row in rows(table)]
+
+
+def report(table: str = "all", only: list[str] | tuple[str, ...] = ()) -> Report:
+    """Every row of ``table`` (``memory``, ``throughput``, ``all``), or only the ids in ``only``, compared."""
+    if table != "all" and table not in TABLES:
+        raise ValueError(f"table: choose one of {', '.join(TABLES)} or all, got {table!r}")
+    chosen = rows(table)
+    unknown = sorted(set(only) - {row["id"] for row in chosen})
+    if unknown:
+        raise ValueError(f"id: no row {', '.join(unknown)} in {table}")
+    return Report(tuple(compare(row) for row in chosen if not only or row["id"] in only))

@@ -1,0 +1,309 @@
+"""Published measurements of real GPU runs (data/published/) beside the kit's predictions
+(``kit.estimate.published``, ``zerokit published``): the rows load, each memory row becomes the Setup it
+describes or the one reason the kit cannot express it, and the numbers set beside the measurements are
+the estimate's own."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit.cli import main
+from kit.estimate import estimate
+from kit.estimate import published as P
+from kit.fit import estimate_fit
+from kit.gpus import gpu
+from kit.paths import PUBLISHED
+from kit.units import GIB, MIB
+
+REPO = Path(__file__).resolve().parent.parent
+MEMORY = {row["id"]: row for row in P.load("memory")}
+
+#: every memory row: the reason the kit cannot express it, or None where it compares it
+REASONS = {
+    "A01": "selective activation checkpointing (op-level)",
+    "A02": "torch.compile",
+    "A03": "selective activation checkpointing (op-level)",
+    "A04": "torch.compile",
+    "A05": "Float8 linears",
+    "A06": "Float8 linears",
+    "A07": "selective activation checkpointing (every n-th block)",
+    "A08": "selective activation checkpointing (op-level)",
+    "A09": "selective activation checkpointing (op-level)",
+    "A10": None,
+    "A18": None,
+    "A19": None,
+    "A20": None,
+    "A21": None,
+    "A22": None,
+    "A23": None,
+    "A24": "frozen embeddings (--freeze_embeds)",
+    "A25": "frozen embeddings (--freeze_embeds)",
+    "A26": "frozen embeddings (--freeze_embeds)",
+    "A27": "frozen embeddings (--freeze_embeds)",
+    "A28": "frozen embeddings (--freeze_embeds)",
+    "A29": "sequence-classification head (DeBERTa-v2 MNLI)",
+    "A30": "sequence-classification head (DeBERTa-v2 MNLI)",
+    "A31": "source and target lengths differ (128 / 64)",
+    "A32": "source and target lengths differ (128 / 64)",
+    "A33": None,
+    "A34": "FSDP1 flat parameters",
+    "A35": "FSDP1 flat parameters",
+    "A36": "FSDP1 flat parameters",
+    "A37": "tensor parallelism (TP=8)",
+    "A38": "tensor and pipeline parallelism (TP=8, PP=10)",
+    "A39": "tensor and pipeline parallelism (TP=8, PP=10)",
+}
+
+
+@pytest.fixture(scope="module")
+def report():
+    return P.report()
+
+
+def by_id(report) -> dict:
+    return {c.id: c for c in report.comparisons}
+
+
+def test_the_published_rows_load_with_their_ids_and_sources():
+    assert sorted(p.name for p in PUBLISHED.iterdir()) == [
+        "README.md",
+        "memory.jsonl",
+        "models",
+        "throughput.jsonl",
+    ]
+    memory, throughput = P.load("memory"), P.load("throughput")
+    assert (len(memory), len(throughput)) == (32, 36)  # as data/published/README.md says
+    every = memory + throughput
+    assert all(isinstance(r["id"], str) and r["id"] and r["source"] for r in every)
+    assert len({r["id"] for r in every}) == 68
+    assert {r["table"] for r in memory} == {"memory"} and {r["table"] for r in throughput} == {"throughput"}
+    assert P.ids("memory") == list(REASONS) and P.ids() == list(REASONS) + [f"B{i:02}" for i in range(1, 37)]
+    with pytest.raises(ValueError, match="^table: choose one of memory, throughput, got 'speed'"):
+        P.load("speed")
+
+
+def test_every_memory_row_is_expressed_or_says_why(report):
+    found = {c.id: c.reason for c in report.comparisons if c.row["table"] == "memory"}
+    assert found == REASONS
+    for c in report.comparisons:
+        assert c.expressed == (c.setup is not None) and (c.expressed or c.reason.strip())
+        assert not c.expressed or (c.values or c.checks)  # an expressed row is compared
+    assert P.feature_reason(MEMORY["A05"]) == "Float8 linears"  # Float8 comes before torch.compile
+    full = {**MEMORY["A01"], "activation_checkpointing": "full"}  # its extras: "no torch.compile, no Float8"
+    assert P.feature_reason(full) is None
+    assert P.feature_reason({**full, "extras": "torch.compile ON"}) == "torch.compile"
+
+
+def test_a18_is_the_zeropp_tutorials_zero3_baseline():
+    s = P.express(MEMORY["A18"]).setup
+    z, c, b = s.zero, s.cluster, s.batch
+    assert (z.engine, z.stage, z.precision, z.offload_optimizer, z.offload_param) == (
+        "deepspeed", 3, "fp16", "none", "none"
+    )  # fmt: skip
+    assert (c.nodes, c.gpus_per_node, c.gpu) == (4, 16, "V100-SXM2-32GB")
+    assert (b.micro_batch, b.grad_accum, b.train_batch, b.seq_len) == (1, 1, 64, 512)
+    assert (z.reduce_bucket_size, z.activation_checkpointing, z.overlap_comm, z.contiguous_gradients) == (
+        10**7, True, True, True
+    )  # fmt: skip
+    assert (z.hpz_partition_size, z.quantized_weights, z.quantized_gradients) == (1, False, False)
+    m = s.model
+    assert (m.name, m.layers, m.hidden, m.heads, m.ffn, m.vocab, m.tied_embeddings) == (
+        "megatron-gpt-18b", 40, 6144, 32, 24576, 50304, True
+    )  # fmt: skip
+    assert m.params == 18_434_813_952  # "~18B"
+    a19 = P.express(MEMORY["A19"]).setup  # the same run with ZeRO++'s three flags
+    assert (a19.zero.hpz_partition_size, a19.zero.quantized_weights, a19.zero.quantized_gradients) == (
+        16,
+        True,
+        True,
+    )
+    off = {"hpz_partition_size": 1, "quantized_weights": False, "quantized_gradients": False}
+    assert a19.zero.overlap_comm is None and a19.zero.overlap  # not given in its row: stage 3's default, on
+    assert a19.replace(zero={**off, "overlap_comm": True}) == s
+
+
+def test_frameworks_gpus_and_batches_map_faithfully():
+    setups = {i: P.express(MEMORY[i]) for i, reason in REASONS.items() if reason is None}
+    zero = {i: (e.setup.zero.engine, e.setup.zero.stage, e.setup.zero.precision) for i, e in setups.items()}
+    assert zero == {
+        "A10": ("fsdp", 3, "bf16"),  # FSDP2 full shard
+        "A18": ("deepspeed", 3, "fp16"),
+        "A19": ("deepspeed", 3, "fp16"),
+        "A20": ("deepspeed", 2, "fp16"),
+        "A21": ("deepspeed", 1, "fp16"),
+        "A22": ("deepspeed", 0, "fp16"),  # DeepSpeed with ZeRO disabled: its fp16 optimizer, stage 0
+        "A23": ("deepspeed", 2, "fp16"),
+        "A33": ("ddp", 0, "fp32"),  # PyTorch DDP, mixed_precision 'no'
+    }
+    a20 = setups["A20"].setup
+    assert (a20.zero.offload_optimizer, a20.cluster.world_size, a20.batch.micro_batch, a20.batch.seq_len) == (
+        "cpu", 1, 10, 1024
+    )  # fmt: skip
+    a23 = setups["A23"].setup
+    assert (a23.zero.reduce_bucket_size, a23.zero.allgather_bucket_size, a23.zero.overlap_comm) == (
+        5 * 10**8, 5 * 10**8, True
+    )  # fmt: skip
+    a10 = setups["A10"].setup
+    assert (a10.model.name, a10.cluster.nodes, a10.cluster.gpus_per_node, a10.cluster.gpu) == (
+        "llama-2-70b", 8, 8, "A100-SXM-80GB"
+    )  # fmt: skip
+    assert a10.zero.activation_checkpointing and a10.batch.seq_len == 4096
+    a33 = setups["A33"]
+    assert (a33.setup.model.name, a33.setup.cluster.gpu, a33.setup.batch.seq_len) == (
+        "gpt2-large",
+        "TITAN-RTX",
+        128,
+    )
+    assert a33.notes == (
+        "sequence length taken as 128 (the row says \"128? (blog text shows '--block_size 12')\")",
+    )
+    assert "V100-SXM3 32 GB taken as the V100-SXM2-32GB (the same memory)" in setups["A21"].notes
+    for i, e in setups.items():  # the GPU named has the row's memory (GB as marketed, GiB in the table)
+        assert gpu(e.setup.cluster.gpu).memory_gib == pytest.approx(MEMORY[i]["gpu_mem_gb"], rel=0.02), i
+        assert e.setup.batch.train_batch == MEMORY[i]["global_batch"], i
+
+
+def test_megatron_models_are_the_rows_shapes_with_the_vocabulary_padded():
+    for piece, source in P.MODELS:
+        spec = P.spec_of(source)
+        if not source.endswith(".json"):
+            continue
+        assert "_source" in json.loads((PUBLISHED / "models" / source).read_text())
+        rows = [r for r in MEMORY.values() if piece in r["model"]]
+        assert rows, piece
+        for r in rows:
+            assert (spec.layers, spec.hidden, spec.heads, spec.ffn) == (
+                r["layers"],
+                r["hidden"],
+                r["heads"],
+                r["ffn"],
+            )
+            assert spec.vocab == -(-r["vocab"] // 128) * 128 and spec.tied_embeddings  # Megatron's padding
+
+
+def test_numbers_are_the_estimates_own_beside_the_measured_bytes(report):
+    a18 = by_id(report)["A18"]
+    est = estimate(a18.setup)
+    reserved = getattr(est, "reserved_bytes", None)
+    allocated, max_reserved = a18.values
+    # Megatron's report_memory prints MB of 1024 x 1024 bytes: 8284.7 max allocated, 18838.0 max reserved
+    assert (allocated.quantity, allocated.measured_bytes) == ("max_allocated", round(8284.7 * MIB))
+    assert (max_reserved.quantity, max_reserved.measured_bytes) == ("max_reserved", round(18838.0 * MIB))
+    assert (allocated.predicted_bytes, allocated.predicted_as) == (est.peak_tensor_bytes, "peak_tensor_bytes")
+    assert (max_reserved.predicted_bytes, max_reserved.predicted_as) == (
+        (reserved, "reserved_bytes")
+        if reserved is not None
+        else (est.peak_per_gpu_bytes, "peak_per_gpu_bytes")
+    )
+    assert allocated.error == est.peak_tensor_bytes / round(8284.7 * MIB) - 1
+
+
+def test_fit_rows_ask_the_fit_rule_at_the_published_micro_batch(report):
+    comparisons = by_id(report)
+    checked = {i: c for i, c in comparisons.items() if c.checks}
+    assert sorted(checked) == ["A10", "A20", "A21", "A22", "A23", "A33"]
+    expected = {"A10": "fits", "A20": "fits", "A21": "fits", "A22": "OOM", "A23": "fits", "A33": "fits"}
+    for i, c in checked.items():
+        (check,) = c.checks
+        verdict = estimate_fit(estimate(c.setup.replace(batch={"micro_batch": check.micro_batch})))
+        assert (check.measured, check.predicted) == (expected[i], "fits" if verdict.ok else "OOM"), i
+        assert (check.predicted_bytes, check.capacity_bytes) == (verdict.need, verdict.capacity)
+        assert c.agrees == (check.measured == check.predicted)
+        largest = c.largest_micro_batch  # it fits (0: none does), one more does not
+        assert largest == 0 or estimate_fit(estimate(c.setup.replace(batch={"micro_batch": largest}))).ok
+        assert not estimate_fit(estimate(c.setup.replace(batch={"micro_batch": largest + 1}))).ok
+    # DeepSpeed stage 0 in fp16 (FP16_Optimizer): the step's fp32 copies do not fit a V100 at micro batch 1
+    assert checked["A22"].largest_micro_batch == 0 and checked["A22"].agrees
+    assert checked["A33"].checks[0].largest and not checked["A10"].checks[0].largest  # "fits at BS=7 (max)"
+    # a reading shown, not compared: nvidia-smi's MiB, PyTorch's GiB at the OOM
+    assert checked["A20"].measured_bytes == 32290 * MIB and checked["A22"].measured_bytes == round(
+        29.09 * GIB
+    )
+
+
+def test_step_time_rows_wait_for_issue_42_unless_the_run_is_not_expressible(report):
+    rows = {c.id: c for c in report.comparisons if c.row["table"] == "throughput"}
+    assert {c.kind for c in rows.values()} == {"step_time"} and not any(c.expressed for c in rows.values())
+    assert rows["B01"].reason == P.STEP_TIME and rows["B09"].reason == P.STEP_TIME
+    assert rows["B07"].reason == "tensor and pipeline parallelism (TP=4, PP=12)"
+    assert (rows["B17"].reason, rows["B28"].reason, rows["B31"].reason) == (
+        "FSDP1 flat parameters", "torch.compile", "Float8 linears"
+    )  # fmt: skip
+    assert sum(c.reason == P.STEP_TIME for c in rows.values()) == 17
+
+
+def test_cli_json_is_one_object_whose_counts_add_up(capsys):
+    assert main(["published", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    data = json.loads(out)
+    assert set(data) == {"rows", "summary"} and len(data["rows"]) == 68
+    rows, summary = data["rows"], data["summary"]
+    for table, n in (("memory", 32), ("throughput", 36)):
+        mine = [r for r in rows if r["table"] == table]
+        assert summary["tables"][table] == {
+            "rows": n,
+            "expressed": sum(r["reason"] is None for r in mine),
+            "step_time_pending": sum(r["reason"] == P.STEP_TIME for r in mine),
+        }
+    assert summary["tables"]["memory"]["expressed"] == 8
+    for quantity, q in summary["quantities"].items():
+        values = [v for r in rows for v in r["values"] if v["quantity"] == quantity]
+        assert q["rows"] == len(values) == 2
+        assert max(abs(v["error"]) for v in values) == abs(q["worst_error"])
+    checked = [r for r in rows if r["checks"]]
+    assert summary["fit"] == {
+        "rows": 6,
+        "agree": sum(r["agrees"] for r in checked),
+        "disagree": [r["id"] for r in checked if not r["agrees"]],
+    }
+    a18 = next(r for r in rows if r["id"] == "A18")
+    assert a18["setup"]["zero"]["stage"] == 3 and a18["label"].startswith(
+        "megatron-gpt-18b: z3 fp16 mb1 ckpt"
+    )
+    assert next(r for r in rows if r["id"] == "A37")["setup"] is None
+
+
+def test_cli_selects_rows_and_prints_the_table_and_summary(capsys):
+    assert main(["published", "--table", "memory", "--id", "A18", "A37", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in data["rows"]] == ["A18", "A37"]
+    assert data["summary"]["tables"] == {"memory": {"rows": 2, "expressed": 1, "step_time_pending": 0}}
+    assert main(["published", "--table", "memory"]) == 0
+    out = capsys.readouterr().out
+    a18 = next(c for c in P.report("memory", ["A18"]).comparisons)
+    error = f"{100 * a18.values[0].error:+.1f} %"
+    assert f"{a18.values[0].measured_bytes / GIB:.2f} GiB" in out and error in out
+    assert "\nsummary:\n  memory: 8 of 32 rows expressed\n" in out
+    assert "  max allocated: 2 row(s), median |error| " in out and "fit / OOM: " in out
+    assert "\ncannot express yet:\n  A01  selective activation checkpointing (op-level)\n" in out
+    assert "  A37  tensor parallelism (TP=8)\n" in out and "B01" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--id", "A18", "Z99"], "--id: no row Z99 in table all; choose from A01-A10, A18-A39, B01-B36"),
+        (
+            ["--table", "memory", "--id", "B01"],
+            "--id: no row B01 in table memory; choose from A01-A10, A18-A39",
+        ),
+        (["--table", "speed"], "--table: choose one of all, memory, throughput, got 'speed'"),
+    ],
+)
+def test_cli_refuses_bad_input_in_one_line(capsys, argv, message):
+    assert main(["published", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"zerokit published: {message}\n"
+
+
+def test_published_imports_no_torch():
+    code = (
+        "import sys; from kit.estimate import published; published.report(); "
+        "print(sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert done.stdout.strip() == "[]"
