@@ -83,14 +83,15 @@ def local_shards(setup: Setup, rank: int) -> tuple[int, ...]:
     return tuple(local for _, local in _shards(shapes, setup.dp, rank))
 
 
-def _shards(shapes, n: int, rank: int) -> list[tuple[int, int]]:
+@lru_cache(maxsize=512)
+def _shards(shapes, n: int, rank: int) -> tuple[tuple[int, int], ...]:
     """Per tensor, (padded, local) elements of rank ``rank``'s shard along the first dimension."""
     out = []
     for shape in shapes:
         rows, rest = (shape[0], math.prod(shape[1:])) if shape else (1, 1)
         chunk = -(-rows // n)
         out.append((chunk * rest, max(0, min(chunk, rows - rank * chunk)) * rest))
-    return out
+    return tuple(out)
 
 
 def transient(setup: Setup) -> dict[str, Term]:

@@ -70,6 +70,16 @@ def _persistent(model: ModelSpec, threshold: int) -> tuple[int, ...]:
     return tuple(t for t in numels(Setup(model=model)) if t <= threshold)
 
 
+def persistent_padded(setup: Setup) -> int:
+    """Elements of the persistent tensors, each padded to the ranks (what stage 3 gathers of them)."""
+    return _persistent_padded(setup.model, setup.zero.param_persistence_threshold, setup.dp)
+
+
+@lru_cache(maxsize=512)
+def _persistent_padded(model: ModelSpec, threshold: int, n: int) -> int:
+    return sum(padded(t, n) for t in _persistent(model, threshold))
+
+
 def is_exact(setup: Setup) -> bool:
     """Whether the tensor list is known (not approximated from a bare count)."""
     return spec_tensors(setup.model) is not None

@@ -336,6 +336,13 @@ def _bucket(setup: Setup) -> Term:
     )
 
 
+@lru_cache(maxsize=256)
+def _matrices(model: ModelSpec) -> int | None:
+    """Elements of the model's tensors of two or more dimensions (None without its shapes)."""
+    shapes = spec_shapes(model)
+    return None if shapes is None else sum(math.prod(shape) for shape in shapes if len(shape) >= 2)
+
+
 def _autocast_copies(setup: Setup, head: bool = True) -> Term:
     """DDP in bf16 runs under ``torch.autocast``: every matmul casts its fp32 weight to bf16, autocast
     caches the copy of a leaf that requires grad (``cached_cast``) until the forward's autocast exits,
@@ -345,10 +352,9 @@ def _autocast_copies(setup: Setup, head: bool = True) -> Term:
     z, m = setup.zero, setup.model
     if z.engine != "ddp" or z.precision == "fp32":
         return NONE
-    shapes = spec_shapes(m)
-    if shapes is None:
+    n = _matrices(m)
+    if n is None:
         return NONE
-    n = sum(math.prod(shape) for shape in shapes if len(shape) >= 2)
     tables = (m.max_seq_len or 0) * (m.hidden or 0) if m.family == "gpt2" else 0
     if m.vocab and m.hidden:
         tables += 0 if m.tied_embeddings else m.vocab * m.hidden
@@ -491,7 +497,7 @@ def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[s
         return out
     # stage 3
     persistent = partition.persistent(setup)
-    whole = p * sum(partition.padded(t, setup.dp) for t in persistent)
+    whole = p * partition.persistent_padded(setup)
     out = {}
     if z.offload_optimizer == "none":
         sub = min(partition.partition_numel(setup), DS_SUB_GROUP_SIZE)

@@ -110,11 +110,11 @@ def scatters(
         return Term(copies * p * n, f"{copies} x {p} B x {n:,} (reduce_scatter_coalesced's {how})")
 
     out: dict[str, dict[str, Term]] = {}
-    *flushes, last = _scatter_sizes(
-        setup.model, setup.dp, z.reduce_bucket_size, z.param_persistence_threshold
-    )
-    if flushes:  # the largest hook's reduction: what is still gathered and its flat copy
-        before, padded = max(flushes, key=lambda f: min(gathered.bytes, p * f[0]) + copies * p * f[1])
+    sizes = (setup.model, setup.dp, z.reduce_bucket_size, z.param_persistence_threshold)
+    last = _scatter_sizes(*sizes)[-1]
+    largest = _largest_scatter(*sizes, gathered.bytes // p, copies)
+    if largest:  # the largest hook's reduction: what is still gathered and its flat copy
+        before, padded = largest
         still = min(gathered.bytes, p * before)
         out["at a gradient reduce-scatter"] = {
             **block,
@@ -123,6 +123,16 @@ def scatters(
         }
     out["at the epilogue's reduce-scatter"] = {**end, "temporaries": flat(last[1])}
     return out
+
+
+@lru_cache(maxsize=1024)
+def _largest_scatter(
+    model: ModelSpec, dp: int, bucket_size: int, threshold: int, gathered: int, copies: int
+) -> tuple[int, int] | None:
+    """The hook's reduction (``_scatter_sizes``, but the epilogue) with the most elements live: those
+    still gathered (at most ``gathered``) and its flat copy, ``copies`` times; None without one."""
+    flushes = _scatter_sizes(model, dp, bucket_size, threshold)[:-1]
+    return max(flushes, key=lambda f: min(gathered, f[0]) + copies * f[1], default=None)
 
 
 @lru_cache(maxsize=256)
