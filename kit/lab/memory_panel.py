@@ -325,6 +325,7 @@ class MemoryPanel:
                 f"<b class='zk-per-gpu'>{est.per_gpu_bytes / GIB:,.2f} GiB</b> of {_gpu_gib(c.gpu):,.2f} GiB",
             ),
             ("model states", f"{est.model_states_bytes / GIB:,.2f} GiB per GPU"),
+            *_reserved_facts(est),
             (
                 "CPU RAM per node",
                 f"{est.cpu_bytes_per_node / GIB:,.2f} GiB" + (f" of {ram / GIB:,.0f} GiB" if ram else ""),
@@ -462,6 +463,20 @@ def verdict_html(est) -> str:
     text = ("&#10004; fits: " if verdict.ok else "&#10008; does not fit: ") + "; ".join(parts)
     color = ui.GREEN if verdict.ok else ui.RED
     return f"<div class='zk-verdict-line' style='{ui.VERDICT_STYLE}color:{color}'><b>{text}</b></div>"
+
+
+def _reserved_facts(est) -> list[tuple[str, str]]:
+    """The caching allocator's replay (``Estimate.reserved``): max reserved, and with expandable
+    segments when they would hold 5 % less; none where the kit does not replay the step."""
+    plain, grown = est.reserved_bytes, est.reserved_expandable_bytes
+    if plain is None:
+        return []
+    facts = [("max reserved", f"{plain / GIB:,.2f} GiB (replayed allocator, not the verdict)")]
+    if plain - grown > 0.05 * plain:
+        facts.append(
+            ("expandable segments", f"{grown / GIB:,.2f} GiB reserved, {(plain - grown) / GIB:,.2f} GiB less")
+        )
+    return facts
 
 
 def chart_class(est) -> str:
