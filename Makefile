@@ -33,8 +33,10 @@ $(STAMP): $(ENGINE)
 	$(PY) -m pip install -q -e ".[all]"
 	touch $(STAMP)
 
+# the folder make demo writes (tests/test_demo.py runs make demo into a temporary one)
+DEMO_OUT ?= runs/demo
 demo: install
-	$(PY) -m kit demo --out runs/demo
+	$(PY) -m kit demo --out $(DEMO_OUT)
 
 lint: install
 	$(VENV)/bin/ruff check kit tests
