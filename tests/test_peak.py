@@ -408,10 +408,11 @@ def _mismatches(records: list[dict]) -> list[str]:
     from kit.estimate import peak
 
     assert peak.PHASES == PHASES
-    errors = []
+    errors, checked = [], set()
     for r in records:
         if r["step"] < 1:
             continue
+        checked.add((r["config_id"], r["rank"]))
         measured, predicted = r["measured"]["phases"], r["estimate"]["phases"]
         assert list(predicted) == list(PHASES)
         assert r["estimate"]["peak_tensor_bytes"] == max(predicted.values())
@@ -422,6 +423,8 @@ def _mismatches(records: list[dict]) -> list[str]:
                     f"{NAMES[r['config_id']]} rank {r['rank']} {phase}: {measured[phase]:,} vs "
                     f"{predicted[phase]:,}"
                 )
+    # every configuration and rank that recorded is checked: no mismatch list is empty for want of records
+    assert checked and checked == {(r["config_id"], r["rank"]) for r in records}, "a rank has no step 1"
     return errors
 
 

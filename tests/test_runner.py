@@ -192,12 +192,12 @@ def test_losses_are_the_same_for_every_stage(sweep):
 
 def test_measured_model_states_equal_the_estimator_exactly(sweep):
     results, _ = sweep
-    mismatches = {}
+    mismatches, compared = {}, 0
     for setup in SETUPS:
         for rank in range(NPROCS):
             steps = ok_steps(records_of(results, setup), rank)
-            if not steps:
-                continue
+            assert steps, f"{cid(setup)} rank {rank}: no step to compare"
+            compared += 1
             last = steps[-1]
             predicted = estimate.rank_states(Setup.model_validate(last["setup"]), rank)
             measured = {k: v for k, v in last["measured"].items() if k != "activations"}
@@ -206,7 +206,7 @@ def test_measured_model_states_equal_the_estimator_exactly(sweep):
                     "measured": (measured, last["measured_host"]),
                     "estimated": (predicted["device"], predicted["host"]),
                 }
-    assert mismatches == {}
+    assert compared == len(SETUPS) * NPROCS and mismatches == {}
 
 
 def test_activations_match_the_estimate(sweep):
