@@ -26,7 +26,8 @@ SWIGLU_FAMILIES = ("llama", "mistral", "qwen2")
 
 def activations(setup: Setup) -> Term:
     """Bytes of activations saved for backward on one GPU at the micro batch: the family's formula
-    (``formula``), else a trace of the model (``kit.estimate.trace``), else not estimated (a bare count)."""
+    (``formula``), else a trace of the model (``kit.estimate.trace``; a model it cannot trace is a
+    ValueError naming the model and the op, never 0 bytes), else not estimated (a bare count)."""
     m = setup.model
     if m.family in FORMULA_FAMILIES and m.is_transformer and not m.source:
         return formula(setup)
@@ -38,7 +39,9 @@ def activations(setup: Setup) -> Term:
         except ValueError as error:
             if not str(error).startswith("trace:"):
                 raise  # the user's code failed (kit.model_files says where): refuse, as a run would
-            return Term(0, f"activations not estimated: {error}")
+            # never activations of 0 (every micro batch would "fit"): no estimate at all, one line saying why
+            reason = str(error).removeprefix("trace: ")
+            raise ValueError(f"activations: {reason}; zero-kit cannot estimate its memory") from None
     return Term(0, "unknown architecture (bare parameter count): activations not estimated")
 
 
