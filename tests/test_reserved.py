@@ -65,15 +65,19 @@ def test_stage_3_gathers_on_its_own_stream_and_reduces_on_another():
 
 
 def test_zero_init_partitions_are_freed_into_the_cache():
-    """Stage 3: zero.Init gives each tensor its own partition, copied into one flat buffer and freed
-    (``_create_fp16_partitions_with_defragmentation``): those blocks stay reserved until reused."""
+    """Stage 3: zero.Init builds each tensor whole on the device and partitions it at once; the partitions
+    are then copied into one flat buffer and freed (``_create_fp16_partitions_with_defragmentation``):
+    those blocks stay reserved until reused."""
     s = Setup(model=preset("gpt2"), cluster={"gpus_per_node": 8}, zero={"stage": 3}, batch={"micro_batch": 1})
     events = step(s)
     first = next(i for i, e in enumerate(events) if not isinstance(e, (Alloc, Free)))  # the first Mark
-    init = events[:first]
-    parts = [2 * -(-t // 8) for t in partition.numels(s)]
-    assert [e.size for e in init[: len(parts)]] == parts
-    assert sum(isinstance(e, Free) for e in init) == len(parts)
+    init, numels = events[:first], partition.numels(s)
+    built = init[: 3 * len(numels)]  # per tensor: whole, its partition, the whole freed
+    assert [e.size for e in built[0::3]] == [2 * t for t in numels]
+    assert [e.size for e in built[1::3]] == [2 * -(-t // 8) for t in numels]
+    assert [e.key for e in built[2::3]] == [e.key for e in built[0::3]]
+    parts = {e.key for e in built[1::3]}
+    assert parts <= {e.key for e in init[3 * len(numels) :] if isinstance(e, Free)}  # all freed
 
 
 def test_what_it_does_not_replay_says_none():

@@ -10,9 +10,10 @@ This module writes that order for a DeepSpeed step from its code (0.19, ``stage_
 ``partition_parameters.py``, ``partitioned_param_coordinator.py``) and replays two steps (the second from
 the cache the first left), as the runs people publish report the peak over many:
 
-- **before the first step**: the resident states as DeepSpeed builds them. Stage 3's ``zero.Init`` gives
-  every tensor its own partition, which ``_create_fp16_partitions_with_defragmentation`` then copies
-  into one flat buffer and frees: the freed partitions stay cached (reserved) until later allocations of
+- **before the first step**: the resident states as DeepSpeed builds them. Stage 3's ``zero.Init`` builds
+  every tensor whole on the device and partitions it at once (its own partition, the whole freed), and
+  ``_create_fp16_partitions_with_defragmentation`` then copies the partitions into one flat buffer and
+  frees them: the freed partitions stay cached (reserved) until later allocations of
   their size class reuse them. The fp32 master copy is built then; Adam's two states in the first step.
 - **stage 3's gathers** run on their own stream (``__allgather_stream``: the fetch, its prefetch and the
   ``torch.cat`` of a coalesced handle all allocate there): a module's parameters gathered alone
@@ -165,13 +166,16 @@ class _Step:
 
     # ----- before the first step ---------------------------------------------------------------------
     def _resident(self) -> None:
-        """The states DeepSpeed allocates at ``initialize``; stage 3's per-tensor partitions made by
-        ``zero.Init``, copied into the flat buffer and freed; the fp32 master copy (a third of the
-        optimizer states with Adam: Adam's moments come in the first step)."""
+        """The states DeepSpeed allocates at ``initialize``; stage 3's tensors built whole by ``zero.Init``
+        and partitioned at once, the partitions copied into the flat buffer and freed; the fp32 master
+        copy (a third of the optimizer states with Adam: Adam's moments come in the first step)."""
         z, d = self.z, self.device
         if z.engine == "deepspeed" and z.stage == 3 and d["parameters"].bytes:
-            n = self.setup.dp
-            parts = [self.alloc(self.p * -(-t // n)) for _, t in self.tensors]
+            n, parts = self.setup.dp, []
+            for _, t in self.tensors:  # zero.Init: the tensor built whole on the device, then partitioned
+                whole = self.alloc(self.p * t)
+                parts.append(self.alloc(self.p * -(-t // n)))
+                self.free(whole)
             self.alloc(d["parameters"].bytes)
             self.free(*parts)
         else:
