@@ -14,7 +14,6 @@ TABLE_CHOICES = ("all", "memory", "throughput")
 #: the text table's columns and widths
 COLUMNS = (("id", 3), ("check", 18), ("measured", 9), ("predicted", 25), ("error", 9), ("conf.", 6))
 #: quantities as the text names them
-QUANTITY_TEXT = {"max_allocated": "max allocated", "max_reserved": "max reserved"}
 
 
 def register(sub) -> None:
@@ -91,6 +90,8 @@ def text(result) -> str:
 
 def _cells(c) -> list[tuple[str, ...]]:
     """The table's cells, one tuple per compared quantity or fit boundary of one row."""
+    from kit.estimate.published import QUANTITY_TEXT
+
     conf = c.row["confidence"]
     out = []
     for v in c.values:
@@ -115,6 +116,8 @@ def _setup_text(c) -> str:
 def _notes(c) -> list[str]:
     """What a reader needs beside a row's numbers: the mapping's assumptions, a prediction that stands in
     for another quantity, a measured reading not compared."""
+    from kit.estimate.published import QUANTITY_TEXT
+
     notes = list(c.notes)
     for v in c.values:
         if v.predicted_as == "peak_per_gpu_bytes":
@@ -134,7 +137,7 @@ def _notes(c) -> list[str]:
 def summary_lines(summary: dict) -> list[str]:
     """The summary as lines: rows expressed per table, per quantity the median |error| and the worst, and
     the fit / OOM agreement."""
-    from kit.estimate.published import STEP_TIME
+    from kit.estimate.published import QUANTITY_TEXT, STEP_TIME
 
     lines = []
     for table, counts in summary["tables"].items():

@@ -52,6 +52,8 @@ TABLES = ("memory", "throughput")
 KINDS = ("memory", "fit", "step_time")
 #: the memory quantities a number row measures
 QUANTITIES = ("max_allocated", "max_reserved")
+#: each quantity as a reader names it
+QUANTITY_TEXT = {"max_allocated": "max allocated", "max_reserved": "max reserved"}
 #: the reason every step-time row gives until issue 42 compares them
 STEP_TIME = "step time: issue 42"
 #: the largest micro batch ``largest_micro_batch`` tries

@@ -43,7 +43,7 @@ def throughput(results: Results) -> Figure:
     ax.bar_label(bars, fmt="{:,.1f}", fontsize=8, padding=2)
     ax.set_ylabel("samples / s")
     ax.set_title("Throughput per configuration")
-    _headroom(ax, table["samples_per_s"])
+    headroom(ax, table["samples_per_s"])
     _rotate(ax)
     return fig
 
@@ -69,7 +69,7 @@ def memory(results: Results) -> Figure:
     tops = [
         sum(table[f"{side}_{part}"].iloc[i] for part in MEASURED) / MB for side in sides for i in positions
     ]
-    _headroom(ax, tops)
+    headroom(ax, tops)
     _rotate(ax)
     return fig
 
@@ -103,7 +103,7 @@ def comm_volume(results: Results) -> Figure:
     ax.set_ylabel("MB sent per rank per step")
     ax.set_title("Communication volume per configuration")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0), markerscale=0.3)
-    _headroom(ax, [sum(values) for values in zip(*series.values(), strict=True)] if series else [])
+    headroom(ax, [sum(values) for values in zip(*series.values(), strict=True)] if series else [])
     _rotate(ax)
     return fig
 
@@ -155,7 +155,7 @@ def estimated_memory(estimates, title: str = "") -> Figure:
         )
     ax.set_ylabel("GiB per GPU")
     ax.set_title(title or "estimated memory per GPU")
-    _headroom(ax, peaks + sums + list(capacities.values()), 1.18)
+    headroom(ax, peaks + sums + list(capacities.values()), 1.18)
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     _rotate(ax)
     return fig
@@ -171,7 +171,7 @@ def _stack(ax, x, series: dict[str, list[float]], colors=None, labelled: bool = 
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
 
 
-def _headroom(ax, tops, factor: float = 1.12) -> None:
+def headroom(ax, tops, factor: float = 1.12) -> None:
     """Room above the highest bar (its label, the legend): bars never touch the top edge."""
     top = max([float(t) for t in tops if t == t] or [0.0])
     if top > 0:
@@ -183,7 +183,7 @@ def _ok(results: Results):
     return table[table["status"] == "ok"].reset_index(drop=True)
 
 
-def _empty(ax, text: str) -> None:
+def empty(ax, text: str) -> None:
     """An axes with nothing to draw says so, without ticks."""
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center")
     ax.set_xticks([])
@@ -234,7 +234,7 @@ def pareto(
             arrowprops={"arrowstyle": "->", "color": "0.3", "shrinkA": 0, "shrinkB": 4},
         )  # fmt: skip
     if fit.empty:
-        _empty(ax, "no setup fits within the limits")
+        empty(ax, "no setup fits within the limits")
     else:
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -309,7 +309,7 @@ def predicted_vs_measured(table, title: str = "", band: float = 0.25) -> Figure:
     fig = Figure(figsize=(7, 4.8), layout="constrained")
     ax = fig.subplots()
     if rows.empty:
-        _empty(ax, "no configuration has both a measured and a predicted time")
+        empty(ax, "no configuration has both a measured and a predicted time")
         return fig
     times = rows.filter(["measured_s", "measured_min_s", "measured_max_s", "predicted_s"])
     low, high = times.min().min() / 1.4, times.max().max() * 1.4
@@ -344,7 +344,7 @@ def predicted_vs_measured(table, title: str = "", band: float = 0.25) -> Figure:
     ax.legend(fontsize="small", loc="upper left")
     texts = [f"{row.label} ({error:+.0%})" for row, error in zip(rows.itertuples(), errors, strict=True)]
     xy = np.c_[rows.measured_s * 1e3, rows.predicted_s * 1e3]
-    for (x, y), text, dy in zip(xy, texts, _dodge(fig, ax, xy, texts), strict=True):
+    for (x, y), text, dy in zip(xy, texts, dodge(fig, ax, xy, texts), strict=True):
         box = {"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8}
         ax.annotate(
             text, (x, y), fontsize=8, xytext=(6, dy), textcoords="offset points", zorder=2.5, bbox=box
@@ -352,11 +352,11 @@ def predicted_vs_measured(table, title: str = "", band: float = 0.25) -> Figure:
     return fig
 
 
-#: a label's offsets from its point (points, above then below, nearest first): ``_dodge``'s choices
+#: a label's offsets from its point (points, above then below, nearest first): ``dodge``'s choices
 TRIES = (4, -12, 16, -24, 28, -36, 40, -48)
 
 
-def _dodge(fig: Figure, ax, xy, texts: list[str], size: float = 8) -> list[float]:
+def dodge(fig: Figure, ax, xy, texts: list[str], size: float = 8) -> list[float]:
     """Vertical offsets (points) of labels set right of the points ``xy`` (data) so that no two overlap:
     from the lowest point up, each label takes the nearest offset above or below its point that covers no
     other label and no point."""
@@ -457,167 +457,6 @@ def peak_timeline(
     peak = timeline.peak_phase
     what = "per GPU" if overhead else "of tensors"
     ax.set_title(title or f"peak per phase of a step: {peak}, {totals[peak] / unit:,.2f} {name} {what}")
-    _headroom(ax, tops, 1.15)
+    headroom(ax, tops, 1.15)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return fig
-
-
-#: each engine's marker in ``published`` (``kit.lab.tables.engine_name``)
-ENGINE_MARKERS = {
-    "ZeRO-0": "s", "ZeRO-1": "^", "ZeRO-2": "D", "ZeRO-3": "o", "ZeRO-3 + ZeRO++": "p", "DDP": "P",
-    "FSDP2": "X", "FSDP2 grad-op": "v",
-}  # fmt: skip
-#: each measured quantity's colour in ``published``
-QUANTITY_COLORS = {"max_allocated": "#4C72B0", "max_reserved": "#DD8452"}
-
-
-def published(report, band: float = 0.10) -> Figure:
-    """Predicted against measured GiB per GPU of every number a published run measured and the kit
-    predicts (``kit.estimate.published.report``: max allocated beside the peak of live tensors, max reserved
-    beside the reserved bytes), log-log, with the y = x line and the +-``band`` region shaded. A point's
-    colour is its quantity, its shape the engine (ZeRO stage, DDP, FSDP2), filled for a row of high
-    confidence and hollow for medium or low; each is named by its row id, quantity and error
-    (predicted / measured - 1), the names set apart by ``_dodge``. The title counts the rows drawn."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    from kit.lab.tables import QUANTITY_TEXT, engine_name
-
-    points = [(c, v) for c in report.comparisons for v in c.values]
-    rows = len({c.id for c, _ in points})
-    fig = Figure(figsize=(9, 5.2), layout="constrained")
-    ax = fig.subplots()
-    ax.set_title(
-        f"Predicted vs measured per GPU: {rows} of the {len(report.comparisons)} published rows "
-        f"({len(points)} numbers)"
-    )
-    if not points:
-        _empty(ax, "no row of this report has a number the kit predicts")
-        return fig
-    xy = np.array([[v.measured_bytes / GIB, v.predicted_bytes / GIB] for _, v in points])
-    texts = [f"{c.id} {QUANTITY_TEXT[v.quantity]} ({100 * v.error:+.1f} %)" for c, v in points]
-    engines = [engine_name(c.setup) for c, _ in points]
-    predicted_as = {q: " / ".join(sorted({v.predicted_as for _, v in points if v.quantity == q}))
-                    for q in QUANTITY_COLORS if any(v.quantity == q for _, v in points)}  # fmt: skip
-
-    def mark(label, marker="o", color="0.35", face=None):
-        return Line2D([], [], ls="none", marker=marker, ms=7, mew=1.5, mec=color,
-                      mfc=color if face is None else face, label=label)  # fmt: skip
-
-    handles = [
-        Line2D([], [], color="black", lw=1, label="predicted = measured"),
-        Patch(color="0.9", label=f"within {100 * band:.0f} %"),
-        *(mark(f"{QUANTITY_TEXT[q]} vs {by}", color=QUANTITY_COLORS[q]) for q, by in predicted_as.items()),
-        *(mark(e, ENGINE_MARKERS.get(e, "*")) for e in sorted(set(engines), key=list(ENGINE_MARKERS).index)),
-        mark("high confidence (filled)"),
-        mark("medium / low confidence", face="white"),
-    ]
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
-    low, high = xy.min() / 1.6, xy.max() * 1.6
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(low, high)
-    ax.set_ylim(low, high)
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 1-2-5 ticks: the points span a decade
-        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.4g}"))
-        axis.set_minor_formatter(NullFormatter())
-    ax.grid(True, which="major", alpha=0.3)
-    ax.set_xlabel("measured GiB per GPU (torch.cuda.max_memory_allocated / _reserved)")
-    ax.set_ylabel("predicted GiB per GPU (the kit)")
-    # room right of the points for their names: a name ``width`` points long right of a point fits when the
-    # log axis spans log(x / low) / (1 - width / the axes' width) or more (twice: the ticks move the axes)
-    widths = [6 + 0.6 * 8 * len(t) + 4 for t in texts]  # a little wider than ``_dodge``'s estimate
-    for _ in range(2):
-        fig.draw_without_rendering()
-        side = ax.bbox.width * 72 / fig.dpi
-        needs = [np.log(x / low) / (1 - w / side) for (x, _), w in zip(xy, widths, strict=True)]
-        span = max(np.log(xy.max() * 1.6 / low), *needs)
-        high = low * float(np.exp(span))
-        ax.set_xlim(low, high)
-        ax.set_ylim(low, high)
-    ends = [low, high]
-    ax.fill_between(ends, [v * (1 - band) for v in ends], [v * (1 + band) for v in ends], color="0.9",
-                    lw=0, zorder=1)  # fmt: skip
-    ax.plot(ends, ends, color="black", lw=1, zorder=1.5)
-    for (c, v), (x, y), engine in zip(points, xy, engines, strict=True):
-        color = QUANTITY_COLORS[v.quantity]
-        filled = c.row["confidence"] == "high"
-        ax.scatter([x], [y], s=56, marker=ENGINE_MARKERS.get(engine, "*"), edgecolors=color, linewidths=1.5,
-                   facecolors=color if filled else "white", zorder=3, gid=f"{c.id} {v.quantity}")  # fmt: skip
-    for (x, y), text, dy in zip(xy, texts, _dodge(fig, ax, xy, texts), strict=True):
-        box = {"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8}
-        ax.annotate(
-            text, (x, y), fontsize=8, xytext=(6, dy), textcoords="offset points", zorder=2.5, bbox=box
-        )
-    return fig
-
-
-def published_fits(report) -> Figure:
-    """The fit / OOM boundaries of published runs beside the kit's verdict (``kit.fit.estimate_fit``): per
-    boundary the predicted peak per GPU as a share of the GPU's memory (the verdict's capacity), marked by
-    whether the run fit (a green dot) or ran out of memory (a red cross), with a line at 100 %: a dot left
-    of it and a cross right of it agree. Beside each row, whether the verdict agrees."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    checks = [(c, k) for c in report.comparisons for k in c.checks]
-    rows = len({c.id for c, _ in checks})
-    agree = sum(k.agrees for _, k in checks)
-    fig = Figure(figsize=(8.6, 1.8 + 0.5 * max(len(checks), 2)), layout="constrained")
-    ax = fig.subplots()
-    ax.set_title(
-        f"Fit or OOM: {agree} of {len(checks)} verdicts agree, {rows} of the "
-        f"{len(report.comparisons)} published rows"
-    )
-    if not checks:
-        _empty(ax, "no row of this report has a fit / OOM boundary")
-        return fig
-    shares = [100 * k.predicted_bytes / k.capacity_bytes for _, k in checks]
-    right = max(125.0, max(shares) * 1.12)
-    ax.axvspan(0, 100, color="#e6f2e6", lw=0, zorder=0)
-    ax.axvspan(100, right, color="#f6e3e3", lw=0, zorder=0)
-    ax.axvline(100, color="black", ls="--", lw=1.2, zorder=1)
-    labels = []
-    for y, ((c, k), share) in enumerate(zip(checks, shares, strict=True)):
-        fit = k.measured == "fits"
-        ax.scatter([share], [y], s=70, marker="o" if fit else "X", color="#2E7D32" if fit else "#C62828",
-                   edgecolors="white", linewidths=0.8, zorder=3, gid=f"{c.id} mb{k.micro_batch}")  # fmt: skip
-        setup = c.setup.replace(batch={"micro_batch": k.micro_batch})
-        cluster = setup.cluster
-        labels.append(
-            f"{c.id} {setup.model.name} ({c.row['confidence']})\n{setup.label}, "
-            f"{cluster.world_size} x {cluster.gpu}"
-        )
-        verdict = "agrees" if k.agrees else "DISAGREES"
-        if k.problem == "precision":
-            verdict += f": no {setup.zero.precision} on the GPU"
-        else:
-            verdict += f": {k.predicted_bytes / GIB:,.2f} of {k.capacity_bytes / GIB:,.2f} GiB"
-        ax.annotate(verdict, (1.0, y), xycoords=("axes fraction", "data"), xytext=(6, 0),
-                    textcoords="offset points", va="center", fontsize=8,
-                    color="black" if k.agrees else "#C62828",
-                    fontweight="normal" if k.agrees else "bold")  # fmt: skip
-    ax.set_yticks(range(len(checks)), labels, fontsize=8)
-    ax.set_ylim(len(checks) - 0.5, -0.5)  # the first row on top
-    ax.set_xlim(0, right)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f} %"))
-    ax.set_xlabel("the kit's predicted peak per GPU, % of the GPU's memory (the fit rule's capacity)")
-    handles = [
-        Line2D([], [], ls="none", marker="o", ms=8, color="#2E7D32", mec="white", label="the run fit"),
-        Line2D(
-            [],
-            [],
-            ls="none",
-            marker="X",
-            ms=8,
-            color="#C62828",
-            mec="white",
-            label="the run ran out of memory",
-        ),
-        Patch(color="#e6f2e6", label="the kit says: fits"),
-        Patch(color="#f6e3e3", label="the kit says: OOM"),
-        Line2D([], [], color="black", ls="--", lw=1.2, label="100 %: the GPU's memory"),
-    ]
-    fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncols=3, frameon=False)
     return fig

@@ -1,0 +1,313 @@
+"""How far to trust the kit (notebook 11): published measurements of real GPU runs beside its predictions
+(``kit.estimate.published.report``), as tables a reader reads, two figures and one closing paragraph.
+
+``table`` (each measured number and fit / OOM boundary beside the prediction), ``unexpressed`` (the runs
+the kit cannot describe yet, and why), ``figure`` (predicted against measured, log-log), ``fits_figure``
+(each boundary's predicted peak as a share of its GPU), ``answer`` (the paragraph from
+``Report.summary()``). What it cannot show: the rows' own uncertainty beyond their confidence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from kit.estimate.published import QUANTITY_TEXT
+from kit.lab.plots import dodge, empty
+from kit.schema import Setup
+from kit.units import GIB
+
+
+def engine_name(setup: Setup) -> str:
+    """What trained a run, as a legend names it: ``ZeRO-3``, ``ZeRO-3 + ZeRO++``, ``DDP``, ``FSDP2``."""
+    from kit.rules import baseline_name
+
+    z = setup.zero
+    baseline = baseline_name(z.engine, z.stage)
+    if baseline:
+        return {"ddp": "DDP", "fsdp": "FSDP2"}.get(baseline, f"FSDP2 {baseline.removeprefix('fsdp-')}")
+    return f"ZeRO-{z.stage}" + (" + ZeRO++" if z.zeropp else "")
+
+
+def table(report) -> pd.DataFrame:
+    """The published runs the kit compares (``kit.estimate.published.report``), one row per measured number
+    (max allocated, max reserved: GiB per GPU and the error, predicted / measured - 1, as "+4.1 %") and per
+    fit / OOM boundary (the run fit or ran out of memory at a micro batch; the kit's verdict with its bytes
+    against the GPU's, and whether they agree); the row's confidence and the setup as the kit expresses it."""
+    rows = []
+    for c in report.comparisons:
+        if not c.expressed:
+            continue
+        common = {"confidence": c.row["confidence"], "setup": c.label}
+        for v in c.values:
+            rows.append(
+                {
+                    "id": c.id,
+                    "check": QUANTITY_TEXT[v.quantity],
+                    "measured": f"{v.measured_bytes / GIB:.2f} GiB",
+                    "predicted": f"{v.predicted_bytes / GIB:.2f} GiB",
+                    "error": f"{100 * v.error:+.1f} %",
+                }
+                | common
+            )
+        n = c.largest_micro_batch
+        largest = f"the kit's largest mb {n}" if n else "the kit fits no micro batch"
+        for k in c.checks:
+            if k.problem == "precision":
+                predicted = f"{k.predicted} (no {c.setup.zero.precision} on the GPU)"
+            else:
+                predicted = (
+                    f"{k.predicted} ({k.predicted_bytes / GIB:.2f} of {k.capacity_bytes / GIB:.2f} GiB)"
+                )
+            rows.append(
+                {
+                    "id": c.id,
+                    "check": f"fit at mb {k.micro_batch}" + (" (max)" if k.largest else ""),
+                    "measured": k.measured,
+                    "predicted": predicted,
+                    "error": "agrees" if k.agrees else "DISAGREES",
+                }
+                | common
+                | {"setup": f"{c.label}; {largest}"}
+            )
+    columns = ["id", "check", "measured", "predicted", "error", "confidence", "setup"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def unexpressed(report, by_reason: bool = False) -> pd.DataFrame:
+    """The published rows the kit cannot express yet (``Comparison.reason``): id, table, model and the
+    reason, grouped by reason, the most frequent first (then by reason, then by id); ``by_reason``: one row
+    per reason with its count and ids instead."""
+    refused = [c for c in report.comparisons if not c.expressed]
+    counts: dict[str, int] = {}
+    for c in refused:
+        counts[c.reason] = counts.get(c.reason, 0) + 1
+    refused.sort(key=lambda c: (-counts[c.reason], c.reason, c.id))
+    if by_reason:
+        ids: dict[str, list[str]] = {}
+        for c in refused:
+            ids.setdefault(c.reason, []).append(c.id)
+        rows = [{"reason": r, "rows": len(found), "ids": ", ".join(found)} for r, found in ids.items()]
+        return pd.DataFrame(rows, columns=["reason", "rows", "ids"])
+    rows = [
+        {"id": c.id, "table": c.row["table"], "model": c.row["model"], "reason": c.reason} for c in refused
+    ]
+    return pd.DataFrame(rows, columns=["id", "table", "model", "reason"])
+
+
+def answer(report) -> str:
+    """How far to trust the kit, in one paragraph built from ``report.summary()``: how close the tensor
+    peak is to max allocated, how far max reserved is off, how many fit / OOM rows agree, how many rows
+    the kit expresses, and how far a ZeRO-3 run's measured max reserved went past the verdict's peak per
+    GPU."""
+    from kit.estimate import estimate
+    from kit.fit import estimate_fit
+
+    summary = report.summary()
+    parts = []
+    allocated = summary["quantities"].get("max_allocated")
+    if allocated:
+        parts.append(
+            f"the tensor peak is within {100 * abs(allocated['worst_error']):.1f} % of max allocated on "
+            f"{_rows(allocated['rows'])} (median {100 * allocated['median_abs_error']:.1f} %)"
+        )
+    reserved = summary["quantities"].get("max_reserved")
+    if reserved:
+        side = "under" if reserved["worst_error"] < 0 else "over"
+        parts.append(
+            f"max reserved is {side}-predicted by {100 * reserved['median_abs_error']:.1f} % (median; worst "
+            f"{100 * reserved['worst_error']:+.1f} %, {reserved['worst_id']})"
+        )
+    fit = summary["fit"]
+    if fit["rows"]:
+        disagree = f" (not {', '.join(fit['disagree'])})" if fit["disagree"] else ""
+        parts.append(f"{fit['agree']} of {fit['rows']} fit / OOM rows agree{disagree}")
+    counts = summary["tables"].get("memory")
+    if counts:
+        parts.append(f"{counts['expressed']} of {counts['rows']} published memory rows are expressed")
+    if not parts:
+        return "No published row of this selection is compared."
+    text = "; ".join(parts) + "."
+    zero3 = [c for c in report.comparisons if c.values and engine_name(c.setup).startswith("ZeRO-3")]
+    over = []  # (measured over the verdict's number, id) of each ZeRO-3 row
+    for c in zero3:
+        need = estimate_fit(estimate(c.setup)).need
+        over.append((max(v.measured_bytes for v in c.values) / need, c.id))
+    if over:
+        ratio, worst = max(over)
+        if ratio > 1:
+            text += (
+                f" At ZeRO-3 the published max reserved was up to {ratio:.2f}x the verdict's peak per GPU "
+                f"({worst}): more than the replayed allocator explains, so a ZeRO-3 booking near the GPU's "
+                "memory is a guess (the allocator frees its cache before it fails: what a run needs lies "
+                "between max allocated and max reserved)."
+            )
+        else:
+            text += " On the ZeRO-3 rows the verdict's peak per GPU covered every measured number."
+    return text[0].upper() + text[1:]
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
+
+
+#: each engine's marker in ``figure`` (``kit.lab.tables.engine_name``)
+ENGINE_MARKERS = {
+    "ZeRO-0": "s", "ZeRO-1": "^", "ZeRO-2": "D", "ZeRO-3": "o", "ZeRO-3 + ZeRO++": "p", "DDP": "P",
+    "FSDP2": "X", "FSDP2 grad-op": "v",
+}  # fmt: skip
+#: each measured quantity's colour in ``figure``
+QUANTITY_COLORS = {"max_allocated": "#4C72B0", "max_reserved": "#DD8452"}
+
+
+def figure(report, band: float = 0.10) -> Figure:
+    """Predicted against measured GiB per GPU of every number a published run measured and the kit
+    predicts (``kit.estimate.published.report``: max allocated beside the peak of live tensors, max reserved
+    beside the reserved bytes), log-log, with the y = x line and the +-``band`` region shaded. A point's
+    colour is its quantity, its shape the engine (ZeRO stage, DDP, FSDP2), filled for a row of high
+    confidence and hollow for medium or low; each is named by its row id, quantity and error
+    (predicted / measured - 1), the names set apart by ``kit.lab.plots.dodge``; the title counts the rows
+    drawn."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    points = [(c, v) for c in report.comparisons for v in c.values]
+    rows = len({c.id for c, _ in points})
+    fig = Figure(figsize=(9, 5.2), layout="constrained")
+    ax = fig.subplots()
+    ax.set_title(
+        f"Predicted vs measured per GPU: {rows} of the {len(report.comparisons)} published rows "
+        f"({len(points)} numbers)"
+    )
+    if not points:
+        empty(ax, "no row of this report has a number the kit predicts")
+        return fig
+    xy = np.array([[v.measured_bytes / GIB, v.predicted_bytes / GIB] for _, v in points])
+    texts = [f"{c.id} {QUANTITY_TEXT[v.quantity]} ({100 * v.error:+.1f} %)" for c, v in points]
+    engines = [engine_name(c.setup) for c, _ in points]
+    predicted_as = {q: " / ".join(sorted({v.predicted_as for _, v in points if v.quantity == q}))
+                    for q in QUANTITY_COLORS if any(v.quantity == q for _, v in points)}  # fmt: skip
+
+    def mark(label, marker="o", color="0.35", face=None):
+        return Line2D([], [], ls="none", marker=marker, ms=7, mew=1.5, mec=color,
+                      mfc=color if face is None else face, label=label)  # fmt: skip
+
+    handles = [
+        Line2D([], [], color="black", lw=1, label="predicted = measured"),
+        Patch(color="0.9", label=f"within {100 * band:.0f} %"),
+        *(mark(f"{QUANTITY_TEXT[q]} vs {by}", color=QUANTITY_COLORS[q]) for q, by in predicted_as.items()),
+        *(mark(e, ENGINE_MARKERS.get(e, "*")) for e in sorted(set(engines), key=list(ENGINE_MARKERS).index)),
+        mark("high confidence (filled)"),
+        mark("medium / low confidence", face="white"),
+    ]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    low, high = xy.min() / 1.6, xy.max() * 1.6
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 1-2-5 ticks: the points span a decade
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.4g}"))
+        axis.set_minor_formatter(NullFormatter())
+    ax.grid(True, which="major", alpha=0.3)
+    ax.set_xlabel("measured GiB per GPU (torch.cuda.max_memory_allocated / _reserved)")
+    ax.set_ylabel("predicted GiB per GPU (the kit)")
+    # room right of the points for their names: a name ``width`` points long right of a point fits when the
+    # log axis spans log(x / low) / (1 - width / the axes' width) or more (twice: the ticks move the axes)
+    widths = [6 + 0.6 * 8 * len(t) + 4 for t in texts]  # a little wider than ``dodge``'s estimate
+    for _ in range(2):
+        fig.draw_without_rendering()
+        side = ax.bbox.width * 72 / fig.dpi
+        needs = [np.log(x / low) / (1 - w / side) for (x, _), w in zip(xy, widths, strict=True)]
+        span = max(np.log(xy.max() * 1.6 / low), *needs)
+        high = low * float(np.exp(span))
+        ax.set_xlim(low, high)
+        ax.set_ylim(low, high)
+    ends = [low, high]
+    ax.fill_between(ends, [v * (1 - band) for v in ends], [v * (1 + band) for v in ends], color="0.9",
+                    lw=0, zorder=1)  # fmt: skip
+    ax.plot(ends, ends, color="black", lw=1, zorder=1.5)
+    for (c, v), (x, y), engine in zip(points, xy, engines, strict=True):
+        color = QUANTITY_COLORS[v.quantity]
+        filled = c.row["confidence"] == "high"
+        ax.scatter([x], [y], s=56, marker=ENGINE_MARKERS.get(engine, "*"), edgecolors=color, linewidths=1.5,
+                   facecolors=color if filled else "white", zorder=3, gid=f"{c.id} {v.quantity}")  # fmt: skip
+    for (x, y), text, dy in zip(xy, texts, dodge(fig, ax, xy, texts), strict=True):
+        box = {"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8}
+        ax.annotate(
+            text, (x, y), fontsize=8, xytext=(6, dy), textcoords="offset points", zorder=2.5, bbox=box
+        )
+    return fig
+
+
+def fits_figure(report) -> Figure:
+    """The fit / OOM boundaries of published runs beside the kit's verdict (``kit.fit.estimate_fit``): per
+    boundary the predicted peak per GPU as a share of the GPU's memory (the verdict's capacity), marked by
+    whether the run fit (a green dot) or ran out of memory (a red cross), with a line at 100 %: a dot left
+    of it and a cross right of it agree. Beside each row, whether the verdict agrees."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    checks = [(c, k) for c in report.comparisons for k in c.checks]
+    rows = len({c.id for c, _ in checks})
+    agree = sum(k.agrees for _, k in checks)
+    fig = Figure(figsize=(8.6, 1.8 + 0.5 * max(len(checks), 2)), layout="constrained")
+    ax = fig.subplots()
+    ax.set_title(
+        f"Fit or OOM: {agree} of {len(checks)} verdicts agree, {rows} of the "
+        f"{len(report.comparisons)} published rows"
+    )
+    if not checks:
+        empty(ax, "no row of this report has a fit / OOM boundary")
+        return fig
+    shares = [100 * k.predicted_bytes / k.capacity_bytes for _, k in checks]
+    right = max(125.0, max(shares) * 1.12)
+    ax.axvspan(0, 100, color="#e6f2e6", lw=0, zorder=0)
+    ax.axvspan(100, right, color="#f6e3e3", lw=0, zorder=0)
+    ax.axvline(100, color="black", ls="--", lw=1.2, zorder=1)
+    labels = []
+    for y, ((c, k), share) in enumerate(zip(checks, shares, strict=True)):
+        fit = k.measured == "fits"
+        ax.scatter([share], [y], s=70, marker="o" if fit else "X", color="#2E7D32" if fit else "#C62828",
+                   edgecolors="white", linewidths=0.8, zorder=3, gid=f"{c.id} mb{k.micro_batch}")  # fmt: skip
+        setup = c.setup.replace(batch={"micro_batch": k.micro_batch})
+        cluster = setup.cluster
+        labels.append(
+            f"{c.id} {setup.model.name} ({c.row['confidence']})\n{setup.label}, "
+            f"{cluster.world_size} x {cluster.gpu}"
+        )
+        verdict = "agrees" if k.agrees else "DISAGREES"
+        if k.problem == "precision":
+            verdict += f": no {setup.zero.precision} on the GPU"
+        else:
+            verdict += f": {k.predicted_bytes / GIB:,.2f} of {k.capacity_bytes / GIB:,.2f} GiB"
+        ax.annotate(verdict, (1.0, y), xycoords=("axes fraction", "data"), xytext=(6, 0),
+                    textcoords="offset points", va="center", fontsize=8,
+                    color="black" if k.agrees else "#C62828",
+                    fontweight="normal" if k.agrees else "bold")  # fmt: skip
+    ax.set_yticks(range(len(checks)), labels, fontsize=8)
+    ax.set_ylim(len(checks) - 0.5, -0.5)  # the first row on top
+    ax.set_xlim(0, right)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f} %"))
+    ax.set_xlabel("the kit's predicted peak per GPU, % of the GPU's memory (the fit rule's capacity)")
+    handles = [
+        Line2D([], [], ls="none", marker="o", ms=8, color="#2E7D32", mec="white", label="the run fit"),
+        Line2D(
+            [],
+            [],
+            ls="none",
+            marker="X",
+            ms=8,
+            color="#C62828",
+            mec="white",
+            label="the run ran out of memory",
+        ),
+        Patch(color="#e6f2e6", label="the kit says: fits"),
+        Patch(color="#f6e3e3", label="the kit says: OOM"),
+        Line2D([], [], color="black", ls="--", lw=1.2, label="100 %: the GPU's memory"),
+    ]
+    fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncols=3, frameon=False)
+    return fig
