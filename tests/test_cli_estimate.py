@@ -375,6 +375,40 @@ def test_ds_config_auto_values_are_resolved_and_explained_on_stderr(capsys, tmp_
     assert "reduce_bucket_size: 'auto' -> hidden^2 = 16,777,216 (hidden 4096)" in err
 
 
+def test_flags_beside_a_ds_config_combine_as_the_hf_trainer_combines_them(capsys, tmp_path):
+    """Issue 41, item 6: gradient checkpointing is the Trainer's argument, not a ds_config key, so
+    ``--activation-checkpointing`` applies beside the file; a ZeRO flag that says otherwise than the file is
+    one line naming both (exit 2), one that agrees is accepted."""
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": 3},
+        "bf16": {"enabled": True},
+    }
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    base = ("estimate", "--model", "llama-2-7b", "--gpus-per-node", "8", "--ds-config", str(path), "--json")
+    code, out, _ = run_cli(capsys, *base)
+    plain = json.loads(out)
+    code, out, _ = run_cli(capsys, *base, "--activation-checkpointing")
+    ckpt = json.loads(out)
+    assert code == 0 and ckpt["setup"]["zero"]["activation_checkpointing"] is True
+    assert ckpt["setup"] == {
+        **plain["setup"],
+        "zero": {**plain["setup"]["zero"], "activation_checkpointing": True},
+    }
+    assert ckpt["components"]["activations"] < plain["components"]["activations"]
+    assert run_cli(capsys, *base, "--stage", "3")[0] == 0  # agrees with the file
+    for flags, line in (
+        (("--stage", "2"), "--stage 2: the ds_config's zero_optimization.stage is 3"),
+        (("--offload-optimizer", "cpu"), "--offload-optimizer cpu: the ds_config's "
+         "zero_optimization.offload_optimizer is none"),
+        (("--hpz", "8"), "--hpz 8: the ds_config's zero_optimization.zero_hpz_partition_size is 1"),
+    ):  # fmt: skip
+        code, out, err = run_cli(capsys, *base, *flags)
+        assert (code, out) == (2, "") and err.count("zerokit estimate:") == 1  # one line, after the notes
+        assert err.splitlines()[-1] == f"zerokit estimate: {line}; drop the flag or change the file"
+
+
 def test_the_fits_line_says_a_gpu_lacks_the_precision_as_the_memory_panel_does(capsys):
     code, out, _ = run_cli(capsys, "estimate", "--model", "gpt2", "--precision", "bf16")
     fits = next(line for line in out.splitlines() if line.startswith("fits: "))

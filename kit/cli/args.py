@@ -49,10 +49,10 @@ def add_setup_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_cluster_args(p)
     z = p.add_argument_group("ZeRO")
-    z.add_argument(
+    z.add_argument(  # no argparse default: a --stage given beside a --ds-config is told from none
         "--stage",
-        default=str(default(ZeroSettings, "stage")),
-        help="ZeRO stage 0-3, or a PyTorch baseline: ddp, fsdp, fsdp-grad-op (default %(default)s)",
+        help="ZeRO stage 0-3, or a PyTorch baseline: ddp, fsdp, fsdp-grad-op "
+        f"(default {default(ZeroSettings, 'stage')})",
     )
     add_offload_args(z)
     add_precision(z)
@@ -225,8 +225,8 @@ def setup_from_args(args: argparse.Namespace):
         setup, notes = checked_setup(args.ds_config, model=spec, cluster=cluster, **batch)
         for note in notes:  # how each "auto" was resolved: stderr, so --json stays one object
             print(f"note: {note}", file=sys.stderr)
-        return setup
-    engine, stage = engine_stage("stage", args.stage)
+        return beside_file(setup, args)
+    engine, stage = engine_stage("stage", args.stage or str(default(ZeroSettings, "stage")))
     zero = {
         "engine": engine,
         "stage": stage,
@@ -240,6 +240,45 @@ def setup_from_args(args: argparse.Namespace):
         **zeropp_from_args(args),
     }
     return Setup(model=spec, cluster=cluster, zero=zero, batch=batch)
+
+
+#: the ZeRO flags a ds_config also sets: (flag, argparse name, ZeroSettings field, the file's key)
+FILE_FLAGS = (
+    ("--offload-optimizer", "offload_optimizer", "offload_optimizer", "zero_optimization.offload_optimizer"),
+    ("--offload-param", "offload_param", "offload_param", "zero_optimization.offload_param"),
+    ("--hpz", "hpz", "hpz_partition_size", "zero_optimization.zero_hpz_partition_size"),
+    (
+        "--quantized-weights", "quantized_weights", "quantized_weights",
+        "zero_optimization.zero_quantized_weights",
+    ),
+    (
+        "--quantized-gradients", "quantized_gradients", "quantized_gradients",
+        "zero_optimization.zero_quantized_gradients",
+    ),
+)  # fmt: skip
+
+
+def beside_file(setup, args: argparse.Namespace):
+    """The Setup of a ds_config with the flags given beside it, as the HF Trainer combines its arguments
+    with the file: ``--activation-checkpointing`` (the Trainer's gradient checkpointing, which no ds_config
+    key turns on) applies; a ZeRO flag given that says otherwise than the file is a UsageError naming
+    both (``--stage`` whenever given; the others when not at their default, which is taken as not given)."""
+    z = setup.zero
+    if args.stage is not None and engine_stage("--stage", args.stage) != (z.engine, z.stage):
+        raise UsageError(
+            f"--stage {args.stage}: the ds_config's zero_optimization.stage is {z.stage}; "
+            "drop the flag or change the file"
+        )
+    for flag, name, field, key in FILE_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None and value != default(ZeroSettings, field) and value != getattr(z, field):
+            raise UsageError(
+                f"{flag} {value}: the ds_config's {key} is {getattr(z, field)}; "
+                "drop the flag or change the file"
+            )
+    if getattr(args, "activation_checkpointing", False) and not z.activation_checkpointing:
+        return setup.replace(zero={"activation_checkpointing": True})
+    return setup
 
 
 def add_zeropp_args(p) -> None:
