@@ -59,6 +59,39 @@ def _released(model: ModelSpec, threshold: int) -> tuple[int, ...]:
     return tuple(t for t in numels(Setup(model=model)) if t > threshold)
 
 
+def kept_to_backward(setup: Setup) -> frozenset[int]:
+    """Indices (in ``numels``' order) of the tensors stage 3 keeps gathered from their forward to their
+    backward: released ones used again within ``max_reuse_distance`` elements of the trace still to run
+    (``release_sub_module``'s ``__params_to_release``): for tensor i, the tensors after it in the forward
+    and then the same ones again in backward, 2 x the elements after it."""
+    z = setup.zero
+    return _kept(setup.model, z.param_persistence_threshold, z.max_reuse_distance)
+
+
+@lru_cache(maxsize=512)
+def _kept(model: ModelSpec, threshold: int, reuse_distance: int) -> frozenset[int]:
+    tensors, kept, after = numels(Setup(model=model)), set(), 0
+    for i in reversed(range(len(tensors))):  # ``after``: the elements after tensor i in the forward
+        if tensors[i] > threshold and 2 * after < reuse_distance:
+            kept.add(i)
+        after += tensors[i]
+    return frozenset(kept)
+
+
+def gathered_padded(setup: Setup) -> tuple[int, int]:
+    """Elements, each tensor padded to the ranks, of every released tensor and of those
+    ``kept_to_backward`` (what stage 3 holds gathered at most, and to the backward)."""
+    z = setup.zero
+    return _gathered_padded(setup.model, z.param_persistence_threshold, z.max_reuse_distance, setup.dp)
+
+
+@lru_cache(maxsize=512)
+def _gathered_padded(model: ModelSpec, threshold: int, reuse_distance: int, n: int) -> tuple[int, int]:
+    tensors = numels(Setup(model=model))
+    every = sum(padded(t, n) for t in _released(model, threshold))
+    return every, sum(padded(tensors[i], n) for i in _kept(model, threshold, reuse_distance))
+
+
 def persistent(setup: Setup) -> tuple[int, ...]:
     """Numels of the tensors stage 3 keeps whole on every rank (at most ``param_persistence_threshold``
     elements), in the model's order."""

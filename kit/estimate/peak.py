@@ -393,40 +393,23 @@ def _held_bucket(setup: Setup) -> Term:
 def _gathered(setup: Setup) -> Term:
     """Stage 3: parameters gathered in flight, of the tensors it releases (persistent ones are resident).
 
-    ``release_sub_module`` (``partitioned_param_coordinator.py``, ``__params_to_release``) keeps a
-    module's parameters gathered after its forward when they recur within ``max_reuse_distance``
-    elements of the trace still to run: for tensor i, the tensors after it in the forward and then the
-    same ones again in backward, 2 x the elements after it, before its own backward use. Those stay
-    gathered until their backward; beside them, the layer in use and the prefetch
-    (``kit.rules.stage3_gathered``)."""
+    ``release_sub_module`` keeps a module's parameters gathered after its forward when they recur within
+    ``max_reuse_distance`` (``kit.estimate.partition.kept_to_backward``): those stay gathered until their
+    backward; beside them, the layer in use and the prefetch (``kit.rules.stage3_gathered``)."""
     z = setup.zero
     if z.engine != "deepspeed" or z.stage != 3:
         return NONE
     released = partition.released(setup)
     if not released:
         return NONE
-    p, dp = element_bytes(z.precision), setup.dp
-    padded, kept = _reuse(setup.model, dp, z.param_persistence_threshold, z.max_reuse_distance)
+    p = element_bytes(z.precision)
+    padded, kept = partition.gathered_padded(setup)
     flight = stage3_gathered(sum(released), max(released), z.prefetch_bucket_size, z.max_live_parameters)
     n = min(padded, kept + flight)
     how = "largest released tensor + prefetch, capped by max_live"
     if kept:
         how = f"{kept:,} kept to their backward (reuse within max_reuse_distance) + {how}"
     return Term(p * n, f"{p} B x {n:,} gathered ({how}; at most every released tensor)")
-
-
-@lru_cache(maxsize=256)
-def _reuse(model: ModelSpec, dp: int, threshold: int, reuse_distance: int) -> tuple[int, int]:
-    """``_gathered``'s walk: the padded elements of every released tensor, and of those kept gathered to
-    their backward (the elements after a tensor in the forward, twice, within ``max_reuse_distance``)."""
-    padded, kept, after = 0, 0, 0
-    for t in reversed(partition.numels(Setup(model=model))):  # ``after``: the elements after t
-        if t > threshold:
-            padded += partition.padded(t, dp)
-            if 2 * after < reuse_distance:
-                kept += partition.padded(t, dp)
-        after += t
-    return padded, kept
 
 
 def _temporaries(setup: Setup, tensors: list[int], implementation: Implementation) -> Term:

@@ -40,6 +40,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kit import models
+from kit.ds_keys import ZERO_KEYS
 from kit.estimate.memory import estimate
 from kit.estimate.plan import largest_micro_batch
 from kit.fit import estimate_fit
@@ -256,24 +257,15 @@ def _checkpointing(text: str | None, notes: list[str]) -> bool:
 
 
 def _buckets(text: str | None) -> dict[str, Any]:
-    """ZeroSettings fields a row's ``buckets`` text sets: bucket sizes, overlap, contiguous gradients and
-    ZeRO++'s hpZ, qwZ and qgZ (ds_config key names)."""
+    """ZeroSettings fields a row's ``buckets`` text sets, read by DeepSpeed's key names
+    (``kit.ds_keys.ZERO_KEYS``): ``key=number``, ``key=true|false``, or a bare key (on)."""
     out: dict[str, Any] = {}
-    t = text or ""
-    for key in ("reduce_bucket_size", "allgather_bucket_size"):
-        size = re.search(rf"\b{key}\s*=\s*(\d+(?:\.\d+)?(?:e\d+)?)", t)
-        if size:
-            out[key] = int(float(size.group(1)))
-    hpz = re.search(r"\bzero_hpz_partition_size\s*=\s*(\d+)", t)
-    if hpz:
-        out["hpz_partition_size"] = int(hpz.group(1))
-    for key in ("quantized_weights", "quantized_gradients"):
-        if re.search(rf"\bzero_{key}\s*=\s*true", t):
-            out[key] = True
-    for flag in ("overlap_comm", "contiguous_gradients"):
-        found = re.search(rf"\b{flag}\b(?:\s*=\s*(true|false))?", t)
-        if found:
-            out[flag] = found.group(1) != "false"
+    for k in ZERO_KEYS:
+        for spelling in k.spellings:
+            found = re.search(rf"\b{spelling}\b(?:\s*=\s*([\w.]+))?", text or "")
+            if found:
+                value = found.group(1)
+                out[k.field] = value != "false" if value in (None, "true", "false") else int(float(value))
     return out
 
 

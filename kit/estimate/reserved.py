@@ -142,6 +142,18 @@ class _Step:
         self.bucket: list[int] = []  # numels of the gradients in the ipg bucket
         self.ipg: int | None = None  # stages 1-2: the contiguous ipg buffer(s), from the first hook
         self.held_full = False  # stage 1 with accumulation: every full gradient is held in .grad
+        # stage 3's gathers (parameters on the device): what is gathered, the coalesced calls' flat
+        # buffers, the elements live, the trace of released tensors (forward, then backward) and those
+        # kept gathered to their backward
+        z = self.z
+        self.stage3 = z.engine == "deepspeed" and z.stage == 3 and z.offload_param == "none"
+        self.available: dict[int, int] = {}
+        self.flats: list[tuple[set[int], int]] = []
+        self.live = 0
+        released = [i for i, (_, t) in enumerate(self.tensors) if t > z.param_persistence_threshold]
+        self.trace = [(True, i) for i in released] + [(False, i) for i in reversed(released)]
+        self.position = {entry: k for k, entry in enumerate(self.trace)}
+        self.kept = partition.kept_to_backward(setup)
 
     # ----- the sequence ------------------------------------------------------------------------------
     def events(self) -> list[Event]:
@@ -357,22 +369,20 @@ class _Step:
 
     # ----- stage 3's gathers -------------------------------------------------------------------------
     def _gather_tensors(self, group: int, forward: bool) -> None:
-        if not self._stage3:
+        if not self.stage3:
             return
-        trace = self._trace
         for index in self._released_in(group, forward):
             if index in self.available:
                 continue
             self._fetch([index])
             # prefetch: the trace's next parameters up to the bucket, within max live
-            position = self._position[(forward, index)]
+            position = self.position[(forward, index)]
             room = min(self.z.prefetch_bucket_size, self.z.max_live_parameters - self.live)
             group_: list[int] = []
             taken = 0
-            for later in trace[position + 1 :]:
+            for _, j in self.trace[position + 1 :]:
                 if taken >= room:
                     break
-                j = later[1]
                 if j in self.available or j in group_:
                     continue
                 group_.append(j)
@@ -395,7 +405,7 @@ class _Step:
         self.live += sum(self.tensors[i][1] for i in indices)
 
     def _release_tensors(self, group: int, forward: bool) -> None:
-        if not self._stage3:
+        if not self.stage3:
             return
         for index in self._released_in(group, forward):
             for waiting, flat in list(self.flats):  # the coalesced call's flat buffer, once all were used
@@ -403,32 +413,12 @@ class _Step:
                 if not waiting:
                     self.free(flat)
                     self.flats.remove((waiting, flat))
-            if forward and index in self._kept:
+            if forward and index in self.kept:
                 continue
             key = self.available.pop(index, None)
             if key is not None:
                 self.free(key)
                 self.live -= self.tensors[index][1]
-
-    @property
-    def _stage3(self) -> bool:
-        if self.z.engine != "deepspeed" or self.z.stage != 3 or self.z.offload_param != "none":
-            return False
-        if not hasattr(self, "available"):
-            threshold = self.z.param_persistence_threshold
-            self.available: dict[int, int] = {}
-            self.flats: list[tuple[set[int], int]] = []
-            self.live = 0
-            released = [i for i, (_, t) in enumerate(self.tensors) if t > threshold]
-            self._trace = [(True, i) for i in released] + [(False, i) for i in reversed(released)]
-            self._position = {(f, i): k for k, (f, i) in enumerate(self._trace)}
-            after, kept = 0, set()
-            for i in reversed(released):
-                if 2 * after < self.z.max_reuse_distance:
-                    kept.add(i)
-                after += self.tensors[i][1]
-            self._kept = kept
-        return True
 
     def _released_in(self, group: int, forward: bool) -> list[int]:
         threshold = self.z.param_persistence_threshold
