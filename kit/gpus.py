@@ -3,7 +3,8 @@ NVMe drives per node (data/nvme.csv) and indicative prices (data/prices.csv); ev
 
 Units: memory in GiB; peak dense TFLOP/s per precision (``fp32_tflops`` without tensor cores' TF32);
 ``interconnect_gbps`` GB/s between GPUs of a node, both directions together (NVLink's datasheet figure;
-one PCIe x16 link for PCIe cards); ``host_link_gbps`` GB/s to the host, one direction (theoretical).
+one PCIe x16 link for PCIe cards); ``host_link_gbps`` GB/s to the host, one direction (theoretical);
+``sms`` streaming multiprocessors (AMD: compute units), the slots a GEMM's output tiles fill in waves.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Gpu:
     fp16_dense_tflops: float
     fp32_tflops: float
     memory_bw_gbps: float
+    sms: int
     interconnect: str
     interconnect_gbps: float
     host_link: str
@@ -50,7 +52,11 @@ def catalogue() -> dict[str, Gpu]:
         "memory_gib", "bf16_dense_tflops", "fp16_dense_tflops", "fp32_tflops", "memory_bw_gbps",
         "interconnect_gbps", "host_link_gbps",
     )  # fmt: skip
-    return {r["name"]: Gpu(**{k: float(v) if k in numeric else v for k, v in r.items()}) for r in rows}
+
+    def value(key: str, text: str) -> float | int | str:
+        return float(text) if key in numeric else int(text) if key == "sms" else text
+
+    return {r["name"]: Gpu(**{k: value(k, v) for k, v in r.items()}) for r in rows}
 
 
 def gpu_names() -> list[str]:

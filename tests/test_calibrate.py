@@ -7,8 +7,8 @@ import pytest
 
 from kit import models
 from kit.cli import main
-from kit.estimate import perf
-from kit.estimate.comm import collective_calls, collectives
+from kit.estimate import calibrated, perf
+from kit.estimate.comm import TIMED_AS, collective_calls, collectives
 from kit.run import calibrate as cal
 from kit.run.results import Results
 from kit.run.sweep import TOY_ZERO, config_id
@@ -127,8 +127,8 @@ def worker_lines(base: Setup, engines: dict[str, tuple[float, float]]) -> dict:
     for key, (step, micro) in engines.items():
         setup = cal.engine_setup(base, key)
         truth = replace(known, engines={key: EngineCost(step, micro)})
-        one = perf.step_time(setup.replace(batch={"grad_accum": 1}), calibration=truth)
-        two = perf.step_time(setup.replace(batch={"grad_accum": 2}), calibration=truth)
+        one = calibrated.step_time(setup.replace(batch={"grad_accum": 1}), calibration=truth)
+        two = calibrated.step_time(setup.replace(batch={"grad_accum": 2}), calibration=truth)
         bare = two.compute.seconds - one.compute.seconds  # measured beside it, around the same moments
         micro_s = two.step_s - one.step_s
         last_s = micro_s + 2 * one.step_s - two.step_s
@@ -343,8 +343,10 @@ def test_only_the_busy_share_of_a_term_shares_the_cores(tmp_path):
     old, new = calibration(), calibration(busy=busy)
     assert new.cores_had == pytest.approx(1.6) and old.cores_had == 2
     two, four = toy(stage=3), toy(stage=3).replace(cluster={"gpus_per_node": 4})
-    assert perf.step_time(two, calibration=new).step_s == perf.step_time(two, calibration=old).step_s
-    was, now = perf.step_time(four, calibration=old), perf.step_time(four, calibration=new)
+    assert (
+        calibrated.step_time(two, calibration=new).step_s == calibrated.step_time(two, calibration=old).step_s
+    )
+    was, now = calibrated.step_time(four, calibration=old), calibrated.step_time(four, calibration=new)
     assert now.compute.seconds == pytest.approx(was.compute.seconds)  # all busy: 2x either way
     part = partition.partition_numel(four)
     assert now.optimizer.seconds == pytest.approx(part * 2e-8 * (1 + 0.5 / 0.8))
@@ -352,8 +354,8 @@ def test_only_the_busy_share_of_a_term_shares_the_cores(tmp_path):
     # per collective: 1 + b / 0.8 (all at 2 without busy shares)
     ops = {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 0.0}
     for part_ in collectives(four):
-        gbps = old.collectives[perf.TIMED_AS[part_.name]].bus_gbps
-        ops[perf.TIMED_AS[part_.name]] += part_.bytes / (gbps * 1e9)
+        gbps = old.collectives[TIMED_AS[part_.name]].bus_gbps
+        ops[TIMED_AS[part_.name]] += part_.bytes / (gbps * 1e9)
     hops = 3 / 1  # 4 ranks' ring against the calibration's 2
     for op, calls, _ in collective_calls(four):
         ops[op] += calls * old.collectives[op].latency_s * hops
@@ -364,13 +366,13 @@ def test_only_the_busy_share_of_a_term_shares_the_cores(tmp_path):
     assert "all_gather: (" in now.comm.formula and "b = 0.60 busy / compute's 0.80 = 0.75" in now.comm.formula
     assert "busy share not measured: all of it stretched" in was.fixed.formula
     one = toy(stage=3).replace(cluster={"gpus_per_node": 1})  # one rank: both threads on the 1.6 cores
-    half = perf.step_time(one, calibration=new).compute.seconds
-    assert half == pytest.approx(perf.step_time(two, calibration=new).compute.seconds / 2)
+    half = calibrated.step_time(one, calibration=new).compute.seconds
+    assert half == pytest.approx(calibrated.step_time(two, calibration=new).compute.seconds / 2)
     offload = toy(stage=2, offload_optimizer="cpu").replace(cluster={"gpus_per_node": 4})
     p = partition.partition_numel(offload)
     down, up = 4 * p * 2, 4 * p  # gradients every micro-step at stage 2, parameters once
     expected = (down / 4e9 + up / 5e9) * (1 + 0.3 / 0.8) + p * 3e-8 * (1 + 0.5 / 0.8)
-    assert perf.step_time(offload, calibration=new).offload.seconds == pytest.approx(expected)
+    assert calibrated.step_time(offload, calibration=new).offload.seconds == pytest.approx(expected)
     # a term busier than the compute passes is all busy: b at most 1
     assert new.stretch(4, "comm", "all_reduce")[0] == pytest.approx(1.875)
     assert calibration(busy={**busy, "comm": {"all_reduce": 0.9}}).stretch(4, "comm", "all_reduce")[0] == 2
@@ -379,7 +381,7 @@ def test_only_the_busy_share_of_a_term_shares_the_cores(tmp_path):
     del data["busy"]
     (tmp_path / "old.json").write_text(json.dumps(data))
     loaded = Calibration.load(tmp_path / "old.json")
-    assert loaded.busy is None and perf.step_time(four, calibration=loaded).step_s == was.step_s
+    assert loaded.busy is None and calibrated.step_time(four, calibration=loaded).step_s == was.step_s
     assert "busy shares: not measured" in cal.describe(loaded)
     new.save(tmp_path / "new.json")
     assert Calibration.load(tmp_path / "new.json") == new
@@ -411,7 +413,7 @@ def test_collectives_measured_on_more_ranks_predict_those_ranks(tmp_path):
         """Each collective's bytes and calls on ``links``, latency x ``hops``, x (1 - b + b s)."""
         ops = dict.fromkeys(links, 0.0)
         for part_ in collectives(setup):
-            op = perf.TIMED_AS[part_.name]
+            op = TIMED_AS[part_.name]
             ops[op] += part_.bytes / (links[op].bus_gbps * 1e9)
         for op, calls, _ in collective_calls(setup):
             ops[op] += calls * links[op].latency_s * hops
@@ -424,13 +426,13 @@ def test_collectives_measured_on_more_ranks_predict_those_ranks(tmp_path):
         (3, two.collectives, 2, 1.5),
     ):
         setup = toy(stage=3).replace(cluster={"gpus_per_node": n})
-        predicted = perf.step_time(setup, calibration=both).comm.seconds
+        predicted = calibrated.step_time(setup, calibration=both).comm.seconds
         assert predicted == pytest.approx(expected(setup, links, hops, s))
-    four = perf.step_time(toy(stage=3).replace(cluster={"gpus_per_node": 4}), calibration=both)
+    four = calibrated.step_time(toy(stage=3).replace(cluster={"gpus_per_node": 4}), calibration=both)
     assert "x 3,000 us x 1)" in four.comm.formula and "x 1 (measured on 4 ranks)" in four.comm.formula
     assert (
-        perf.step_time(toy(stage=3), calibration=both).step_s
-        == perf.step_time(toy(stage=3), calibration=two).step_s
+        calibrated.step_time(toy(stage=3), calibration=both).step_s
+        == calibrated.step_time(toy(stage=3), calibration=two).step_s
     )
     assert "collectives on 4 ranks: all_gather 3000 us + 0.20 GB/s" in cal.describe(both)
     both.save(tmp_path / "both.json")

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from kit import models
-from kit.estimate import estimate, perf, plan
+from kit.estimate import calibrated, estimate, perf, plan
 from kit.estimate.calibration import Calibration, EngineCost, Link, engine_key, model_text
 from kit.estimate.comm import comm_by_scope
 from kit.fit import fit
@@ -41,7 +41,7 @@ def expected_row(found: plan.Plan, i: int, calibration: Calibration | None) -> d
     s = found.setup(i)
     c, z, b, name = s.cluster, s.zero, s.batch, s.cluster.gpu
     est = estimate(s)
-    t = perf.step_time(s, perf.hardware(s), found.assumptions, calibration)
+    t = calibrated.step_time(s, perf.hardware(s), found.assumptions, calibration)
     run = t.run(found.tokens, PRICE.get(name, prices()[name][0]))
     scope = comm_by_scope(s)
     verdict = fit(

@@ -13,6 +13,7 @@ import pytest
 from kit.cli import main
 from kit.estimate import estimate
 from kit.estimate import published as P
+from kit.estimate.published_reasons import feature_reason
 from kit.fit import estimate_fit
 from kit.gpus import gpu
 from kit.paths import PUBLISHED
@@ -90,11 +91,11 @@ def test_every_memory_row_is_expressed_or_says_why(report):
     assert found == REASONS
     for c in report.comparisons:
         assert c.expressed == (c.setup is not None) and (c.expressed or c.reason.strip())
-        assert not c.expressed or (c.values or c.checks)  # an expressed row is compared
-    assert P.feature_reason(MEMORY["A05"]) == "Float8 linears"  # Float8 comes before torch.compile
+        assert not c.expressed or (c.values or c.checks or c.timings)  # an expressed row is compared
+    assert feature_reason(MEMORY["A05"]) == "Float8 linears"  # Float8 comes before torch.compile
     full = {**MEMORY["A01"], "activation_checkpointing": "full"}  # its extras: "no torch.compile, no Float8"
-    assert P.feature_reason(full) is None
-    assert P.feature_reason({**full, "extras": "torch.compile ON"}) == "torch.compile"
+    assert feature_reason(full) is None
+    assert feature_reason({**full, "extras": "torch.compile ON"}) == "torch.compile"
 
 
 def test_a18_is_the_zeropp_tutorials_zero3_baseline():
@@ -166,22 +167,24 @@ def test_frameworks_gpus_and_batches_map_faithfully():
         assert e.setup.batch.train_batch == MEMORY[i]["global_batch"], i
 
 
-def test_megatron_models_are_the_rows_shapes_with_the_vocabulary_padded():
+def test_model_files_are_the_rows_shapes_megatrons_with_the_vocabulary_padded():
+    every = [*MEMORY.values(), *P.load("throughput")]
     for piece, source in P.MODELS:
-        spec = P.spec_of(source)
         if not source.endswith(".json"):
             continue
+        spec = P.spec_of(source)
         assert "_source" in json.loads((PUBLISHED / "models" / source).read_text())
-        rows = [r for r in MEMORY.values() if piece in r["model"]]
+        rows = [r for r in every if piece in r["model"]]
         assert rows, piece
         for r in rows:
-            assert (spec.layers, spec.hidden, spec.heads, spec.ffn) == (
+            assert (spec.layers, spec.hidden, spec.heads, spec.ffn or 4 * spec.hidden) == (
                 r["layers"],
                 r["hidden"],
                 r["heads"],
                 r["ffn"],
             )
-            assert spec.vocab == -(-r["vocab"] // 128) * 128 and spec.tied_embeddings  # Megatron's padding
+            padded = -(-r["vocab"] // 128) * 128 if source.startswith("megatron") else r["vocab"]
+            assert spec.vocab == padded and spec.tied_embeddings  # Megatron pads; MPT's vocab is padded
 
 
 def test_numbers_are_the_estimates_own_beside_the_measured_bytes(report):
@@ -224,15 +227,46 @@ def test_fit_rows_ask_the_fit_rule_at_the_published_micro_batch(report):
     )
 
 
-def test_step_time_rows_wait_for_issue_42_unless_the_run_is_not_expressible(report):
+def test_step_time_rows_are_converted_as_their_source_measured_them(report):
     rows = {c.id: c for c in report.comparisons if c.row["table"] == "throughput"}
-    assert {c.kind for c in rows.values()} == {"step_time"} and not any(c.expressed for c in rows.values())
-    assert rows["B01"].reason == P.STEP_TIME and rows["B09"].reason == P.STEP_TIME
+    assert {c.kind for c in rows.values()} == {"step_time"}
+    timed = {i: c.timings[0] for i, c in rows.items() if c.timings}
+    assert len(timed) == 26 and all(len(c.timings) == 1 for c in rows.values() if c.expressed)
+    # samples/s of the whole job: the global batch over the value (B04: 16 / 40.1749)
+    assert timed["B04"].measured_s == pytest.approx(16 / 40.1749)
+    assert timed["B09"].measured_s == pytest.approx(9.9559)  # ms per iteration
+    assert timed["B17"].measured_s == pytest.approx(6 * 2048 * 2 / 4641)  # tokens/s per GPU
+    b14 = rows["B14"]  # Megatron's TFLOP/s: 96 B s l h^2 (1 + s/6h + V/16lh) over the GPUs, / the value
+    flops = 96 * 32 * 256 * 512 * 96 * 12288**2 * (1 + 512 / (6 * 12288) + 50257 / (16 * 96 * 12288)) / 256
+    assert timed["B14"].measured_s == pytest.approx(flops / 204.49e12)
+    assert b14.setup.zero.param_persistence_threshold == 100_000 and b14.setup.zero.reduce_bucket_size == 9e7
+    for t in timed.values():  # the prediction in the row's own metric: a rate scales inversely
+        assert t.predicted_value / t.measured_value == pytest.approx(
+            t.predicted_s / t.measured_s if t.unit.startswith("ms") else t.measured_s / t.predicted_s
+        )
+        assert t.error == pytest.approx(t.predicted_s / t.measured_s - 1)
+    # the fabric from the row's text, or its DGX's, said in its notes
+    assert timed["B14"].fabric == "ib-hdr-8x200" and timed["B22"].fabric == "roce-8x200"
+    assert timed["B09"].fabric == "ib-edr-8x100" and any("not stated" in n for n in rows["B09"].notes)
+    assert timed["B04"].fabric is None and rows["B05"].setup.zero.stage == 2
     assert rows["B07"].reason == "tensor and pipeline parallelism (TP=4, PP=12)"
-    assert (rows["B17"].reason, rows["B28"].reason, rows["B31"].reason) == (
-        "FSDP1 flat parameters", "torch.compile", "Float8 linears"
-    )  # fmt: skip
-    assert sum(c.reason == P.STEP_TIME for c in rows.values()) == 17
+    assert (rows["B28"].reason, rows["B31"].reason) == ("torch.compile", "Float8 linears")
+    assert rows["B17"].expressed and any("FSDP1 taken as FSDP2" in n for n in rows["B17"].notes)
+
+
+def test_step_time_summary_and_stage_order(report):
+    step = report.summary()["step_time"]
+    errors = sorted(abs(t.error) for c in report.comparisons for t in c.timings)
+    assert step["rows"] == len(errors) == 26
+    assert step["median_abs_error"] == pytest.approx((errors[12] + errors[13]) / 2)
+    assert step["within_2x"] == sum(
+        0.5 <= t.predicted_s / t.measured_s <= 2 for c in report.comparisons for t in c.timings
+    )
+    sets = {tuple(g["ids"]): g for g in step["stage_sets"]}
+    assert set(sets) == {("B04", "B05", "B06"), ("B09", "B10")}
+    assert sets[("B04", "B05", "B06")]["measured"] == ["B04", "B05", "B06"]  # ZeRO-3 slowest
+    assert sets[("B09", "B10")]["measured"] == ["B10", "B09"]  # ZeRO++ faster than ZeRO-3
+    assert all(g["agrees"] == (g["measured"] == g["predicted"]) for g in sets.values())
 
 
 def test_cli_json_is_one_object_whose_counts_add_up(capsys):
@@ -244,11 +278,7 @@ def test_cli_json_is_one_object_whose_counts_add_up(capsys):
     rows, summary = data["rows"], data["summary"]
     for table, n in (("memory", 32), ("throughput", 36)):
         mine = [r for r in rows if r["table"] == table]
-        assert summary["tables"][table] == {
-            "rows": n,
-            "expressed": sum(r["reason"] is None for r in mine),
-            "step_time_pending": sum(r["reason"] == P.STEP_TIME for r in mine),
-        }
+        assert summary["tables"][table] == {"rows": n, "expressed": sum(r["reason"] is None for r in mine)}
     assert summary["tables"]["memory"]["expressed"] == 8
     for quantity, q in summary["quantities"].items():
         values = [v for r in rows for v in r["values"] if v["quantity"] == quantity]
@@ -271,7 +301,7 @@ def test_cli_selects_rows_and_prints_the_table_and_summary(capsys):
     assert main(["published", "--table", "memory", "--id", "A18", "A37", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [r["id"] for r in data["rows"]] == ["A18", "A37"]
-    assert data["summary"]["tables"] == {"memory": {"rows": 2, "expressed": 1, "step_time_pending": 0}}
+    assert data["summary"]["tables"] == {"memory": {"rows": 2, "expressed": 1}}
     assert main(["published", "--table", "memory"]) == 0
     out = capsys.readouterr().out
     a18 = next(c for c in P.report("memory", ["A18"]).comparisons)
@@ -300,9 +330,10 @@ def test_cli_refuses_bad_input_in_one_line(capsys, argv, message):
     assert out == "" and err == f"zerokit published: {message}\n"
 
 
-def test_published_imports_no_torch():
+def test_published_memory_rows_import_no_torch():
+    """Estimation only; the throughput rows' MPT models are counted by transformers on the meta device."""
     code = (
-        "import sys; from kit.estimate import published; published.report(); "
+        "import sys; from kit.estimate import published; published.report('memory'); "
         "print(sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)

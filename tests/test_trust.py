@@ -170,13 +170,11 @@ def test_published_table_shows_each_number_and_boundary_as_a_reader_reads_it(pub
     }
     assert row["predicted"].endswith(" of 23.65 GiB)")  # a TITAN RTX's 24 GB
     expressed = [c for c in published_report.comparisons if c.expressed]
-    assert len(table) == sum(len(c.values) + len(c.checks) for c in expressed)
+    assert len(table) == sum(len(c.values) + len(c.checks) + len(c.timings) for c in expressed)
     assert "A37" not in set(table["id"])  # a row the kit cannot express has no number beside it
 
 
 def test_unexpressed_table_groups_what_the_kit_cannot_express_by_reason(published_report):
-    from kit.estimate.published import STEP_TIME
-
     table = trust.unexpressed(published_report)
     assert list(table.columns) == ["id", "table", "model", "reason"]
     refused = [c for c in published_report.comparisons if not c.expressed]
@@ -191,12 +189,11 @@ def test_unexpressed_table_groups_what_the_kit_cannot_express_by_reason(publishe
         "reason": "tensor parallelism (TP=8)",
     }
     assert table.iloc[0].to_dict() == {
-        "id": "B01", "table": "throughput", "model": table.iloc[0]["model"], "reason": STEP_TIME
+        "id": "A01", "table": "memory", "model": table.iloc[0]["model"],
+        "reason": "selective activation checkpointing (op-level)",
     }  # fmt: skip
     grouped = trust.unexpressed(published_report, by_reason=True).set_index("reason")
-    assert grouped.loc["FSDP1 flat parameters"].tolist() == [
-        13, "A34, A35, A36, B17, B18, B19, B20, B21, B22, B23, B24, B25, B26"
-    ]  # fmt: skip
+    assert grouped.loc["FSDP1 flat parameters"].tolist() == [3, "A34, A35, A36"]  # step-time rows take it
     assert grouped.loc["tensor parallelism (TP=8)", "ids"] == "A37"
     assert grouped["rows"].sum() == len(refused)
 
@@ -214,7 +211,7 @@ def test_published_answer_is_built_from_the_summary(published_report):
     )
     assert f"; {fit['agree']} of {fit['rows']} fit / OOM rows agree" in answer
     assert f"{100 * reserved['median_abs_error']:.1f} % (median; worst" in answer
-    assert "; 8 of 32 published memory rows are expressed." in answer
+    assert "; 8 of 32 published memory rows are expressed;" in answer
     zero3 = [c for c in published_report.comparisons if c.id in ("A18", "A19")]
     over = {
         c.id: max(v.measured_bytes for v in c.values) / estimate_fit(estimate(c.setup)).need for c in zero3
@@ -222,3 +219,24 @@ def test_published_answer_is_built_from_the_summary(published_report):
     ratio, worst = max((r, i) for i, r in over.items())
     assert ratio > 1 and f" At ZeRO-3 the published max reserved was up to {ratio:.2f}x" in answer
     assert f"the verdict's peak per GPU ({worst})" in answer
+
+
+def test_step_times_in_the_table_the_figure_and_the_answer(published_report):
+    timed = [(c, t) for c in published_report.comparisons for t in c.timings]
+    table = trust.table(published_report)
+    steps = table[table["check"] == "step time"]
+    assert len(steps) == len(timed) == 26
+    c, t = next((c, t) for c, t in timed if c.id == "B04")
+    (row,) = steps[steps["id"] == "B04"].to_dict("records")
+    assert row["measured"] == f"{t.measured_s:.4g} s ({t.measured_value:.4g} {t.unit})"
+    assert row["error"] == f"{100 * t.error:+.1f} %" and row["setup"] == c.label
+    fig = trust.steps_figure(published_report)
+    (ax,) = fig.axes
+    bars = {p.get_gid(): p for p in ax.patches if p.get_gid()}
+    assert set(bars) == {c.id for c, _ in timed}
+    assert bars["B04"].get_width() == pytest.approx(100 * t.error)  # the bar is the error, in %
+    assert ax.get_title() == f"Step time: 26 of the {len(published_report.comparisons)} published rows"
+    step = published_report.summary()["step_time"]
+    answer = trust.answer(published_report)
+    assert f"step times are off by a median {100 * step['median_abs_error']:.0f} % on 26 rows" in answer
+    assert f"the stages ranked right on {sum(g['agrees'] for g in step['stage_sets'])} of 2 sets" in answer

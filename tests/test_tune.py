@@ -163,7 +163,7 @@ def test_the_ranking_is_by_median_throughput_and_failures_are_unranked(monkeypat
 def test_a_calibration_predicts_every_candidate_and_the_run_ones_carry_their_error(monkeypatch, tmp_path):
     """With a calibration every candidate gets its predicted step time (pruned ones too, ranked among
     themselves by predicted samples/s), and each measured one its error: predicted / measured - 1."""
-    from kit.estimate import perf
+    from kit.estimate import calibrated
     from tests.test_perf import calibration
 
     cal = calibration()
@@ -180,7 +180,7 @@ def test_a_calibration_predicts_every_candidate_and_the_run_ones_carry_their_err
     tuned = tuning.tune(toy_setup(), budget_bytes=budget, runs_dir=tmp_path, calibration=cal, **space)
     table = tuned.table.set_index("label")
     for c in found:
-        assert table.loc[c.label, "predicted_s"] == perf.step_time(c.setup, calibration=cal).step_s
+        assert table.loc[c.label, "predicted_s"] == calibrated.step_time(c.setup, calibration=cal).step_s
     for label, speed in speeds.items():
         row = table.loc[label]
         assert row.status == "ok" and row.measured_s == pytest.approx(1 / speed)

@@ -176,10 +176,13 @@ def test_collectives_per_gpu_split_intra_inter():
     s = llama(**ALL_THREE)
     hw, assume = perf.hardware(s), perf.Assumptions()
     scope = comm_by_scope(s)
-    slow = min(hw.intra_gbps, hw.inter_gbps / 8) * assume.link_efficiency * 1e9
+    ring = min(hw.intra_gbps, hw.inter_gbps) * assume.link_efficiency * 1e9  # the node's NICs together
+    rail = hw.inter_gbps / 8 * assume.link_efficiency * 1e9  # qgZ's all-to-all: one GPU's own NIC
     fast = hw.intra_gbps * assume.link_efficiency * 1e9
+    hop2 = pp["gradient reduce-scatter (qgZ hop 2)"][1]
     t = perf.step_time(s, hw, assume)
-    assert t.comm.seconds == pytest.approx(scope["inter"] / slow + scope["intra"] / fast)
+    wire = (scope["inter"] - hop2) / ring + hop2 / rail + scope["intra"] / fast
+    assert t.comm.seconds == pytest.approx(wire + perf.load(s).latency_s)
     assert "inter-node" in t.comm.formula and "intra-node" in t.comm.formula
     # one node: nothing crosses a NIC, hpZ's group is the whole world again
     one = {c.name: c.scope for c in collectives(llama(nodes=1, hpz_partition_size=8))}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from kit.cli.args import UsageError, add_setup_args, count, items, print_json, setup_from_args
-from kit.estimate.perf import Assumptions, step_time
+from kit.estimate import calibrated, perf
+from kit.estimate.perf import Assumptions
 from kit.units import GIB
 
 
@@ -80,6 +81,19 @@ def add_calibration(p) -> None:
     )
 
 
+#: how ``estimate`` names an uncalibrated step time
+DATASHEET = "uncalibrated: datasheet figures and kit.estimate.kernels' roofline, see its parts"
+
+
+def _step_time(setup, calibration):
+    """The step time ``estimate`` prints: calibrated when a calibration is given, else the datasheet's
+    (None where the GPU cannot run the precision: the fit verdict says so)."""
+    try:
+        return calibrated.step_time(setup, calibration=calibration)
+    except ValueError:
+        return None
+
+
 def _calibration(args: argparse.Namespace):
     from kit.estimate.calibration import Calibration
 
@@ -100,13 +114,13 @@ def run_estimate(args: argparse.Namespace) -> int:
         return 0
     result = estimate(setup_from_args(args), formula=args.formula, trace=args.trace)
     calibration = _calibration(args)
-    timed = step_time(result.setup, calibration=calibration) if calibration else None
+    timed = _step_time(result.setup, calibration)
     if args.json:
         print_json({**result.to_dict(), **({"step_time": timed.to_dict()} if timed else {})})
     else:
         print(render(result))
         if timed:
-            print(f"step time: {timed.step_s:.4g} s ({timed.calibration})")
+            print(f"step time: {timed.step_s:.4g} s ({timed.calibration or DATASHEET})")
             for name in ("compute", "exposed_comm", "optimizer", "offload", "fixed"):
                 part = getattr(timed, name)
                 print(f"  {name:13}{part.seconds:10.4g} s  {part.formula}")
@@ -377,7 +391,7 @@ def _fits_on(result, gpu: str) -> str:
 
 def _your_setting(setup, found, fix, prices, calibration, args) -> list[str]:
     """Whether the user's own setting fits, its time and cost when it does, else what makes it fit."""
-    from kit.estimate import estimate, perf
+    from kit.estimate import estimate
     from kit.fit import estimate_fit
     from kit.gpus import prices as list_prices
 
@@ -389,7 +403,7 @@ def _your_setting(setup, found, fix, prices, calibration, args) -> list[str]:
     usable = f"{verdict.need / GIB:,.1f} GiB per GPU, {verdict.capacity / GIB:,.1f} usable"
     if verdict.ok:
         rate = {**{n: usd for n, (usd, _) in list_prices().items()}, **prices}.get(c.gpu)
-        t = perf.step_time(setup, perf.hardware(setup, args.network), found.assumptions, calibration)
+        t = calibrated.step_time(setup, perf.hardware(setup, args.network), found.assumptions, calibration)
         run = t.run(found.tokens, rate) if rate else None
         cost = f"; {run['hours']:,.1f} h, ${run['cost_usd']:,.0f}" if run else ""
         return ["", f"{here}: fits ({usable}){cost}"]

@@ -21,8 +21,9 @@ def register(sub) -> None:
         "published",
         help="published GPU runs (data/published) beside the kit's predictions, row by row",
         description="Every published measurement of a real GPU run in data/published/ beside the kit's "
-        "prediction: max allocated and max reserved bytes per GPU, fit / OOM at a micro batch, or the one "
-        "reason the kit cannot express the run yet. Step-time rows are listed with their reason.",
+        "prediction: max allocated and max reserved bytes per GPU, fit / OOM at a micro batch, seconds per "
+        "step (kit.estimate.perf on the row's GPU and fabric), or the one reason the kit cannot express the "
+        "run yet.",
     )
     p.add_argument(
         "--table", default="all", help=f"which rows: {', '.join(TABLE_CHOICES)} (default %(default)s)"
@@ -62,10 +63,11 @@ def published_command(args: argparse.Namespace) -> int:
 def text(result) -> str:
     """The readable report: one line per compared quantity or fit boundary, the summary, the notes (each
     once, with the rows it applies to), and every row the kit cannot express yet with its reason."""
-    shown = [c for c in result.comparisons if c.expressed and (c.values or c.checks)]
+    shown = [c for c in result.comparisons if c.expressed and (c.values or c.checks or c.timings)]
     lines = [
         "Published GPU runs (data/published) beside the kit's predictions, per GPU",
-        "(GiB = 2^30 bytes; error = predicted / measured - 1; fits: kit.fit's verdict on the row's GPU)",
+        "(GiB = 2^30 bytes; error = predicted / measured - 1, of a step time too; fits: kit.fit's verdict "
+        "on the row's GPU; a step time is converted from the row's metric as its note says)",
         "",
         "  ".join(f"{name:<{width}}" for name, width in COLUMNS) + "  setup",
     ]
@@ -104,12 +106,27 @@ def _cells(c) -> list[tuple[str, ...]]:
             predicted = f"{k.predicted} ({k.predicted_bytes / GIB:.2f} of {k.capacity_bytes / GIB:.2f} GiB)"
         check = f"fit at mb {k.micro_batch}" + (" (max)" if k.largest else "")
         out.append((c.id, check, k.measured, predicted, "agrees" if k.agrees else "DISAGREES", conf))
+    for t in c.timings:
+        out.append(
+            (
+                c.id,
+                "step time",
+                f"{t.measured_s:.4g} s",
+                f"{t.predicted_s:.4g} s",
+                f"{100 * t.error:+.1f} %",
+                conf,
+            )
+        )
     return out
 
 
 def _setup_text(c) -> str:
     if c.checks:
         return f"{c.label}; kit's largest mb {c.largest_micro_batch}"
+    if c.timings:
+        t = c.timings[0]
+        rate = f"{t.measured_value:.4g} measured, {t.predicted_value:.4g} predicted {t.unit}"
+        return f"{c.label}{f' over {t.fabric}' if t.fabric else ''}; {rate}"
     return c.label
 
 
@@ -119,6 +136,7 @@ def _notes(c) -> list[str]:
     from kit.estimate.published import QUANTITY_TEXT
 
     notes = list(c.notes)
+    notes += [f"step time = {t.conversion}" for t in c.timings]
     for v in c.values:
         if v.predicted_as == "peak_per_gpu_bytes":
             notes.append(
@@ -137,19 +155,30 @@ def _notes(c) -> list[str]:
 def summary_lines(summary: dict) -> list[str]:
     """The summary as lines: rows expressed per table, per quantity the median |error| and the worst, and
     the fit / OOM agreement."""
-    from kit.estimate.published import QUANTITY_TEXT, STEP_TIME
+    from kit.estimate.published import QUANTITY_TEXT
 
     lines = []
     for table, counts in summary["tables"].items():
-        pending = counts["step_time_pending"]
-        tail = f" ({pending} wait for the {STEP_TIME})" if pending else ""
-        lines.append(f"{table}: {counts['expressed']} of {counts['rows']} rows expressed{tail}")
+        lines.append(f"{table}: {counts['expressed']} of {counts['rows']} rows expressed")
     for quantity, q in summary["quantities"].items():
         median, worst, by = 100 * q["median_abs_error"], 100 * q["worst_error"], ", ".join(q["predicted_as"])
         lines.append(
             f"{QUANTITY_TEXT[quantity]}: {q['rows']} row(s), median |error| {median:.1f} %, "
             f"worst {worst:+.1f} % ({q['worst_id']}); predicted by {by}"
         )
+    step = summary.get("step_time")
+    if step:
+        median, worst = 100 * step["median_abs_error"], 100 * step["worst_error"]
+        lines.append(
+            f"step time: {step['rows']} row(s), median |error| {median:.1f} %, worst {worst:+.1f} % "
+            f"({step['worst_id']}); {step['within_25']} within 25 %, {step['within_2x']} within 2x"
+        )
+        for group in step["stage_sets"]:
+            verdict = "right" if group["agrees"] else "WRONG"
+            lines.append(
+                f"stage order {', '.join(group['ids'])}: {verdict} (measured fastest first "
+                f"{' < '.join(group['measured'])}; predicted {' < '.join(group['predicted'])})"
+            )
     fit = summary["fit"]
     if fit["rows"]:
         disagree = f"; disagree: {', '.join(fit['disagree'])}" if fit["disagree"] else ""

@@ -108,8 +108,13 @@ class Calibration:
 
     @property
     def label(self) -> str:
+        """How a step time predicted from it is named; a CPU calibration says that it predicts CPU runs:
+        its rates do not carry to a GPU (the counts do: ``kit.estimate.calibrated``)."""
         ranks = f"{self.ranks} rank{'s' if self.ranks > 1 else ''}"
-        return f"calibrated on {self.device} ({ranks}, {self.backend}, {self.created[:16]})"
+        label = f"calibrated on {self.device} ({ranks}, {self.backend}, {self.created[:16]})"
+        if self.accelerator == "cpu":
+            label += ": CPU rates, for CPU runs; for a GPU leave --calibration out (the datasheet model)"
+        return label
 
     @property
     def cores_had(self) -> float:

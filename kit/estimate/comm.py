@@ -25,6 +25,10 @@ from kit.rules import (
 )
 from kit.schema import Setup
 
+#: the ending of a collective's name that each GPU sends over its own NIC, not in a ring: qgZ's second
+#: hop, an all-to-all between the same local rank of every node (``kit.estimate.perf`` times it so)
+RAIL = "(qgZ hop 2)"
+
 
 def comm_bytes(setup: Setup, parts: list[Collective] | None = None) -> tuple[int, str]:
     """Bytes one GPU sends per optimizer step, as DeepSpeed's ZeRO moves them (ring collectives).
@@ -131,7 +135,7 @@ def collectives(setup: Setup) -> list[Collective]:
         hop2 = (c.nodes - 1) / c.nodes * q * m / g
         out.append(
             Collective(
-                reduce + " (qgZ hop 2)",
+                f"{reduce} {RAIL}",
                 "inter",
                 round(k * hop2),
                 f"qgZ {q:g} x (nodes-1)/nodes M / g x k={k}",

@@ -1,29 +1,34 @@
-"""Step time of a Setup before booking: compute, communication and offload, each with its formula.
+"""Step time of a Setup on GPUs before booking: compute, communication, the optimizer and offload, each
+with its formula, from the mechanisms and the datasheets (no calibration needed).
 
-A roofline-style model whose every assumption is a named, adjustable number (``Assumptions``) and whose
-every hardware figure comes from ``data/`` with its source (``hardware``):
-
-- compute: the FLOPs one GPU executes per optimizer step over peak x ``efficiency``. Per token,
-  6 Psi for the matmuls (Kaplan et al. 2020) plus 12 L h s for attention scores (PaLM, Chowdhery et al.
-  2022, appendix B); activation checkpointing runs the forward again: + 2 Psi + 4 L h s.
-- communication: the bytes one GPU sends per optimizer step under DeepSpeed's ZeRO (``comm_bytes``) over
-  the slowest link of its ring, exposed in full unless ``overlap_comm`` hides ``overlap`` of it.
+- compute: ``kit.estimate.kernels``: every matmul of a micro-step on a roofline (peak x ``efficiency``,
+  wave quantization over the SMs, or the memory bandwidth), flash attention's causal half, the
+  memory-bound elementwise ops and loss; each block the longer of its device time and its host's launch
+  and hook time (small models at small micro batches wait on the host);
+- communication: the bytes one GPU sends per optimizer step under the engine (``comm_bytes``) over the
+  link their ring crosses: NVLink inside a node; across nodes the node's NICs together (NCCL's rings run
+  one per NIC, so a ring's inter-node hop carries the node's share at the fabric's aggregate rate), the
+  slower of the two; ZeRO++'s hpZ and qgZ hops each over its own link; plus a latency per collective call
+  that grows with the nodes a ring crosses (``collective_calls``);
+- overlap, only where the engine overlaps (``Load.hideable``, ``Load.window``): DDP's bucketed
+  all-reduce behind the last micro-step's backward; stage 1-2 gradient reductions behind backward with
+  ``overlap_comm``; stage 3's prefetched gathers and reduce-scatters, and FSDP's, behind forward and
+  backward; stage 0's all-reduce, the post-step parameter all-gather and the persistent gather are exposed;
 - optimizer: the Adam step on the GPU's partition, bound by the GPU's memory bandwidth (it reads and
-  writes every fp32 state once per step); offloaded, it runs on the CPU instead (below).
+  writes every fp32 state once per step); offloaded, it runs on the CPU instead (below);
 - offload: gradients down and parameters up over the host link (PCIe), and the CPU Adam step, which is
   bound by the node's memory bandwidth; not overlapped.
 
 ``step_time`` is ``seconds`` (the arithmetic) of a ``load`` (what the step asks of a GPU, whatever its
 type) with each part's formula; ``kit.estimate.plan`` evaluates ``seconds`` once on arrays of loads and
-GPU types (``Load.arrays``, ``stack``) to rank its grid; ``kit.run.calibrate`` compares ``step_time`` with
-measured step times.
+GPU types (``Load.arrays``, ``stack``) to rank its grid; ``kit.estimate.calibrated`` prices the same
+counts with this machine's measured rates instead.
 
-What it cannot see: kernel launch overheads and small-message latency (every collective is bytes over
-bandwidth), the data loader, the Python host loop and synchronisation stalls, stragglers and load
-imbalance between ranks, congestion from other jobs on a shared fabric, topology beyond "slowest link"
-(rail-optimised networks, NVSwitch contention), how much of the communication really hides behind
-compute (``overlap`` is a single assumed share), ZeRO++'s quantization kernels' own time, GPU clocks
-under a power limit, and the page-cache and file-system effects on NVMe swaps.
+What it cannot see: the data loader and the framework's own loop (logging, timers), stragglers and load
+imbalance, congestion from other jobs on a shared fabric, topology beyond "NVLink inside, NICs across"
+(rail-optimised networks, NVSwitch contention, NCCL's tree all-reduce at scale), the SMs collectives take
+from overlapped compute, ZeRO++'s quantization kernels' own time, GPU clocks under a power limit, and the
+page-cache and file-system effects on NVMe swaps.
 """
 
 from __future__ import annotations
@@ -32,9 +37,9 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
 
-from kit.estimate import partition
-from kit.estimate.calibration import Calibration, Link, engine_key
-from kit.estimate.comm import TIMED_AS, collective_calls, collectives, comm_by_scope, comm_bytes
+from kit.estimate import kernels, partition
+from kit.estimate.comm import RAIL, collective_calls, collectives, comm_by_scope, comm_bytes
+from kit.estimate.kernels import Work
 from kit.estimate.result import Term, total
 from kit.gpus import DEFAULT_NVME, gpu, network, nvme
 from kit.rules import (
@@ -53,14 +58,16 @@ ADAM_TRAFFIC_BYTES = 7 * FP32
 class Assumptions:
     """What the model cannot read from a datasheet; every field is shown beside the result."""
 
-    #: achieved / peak TFLOP/s on the FLOPs a GPU executes (PaLM trained at 46% model FLOPs utilisation,
-    #: Megatron-LM reports 40-52% of peak on A100s; small models and micro batches reach less)
-    efficiency: float = 0.4
+    #: achieved / peak TFLOP/s of a large tensor-core GEMM (cuBLAS reaches 75-90 % of the dense peak on
+    #: V100, A100 and H100 at large shapes); smaller shapes lose more through wave quantization and the
+    #: memory bandwidth (``kit.estimate.kernels``)
+    efficiency: float = 0.8
     #: achieved / nominal bandwidth of a collective (nccl-tests bus bandwidth is ~80% of the link)
     link_efficiency: float = 0.8
-    #: share of communication hidden behind compute when ``overlap_comm`` is on (DeepSpeed's default at
-    #: stage 3 only); 0 hides nothing, 1 hides it all
-    overlap: float = 0.5
+    #: share of overlapped communication that really hides behind compute: NCCL's kernels run on up to 32
+    #: channels (one SM each, NCCL's NCCL_MAX_NCHANNELS default on NVLink systems) of the GPU's 80-132 SMs
+    #: and share its memory bandwidth, so the compute beside them slows by about a fifth
+    overlap: float = 0.8
     #: GB/s of one node's memory for the CPU Adam step: a 2-socket DDR5-4800 server (614 GB/s peak) at ~50%
     host_memory_gbps: float = 300.0
 
@@ -89,6 +96,7 @@ class Hardware:
     source: str = ""
     nvme_read_gbps: float = 0.0  # one node's NVMe drives together (ZeRO-Infinity's swap space)
     nvme_write_gbps: float = 0.0
+    sms: float = 0.0  # streaming multiprocessors (compute units): wave quantization's slots
 
 
 def hardware(setup: Setup, fabric: str | None = None, drives: str | None = None) -> Hardware:
@@ -111,6 +119,7 @@ def hardware(setup: Setup, fabric: str | None = None, drives: str | None = None)
         source=f"{g.name}: {g.source}; {net.name}: {net.source}; NVMe {disks.name}: {disks.source}",
         nvme_read_gbps=disks.read_gbps,
         nvme_write_gbps=disks.write_gbps,
+        sms=g.sms,
     )
 
 
@@ -211,40 +220,58 @@ def model_flops(setup: Setup, tokens: int) -> float:
 
 
 def flops_per_token(setup: Setup) -> tuple[float, str]:
-    """FLOPs one token costs a GPU, and the formula: matmuls, attention scores, recomputation."""
+    """FLOPs one token costs a GPU, and the formula: matmuls, attention scores (the causal half under
+    SDPA's flash kernels, all of them under eager attention: ``kernels.attention``), recomputation."""
     m, s = setup.model, setup.batch.seq_len
     ckpt = setup.zero.activation_checkpointing
-    attention = 12 * m.layers * m.hidden * s if m.is_transformer and m.layers and m.hidden else 0
+    full = 12 * m.layers * m.hidden * s if m.is_transformer and m.layers and m.hidden else 0
+    causal = bool(full) and kernels.attention(m) == "sdpa"
+    attention = full // 2 if causal else full
     flops = 6 * m.params + attention
-    formula = "6 Psi" + (f" + 12 L h s ({m.layers} x {m.hidden} x {s})" if attention else "")
+    scores = f"{'6' if causal else '12'} L h s ({m.layers} x {m.hidden} x {s}{', causal' if causal else ''})"
+    formula = "6 Psi" + (f" + {scores}" if attention else "")
     if ckpt:
         flops += 2 * m.params + attention / 3
-        formula += " + recomputed forward " + ("(2 Psi + 4 L h s)" if attention else "(2 Psi)")
+        formula += " + recomputed forward " + (f"(2 Psi + {scores} / 3)" if attention else "(2 Psi)")
     return float(flops), formula
+
+
+#: host and wire microseconds a collective call costs whatever its size: the launch and NCCL's
+#: small-message protocol (nccl-tests: ~10 us inside a node), plus each hop its ring takes (about 1 us
+#: over NVLink, 4 us more where it crosses a NIC)
+CALL_US = 10.0
+HOP_US = 1.0
+NIC_HOP_US = 4.0
 
 
 @dataclass(frozen=True)
 class Load:
     """What one optimizer step of a Setup asks of each of its GPUs, whatever their type (``load``): the
-    FLOPs, the bytes on the wire, through the GPU's memory (its Adam step), over the host link and
-    through the node's memory (offload), and through the node's NVMe drives, with how each was counted.
-    ``seconds`` turns it into time on a ``Hardware``."""
+    micro-step's kernels and host work (``work``), the bytes on the wire and the collective calls, through
+    the GPU's memory (its Adam step), over the host link and through the node's memory (offload), and
+    through the node's NVMe drives, with how each was counted. ``seconds`` turns it into time on a
+    ``Hardware``."""
 
-    flops: float  # executed by one GPU
+    work: Work  # one micro-step's kernels and host time (``kit.estimate.kernels``)
+    micro_steps: int
+    flops: float  # executed by one GPU per optimizer step
     tokens: int  # one GPU's
     sent: int  # bytes one GPU sends (``comm_bytes``)
-    intra: int  # of them inside its node and across nodes (``comm_by_scope``)
+    intra: int  # of them inside its node and across nodes in rings (``comm_by_scope``)
     inter: int
+    rail: int  # of them across nodes from each GPU over its own NIC (qgZ's second hop, an all-to-all)
     split: bool  # ZeRO++ on several nodes: ``intra`` and ``inter`` each over its own link
     nodes: int
     gpus_per_node: int
-    overlap: bool  # overlap_comm
+    latency_s: float  # collective calls x their latency
+    hideable: float  # share of the bytes the engine sends beside compute
+    window: float  # share of the step's compute they can hide behind
     gpu_memory_bytes: int  # the Adam step's reads and writes in the GPU's memory (0 when offloaded)
     host_link_bytes: int  # between the GPU and the host (offload)
     host_memory_bytes: int  # the CPU Adam step's reads and writes in one node's memory
     nvme_read_bytes: int  # one node's swap files
     nvme_write_bytes: int
-    formulas: dict[str, str]  # of flops, sent, and of each of the last five that is not 0
+    formulas: dict[str, str]  # of flops, sent, overlap, and of each of the last five that is not 0
 
     @staticmethod
     def arrays(loads: list[Load]) -> Load:
@@ -252,21 +279,55 @@ class Load:
         ``stack``'s hardware (a row of GPU types) is an array of (setup, GPU type)."""
         import numpy as np
 
-        numbers = [f.name for f in fields(Load) if f.name != "formulas"]
-        return Load(
-            **{name: np.array([getattr(x, name) for x in loads])[:, None] for name in numbers}, formulas={}
-        )
+        numbers = [f.name for f in fields(Load) if f.name not in ("formulas", "work")]
+        columns = {name: np.array([getattr(x, name) for x in loads])[:, None] for name in numbers}
+        return Load(work=Work.arrays([x.work for x in loads]), **columns, formulas={})
+
+
+def overlapped(setup: Setup) -> tuple[float, float, str]:
+    """``(hideable, window, formula)``: the share of the step's bytes the engine sends beside compute,
+    and the share of the step's compute they can hide behind, where the engine overlaps: DDP's buckets
+    behind the last micro-step's backward; stage 1-2 gradient reductions behind backward with
+    ``overlap_comm`` (every micro-step's at stage 2, the last one's at stage 1), the parameter all-gather
+    after the step exposed; stage 3 (``overlap_comm``) and FSDP behind forward and backward, the
+    persistent tensors' gather after the step exposed; stage 0's all-reduce exposed."""
+    z, k = setup.zero, setup.batch.grad_accum
+    backward = (2 + z.activation_checkpointing) / (3 + z.activation_checkpointing)
+    if setup.dp == 1:
+        return 0.0, 0.0, "one rank"
+    if z.engine == "ddp":
+        return 1.0, backward / k, "DDP: all of it, behind the last micro-step's backward"
+    if z.engine != "deepspeed":
+        return 1.0, 1.0, "FSDP: all of it, behind forward and backward (prefetch)"
+    if z.stage == 0 or not z.overlap:
+        return 0.0, 0.0, f"stage {z.stage}{'' if z.stage == 0 else ' without overlap_comm'}: none"
+    if z.stage in (1, 2):
+        reductions = 2 * (k if z.stage == 2 else 1)
+        share = reductions / (reductions + 1)
+        window = backward / (1 if z.stage == 2 else k)
+        return share, window, f"the gradient reductions ({reductions} of {reductions + 1} M), behind backward"
+    parts = collectives(setup)
+    persistent = sum(c.bytes for c in parts if c.name == "persistent all-gather")
+    sent = sum(c.bytes for c in parts) or 1
+    return 1 - persistent / sent, 1.0, "all but the persistent gather, behind forward and backward"
 
 
 def load(setup: Setup) -> Load:
     """``Load`` of one optimizer step of ``setup`` (the model behind ``step_time``, uncalibrated)."""
     b, c, z, k = setup.batch, setup.cluster, setup.zero, setup.batch.grad_accum
-    per_token, how = flops_per_token(setup)
+    micro = kernels.work(setup)
     tokens = b.micro_batch * b.grad_accum * b.seq_len
     parts = collectives(setup)
     sent, formulas = comm_bytes(setup, parts)
-    formulas = {"flops": how, "sent": formulas}
+    calls = sum(n for _, n, _ in collective_calls(setup))
+    latency = (CALL_US + HOP_US * (setup.dp - 1) + NIC_HOP_US * (c.nodes - 1)) * 1e-6
+    hideable, window, how = overlapped(setup)
+    formulas = {"flops": micro.formula, "sent": formulas, "overlap": how}
+    formulas["latency"] = (
+        f"{calls:,} calls x ({CALL_US:g} + {HOP_US:g} x (N-1) + {NIC_HOP_US:g} x (nodes-1)) us"
+    )
     scope = comm_by_scope(setup, parts)
+    rail = sum(c.bytes for c in parts if c.name.endswith(RAIL))
     p, part = element_bytes(z.precision), partition.partition_numel(setup)
     per_param = ADAM_TRAFFIC_BYTES + (p if z.mixed_precision else 0)
     adam = moved = node = 0
@@ -293,31 +354,41 @@ def load(setup: Setup) -> Load:
         formulas["nvme_write"] = f"{g} GPUs x ({swap['write'].formula})"
     split = bool(z.zeropp and c.nodes > 1)
     return Load(
-        per_token * tokens, tokens, sent, scope["intra"], scope["inter"], split, c.nodes, c.gpus_per_node,
-        z.overlap, adam, moved, node, read, write, formulas,
+        micro, k, k * micro.flops, tokens, sent, scope["intra"], scope["inter"] - rail, rail, split, c.nodes,
+        c.gpus_per_node, calls * latency, hideable, window, adam, moved, node, read, write, formulas,
     )  # fmt: skip
 
 
 def seconds(need: Load, hw: Hardware, assume: Assumptions) -> dict[str, float]:
     """Seconds of each part of a step (``STEP_PARTS``, and ``comm``, hidden or not) asking ``need`` of
-    ``hw``: compute at peak x ``efficiency``; the bytes on the wire over the slowest link of the ring
-    (across nodes: a node's network shared by its GPUs; ZeRO++ on several nodes: each scope over its
-    own link) x ``link_efficiency``, of which ``overlap`` is hidden with overlap_comm; the Adam step
-    at the GPU's memory bandwidth; offload over the host link and the node's memory, and the swap files
-    over its drives. Floats, or arrays of ``Load.arrays`` by ``stack``'s GPU types."""
+    ``hw``: compute, k micro-steps of ``kernels.block_seconds`` at ``efficiency``; the bytes on the wire
+    x ``link_efficiency`` over NVLink inside a node, across nodes over the slower of NVLink and the node's
+    NICs together (ZeRO++ on several nodes: each scope over its own link), plus the calls' latency; of
+    it the engine's overlapped share hides behind its window of compute (x ``overlap``); the Adam step at
+    the GPU's memory bandwidth; offload over the host link and the node's memory, and the swap files over
+    its drives. Floats, or arrays of ``Load.arrays`` by ``stack``'s GPU types."""
+    import numpy as np
+
     efficiency = assume.link_efficiency
-    across = _smaller(hw.intra_gbps, hw.inter_gbps / need.gpus_per_node)
+    across = _smaller(hw.intra_gbps, hw.inter_gbps)
     bandwidth = _where(need.nodes > 1, across, hw.intra_gbps) * efficiency * 1e9
     intra_bw = hw.intra_gbps * efficiency * 1e9
-    comm = _where(need.split, need.inter / bandwidth + need.intra / intra_bw, need.sent / bandwidth)
-    hidden = _where(need.overlap, assume.overlap, 0.0)
+    rail_bw = hw.inter_gbps / need.gpus_per_node * efficiency * 1e9  # one GPU's share of the NICs
+    split = need.inter / bandwidth + _per(need.rail, rail_bw) + need.intra / intra_bw
+    wire = _where(need.split, split, need.sent / bandwidth)
+    comm = wire + need.latency_s
+    compute = need.micro_steps * kernels.block_seconds(
+        need.work, hw.peak_tflops, hw.memory_gbps, hw.sms, assume.efficiency
+    )
+    hidden = assume.overlap * np.minimum(need.hideable * comm, need.window * compute)
     offload = _per(need.host_link_bytes, hw.host_gbps * efficiency * 1e9)
     offload += _per(need.host_memory_bytes, assume.host_memory_gbps * 1e9)
     offload = offload + _swap_s(need.nvme_read_bytes, need.nvme_write_bytes, hw)
+    exposed = comm - hidden
     return {
-        "compute": need.flops / (hw.peak_tflops * 1e12 * assume.efficiency),
+        "compute": compute,
         "comm": comm,
-        "exposed_comm": comm * (1 - hidden),
+        "exposed_comm": float(exposed) if np.ndim(exposed) == 0 else exposed,
         "optimizer": _per(need.gpu_memory_bytes, hw.memory_gbps * 1e9),
         "offload": offload,
         "fixed": 0.0,
@@ -358,42 +429,41 @@ def _per(amount, rate):
         return np.where(amount > 0, amount / rate, 0.0)
 
 
-def step_time(
-    setup: Setup,
-    hw: Hardware | None = None,
-    assume: Assumptions | None = None,
-    calibration: Calibration | None = None,
-) -> StepTime:
+def step_time(setup: Setup, hw: Hardware | None = None, assume: Assumptions | None = None) -> StepTime:
     """Predicted seconds per optimizer step of ``setup`` on ``hw`` (default: ``hardware(setup)``):
-    ``seconds`` of its ``load``, each part with its formula; with a ``calibration``
-    (``kit.estimate.calibration``) from its measured rates and fixed costs instead of the datasheet and
-    ``assume`` (``calibrated``)."""
-    if calibration is not None:
-        return calibrated(setup, calibration, hw, assume)
+    ``seconds`` of its ``load``, each part with its formula (``kit.estimate.calibrated.step_time`` prices
+    the same step with a calibration's measured rates when one is given)."""
     hw = hw or hardware(setup)
     assume = assume or Assumptions()
     need = load(setup)
     took, f, efficiency = seconds(need, hw, assume), need.formulas, assume.link_efficiency
     compute = Part(
         took["compute"],
-        f"({f['flops']}) x {need.tokens:,} tokens per GPU / ({_g(hw.peak_tflops)} TFLOP/s x "
-        f"{assume.efficiency:g})",
+        f"k={need.micro_steps} x ({f['flops']}) on {_g(hw.peak_tflops)} TFLOP/s x {assume.efficiency:g}, "
+        f"{_g(hw.memory_gbps)} GB/s, {_g(hw.sms)} SMs",
     )
     if need.nodes > 1:
-        where = f"min(intra {_g(hw.intra_gbps)}, inter {_g(hw.inter_gbps)} / {need.gpus_per_node} GPUs) GB/s"
+        where = f"min(NVLink {_g(hw.intra_gbps)}, the node's NICs {_g(hw.inter_gbps)}) GB/s"
     else:
         where = f"intra-node {_g(hw.intra_gbps)} GB/s"
     if need.split:
         how = (
-            f"{f['sent']}: inter-node {need.inter:,} B over {where} + intra-node {need.intra:,} B over "
+            f"{f['sent']}: inter-node {need.inter:,} B over {where}"
+            + (
+                f" + {need.rail:,} B over each GPU's NIC, {_g(hw.inter_gbps)} / {need.gpus_per_node}"
+                if need.rail
+                else ""
+            )
+            + f" + intra-node {need.intra:,} B over "
             f"intra {_g(hw.intra_gbps)} GB/s, x {efficiency:g}"
         )
     else:
         how = f"{f['sent']} over {where} x {efficiency:g}"
-    hidden = assume.overlap if need.overlap else 0.0
+    how += f"; + latency {f['latency']}"
     exposed = Part(
         took["exposed_comm"],
-        f"{1 - hidden:g} x communication" + (" (overlap_comm hides the rest)" if hidden else ""),
+        f"communication - {assume.overlap:g} x min(overlapped {need.hideable:.3g} x communication, "
+        f"{need.window:.3g} x compute) ({f['overlap']})",
     )
     optimizer = "on the CPU (offload)"
     if "gpu_memory" in f:
@@ -461,120 +531,3 @@ def with_assumptions(assume: Assumptions | None = None, **changes: float) -> Ass
     if unknown:
         raise ValueError(f"{sorted(unknown)[0]}: not an assumption; choose from {', '.join(asdict(base))}")
     return replace(base, **changes)
-
-
-def calibrated(
-    setup: Setup, cal: Calibration, hw: Hardware | None = None, assume: Assumptions | None = None
-) -> StepTime:
-    """``step_time`` from a calibration: each term a measured rate, plus the engine's fixed costs.
-
-    x = ``Calibration.stretch`` of each term (CPU ranks sharing cores: 1 - b + b s, b the term's measured
-    busy share over the compute passes', s the ranks' slowdown on the cores), k = micro-steps,
-    B = blocks (layers + 1), n = tensors: compute = k (FLOPs / tflops + micro_fixed_s B / B_cal) x;
-    communication = sum over collectives of (bytes / bus_gbps + calls x latency x (N-1)/(N_m-1)) x of
-    that collective, its links those measured on N_m ranks (``Calibration.links``: the most ranks up to
-    N; x stretches from N_m ranks); optimizer = P x adam_s_per_param x; offload = (the bytes of
-    ``_offload`` over the measured copies) x + P x host_adam_s_per_param x (NVMe from ``hw``); bytes
-    across nodes at most over the fabric's datasheet bandwidth per GPU (``hw``, x
-    ``assume.link_efficiency``); fixed = n (step_s_per_tensor + k micro_step_s_per_tensor) x, of this
-    engine as calibrated. A calibration of one
-    rank has no links: the datasheet's intra-node bandwidth x ``assume.link_efficiency``, no latency. On a GPU
-    ``overlap_comm`` hides ``assume.overlap`` of the communication; gloo's CPU collectives block, so on
-    a CPU machine nothing.
-    """
-    assume = assume or Assumptions()
-    b, c, z, m = setup.batch, setup.cluster, setup.zero, setup.model
-    k, g = b.grad_accum, c.gpus_per_node
-    per_token, how = flops_per_token(setup)
-    flops = per_token * b.micro_batch * b.seq_len
-    blocks, cal_blocks = (m.layers or 0) + 1, cal.layers + 1
-    x, shared = cal.stretch(g, "compute")
-    compute = Part(
-        k * (flops / (cal.tflops * 1e12) + cal.micro_fixed_s * blocks / cal_blocks) * x,
-        f"k={k} x (({how}) x {b.micro_batch * b.seq_len:,} tokens / {cal.tflops * 1e3:.3g} GFLOP/s + "
-        f"{cal.micro_fixed_s * 1e3:.3g} ms x {blocks}/{cal_blocks} blocks) {shared}",
-    )
-    sent = comm_bytes(setup)[0]
-    # across nodes the calibration's links do not reach: the fabric's datasheet bandwidth per GPU
-    across = (hw or hardware(setup)).inter_gbps * assume.link_efficiency / g if c.nodes > 1 else 0
-    datasheet = Link(0.0, (hw or hardware(setup)).intra_gbps * assume.link_efficiency)
-    by_op: dict[str, tuple[float, list[str]]] = {}  # per measured collective: seconds and their formula
-
-    def add(op: str, took: float, formula: str) -> None:
-        before, why = by_op.get(op, (0.0, []))
-        by_op[op] = (before + took, [*why, formula])
-
-    on = cal.links(setup.dp)[0]  # the ranks the links were measured on
-    for part in collectives(setup):
-        op = TIMED_AS.get(part.name, "all_reduce")
-        gbps = (cal.link(op, on) or datasheet).bus_gbps
-        gbps = min(gbps, across) if part.scope == "inter" and across else gbps
-        add(op, part.bytes / (gbps * 1e9), f"{part.bytes:,} B / {gbps:.3g} GB/s")
-    hops = (setup.dp - 1) / max(1, on - 1)
-    for op, calls, formula in collective_calls(setup):
-        latency = (cal.link(op, on) or datasheet).latency_s
-        add(op, calls * latency * hops, f"{calls} {op} ({formula}) x {latency * 1e6:,.4g} us x {hops:.3g}")
-    seconds, why = 0.0, []
-    for op, (took, formulas) in by_op.items():
-        x, shared = cal.stretch(g, "comm", op, against=on)
-        seconds += took * x
-        why.append(f"{op}: ({' + '.join(formulas)}) {shared}")
-    comm = Part(seconds, "; ".join(why) if why else "one rank: no communication")
-    hidden = assume.overlap if z.overlap and cal.accelerator != "cpu" else 0.0
-    exposed = Part(comm.seconds * (1 - hidden), f"{1 - hidden:g} x communication")
-    part = partition.partition_numel(setup)
-    if z.offload_optimizer == "none":
-        x, shared = cal.stretch(g, "adam")
-        optimizer = Part(
-            part * cal.adam_s_per_param * x,
-            f"P ({part:,}) x {cal.adam_s_per_param * 1e9:.3g} ns Adam {shared}",
-        )
-    else:
-        optimizer = Part(0.0, "on the host (offload)")
-    offload = _calibrated_offload(setup, cal, hw)
-    key = engine_key(z.stage, z.engine, z.offload_optimizer, z.offload_param)
-    cost, which = cal.engine(key)
-    n = len(partition.numels(setup))
-    x, shared = cal.stretch(g, "fixed", which)
-    fixed = Part(
-        n * (cost.step_s_per_tensor + k * cost.micro_step_s_per_tensor) * x,
-        f"n={n} tensors x ({cost.step_s_per_tensor * 1e6:.3g} us per step + k={k} x "
-        f"{cost.micro_step_s_per_tensor * 1e6:.3g} us per micro-step) {shared}, engine {which}",
-    )
-    measured_link = cal.link("all_reduce") or datasheet
-    hw = Hardware(
-        name=f"{cal.device}, {cal.backend} (calibrated)",
-        peak_tflops=cal.tflops,
-        intra_gbps=measured_link.bus_gbps,
-        inter_gbps=measured_link.bus_gbps,
-        host_gbps=cal.to_device_gbps,
-        memory_gbps=0.0,
-        source=cal.label,
-    )
-    label = cal.label_for(setup)
-    return StepTime(setup, hw, assume, compute, comm, exposed, optimizer, offload, sent, fixed, label)
-
-
-def _calibrated_offload(setup: Setup, cal: Calibration, hw: Hardware | None) -> Part:
-    z, k = setup.zero, setup.batch.grad_accum
-    if z.offload_optimizer == "none" and z.offload_param == "none":
-        return Part(0.0, "no offload")
-    p, part = element_bytes(z.precision), partition.partition_numel(setup)
-    down = up = 0
-    if z.offload_optimizer != "none":
-        down += p * part * (k if z.stage >= 2 else 1)  # gradients to the host
-        up += p * part  # updated parameters back
-    if z.offload_param != "none":
-        up += 2 * k * p * part
-    x, shared = cal.stretch(setup.cluster.gpus_per_node, "copy")
-    seconds = (down / (cal.to_host_gbps * 1e9) + up / (cal.to_device_gbps * 1e9)) * x
-    formula = f"({down:,} B to host / {cal.to_host_gbps:.3g} GB/s + {up:,} B to device / "
-    formula += f"{cal.to_device_gbps:.3g} GB/s) {shared}"
-    if z.offload_optimizer != "none":
-        x, shared = cal.stretch(setup.cluster.gpus_per_node, "adam")
-        seconds += part * cal.host_adam_s_per_param * x
-        formula += f" + P ({part:,}) x {cal.host_adam_s_per_param * 1e9:.3g} ns host Adam {shared}"
-    if z.nvme:
-        swap = _nvme(setup, hw or hardware(setup))
-        seconds, formula = seconds + swap.seconds, f"{formula} + {swap.formula} (datasheet)"
-    return Part(seconds, formula)

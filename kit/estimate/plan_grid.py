@@ -11,7 +11,7 @@ come from one numpy evaluation of the same arithmetic (``perf.seconds`` of ``per
 against the per-setup path.
 
 A batch schedule or a token budget changes the batch a Setup trains with: such a plan estimates each of
-its setups whole (``estimate``); a calibrated one times each setup per GPU type (``perf.calibrated``).
+its setups whole (``estimate``); a calibrated one times each setup per GPU type (``kit.estimate.calibrated``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from kit import batch as batch_math
-from kit.estimate import memory, perf
+from kit.estimate import calibrated, memory, perf
 from kit.estimate.calibration import Calibration
 from kit.estimate.result import Term
 from kit.fit import fits
@@ -51,7 +51,7 @@ def evaluate(
     precision = base.zero.precision
     rows: dict[str, list] = {key: [] for key in _PER_SETUP}
     loads: list[perf.Load] = []
-    calibrated: list[list[float]] = []  # with a calibration: each setup's step_s per GPU type
+    timed: list[list[float]] = []  # with a calibration: each setup's step_s per GPU type
     labels: list[str] = []
     saved: dict[tuple[int, bool], Term] = {}  # activations by (micro batch, checkpointing)
     for nodes, per, zero in groups:
@@ -89,16 +89,16 @@ def evaluate(
                 need = perf.load(candidate)
                 loads.append(need)
                 if calibration is not None:
-                    calibrated.append(
+                    timed.append(
                         [
-                            perf.step_time(candidate, hw, assume, calibration).step_s
+                            calibrated.step_time(candidate, hw, assume, calibration).step_s
                             for hw in hardware.values()
                         ]
                     )
                 z = candidate.zero
                 values = (nodes, per, nodes * per, z.engine, z.stage, z.offload_optimizer, z.offload_param)
                 values += (z.zeropp_label, ckpt, d.micro_batch, d.grad_accum, per_gpu, cpu, disk)
-                values += (need.intra, need.inter, candidate.tokens_per_step)
+                values += (need.intra, need.inter + need.rail, candidate.tokens_per_step)
                 for key, value in zip(_PER_SETUP, values, strict=True):
                     rows[key].append(value)
                 labels.append(f"{nodes}x{per} {candidate.label}")
@@ -108,7 +108,7 @@ def evaluate(
         parts = perf.seconds(perf.Load.arrays(loads), stacked, assume)
         step = sum(parts[name] for name in perf.STEP_PARTS)
     else:
-        step = np.array(calibrated)
+        step = np.array(timed)
     per_step = np.asarray(rows["tokens_per_step"])[:, None]
     world = np.asarray(rows["gpus"])[:, None]
     run = perf.run_cost(tokens, per_step, step, world, usd)

@@ -14,8 +14,8 @@ expressed row and sets the prediction beside the measurement:
   the largest micro batch the kit finds fitting beside it ("fits at BS=N (max)" is checked as: fits at N).
 A reading that is neither (nvidia-smi's memory in use, what PyTorch had allocated when it ran out) is
 shown beside the verdict, never compared: the allocator's cache fills a card whatever the run needs.
-``throughput.jsonl`` rows (step time) are loaded and classified the same way; comparing them is issue
-42's (``kind == "step_time"``, reason ``STEP_TIME``).
+``throughput.jsonl`` rows (``kind == "step_time"``) are expressed the same way (FSDP1 taken as FSDP2:
+the same bytes in the same calls) and timed by ``kit.estimate.published_steps`` (``Comparison.timings``).
 
 How a row maps: DeepSpeed ZeRO stage N -> stage N ("ZeRO disabled": stage 0, DeepSpeed's fp16 optimizer);
 PyTorch DDP -> engine ``ddp``; FSDP2 full shard -> ``fsdp`` (``kit.rules.BASELINES``); the GPU by type and
@@ -41,22 +41,23 @@ from pydantic import ValidationError
 
 from kit import models
 from kit.ds_keys import ZERO_KEYS
+from kit.estimate import published_steps
 from kit.estimate.memory import estimate
 from kit.estimate.plan import largest_micro_batch
+from kit.estimate.published_reasons import feature_reason, fsdp1
+from kit.estimate.published_steps import Timing
 from kit.fit import estimate_fit
 from kit.paths import PUBLISHED
 from kit.schema import ModelSpec, Setup, one_line_error
 from kit.units import GIB, MIB
 
 TABLES = ("memory", "throughput")
-#: what a row compares: a number of bytes, a fit / OOM boundary, a step time (issue 42)
+#: what a row compares: a number of bytes, a fit / OOM boundary, a step time
 KINDS = ("memory", "fit", "step_time")
 #: the memory quantities a number row measures
 QUANTITIES = ("max_allocated", "max_reserved")
 #: each quantity as a reader names it
 QUANTITY_TEXT = {"max_allocated": "max allocated", "max_reserved": "max reserved"}
-#: the reason every step-time row gives until issue 42 compares them
-STEP_TIME = "step time: issue 42"
 #: the largest micro batch ``largest_micro_batch`` tries
 MAX_MICRO_BATCH = 4096
 
@@ -64,15 +65,19 @@ MAX_MICRO_BATCH = 4096
 #: data/published/models/ (its ``_source`` says where each number comes from)
 MODELS = (
     ("Megatron-DeepSpeed GPT 18B", "megatron-gpt-18b.json"),
+    ("GPT-style 175B", "megatron-gpt-175b.json"),
+    ("GPT-style 1T", "megatron-gpt-1t.json"),
+    ("GPT-style 2T", "megatron-gpt-2t.json"),
     ("Megatron GPT-2 10B", "megatron-gpt2-10b.json"),
     ("Megatron GPT-2 1.5B", "megatron-gpt2-1.5b.json"),
     ("gpt2-large", "gpt2-large"),
     ("gpt2-xl", "gpt2-xl"),
     ("Llama 2 70B", "llama-2-70b"),
+    ("Llama 2 13B", "llama-2-13b"),
+    ("Llama 3 70B", "llama-3-70b"),
+    *((f"MPT-{size}", f"mpt-{size}.json") for size in ("1b", "7b", "13b", "30b", "70b")),
     ("Llama 3.1 8B", "llama-3-8b"),  # Llama 3's tensors; 3.1 changes only the rotary scaling
 )
-#: models whose trained head the kit has no workload for
-HEADS = (("DeBERTa-v2-xlarge-mnli", "sequence-classification head (DeBERTa-v2 MNLI)"),)
 #: (piece of the row's ``gpu_type``, its ``gpu_mem_gb``) -> the GPU in data/gpus.csv with that memory
 GPUS = (
     ("V100", 32, "V100-SXM2-32GB"),
@@ -83,8 +88,6 @@ GPUS = (
     ("H100", 80, "H100-SXM-80GB"),
     ("TITAN RTX", 24, "TITAN-RTX"),
 )
-#: other parallelism a row names -> what it is called
-PARALLELISM = {"TP": "tensor", "PP": "pipeline", "CP": "context", "SP": "sequence"}
 #: units of ``value`` (``_bytes`` reads Megatron's "MB")
 UNITS = {"GiB": GIB, "MiB": MIB, "GB": 10**9}
 
@@ -128,6 +131,8 @@ def express(row: dict[str, Any]) -> Expressed:
     zero = _engine(row)
     if isinstance(zero, str):
         return Expressed(None, zero)
+    if fsdp1(row):
+        notes.append("FSDP1 taken as FSDP2 (the same bytes in the same per-unit calls)")
     precision = _precision(row["precision"])
     if zero["engine"] != "deepspeed" and precision == "fp16":
         name = zero["engine"].upper()
@@ -174,55 +179,12 @@ def express(row: dict[str, Any]) -> Expressed:
     return Expressed(setup, None, tuple(notes))
 
 
-def feature_reason(row: dict[str, Any]) -> str | None:
-    """The first thing a row's run does that the kit does not model, read from its text alone (no Setup
-    needed, so step-time rows ask it too): other parallelism, Float8, torch.compile, selective
-    checkpointing, FSDP1, frozen parts, source and target lengths that differ, a head the kit lacks."""
-    other = row.get("other_parallelism") or ""
-    degrees = {k: int(n) for k, n in re.findall(r"\b(TP|PP|CP|SP)\s*=\s*(\d+)", other) if int(n) > 1}
-    if degrees:
-        names = [PARALLELISM[k] for k in degrees]
-        what = " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
-        return f"{what} parallelism ({', '.join(f'{k}={n}' for k, n in degrees.items())})"
-    text = f"{row.get('precision') or ''}; {row.get('extras') or ''}"
-    if _mentions(text, "float8", "fp8"):
-        return "Float8 linears"
-    if _mentions(row.get("extras"), "compile"):
-        return "torch.compile"
-    checkpointing = str(row.get("activation_checkpointing") or "").lower()
-    if checkpointing.startswith("selective"):
-        level = "op-level" if "op" in checkpointing else "every n-th block"
-        return f"selective activation checkpointing ({level})"
-    if "FSDP1" in row["framework"] or (
-        re.search(r"FULL_SHARD|SHARD_GRAD_OP|HYBRID_SHARD", row.get("sharding") or "")
-        and "FSDP2" not in row["framework"]
-    ):
-        return "FSDP1 flat parameters"
-    extras = row.get("extras") or ""
-    if "freeze_embeds" in extras:
-        return "frozen embeddings (--freeze_embeds)"
-    if _mentions(extras, "frozen", "freeze"):
-        return "frozen parameters"
-    lengths = re.match(r"\s*(\d+)\s*src\s*/\s*(\d+)\s*tgt", str(row.get("seq_len")))
-    if lengths and lengths.group(1) != lengths.group(2):
-        return f"source and target lengths differ ({lengths.group(1)} / {lengths.group(2)})"
-    return next((why for name, why in HEADS if name in row["model"]), None)
-
-
-def _mentions(text: str | None, *words: str) -> bool:
-    """Whether ``text`` names one of ``words`` outside a negation ("no torch.compile, no Float8")."""
-    for part in re.split(r"[,;+]", (text or "").lower()):
-        part = part.strip()
-        if not part.startswith(("no ", "without ")) and any(w in part for w in words):
-            return True
-    return False
-
-
 def _engine(row: dict[str, Any]) -> dict[str, Any] | str:
     """``ZeroSettings``' engine and stage for a row's framework, or why the kit has none for it."""
     text = f"{row['framework']} {row.get('sharding') or ''}"
-    if "FSDP2" in text:
-        return {"engine": "fsdp", "stage": 2 if "reshard_after_forward=False" in text else 3}
+    if "FSDP2" in text or fsdp1(row):
+        flat = "reshard_after_forward=False" in text or "SHARD_GRAD_OP" in text
+        return {"engine": "fsdp", "stage": 2 if flat else 3}
     if re.search(r"\bDDP\b", text):
         return {"engine": "ddp", "stage": 0}
     if "no DeepSpeed" in text:
@@ -258,11 +220,13 @@ def _checkpointing(text: str | None, notes: list[str]) -> bool:
 
 def _buckets(text: str | None) -> dict[str, Any]:
     """ZeroSettings fields a row's ``buckets`` text sets, read by DeepSpeed's key names
-    (``kit.ds_keys.ZERO_KEYS``): ``key=number``, ``key=true|false``, or a bare key (on)."""
+    (``kit.ds_keys.ZERO_KEYS``): ``key=number`` or ``key number``, ``key=true|false``, or a bare key (on)."""
     out: dict[str, Any] = {}
     for k in ZERO_KEYS:
+        if k.field == "stage":  # the row's own zero_stage says it
+            continue
         for spelling in k.spellings:
-            found = re.search(rf"\b{spelling}\b(?:\s*=\s*([\w.]+))?", text or "")
+            found = re.search(rf"\b{spelling}\b(?:\s*=?\s*(\d[\d.e+]*|true|false)\b)?", text or "")
             if found:
                 value = found.group(1)
                 out[k.field] = value != "false" if value in (None, "true", "false") else int(float(value))
@@ -272,7 +236,11 @@ def _buckets(text: str | None) -> dict[str, Any]:
 def _gpu(row: dict[str, Any], notes: list[str]) -> str | None:
     kind_, memory = row.get("gpu_type") or "", row.get("gpu_mem_gb")
     name = next((n for piece, gb, n in GPUS if piece in kind_ and memory == gb), None)
-    if name and "SXM3" in kind_:
+    if name is None and memory is None and row["table"] == "throughput":  # a step time needs no memory
+        name = next((n for piece, _, n in GPUS if piece in kind_), None)
+        if name:
+            notes.append(f"{kind_} of unstated memory taken as the {name} (the step time does not use it)")
+    elif name and "SXM3" in kind_:
         notes.append(f"{kind_} {memory} GB taken as the {name} (the same memory)")
     return name
 
@@ -386,6 +354,8 @@ class Comparison:
     notes: tuple[str, ...] = ()
     values: tuple[Value, ...] = ()
     checks: tuple[Check, ...] = ()
+    #: a step-time row's measured step beside the kit's (``kit.estimate.published_steps``)
+    timings: tuple[Timing, ...] = ()
     #: a reading shown beside a fit / OOM verdict, not compared (nvidia-smi's, or allocated at the OOM)
     measured_bytes: int | None = None
     #: the largest micro batch the kit finds fitting (fit rows; 0: none)
@@ -426,6 +396,7 @@ class Comparison:
             "outcome": None if self.kind == "memory" else r.get("outcome"),
             "values": [v.to_dict() for v in self.values],
             "checks": [c.to_dict() for c in self.checks],
+            "timings": [t.to_dict() for t in self.timings],
             "agrees": self.agrees,
             "measured_bytes": self.measured_bytes,
             "largest_micro_batch": self.largest_micro_batch,
@@ -440,12 +411,16 @@ class Comparison:
 def compare(row: dict[str, Any]) -> Comparison:
     """A row beside the kit's prediction (see the module docstring), or with the reason it has none."""
     what = kind(row)
-    if what == "step_time":
-        return Comparison(row, what, reason=feature_reason(row) or STEP_TIME)
     expressed = express(row)
     if expressed.setup is None:
         return Comparison(row, what, reason=expressed.reason)
     setup, notes = expressed.setup, list(expressed.notes)
+    if what == "step_time":
+        try:
+            timed = published_steps.timing(row, setup, notes)
+        except ValueError as error:
+            return Comparison(row, what, reason=str(error))
+        return Comparison(row, what, setup, notes=tuple(notes), timings=(timed,))
     if what == "memory":
         est = estimate(setup)
         measured = {_quantity(row): _bytes(row, row["value"], row["unit"])}
@@ -526,17 +501,13 @@ class Report:
     comparisons: tuple[Comparison, ...]
 
     def summary(self) -> dict[str, Any]:
-        """Per table the rows, those expressed and those waiting for the step-time comparison (issue 42);
+        """Per table the rows and those expressed; the step times' summary (``published_steps.summary``);
         per quantity the median |error| and the worst error; how many fit / OOM rows agree."""
         tables = {}
         for table in TABLES:
             mine = [c for c in self.comparisons if c.row["table"] == table]
             if mine:
-                tables[table] = {
-                    "rows": len(mine),
-                    "expressed": sum(c.expressed for c in mine),
-                    "step_time_pending": sum(c.reason == STEP_TIME for c in mine),
-                }
+                tables[table] = {"rows": len(mine), "expressed": sum(c.expressed for c in mine)}
         quantities = {}
         for quantity in QUANTITIES:
             found = [(c.id, v) for c in self.comparisons for v in c.values if v.quantity == quantity]
@@ -554,6 +525,7 @@ class Report:
         return {
             "tables": tables,
             "quantities": quantities,
+            "step_time": published_steps.summary(self.comparisons),
             "fit": {
                 "rows": len(checked),
                 "agree": sum(bool(c.agrees) for c in checked),

@@ -3,7 +3,8 @@
 
 ``table`` (each measured number and fit / OOM boundary beside the prediction), ``unexpressed`` (the runs
 the kit cannot describe yet, and why), ``figure`` (predicted against measured, log-log), ``fits_figure``
-(each boundary's predicted peak as a share of its GPU), ``answer`` (the paragraph from
+(each boundary's predicted peak as a share of its GPU), ``steps_figure`` (each step time's error, by
+GPU), ``answer`` (the paragraph from
 ``Report.summary()``). What it cannot show: the rows' own uncertainty beyond their confidence.
 """
 
@@ -72,6 +73,17 @@ def table(report) -> pd.DataFrame:
                 | common
                 | {"setup": f"{c.label}; {largest}"}
             )
+        for t in c.timings:
+            rows.append(
+                {
+                    "id": c.id,
+                    "check": "step time",
+                    "measured": f"{t.measured_s:.4g} s ({t.measured_value:.4g} {t.unit})",
+                    "predicted": f"{t.predicted_s:.4g} s ({t.predicted_value:.4g})",
+                    "error": f"{100 * t.error:+.1f} %",
+                }
+                | common
+            )
     columns = ["id", "check", "measured", "predicted", "error", "confidence", "setup"]
     return pd.DataFrame(rows, columns=columns)
 
@@ -127,6 +139,16 @@ def answer(report) -> str:
     counts = summary["tables"].get("memory")
     if counts:
         parts.append(f"{counts['expressed']} of {counts['rows']} published memory rows are expressed")
+    step = summary.get("step_time")
+    if step:
+        sets = step["stage_sets"]
+        right = sum(g["agrees"] for g in sets)
+        parts.append(
+            f"step times are off by a median {100 * step['median_abs_error']:.0f} % on {_rows(step['rows'])} "
+            f"({step['within_25']} within 25 %, {step['within_2x']} within 2x; worst "
+            f"{100 * step['worst_error']:+.0f} %, {step['worst_id']}), the stages ranked right on {right} of "
+            f"{len(sets)} sets"
+        )
     if not parts:
         return "No published row of this selection is compared."
     text = "; ".join(parts) + "."
@@ -310,4 +332,51 @@ def fits_figure(report) -> Figure:
         Line2D([], [], color="black", ls="--", lw=1.2, label="100 %: the GPU's memory"),
     ]
     fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncols=3, frameon=False)
+    return fig
+
+
+#: each GPU family's colour in ``steps_figure``
+GPU_COLORS = {"V100": "#8172B3", "A100": "#4C72B0", "H100": "#DD8452", "H200": "#C44E52"}
+
+
+def steps_figure(report, band: float = 0.25) -> Figure:
+    """Each published step time beside the kit's: one bar per row, predicted / measured - 1, coloured by
+    the GPU, with the +-``band`` region shaded and dashed lines where the prediction is half or twice the
+    measurement; each row named by id, model, engine and GPUs, its error at the bar's end."""
+    from matplotlib.patches import Patch
+
+    timed = [(c, t) for c in report.comparisons for t in c.timings]
+    fig = Figure(figsize=(9, 1.6 + 0.32 * max(len(timed), 2)), layout="constrained")
+    ax = fig.subplots()
+    ax.set_title(f"Step time: {len(timed)} of the {len(report.comparisons)} published rows")
+    if not timed:
+        empty(ax, "no row of this report has a step time the kit predicts")
+        return fig
+    errors = [100 * t.error for _, t in timed]
+    left, right = min(-60.0, min(errors) - 20), max(100 * band + 15, max(errors) + 25)
+    ax.axvspan(-100 * band, 100 * band, color="0.9", lw=0, zorder=0)
+    for x in (-50, 100):  # half and twice the measured time
+        if left < x < right:
+            ax.axvline(x, color="0.4", ls="--", lw=1, zorder=1)
+    ax.axvline(0, color="black", lw=1, zorder=1)
+    labels = []
+    for y, ((c, _), error) in enumerate(zip(timed, errors, strict=True)):
+        family = next((g for g in GPU_COLORS if g in c.setup.cluster.gpu), None)
+        ax.barh([y], [error], color=GPU_COLORS.get(family, "0.5"), height=0.6, zorder=2, gid=c.id)
+        side = 1 if error >= 0 else -1
+        ax.annotate(f"{error:+.0f} %", (error, y), xytext=(4 * side, 0), textcoords="offset points",
+                    ha="left" if side > 0 else "right", va="center", fontsize=8)  # fmt: skip
+        cluster = c.setup.cluster
+        labels.append(
+            f"{c.id} {c.setup.model.name}, {engine_name(c.setup)}, {cluster.world_size} x {cluster.gpu}"
+        )
+    ax.set_yticks(range(len(timed)), labels, fontsize=8)
+    ax.set_ylim(len(timed) - 0.5, -0.5)
+    ax.set_xlim(left, right)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:+,.0f} %"))
+    ax.set_xlabel("predicted / measured step time - 1 (left: the kit is too fast)")
+    families = [g for g in GPU_COLORS if any(g in c.setup.cluster.gpu for c, _ in timed)]
+    handles = [Patch(color=GPU_COLORS[g], label=g) for g in families]
+    handles += [Patch(color="0.9", label=f"within {100 * band:.0f} %")]
+    fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncols=len(handles), frameon=False)
     return fig

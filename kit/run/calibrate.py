@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from kit.estimate import partition, perf
+from kit.estimate import calibrated, partition, perf
 from kit.estimate.calibration import TAG, Calibration, EngineCost, Link, engine_key, model_text
 from kit.models import override, preset_names, toy_spec
 from kit.rules import bus_factor
@@ -331,8 +331,8 @@ def fit(lines: dict, base: Setup) -> Calibration:
         micro = statistics.median(t for step in item["micro_steps_s"] for t in step[:-1])
         last = statistics.median(step[-1] for step in item["micro_steps_s"])
         bare = statistics.median(item["bare_s"])
-        one = perf.step_time(setup.replace(batch={"grad_accum": 1}), calibration=cal)
-        two = perf.step_time(setup.replace(batch={"grad_accum": 2}), calibration=cal)
+        one = calibrated.step_time(setup.replace(batch={"grad_accum": 1}), calibration=cal)
+        two = calibrated.step_time(setup.replace(batch={"grad_accum": 2}), calibration=cal)
         per_micro, per_step = two.step_s - one.step_s, 2 * one.step_s - two.step_s  # per_step + k per_micro
         # the micro-step's compute as measured beside it, not as the rates predict it
         per_micro += bare - (two.compute.seconds - one.compute.seconds)
@@ -405,7 +405,7 @@ def _hockney(x: list[float], y: list[float]) -> tuple[float, float]:
     of magnitude: least squares of the relative residuals (weights 1 / t^2), so each size counts by its
     own precision. A plain least-squares line lets the large messages' noise (milliseconds) and gloo's
     slower middle sizes set the intercept: its latencies came out up to 2.4x the 4 KiB call's whole time,
-    and the latency is what more ranks multiply (``perf.calibrated``: x (N-1)/(N_cal-1))."""
+    and the latency is what more ranks multiply (``kit.estimate.calibrated``: x (N-1)/(N_cal-1))."""
     slope, latency = np.polyfit(x, y, 1, w=[1 / t for t in y])  # polyfit squares w x residual
     return float(slope), float(latency)
 
@@ -494,7 +494,7 @@ def calibrate(
         first = next(r for r in results.records if r["config_id"] == config.config_id and "device" in r)
         setup, device = Setup.model_validate(first["setup"]), first["device"]
         if calibration is not None:
-            t = perf.step_time(setup, calibration=calibration)
+            t = calibrated.step_time(setup, calibration=calibration)
         elif device == "cpu":
             if machine is None:
                 raise ValueError(

@@ -214,7 +214,7 @@ def _table(
 ) -> pd.DataFrame:
     """One row per candidate: measured ones ranked by median samples/s (1 = fastest), then the failed,
     then the pruned; with a ``calibration`` the unmeasured ones by predicted samples/s within each."""
-    from kit.estimate import perf
+    from kit.estimate import calibrated
 
     summary = results.summary().set_index("config_id")
     ran = {id(c) for c in kept}
@@ -232,7 +232,7 @@ def _table(
         row["samples_per_s"], row["status"] = float("nan"), "pruned"
         row["measured_s"] = row["measured_min_s"] = row["measured_max_s"] = row["error"] = float("nan")
         row["predicted_s"] = (
-            perf.step_time(s, calibration=calibration).step_s if calibration else float("nan")
+            calibrated.step_time(s, calibration=calibration).step_s if calibration else float("nan")
         )
         if id(c) in ran:
             cid = config_id(s)

@@ -1,8 +1,9 @@
 """How close the kit is to published measurements of real GPU runs (``data/published/``,
 ``kit.estimate.published``): per table the rows the kit expresses of all, per measured quantity (max
-allocated, max reserved) the median |error| and the worst error with its row, and how many fit / OOM
-verdicts agree; the report's wall time beside (pure estimation, no launch). The expressed count is a figure
-to raise; the errors are a test set's, not a fit's (``data/published/README.md``).
+allocated, max reserved, step time) the median |error| and the worst error with its row, the step times
+within 25 % and within 2x, the stage-order sets ranked right, how many fit / OOM verdicts agree, and the
+report's wall time (pure estimation, no launch). The expressed count is a figure to raise; the errors
+are a test set's, not a fit's (``data/published/README.md``).
 """
 
 import time
@@ -17,13 +18,20 @@ def main() -> None:
     summary = report.summary()
     for table, counts in summary["tables"].items():
         print(f"published_{table}_expressed: {counts['expressed']}/{counts['rows']} rows")
-        if counts["step_time_pending"]:
-            print(f"published_{table}_step_time_pending: {counts['step_time_pending']} rows (issue 42)")
     for quantity, q in summary["quantities"].items():
         by = "/".join(q["predicted_as"])
         print(f"published_{quantity}_rows: {q['rows']} rows (predicted by {by})")
         print(f"published_{quantity}_median_abs_error: {q['median_abs_error']:.3f} ratio")
         print(f"published_{quantity}_worst_error: {q['worst_error']:+.3f} ratio ({q['worst_id']})")
+    step = summary["step_time"]
+    if step:
+        print(f"published_step_time_rows: {step['rows']} rows")
+        print(f"published_step_time_median_abs_error: {step['median_abs_error']:.3f} ratio")
+        print(f"published_step_time_worst_error: {step['worst_error']:+.3f} ratio ({step['worst_id']})")
+        print(f"published_step_time_within_25pct: {step['within_25']}/{step['rows']} rows")
+        print(f"published_step_time_within_2x: {step['within_2x']}/{step['rows']} rows")
+        right = sum(g["agrees"] for g in step["stage_sets"])
+        print(f"published_stage_order_right: {right}/{len(step['stage_sets'])} sets")
     fit = summary["fit"]
     disagree = f" (disagree: {', '.join(fit['disagree'])})" if fit["disagree"] else ""
     print(f"published_fit_agree: {fit['agree']}/{fit['rows']} rows{disagree}")

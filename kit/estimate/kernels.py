@@ -1,0 +1,249 @@
+"""One micro-step's forward and backward on a GPU, from the model's shapes: what the device computes and
+moves, and what the host launches (``work``), and their seconds on a GPU type (``block_seconds``).
+
+Device, per transformer block and for the head (embedding, final norm, LM head and loss):
+- each matmul (the block's linears; eager attention's two batched matmuls; the LM head) in its forward,
+  its input gradient and its weight gradient, on a roofline: its FLOPs at the GPU's peak x ``efficiency``
+  (cuBLAS on a large GEMM) stretched by wave quantization (output tiles of ``TILE`` x ``TILE`` spread over
+  the GPU's SMs: a last, partly filled wave costs a whole one), or its operands' and result's bytes at the
+  memory bandwidth, whichever is longer;
+- attention by its implementation (``attention``): SDPA's flash kernels compute only the causal half of
+  the scores, the backward recomputing them (2.5 x the forward's FLOPs, FlashAttention-2's five matmuls
+  against two), at ``FLASH_EFFICIENCY`` of peak; eager attention multiplies the full s x s scores and
+  moves them through memory ``EAGER_PASSES`` times (scale, mask, softmax, their backward);
+- elementwise ops (norms, residual adds, the activation, rotary) move their tensors through memory
+  (``ELEMENTWISE``, element passes per token), the loss its fp32 logits (``LOSS_BYTES_PER_LOGIT``);
+- activation checkpointing runs each block's forward again in backward.
+Host: eager PyTorch launches every op from the CPU (``OPS_PER_BLOCK``, counted by dispatching Hugging
+Face's blocks, x ``HOST_US_PER_OP``) and ZeRO's hooks do Python bookkeeping per parameter tensor
+(``HOOK_EVENTS`` x ``HOOK_US``). The GPU runs ahead of the host's queue, so a block takes the longer of
+its host and device times. A model without a transformer's shapes is one matmul of all its FLOPs.
+
+What it cannot see: kernel fusion by torch.compile or hand-written fused kernels (fewer passes and
+launches), cuBLAS heuristics per shape, clocks under a power limit, flash attention on GPUs it does not
+support (Volta: eager or memory-efficient SDPA), mixture-of-experts routing, and host threads other than
+the training loop (data loading).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import lru_cache
+
+from kit import models
+from kit.estimate.activations import SWIGLU_FAMILIES
+from kit.rules import element_bytes
+from kit.schema import ModelSpec, Setup
+
+#: output tile of a tensor-core GEMM (cuBLAS's common 128 x 128 CTA tile): the unit of wave quantization
+TILE = 128
+#: achieved / peak FLOP/s of FlashAttention-2's kernels (Dao 2023: 50-73 % of an A100's peak forward,
+#: 35-63 % backward; causal masks sit at the low end)
+FLASH_EFFICIENCY = 0.45
+#: memory passes over eager attention's a x s x s scores per micro-step: forward writes the product,
+#: scales, masks and softmaxes it (read + write each: 7), backward reads and writes it through softmax's,
+#: the mask's and the scale's gradients (9)
+EAGER_PASSES = {"forward": 7, "backward": 9}
+#: forward element passes per token of a block's elementwise ops (reads + writes, in units of h, kv or f
+#: elements); backward moves twice as many. GPT-2: two LayerNorms (4h), two residual adds (6h), GELU
+#: (2f). Llama-style: two RMSNorms computed in fp32 (8h), two residual adds (6h), rotary on q and k
+#: (6h + 6kv), SiLU and the gate product (5f)
+ELEMENTWISE = {
+    "gpt2": {"h": 10, "kv": 0, "f": 2},
+    "swiglu": {"h": 20, "kv": 6, "f": 5},
+}
+#: bytes moved per logit by the loss: the 16-bit logits upcast to fp32 (2 + 4), log-softmax (4 + 4 + 4),
+#: its gradient (4 + 4) and the downcast (4 + 2), plus the head's gradient read (2)
+LOSS_BYTES_PER_LOGIT = 38
+#: aten ops one block dispatches, forward and backward, counted with a TorchDispatchMode on Hugging
+#: Face's GPT2Block and LlamaDecoderLayer (transformers 5, tests/test_kernels.py recounts them), and the
+#: ops outside the blocks (embedding, final norm, head, loss)
+OPS_PER_BLOCK = {"gpt2": (75, 98), "swiglu": (77, 142)}
+OPS_OUTSIDE = {"gpt2": (25, 23), "swiglu": (31, 34)}
+#: host microseconds per dispatched op: an eager op issued from Python costs 5.6 us on this machine's CPU
+#: (a 4-element add, dispatch and Python, measured), a CUDA launch adds its own; views cost less
+HOST_US_PER_OP = 6.0
+#: host microseconds of ZeRO's Python bookkeeping per parameter tensor and hook event (a few eager ops
+#: and DeepSpeed's own Python: the calibration's per-tensor fixed costs on CPU ranks, 0.3 ms at stage 2
+#: and 0.6 ms at stage 3 per micro-step, less gloo's call latency)
+HOOK_US = 50.0
+#: hook events per parameter tensor per micro-step: stage 1 a gradient hook (accumulate in place), stage 2
+#: the hook and the copy into the contiguous bucket, whose partitions it copies out once reduced;
+#: stage 3 a fetch and a release in forward and in backward and a gradient hook; FSDP a copy-in and a
+#: copy-out per unit's parameter; DDP's and DeepSpeed stage 0's hooks run in C++ or not per tensor
+HOOK_EVENTS = {"deepspeed": {0: 0, 1: 1, 2: 2, 3: 5}, "fsdp": 2, "ddp": 0}
+
+
+def attention(model: ModelSpec) -> str:
+    """The attention implementation the kit takes for a model: ``eager`` for GPT-2-style models (the
+    activations' formula keeps their s x s scores, as Megatron's and older Hugging Face GPT-2 do), else
+    ``sdpa`` (PyTorch's flash / memory-efficient kernels, Hugging Face's default)."""
+    return "eager" if (model.family or "gpt2") in ("gpt2", "gpt_neox", "dit") else "sdpa"
+
+
+def _style(model: ModelSpec) -> str:
+    """``swiglu`` (RMSNorm, rotary, gated MLP: Llama, Mistral, Qwen2) or ``gpt2`` (LayerNorm, GELU MLP)."""
+    return "swiglu" if model.family in SWIGLU_FAMILIES else "gpt2"
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one micro-step asks of one GPU, whatever its type: per block (``layers`` of them) and for the
+    rest of the model, the matmuls' FLOPs, bytes and output tiles (``*_gemm_*``, one entry per matmul,
+    ``GEMMS`` of them, zero-padded), flash attention's FLOPs, the bytes of memory-bound ops, and the host's
+    seconds. ``formula`` says how each was counted."""
+
+    layers: int
+    block_gemm_flops: tuple[float, ...]
+    block_gemm_bytes: tuple[float, ...]
+    block_gemm_tiles: tuple[float, ...]
+    block_flash_flops: float
+    block_memory_bytes: float
+    block_host_s: float
+    rest_gemm_flops: tuple[float, ...]
+    rest_gemm_bytes: tuple[float, ...]
+    rest_gemm_tiles: tuple[float, ...]
+    rest_memory_bytes: float
+    rest_host_s: float
+    formula: str
+
+    @staticmethod
+    def arrays(works: list[Work]):
+        """One Work whose numbers are numpy arrays with a setup axis first (``perf.Load.arrays``)."""
+        import numpy as np
+
+        out = {}
+        for f in fields(Work):
+            values = [getattr(w, f.name) for w in works]
+            out[f.name] = "" if f.name == "formula" else np.array(values, dtype=float)[:, None]
+        return Work(**out)
+
+    @property
+    def flops(self) -> float:
+        """FLOPs of the micro-step (matmuls and flash attention)."""
+        return self.layers * (sum(self.block_gemm_flops) + self.block_flash_flops) + sum(self.rest_gemm_flops)
+
+
+#: matmul entries per block (4 linears + 2 eager attention matmuls, each forward, input and weight
+#: gradient, and a recomputed forward) and outside the blocks (the head, 3 passes)
+GEMMS = 24
+REST_GEMMS = 3
+
+
+def _gemm(m: int, n: int, k: int, p: int, batch: int = 1) -> tuple[float, float, float]:
+    """(FLOPs, bytes, output tiles) of ``batch`` products of (m x k) by (k x n) in ``p``-byte elements."""
+    tiles = batch * -(-m // TILE) * -(-n // TILE)
+    return 2.0 * m * n * k * batch, float(p * batch * (m * k + k * n + m * n)), float(tiles)
+
+
+def _train(m: int, n: int, k: int, p: int, batch: int = 1, again: bool = False) -> list:
+    """A linear's forward (m x k by k x n), input gradient and weight gradient, and the forward again
+    when checkpointing recomputes it."""
+    forward = _gemm(m, n, k, p, batch)
+    out = [forward, _gemm(m, k, n, p, batch), _gemm(k, n, m, p, batch)]
+    return out + [forward] * again
+
+
+def _pad(entries: list, size: int) -> tuple[tuple[float, ...], ...]:
+    entries = entries + [(0.0, 0.0, 0.0)] * (size - len(entries))
+    return tuple(tuple(e[i] for e in entries) for i in range(3))  # type: ignore[return-value]
+
+
+def work(setup: Setup) -> Work:
+    """``Work`` of one micro-step of ``setup`` (see the module's docstring)."""
+    m, b, z = setup.model, setup.batch, setup.zero
+    return _work(m, b.micro_batch, b.seq_len, z.precision, z.activation_checkpointing, z.engine, z.stage)
+
+
+@lru_cache(maxsize=4096)
+def _work(m: ModelSpec, micro: int, seq: int, precision: str, ckpt: bool, engine: str, stage: int) -> Work:
+    p = element_bytes(precision)
+    tokens = micro * seq
+    events = HOOK_EVENTS[engine]
+    events = events[stage] if isinstance(events, dict) else events
+    hooks = _tensors(m) * events * HOOK_US * 1e-6
+    if not m.is_transformer:
+        f = 6.0 * m.params * tokens * (4 / 3 if ckpt else 1)
+        zeros = (0.0,) * GEMMS
+        flops, nbytes, tiles = _pad([(f, 0.0, 0.0)], REST_GEMMS)
+        return Work(
+            0, zeros, zeros, zeros, 0.0, 0.0, 0.0, flops, nbytes, tiles, 0.0, hooks,
+            f"6 P x {tokens:,} tokens{' x 4/3 (recomputed forward)' if ckpt else ''}, one matmul",
+        )  # fmt: skip
+    h, a, layers = m.hidden, m.heads, m.layers
+    kv = (m.kv_heads or a) * (h // a)
+    style = _style(m)
+    gated = style == "swiglu"
+    f = m.ffn or 4 * h
+    eager = attention(m) == "eager"
+    block = []
+    for n_out, k_in in ((h + 2 * kv, h), (h, h), ((2 if gated else 1) * f, h), (h, f)):
+        block += _train(tokens, n_out, k_in, p, again=ckpt)
+    forward = 1 + ckpt  # forward passes of the block's attention
+    d = h // a
+    flash = 0.0
+    memory = 0.0
+    if eager:  # scores q k^T (s x d by d x s) and scores x v (s x s by s x d), per sequence and head
+        block += _train(seq, seq, d, p, batch=micro * a, again=ckpt)
+        block += _train(seq, d, seq, p, batch=micro * a, again=ckpt)
+        passes = EAGER_PASSES["forward"] * forward + EAGER_PASSES["backward"]
+        memory += passes * p * micro * a * seq * seq
+        how_attention = f"eager scores: 4 matmuls x 3 passes, {passes} passes over a s^2 b"
+    else:
+        flash = 0.5 * 4.0 * micro * seq * seq * h * (forward + 2.5)
+        how_attention = f"flash: causal half of 4 b s^2 h x ({forward} forward + 2.5 backward)"
+    passes = ELEMENTWISE[style]
+    per_token = passes["h"] * h + passes["kv"] * kv + passes["f"] * f
+    memory += per_token * tokens * p * (forward + 2)
+    ops_forward, ops_backward = OPS_PER_BLOCK[style]
+    block_host = (ops_forward * forward + ops_backward) * HOST_US_PER_OP * 1e-6 + hooks / layers
+    head = _train(tokens, m.vocab or 1, h, p) if m.vocab else []
+    rest_ops = sum(OPS_OUTSIDE[style])
+    flops, nbytes, tiles = _pad(block, GEMMS)
+    rest_flops, rest_bytes, rest_tiles = _pad(head, REST_GEMMS)
+    formula = (
+        f"{layers} blocks x max(device: 4 linears x {3 + ckpt} matmuls on a roofline at s b = {tokens:,}, "
+        f"{how_attention}, {sum(passes.values())} elementwise passes; host: "
+        f"{ops_forward * forward + ops_backward} ops x {HOST_US_PER_OP:g} us"
+        + (f" + hooks {events} x {HOOK_US:g} us per tensor" if events else "")
+        + f") + head and loss ({LOSS_BYTES_PER_LOGIT} B per logit)"
+    )
+    return Work(
+        layers, flops, nbytes, tiles, flash, float(memory), block_host, rest_flops, rest_bytes, rest_tiles,
+        float(LOSS_BYTES_PER_LOGIT * tokens * (m.vocab or 0)), rest_ops * HOST_US_PER_OP * 1e-6,
+        formula,
+    )  # fmt: skip
+
+
+def _tensors(m: ModelSpec) -> int:
+    """Parameter tensors of a model (the count ZeRO's hooks run over): ``models.spec_tensors``'s, or for
+    a bare parameter count, per block a linear's weight and bias (2 per layer, 2 without layers)."""
+    numels = models.spec_tensors(m)
+    return len(numels) if numels is not None else 2 * (m.layers or 1)
+
+
+def block_seconds(work: Work, peak_tflops, memory_gbps, sms, efficiency: float):
+    """Seconds of one micro-step on a GPU (peak TFLOP/s at the precision, memory GB/s, SMs): each block
+    the longer of its host and device times, then the rest of the model the same; floats, or arrays of
+    (setup, GPU type) for ``Work.arrays`` on arrays of GPU figures."""
+    import numpy as np
+
+    peak = np.asarray(peak_tflops, dtype=float)[..., None] * 1e12
+    bandwidth = np.asarray(memory_gbps, dtype=float) * 1e9
+    slots = np.asarray(sms, dtype=float)[..., None]
+
+    def matmuls(flops, nbytes, tiles):
+        flops, nbytes, tiles = (np.asarray(x, dtype=float) for x in (flops, nbytes, tiles))
+        counted = (tiles > 0) & (slots > 0)  # a machine of unknown SMs (a CPU) has no waves
+        waves = np.ceil(tiles / np.where(slots > 0, slots, 1))
+        filled = np.where(counted, tiles / np.maximum(waves * slots, 1), 1.0)
+        compute = flops / (peak * efficiency * filled)
+        return np.maximum(compute, nbytes / bandwidth[..., None]).sum(-1)
+
+    flash = np.asarray(work.block_flash_flops) / (peak[..., 0] * FLASH_EFFICIENCY)
+    block = matmuls(work.block_gemm_flops, work.block_gemm_bytes, work.block_gemm_tiles)
+    block = block + flash + np.asarray(work.block_memory_bytes) / bandwidth
+    rest = matmuls(work.rest_gemm_flops, work.rest_gemm_bytes, work.rest_gemm_tiles)
+    rest = rest + np.asarray(work.rest_memory_bytes) / bandwidth
+    total = work.layers * np.maximum(block, work.block_host_s) + np.maximum(rest, work.rest_host_s)
+    return float(total) if np.ndim(total) == 0 else total

@@ -1,0 +1,61 @@
+"""Why a published row cannot be expressed, read from its text alone (no Setup needed, so step-time rows
+ask it too): the first thing its run does that the kit does not model (``feature_reason``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+#: other parallelism a row names -> what it is called
+PARALLELISM = {"TP": "tensor", "PP": "pipeline", "CP": "context", "SP": "sequence"}
+#: models whose trained head the kit has no workload for
+HEADS = (("DeBERTa-v2-xlarge-mnli", "sequence-classification head (DeBERTa-v2 MNLI)"),)
+
+
+def feature_reason(row: dict[str, Any]) -> str | None:
+    """The first thing a row's run does that the kit does not model, read from its text alone (no Setup
+    needed, so step-time rows ask it too): other parallelism, Float8, torch.compile, selective
+    checkpointing, FSDP1, frozen parts, source and target lengths that differ, a head the kit lacks."""
+    other = row.get("other_parallelism") or ""
+    degrees = {k: int(n) for k, n in re.findall(r"\b(TP|PP|CP|SP)\s*=\s*(\d+)", other) if int(n) > 1}
+    if degrees:
+        names = [PARALLELISM[k] for k in degrees]
+        what = " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
+        return f"{what} parallelism ({', '.join(f'{k}={n}' for k, n in degrees.items())})"
+    text = f"{row.get('precision') or ''}; {row.get('extras') or ''}"
+    if _mentions(text, "float8", "fp8"):
+        return "Float8 linears"
+    if _mentions(row.get("extras"), "compile"):
+        return "torch.compile"
+    checkpointing = str(row.get("activation_checkpointing") or "").lower()
+    if checkpointing.startswith("selective"):
+        level = "op-level" if "op" in checkpointing else "every n-th block"
+        return f"selective activation checkpointing ({level})"
+    if row["table"] == "memory" and fsdp1(row):
+        return "FSDP1 flat parameters"
+    extras = row.get("extras") or ""
+    if "freeze_embeds" in extras:
+        return "frozen embeddings (--freeze_embeds)"
+    if _mentions(extras, "frozen", "freeze"):
+        return "frozen parameters"
+    lengths = re.match(r"\s*(\d+)\s*src\s*/\s*(\d+)\s*tgt", str(row.get("seq_len")))
+    if lengths and lengths.group(1) != lengths.group(2):
+        return f"source and target lengths differ ({lengths.group(1)} / {lengths.group(2)})"
+    return next((why for name, why in HEADS if name in row["model"]), None)
+
+
+def fsdp1(row: dict[str, Any]) -> bool:
+    """Whether a row ran PyTorch's FSDP1 (flat parameters: its memory is not FSDP2's; its step sends the
+    same bytes in the same per-unit calls, so step-time rows take it as FSDP2's)."""
+    sharded = re.search(r"FULL_SHARD|SHARD_GRAD_OP|HYBRID_SHARD", row.get("sharding") or "")
+    return "FSDP1" in row["framework"] or bool(sharded and "FSDP2" not in row["framework"])
+
+
+def _mentions(text: str | None, *words: str) -> bool:
+    """Whether ``text`` names one of ``words`` outside a negation ("no torch.compile, no Float8")."""
+    for part in re.split(r"[,;+]", (text or "").lower()):
+        part = part.strip()
+        if not part.startswith(("no ", "without ")) and any(w in part for w in words):
+            return True
+    return False
