@@ -45,7 +45,7 @@ class Gpu:
 
 
 @cache
-def catalogue() -> dict[str, Gpu]:
+def _listed() -> dict[str, Gpu]:
     with open(DATA / "gpus.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     numeric = (
@@ -57,6 +57,79 @@ def catalogue() -> dict[str, Gpu]:
         return float(text) if key in numeric else int(text) if key == "sms" else text
 
     return {r["name"]: Gpu(**{k: value(k, v) for k, v in r.items()}) for r in rows}
+
+
+def catalogue() -> dict[str, Gpu]:
+    """Every GPU: data/gpus.csv's rows, then those defined by their figures in this process."""
+    return {**_listed(), **DEFINED_GPUS}
+
+
+#: GPUs and fabrics defined by their figures in this process (``define_gpu``, ``define_network``; the
+#: CLI's ``--define-gpu`` / ``--define-network``), beside the CSV files' rows
+DEFINED_GPUS: dict[str, Gpu] = {}
+DEFINED_NETWORKS: dict[str, Network] = {}
+#: the figures ``define_gpu`` takes: key -> (``Gpu`` field, what it is); the first three are required
+GPU_FIGURES = {
+    "memory_gib": ("memory_gib", "GiB of memory a process can use"),
+    "memory_gbps": ("memory_bw_gbps", "GB/s of memory bandwidth"),
+    "bf16_tflops": ("bf16_dense_tflops", "dense bf16 TFLOP/s (0: none)"),
+    "fp16_tflops": ("fp16_dense_tflops", "dense fp16 TFLOP/s (default: bf16's)"),
+    "fp32_tflops": ("fp32_tflops", "fp32 TFLOP/s (default 0: no fp32 training)"),
+    "sms": ("sms", "streaming multiprocessors (default 0: no wave quantization)"),
+    "nvlink_gbps": ("interconnect_gbps", "GB/s between the GPUs of a node, both directions (default 64)"),
+    "host_gbps": ("host_link_gbps", "GB/s to the host, one direction (default 32)"),
+}
+
+
+def _figures(spec: str, what: str, keys) -> tuple[str, dict[str, float]]:
+    """``NAME:key=value,...`` as (name, {key: value}); ValueError naming the field otherwise."""
+    name, sep, rest = spec.partition(":")
+    if not sep or not name.strip():
+        raise ValueError(f"{what}: give NAME:key=value,... (keys {', '.join(keys)}), got {spec!r}")
+    values = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, eq, text = item.partition("=")
+        if key not in keys or not eq:
+            raise ValueError(f"{what}: {item!r} is not key=value with a key of {', '.join(keys)}")
+        try:
+            values[key] = float(text)
+        except ValueError:
+            raise ValueError(f"{what}: {key} must be a number, got {text!r}") from None
+        if values[key] < 0:
+            raise ValueError(f"{what}: {key} must be >= 0, got {text}")
+    return name.strip(), values
+
+
+def define_gpu(spec: str, field: str = "--define-gpu") -> Gpu:
+    """A GPU by its figures (``GPU_FIGURES``), ``NAME:memory_gib=96,memory_gbps=4000,bf16_tflops=800``,
+    added to ``catalogue`` for this process; ValueError in one line naming the ``field`` it came from."""
+    name, values = _figures(spec, field, GPU_FIGURES)
+    if name in _listed():
+        raise ValueError(f"{field}: {name} is a row of data/gpus.csv; give yours another name")
+    missing = [k for k in ("memory_gib", "memory_gbps") if not values.get(k)]
+    if missing or not (values.get("bf16_tflops") or values.get("fp16_tflops")):
+        need = missing + ([] if values.get("bf16_tflops") or values.get("fp16_tflops") else ["bf16_tflops"])
+        raise ValueError(f"{field}: {name} needs {', '.join(need)} > 0")
+    values.setdefault("fp16_tflops", values.get("bf16_tflops", 0.0))
+    fields = {GPU_FIGURES[k][0]: v for k, v in values.items()}
+    defaults = {"bf16_dense_tflops": 0.0, "fp32_tflops": 0.0, "sms": 0, "interconnect_gbps": 64.0,
+                "host_link_gbps": 32.0}  # fmt: skip
+    fields = {**defaults, **fields, "sms": int(fields.get("sms", 0))}
+    made = Gpu(name=name, vendor="defined", interconnect="given", host_link="given",
+               source=f"defined on the command line: {spec}", **fields)  # fmt: skip
+    DEFINED_GPUS[name] = made
+    return made
+
+
+def define_network(spec: str) -> Network:
+    """A fabric by its bandwidth, ``NAME:gbits_per_node=1600`` (all the node's NICs together), added to
+    ``networks`` for this process; ValueError in one line naming the field."""
+    name, values = _figures(spec, "--define-network", ("gbits_per_node",))
+    if not values.get("gbits_per_node"):
+        raise ValueError(f"--define-network: {name} needs gbits_per_node > 0")
+    made = Network(name, "given", values["gbits_per_node"], f"defined on the command line: {spec}")
+    DEFINED_NETWORKS[name] = made
+    return made
 
 
 def gpu_names() -> list[str]:
@@ -89,10 +162,15 @@ DEFAULT_NETWORK = {"infiniband": "ib-ndr-8x400", "efa": "efa-p5-3200", "ethernet
 
 
 @cache
-def networks() -> dict[str, Network]:
+def _fabrics() -> dict[str, Network]:
     with open(DATA / "networks.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     return {r["name"]: Network(**{**r, "gbits_per_node": float(r["gbits_per_node"])}) for r in rows}
+
+
+def networks() -> dict[str, Network]:
+    """Every fabric: data/networks.csv's rows, then those defined by their figures in this process."""
+    return {**_fabrics(), **DEFINED_NETWORKS}
 
 
 def network(name: str) -> Network:

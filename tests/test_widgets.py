@@ -574,6 +574,26 @@ def test_plan_panel_takes_a_calibration(tmp_path):
     assert p.error is None and p.plan.calibration == again.calibration  # back to the one given
 
 
+def test_plan_panel_plans_a_gpu_given_by_its_figures():
+    from kit import gpus
+    from kit.lab.plan_panel import plan_panel
+
+    base = Setup(model=models.preset("llama-2-7b"), batch={"micro_batch": 1, "seq_len": 4096})
+    p = plan_panel(base, train_batch=64, max_nodes=2)
+    try:
+        p.gpus.value = ("H100-SXM-80GB",)
+        p.own_gpu.value = "X1:memory_gib=96,memory_gbps=4000,bf16_tflops=800,sms=120,nvlink_gbps=900"
+        assert p.plan is None and p.error == "its USD/GPU-h: give X1's price per GPU-hour (> 0)"
+        p.own_price.value = 3.0
+        assert p.error is None and set(p.plan.table.gpu) == {"H100-SXM-80GB", "X1"}
+        x1 = p.plan.table[p.plan.table.gpu == "X1"]
+        assert (x1.cost_usd / (x1.hours * x1.gpus)).round(9).eq(3.0).all()  # at its price
+        p.own_gpu.value = "X1:memory_gib=96"
+        assert p.plan is None and p.error == "your GPU: X1 needs memory_gbps, bf16_tflops > 0"
+    finally:
+        gpus.DEFINED_GPUS.clear()
+
+
 def _h100_calibration():
     from kit.estimate.calibration import Calibration, EngineCost, Link
 

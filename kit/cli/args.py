@@ -147,6 +147,15 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--gpus-per-node", type=int, default=default(Cluster, "gpus_per_node"))
     add_gpu(c)
     c.add_argument("--cpu-ram-gb", type=float, help="CPU RAM per node, GiB (for the offload fit check)")
+    c.add_argument(
+        "--define-gpu", action="append", default=[], metavar="NAME:KEY=VALUE,...",
+        help="a GPU by its figures, usable as --gpu / --gpus NAME: memory_gib, memory_gbps, bf16_tflops "
+        "(required), fp16_tflops, fp32_tflops, sms, nvlink_gbps, host_gbps (repeatable)",
+    )  # fmt: skip
+    c.add_argument(
+        "--define-network", action="append", default=[], metavar="NAME:gbits_per_node=N",
+        help="an inter-node fabric by its bandwidth per node, usable as --network NAME (repeatable)",
+    )  # fmt: skip
 
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
@@ -164,7 +173,14 @@ def add_seq_len(p) -> None:
 
 
 def cluster_from_args(args: argparse.Namespace) -> dict:
-    """The Cluster fields the cluster flags give."""
+    """The Cluster fields the cluster flags give, after defining the GPUs and fabrics they name by their
+    figures (``kit.gpus.define_gpu``, ``define_network``)."""
+    from kit.gpus import define_gpu, define_network
+
+    for spec in getattr(args, "define_gpu", []):
+        define_gpu(spec)
+    for spec in getattr(args, "define_network", []):
+        define_network(spec)
     cluster = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gpu": args.gpu}
     if args.cpu_ram_gb:
         cluster["cpu_ram_per_node_bytes"] = int(args.cpu_ram_gb * 1024**3)

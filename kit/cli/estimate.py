@@ -42,6 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-nodes", type=int, default=64)
     s = p.add_argument_group("search")
     s.add_argument(
+        "--node-counts",
+        help="node counts to plan, any, comma-separated, e.g. 3,6,12 (default: 2, 4, 8 ... --max-nodes)",
+    )
+    s.add_argument(
         "--gpus", help="GPU types to consider, comma-separated (default: every row of data/gpus.csv)"
     )
     s.add_argument("--tokens", type=count, help="tokens to train on, e.g. 2T (default: 20 x params)")
@@ -79,6 +83,15 @@ def add_calibration(p) -> None:
         metavar="FILE",
         help="step times from this machine's calibration (zerokit calibrate --measure), not the datasheet",
     )
+
+
+def _node_counts(text: str | None) -> list[int] | None:
+    """``--node-counts 3,6,12`` as numbers; a word that is not one is refused in one line."""
+    counts = items(text)
+    bad = [n for n in counts if not n.isdigit()]
+    if bad:
+        raise UsageError(f"--node-counts: whole numbers in [1, 4096], comma-separated; got {bad[0]!r}")
+    return [int(n) for n in counts] or None
 
 
 #: how ``estimate`` names an uncalibrated step time
@@ -238,6 +251,7 @@ def run_plan(args: argparse.Namespace) -> int:
         train_batch=train_batch,
         gpus=items(args.gpus) or None,
         max_nodes=args.max_nodes,
+        node_counts=_node_counts(args.node_counts),
         headroom=headroom,
         tokens=args.tokens,
         price=prices,

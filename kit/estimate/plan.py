@@ -303,6 +303,7 @@ def search(
     train_batch: int | None = None,
     gpus: list[str] | None = None,
     max_nodes: int = 64,
+    node_counts: list[int] | None = None,
     variants: list[dict] | None = None,
     checkpointing: tuple[bool, ...] = (False, True),
     headroom: float = DEFAULT_HEADROOM,
@@ -316,7 +317,8 @@ def search(
     checkpointing x every (micro batch, grad accum) pair making ``train_batch`` (default: setup's).
 
     Cluster sizes: 1, 2, 4 ... GPUs in one node, then 2, 4, 8 ... ``max_nodes`` nodes of
-    ``setup.cluster.gpus_per_node``; sizes the global batch does not divide are skipped. A setup fits when
+    ``setup.cluster.gpus_per_node``, or ``node_counts`` (any, 2 and more) instead of the powers of two;
+    sizes the global batch does not divide are skipped. A setup fits when
     its estimate leaves ``headroom`` of the GPU's memory free. Time and cost are for a run of ``tokens``
     (default ``TOKENS_PER_PARAM`` x params) at ``price`` USD per GPU-hour (default: data/prices.csv).
     With a ``calibration`` (``kit.estimate.calibration``) step times come from it, and only the GPU types
@@ -325,6 +327,9 @@ def search(
     start = time.perf_counter()
 
     whole_number("max_nodes", max_nodes, 1)
+    for n in node_counts or ():
+        if not isinstance(n, int) or not 1 <= n <= 4096:
+            raise ValueError(f"node_counts: each must be a whole number in [1, 4096], got {n!r}")
     if not 0 <= headroom < 1:
         raise ValueError(f"headroom: must be in [0, 1), got {headroom!r}")
     train_batch = train_batch or setup.batch.train_batch
@@ -353,7 +358,8 @@ def search(
         raise ValueError(f"gpus: none of them can be planned for ({'; '.join(skipped)}); choose others")
     per_node = setup.cluster.gpus_per_node
     sizes = [(1, g) for g in _powers_of_two_up_to(per_node)]
-    sizes += [(n, per_node) for n in _powers_of_two_up_to(max_nodes)[1:]]
+    multi = sorted(set(node_counts) - {1}) if node_counts else _powers_of_two_up_to(max_nodes)[1:]
+    sizes += [(n, per_node) for n in multi]
     groups = []
     for nodes, per in sizes:
         for change in variants or search_variants(setup, nodes):

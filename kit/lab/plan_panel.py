@@ -93,6 +93,10 @@ class PlanPanel:
             value=assume.efficiency, min=0.05, max=1, step=0.05, description="efficiency"
         )
         self.overlap = w.FloatSlider(value=assume.overlap, min=0, max=1, step=0.1, description="overlap")
+        self.own_gpu = w.Text(
+            description="your GPU", placeholder="X1:memory_gib=96,memory_gbps=4000,bf16_tflops=800,sms=120"
+        )
+        self.own_price = w.BoundedFloatText(value=0, min=0, max=1e6, description="its USD/GPU-h")
         self.verdict = w.HTML()
         self.plot = w.Output()
         self.table = w.Output()
@@ -112,6 +116,12 @@ class PlanPanel:
                 ),
                 w.HTML("<span style='color:#666;font-size:12px'>max hours, budget: 0 = no limit</span>"),
                 ui.row(self.goal, self.headroom, self.efficiency, self.overlap),
+                ui.row(self.own_gpu, self.own_price),
+                w.HTML(
+                    "<span style='color:#666;font-size:12px'>your GPU: one not in data/gpus.csv, by its "
+                    "figures (memory_gib, memory_gbps, bf16_tflops; fp16_tflops, fp32_tflops, sms, "
+                    "nvlink_gbps, host_gbps), planned beside the ticked types at its price</span>"
+                ),
                 self.verdict,
                 self.plot,
                 self.table,
@@ -132,9 +142,11 @@ class PlanPanel:
 
         try:
             assume = with_assumptions(efficiency=self.efficiency.value, overlap=self.overlap.value)
+            own, price = self._own_gpu()
             search = {
                 "train_batch": self.train_batch.value,
-                "gpus": list(self.gpus.value) or None,
+                "gpus": (list(self.gpus.value) + own) or None,
+                "price": price,
                 "max_nodes": self.max_nodes.value,
                 "headroom": self.headroom.value,
                 "tokens": self._tokens(),
@@ -195,6 +207,18 @@ class PlanPanel:
             raise ValueError(f"tokens: must be >= 1, got {self.tokens.value!r}")
         return tokens
 
+    def _own_gpu(self) -> tuple[list[str], dict[str, float] | None]:
+        """The GPU of the "your GPU" box (``kit.gpus.define_gpu``) and its price, or nothing when empty."""
+        from kit.gpus import define_gpu
+
+        spec = self.own_gpu.value.strip()
+        if not spec:
+            return [], None
+        made = define_gpu(spec, "your GPU")
+        if not self.own_price.value:
+            raise ValueError(f"its USD/GPU-h: give {made.name}'s price per GPU-hour (> 0)")
+        return [made.name], {made.name: self.own_price.value}
+
     def _loaded(self):
         """The calibration of the file box (a path), else the one given to the panel, else None."""
         from kit.estimate.calibration import Calibration
@@ -248,7 +272,8 @@ class PlanPanel:
     def _inputs(self) -> list[w.ValueWidget]:
         return [
             self.gpus, self.max_nodes, self.train_batch, self.tokens, self.max_hours, self.budget,
-            self.goal, self.calibration, self.headroom, self.efficiency, self.overlap,
+            self.goal, self.calibration, self.headroom, self.efficiency, self.overlap, self.own_gpu,
+            self.own_price,
         ]  # fmt: skip
 
 
