@@ -127,7 +127,21 @@ def spec_fields(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     if fields["heads"] and fields["kv_heads"] and fields["heads"] % fields["kv_heads"]:
         fields["kv_heads"] = None
     fields["tied_embeddings"] = bool(getattr(text, "tie_word_embeddings", False))
+    if fields["max_seq_len"] and not learned_positions(model, fields["max_seq_len"]):
+        fields["max_seq_len"] = None  # relative (T5), rotary or ALiBi positions: no table to run past
     return fields
+
+
+def learned_positions(model, length: int) -> bool:
+    """Whether a model holds a learned table of absolute positions for ``length`` tokens: an embedding of
+    ``length`` rows (BART's and OPT's add 2 for their offset). T5's relative-position buckets, rotary and
+    ALiBi models have none, so a config's ``n_positions`` / ``max_position_embeddings`` limits nothing."""
+    import torch
+
+    return any(
+        isinstance(m, torch.nn.Embedding) and m.num_embeddings in (length, length + 2)
+        for m in model.modules()
+    )
 
 
 def module_counts(module) -> dict[str, int]:

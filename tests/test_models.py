@@ -272,3 +272,44 @@ def test_models_does_not_import_torch():
     code = "import sys, kit.models as m; m.preset('llama-3-70b'); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "False"
+
+
+def test_a_sequence_limit_only_where_the_model_learned_its_positions():
+    """T5's relative-position buckets, rotary and ALiBi models have no table of positions to run past, so
+    their configs' n_positions / max_position_embeddings limit nothing; BART's learned table (+2 offset
+    rows) does."""
+    from kit.schema import Setup
+
+    t5 = models.from_hf_config(
+        {
+            "model_type": "t5",
+            "d_model": 64,
+            "num_layers": 2,
+            "num_heads": 4,
+            "d_ff": 128,
+            "d_kv": 16,
+            "vocab_size": 100,
+            "n_positions": 512,
+        }  # fmt: skip
+    )
+    assert t5.max_seq_len is None
+    assert Setup(model=t5, batch={"seq_len": 1024}).batch.seq_len == 1024  # no "must be <= 512"
+    mpt = models.from_hf_config(MODELS.parent / "published" / "models" / "mpt-1b.json")  # ALiBi
+    assert mpt.max_seq_len is None
+    bart = models.from_hf_config(
+        {
+            "model_type": "bart",
+            "d_model": 64,
+            "encoder_layers": 2,
+            "decoder_layers": 2,
+            "vocab_size": 100,
+            "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4,
+            "encoder_ffn_dim": 128,
+            "decoder_ffn_dim": 128,
+            "max_position_embeddings": 128,
+        }  # fmt: skip
+    )
+    assert bart.max_seq_len == 128
+    with pytest.raises(ValueError, match="seq_len"):
+        Setup(model=bart, batch={"seq_len": 256})
