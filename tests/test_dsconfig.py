@@ -399,6 +399,12 @@ UNMODELLED = [
         "leave out the torch.compile graph's own schedule of parameter gathers, releases and offloads, "
         "which replaces ZeRO's hooks; false leaves it off",
     ),
+    (
+        {"expert_parallel": {"enabled": True, "autoep_size": 4}},
+        "ds_config.expert_parallel.enabled: expert parallelism (AutoEP) (true) is not modelled by zero-kit: "
+        "its estimate would leave out the experts' split over expert_parallel.autoep_size ranks, their "
+        "all-to-alls and the experts' own data-parallel groups; false leaves it off",
+    ),
 ]
 #: the values that leave each off, as DeepSpeed reads them ("auto": a pydantic config class's default)
 OFF = [
@@ -412,6 +418,8 @@ OFF = [
     {"compile": {"deepcompile": False, "offload_activation": True, "passes": ["z3"]}},
     {"compile": {}},
     {"fp8": {"enabled": False}},
+    {"expert_parallel": {"enabled": False, "autoep_size": 4}},
+    {"expert_parallel": {}},
 ]
 FEATURES = [next(iter(extra)) for extra, _ in UNMODELLED]
 ZERO3 = {
@@ -459,6 +467,10 @@ def test_a_feature_left_off_is_accepted_silently_with_the_same_bytes(extra):
             "ds_config.compile.deepcompile: must be true or false, got 'yes'",
         ),
         ({"compile": {"deepcompile": 1}}, "ds_config.compile.deepcompile: must be true or false, got 1"),
+        (
+            {"expert_parallel": {"enabled": "yes"}},
+            "ds_config.expert_parallel.enabled: must be true or false, got 'yes'",
+        ),
         ({"tensor_parallel": 2}, "tensor_parallel: must be a JSON object, got 2"),
     ],
 )

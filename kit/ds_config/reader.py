@@ -5,9 +5,9 @@ Reading follows what DeepSpeed itself does with a config (``deepspeed/runtime/co
 ``transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig`` does (``kit.ds_keys``'s rules). Plain
 functions over dicts: no torch or deepspeed import (``zerokit estimate --ds-config`` stays instant).
 ``load_ds_config``, ``read_or_repair`` and ``resolved_for_deepspeed`` are what the review of a config
-(``kit.estimate.review``) builds on. A feature DeepSpeed runs but zero-kit does not model (``UNMODELLED``:
-tensor, sequence or pipeline parallelism, DeepCompile) is refused when on, with one line naming the key
-(``unmodelled``), before anything else is read.
+(``kit.estimate.review``) builds on. A feature DeepSpeed runs but zero-kit does not model
+(``UNMODELLED``: tensor, sequence, pipeline or expert parallelism, DeepCompile) is refused when on, with
+one line naming the key (``unmodelled``), before anything else is read.
 """
 
 from __future__ import annotations
@@ -88,7 +88,16 @@ UNMODELLED = (
         "the torch.compile graph's own schedule of parameter gathers, releases and offloads, which "
         "replaces ZeRO's hooks", "false",
     ),
+    # module_inject/auto_ep_config.py ``parse_autoep_config`` reads "enabled" from the dict as it is;
+    # engine.py ``_configure_expert_parallel`` replaces the MoE layers ``if autoep_config.enabled``.
+    Unmodelled(
+        "expert_parallel.enabled", "expert parallelism (AutoEP)", lambda value: value is True,
+        "the experts' split over expert_parallel.autoep_size ranks, their all-to-alls and the experts' "
+        "own data-parallel groups", "false",
+    ),
 )  # fmt: skip
+#: ``UNMODELLED`` keys DeepSpeed reads as a switch
+SWITCHES = ("compile.deepcompile", "expert_parallel.enabled")
 
 #: ``get_pipeline_config``'s defaults (runtime/config.py): a "pipeline" section of these says nothing
 _PIPELINE_DEFAULTS = {
@@ -168,7 +177,7 @@ def _section(config: dict, name: str) -> dict:
 
 def unmodelled(config: dict, *, quiet: bool = False) -> list[tuple[str, str]]:
     """``(key, line)`` of each feature ``config`` turns on that zero-kit does not model (``UNMODELLED``:
-    tensor, sequence or pipeline parallelism, DeepCompile); none for the values that leave it off.
+    tensor, sequence, pipeline or expert parallelism, DeepCompile); none for the values that leave it off.
     ValueError (one line) for a value DeepSpeed could not read as one, or with ``quiet`` no lines."""
     try:
         return _unmodelled(config)
@@ -201,7 +210,7 @@ def _unmodelled(config: dict) -> list[tuple[str, str]]:
 
 def _checked(key: str, value: Any) -> Any:
     """An ``UNMODELLED`` key's value as DeepSpeed reads it, or ValueError naming the key."""
-    if key == "compile.deepcompile":
+    if key in SWITCHES:
         if isinstance(value, bool) or value == "auto":  # pydantic would take "true" or 1: say which
             return value is True
         raise ValueError(f"ds_config.{key}: must be true or false, got {value!r}")
