@@ -187,9 +187,9 @@ def _work(m: ModelSpec, micro: int, seq: int, precision: str, ckpt: bool, engine
     if eager:  # scores q k^T (s x d by d x s) and scores x v (s x s by s x d), per sequence and head
         block += _train(seq, seq, d, p, batch=micro * a, again=ckpt)
         block += _train(seq, d, seq, p, batch=micro * a, again=ckpt)
-        passes = EAGER_PASSES["forward"] * forward + EAGER_PASSES["backward"]
-        memory += passes * p * micro * a * seq * seq
-        how_attention = f"eager scores: 4 matmuls x 3 passes, {passes} passes over a s^2 b"
+        score_passes = EAGER_PASSES["forward"] * forward + EAGER_PASSES["backward"]
+        memory += score_passes * p * micro * a * seq * seq
+        how_attention = f"eager scores: 4 matmuls x 3 passes, {score_passes} passes over a s^2 b"
     else:
         flash = 0.5 * 4.0 * micro * seq * seq * h * (forward + 2.5)
         how_attention = f"flash: causal half of 4 b s^2 h x ({forward} forward + 2.5 backward)"
