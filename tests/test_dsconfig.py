@@ -481,13 +481,18 @@ def test_a_value_deepspeed_could_not_read_as_on_or_off_is_one_line(extra, messag
 
 
 def test_what_the_training_script_may_turn_on_is_a_note():
-    """A pipeline section (read only for a PipelineModule) or an FP8 key (DeepSpeed has none): noted, the
-    estimate unchanged."""
+    """A pipeline section (read only for a PipelineModule), an FP8 key (DeepSpeed has none) or DeepSpeed's
+    own activation-checkpointing options (read only by deepspeed.checkpointing): noted, the estimate
+    unchanged."""
     plain, _ = read_ds_config(ZERO3, model=MODEL, cluster=CLUSTER)
     config = {**ZERO3, "pipeline": {"activation_checkpoint_interval": 1}, "fp8": {"enabled": True}}
+    config["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": True}
     setup, notes = read_ds_config(config, model=MODEL, cluster=CLUSTER)
-    assert setup == plain
+    assert setup == plain.replace(zero={"activation_checkpointing": True})  # the section says: checkpointing
     assert notes == [
+        "activation_checkpointing.cpu_checkpointing: read only by deepspeed.checkpointing (a script that "
+        "calls its configure and checkpoint, as Megatron's does); zero-kit estimates torch's whole-block "
+        "checkpointing with every checkpoint on the GPU, more than this would keep there",
         "pipeline: only DeepSpeed's PipelineEngine reads it (a PipelineModule model); zero-kit does not "
         "model pipeline parallelism, so this estimate is of a model that is not a PipelineModule",
         "fp8: DeepSpeed has no FP8 setting and ignores this key; FP8 training (Transformer Engine, torchao) "

@@ -225,8 +225,18 @@ def _checked(key: str, value: Any) -> Any:
 
 def _unmodelled_notes(config: dict) -> list[str]:
     """What may be on in the training script although the ds_config does not say: a "pipeline" section
-    (read only for a PipelineModule), an FP8 key (DeepSpeed has none)."""
+    (read only for a PipelineModule), an FP8 key (DeepSpeed has none), DeepSpeed's own activation
+    checkpointing options (read only by ``deepspeed.checkpointing.configure``, which a training script
+    such as Megatron's calls; Hugging Face models checkpoint with torch's)."""
     notes = []
+    checkpointing = _section(config, "activation_checkpointing")
+    on = [k for k in ("partition_activations", "cpu_checkpointing") if checkpointing.get(k) is True]
+    if on:
+        notes.append(
+            f"activation_checkpointing.{' and '.join(on)}: read only by deepspeed.checkpointing (a script "
+            "that calls its configure and checkpoint, as Megatron's does); zero-kit estimates torch's "
+            "whole-block checkpointing with every checkpoint on the GPU, more than this would keep there"
+        )
     pipeline = _section(config, "pipeline")
     if any(_PIPELINE_DEFAULTS.get(k, _MISSING) != v for k, v in pipeline.items() if k != "stages"):
         notes.append(
