@@ -387,10 +387,10 @@ def test_the_notebook_tables_of_01_04_and_09(llama7b):
     assert paper.index.tolist() == ["z1 fp16 mb1", "z2 fp16 mb1", "z3 fp16 mb1"]
     z3 = v100.replace(zero={"stage": 3})
     assert (
-        paper.loc["z3 fp16 mb1", "paper model states GB"]
+        paper.loc["z3 fp16 mb1", "paper's states GB"]
         == estimate(z3, formula="zero-paper").model_states_bytes / 1e9
     )
-    assert paper.loc["z3 fp16 mb1", "deepspeed peak per GPU GB"] == estimate(z3).per_gpu_bytes / 1e9
+    assert paper.loc["z3 fp16 mb1", "peak / GPU GB"] == estimate(z3).per_gpu_bytes / 1e9
     s3 = llama7b.replace(cluster={"nodes": 2}, zero={"stage": 3})
     zeropp = s3.replace(zero=grid.zeropp_variants(8)["ZeRO++ (hpZ + qwZ + qgZ)"])
     parts = tables.collectives_table([s3, zeropp])

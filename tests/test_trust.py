@@ -228,7 +228,7 @@ def test_step_times_in_the_table_the_figure_and_the_answer(published_report):
     assert len(steps) == len(timed) == 26
     c, t = next((c, t) for c, t in timed if c.id == "B04")
     (row,) = steps[steps["id"] == "B04"].to_dict("records")
-    assert row["measured"] == f"{t.measured_s:.4g} s ({t.measured_value:.4g} {t.unit})"
+    assert row["measured"] == f"{t.measured_s:.4g} s" and row["predicted"] == f"{t.predicted_s:.4g} s"
     assert row["error"] == f"{100 * t.error:+.1f} %" and row["setup"] == c.label
     fig = trust.steps_figure(published_report)
     (ax,) = fig.axes

@@ -175,9 +175,9 @@ def test_verdict_says_whether_it_fits_and_by_how_much(panel):
     # the caching allocator's replay beside it, said not to be the verdict; expandable segments would hold
     # 10 % less here (44.96 -> 40.50 GiB), so the panel says so
     plain, grown = est.reserved_bytes, est.reserved_expandable_bytes
-    assert f"{plain / GIB:,.2f} GiB (replayed allocator, not the verdict)" in panel.summary.value
+    assert f"{plain / GIB:,.2f} GiB (replayed; not the verdict)" in panel.summary.value
     assert plain - grown > 0.05 * plain
-    assert f"{grown / GIB:,.2f} GiB reserved, {(plain - grown) / GIB:,.2f} GiB less" in panel.summary.value
+    assert f"{grown / GIB:,.2f} GiB ({(plain - grown) / GIB:,.2f} less)" in panel.summary.value
 
 
 def test_a_gpu_without_the_precision_is_neither_offered_nor_said_to_fit(panel):

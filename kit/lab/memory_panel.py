@@ -471,11 +471,9 @@ def _reserved_facts(est) -> list[tuple[str, str]]:
     plain, grown = est.reserved_bytes, est.reserved_expandable_bytes
     if plain is None:
         return []
-    facts = [("max reserved", f"{plain / GIB:,.2f} GiB (replayed allocator, not the verdict)")]
+    facts = [("max reserved", f"{plain / GIB:,.2f} GiB (replayed; not the verdict)")]
     if plain - grown > 0.05 * plain:
-        facts.append(
-            ("expandable segments", f"{grown / GIB:,.2f} GiB reserved, {(plain - grown) / GIB:,.2f} GiB less")
-        )
+        facts.append(("expandable segs.", f"{grown / GIB:,.2f} GiB ({(plain - grown) / GIB:,.2f} less)"))
     return facts
 
 

@@ -24,9 +24,9 @@ def paper_vs_deepspeed(setup: Setup, stages: Sequence[int] = (1, 2, 3)) -> pd.Da
         s = setup.replace(zero={"stage": stage})
         faithful = estimate(s)
         rows[s.label] = {
-            "paper model states GB": estimate(s, formula="zero-paper").model_states_bytes / 1e9,
-            "deepspeed model states GB": faithful.model_states_bytes / 1e9,
-            "deepspeed peak per GPU GB": faithful.per_gpu_bytes / 1e9,
+            "paper's states GB": estimate(s, formula="zero-paper").model_states_bytes / 1e9,
+            "DeepSpeed's states GB": faithful.model_states_bytes / 1e9,
+            "peak / GPU GB": faithful.per_gpu_bytes / 1e9,
         }
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("setting")
 

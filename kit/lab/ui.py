@@ -84,10 +84,11 @@ def table_html(
 
 
 def facts_html(facts: list[tuple[str, str]]) -> str:
-    """Two columns of (name, HTML value) pairs, the names grey."""
+    """Two columns of (name, HTML value) pairs, the names grey; a long value wraps within 250 px (the
+    panels set the table beside a chart)."""
     rows = "".join(
         f"<tr><td style='color:#666;padding:1px 10px 1px 0;white-space:nowrap;vertical-align:top'>{k}</td>"
-        f"<td style='padding:1px 0;white-space:nowrap'>{v}</td></tr>"
+        f"<td style='padding:1px 0;max-width:250px'>{v}</td></tr>"
         for k, v in facts
     )
     return f"<table style='font-size:13px;margin-left:12px'>{rows}</table>"
