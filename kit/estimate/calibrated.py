@@ -12,7 +12,17 @@ from __future__ import annotations
 from kit.estimate import partition, perf
 from kit.estimate.calibration import Calibration, Link, engine_key
 from kit.estimate.comm import TIMED_AS, collective_calls, collectives, comm_bytes
-from kit.estimate.perf import Assumptions, Hardware, Part, StepTime, _nvme, flops_per_token, hardware
+from kit.estimate.perf import (
+    Assumptions,
+    Hardware,
+    Part,
+    StepTime,
+    _g,
+    _swap_s,
+    flops_per_token,
+    hardware,
+    nvme_traffic,
+)  # fmt: skip
 from kit.rules import element_bytes
 from kit.schema import Setup
 
@@ -144,3 +154,15 @@ def _calibrated_offload(setup: Setup, cal: Calibration, hw: Hardware | None) -> 
         swap = _nvme(setup, hw or hardware(setup))
         seconds, formula = seconds + swap.seconds, f"{formula} + {swap.formula} (datasheet)"
     return Part(seconds, formula)
+
+
+def _nvme(setup: Setup, hw: Hardware) -> Part:
+    """The swap files' reads and writes per step over the node's drives (``nvme_traffic``)."""
+    swap = nvme_traffic(setup)
+    g = setup.cluster.gpus_per_node
+    read, write = g * swap["read"].bytes, g * swap["write"].bytes
+    return Part(
+        _swap_s(read, write, hw),
+        f"NVMe: {g} GPUs x ({swap['read'].formula}) read / {_g(hw.nvme_read_gbps)} GB/s + {g} GPUs x "
+        f"({swap['write'].formula}) written / {_g(hw.nvme_write_gbps)} GB/s per node",
+    )

@@ -254,8 +254,6 @@ class Load:
 
     work: Work  # one micro-step's kernels and host time (``kit.estimate.kernels``)
     micro_steps: int
-    flops: float  # executed by one GPU per optimizer step
-    tokens: int  # one GPU's
     sent: int  # bytes one GPU sends (``comm_bytes``)
     intra: int  # of them inside its node and across nodes in rings (``comm_by_scope``)
     inter: int
@@ -314,9 +312,8 @@ def overlapped(setup: Setup) -> tuple[float, float, str]:
 
 def load(setup: Setup) -> Load:
     """``Load`` of one optimizer step of ``setup`` (the model behind ``step_time``, uncalibrated)."""
-    b, c, z, k = setup.batch, setup.cluster, setup.zero, setup.batch.grad_accum
+    c, z, k = setup.cluster, setup.zero, setup.batch.grad_accum
     micro = kernels.work(setup)
-    tokens = b.micro_batch * b.grad_accum * b.seq_len
     parts = collectives(setup)
     sent, formulas = comm_bytes(setup, parts)
     calls = sum(n for _, n, _ in collective_calls(setup))
@@ -354,7 +351,7 @@ def load(setup: Setup) -> Load:
         formulas["nvme_write"] = f"{g} GPUs x ({swap['write'].formula})"
     split = bool(z.zeropp and c.nodes > 1)
     return Load(
-        micro, k, k * micro.flops, tokens, sent, scope["intra"], scope["inter"] - rail, rail, split, c.nodes,
+        micro, k, sent, scope["intra"], scope["inter"] - rail, rail, split, c.nodes,
         c.gpus_per_node, calls * latency, hideable, window, adam, moved, node, read, write, formulas,
     )  # fmt: skip
 
@@ -484,18 +481,6 @@ def step_time(setup: Setup, hw: Hardware | None = None, assume: Assumptions | No
         setup, hw, assume, compute, Part(took["comm"], how), exposed, Part(took["optimizer"], optimizer),
         Part(took["offload"], offload), need.sent,
     )  # fmt: skip
-
-
-def _nvme(setup: Setup, hw: Hardware) -> Part:
-    """The swap files' reads and writes per step over the node's drives (``nvme_traffic``)."""
-    swap = nvme_traffic(setup)
-    g = setup.cluster.gpus_per_node
-    read, write = g * swap["read"].bytes, g * swap["write"].bytes
-    return Part(
-        _swap_s(read, write, hw),
-        f"NVMe: {g} GPUs x ({swap['read'].formula}) read / {_g(hw.nvme_read_gbps)} GB/s + {g} GPUs x "
-        f"({swap['write'].formula}) written / {_g(hw.nvme_write_gbps)} GB/s per node",
-    )
 
 
 def nvme_traffic(setup: Setup) -> dict[str, Term]:
