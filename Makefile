@@ -85,6 +85,8 @@ GPUS ?= 1
 gpu-reference: install
 	$(PY) -m kit run --model gpt2-xl --stages 0,1,2,3 --offload-optimizer none,cpu --micro-batch 4 \
 		--nprocs $(GPUS) --steps 10 --sweep gpu-$(GPUS)x --runs-dir data/reference --no-progress
+	$(PY) -m kit run --model qwen2.5-0.5b --stages 0,3 --micro-batch 4 --seq-len 2048 \
+		--nprocs $(GPUS) --steps 6 --sweep gpu-$(GPUS)x-qwen --runs-dir data/reference --no-progress
 
 lab: install
 	$(VENV)/bin/jupyter lab notebooks

@@ -220,10 +220,10 @@ def test_plan_answers_first_on_one_screen(issue_plan):
     assert len(lines) <= 40 and max(map(len, lines)) < 200
     assert (
         "Book (the cheapest DeepSpeed setup with exact numerics within 240 h): "
-        "128 x MI300X (16 nodes x 8), ZeRO-3 + hpZ8, micro batch 4 x grad accum 2" in out
+        "256 x MI300X (32 nodes x 8), ZeRO-3 + hpZ8, micro batch 4 x grad accum 1" in out
     )
     assert any(
-        line.startswith("ds_config: zerokit launch-cmd --model llama-2-7b --nodes 16") for line in lines
+        line.startswith("ds_config: zerokit launch-cmd --model llama-2-7b --nodes 32") for line in lines
     )
     # no setting was given: no invented one, no make-it-fit, no decompositions
     assert "Your setting" not in out and "smallest changes" not in out and "Decompositions" not in out

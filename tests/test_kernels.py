@@ -131,3 +131,32 @@ def test_the_op_counts_are_hugging_faces():
         per_block = tuple((b - a) // 2 for a, b in zip(two, four, strict=True))
         outside = tuple(a - 2 * p for a, p in zip(two, per_block, strict=True))
         assert per_block == kernels.OPS_PER_BLOCK[style] and outside == kernels.OPS_OUTSIDE[style], style
+
+
+def test_the_step_op_counts_are_deepspeeds():
+    """STEP_OPS_PER_TENSOR: recounted on DeepSpeed's engines and PyTorch's baselines, one CPU rank in a
+    process of its own (``tests/fixtures/count_step_ops.py``), per tensor between two depths."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kit.run.launcher import free_port
+
+    script = Path(__file__).parent / "fixtures" / "count_step_ops.py"
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counted = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = {
+        f"{stage},{offloaded}": n
+        for (stage, offloaded), n in kernels.STEP_OPS_PER_TENSOR["deepspeed"].items()
+    }
+    assert counted["deepspeed"] == expected
+    assert (counted["ddp"], counted["fsdp"]) == (
+        kernels.STEP_OPS_PER_TENSOR["ddp"],
+        kernels.STEP_OPS_PER_TENSOR["fsdp"],
+    )

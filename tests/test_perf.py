@@ -92,8 +92,11 @@ def test_comm_crosses_nvlink_or_the_nodes_nics_and_hides_only_where_the_engine_o
     parts = (t.compute, t.exposed_comm, t.optimizer, t.offload)
     assert t.step_s == pytest.approx(sum(part.seconds for part in parts))
     part = sum(-(-n // 16) for n in models.tensor_numels(s.model))  # stage 3: each tensor split 16 ways
-    assert t.optimizer.seconds == pytest.approx((28 + 2) * part / (gpu(s.cluster.gpu).memory_bw_gbps * 1e9))
-    assert perf.step_time(llama(offload_optimizer="cpu")).optimizer.seconds == 0  # stepped on the CPU
+    adam = (28 + 2) * part / (gpu(s.cluster.gpu).memory_bw_gbps * 1e9)
+    tensors = len(models.tensor_numels(s.model))  # the host launches stage 3's 10 ops per tensor meanwhile
+    assert t.optimizer.seconds == pytest.approx(max(adam, tensors * 10 * kernels.HOST_US_PER_OP * 1e-6))
+    offloaded = perf.step_time(llama(offload_optimizer="cpu")).optimizer  # Adam on the CPU: the host's ops
+    assert offloaded.seconds == pytest.approx(tensors * 24 * kernels.HOST_US_PER_OP * 1e-6)
 
 
 def test_offload_moves_the_partition_over_pcie_and_steps_adam_on_the_cpu():

@@ -274,7 +274,7 @@ def test_cli_json_is_one_object_whose_counts_add_up(capsys):
     out, err = capsys.readouterr()
     assert err == ""
     data = json.loads(out)
-    assert set(data) == {"rows", "summary"} and len(data["rows"]) == 68
+    assert set(data) == {"rows", "summary", "reference"} and len(data["rows"]) == 68
     rows, summary = data["rows"], data["summary"]
     for table, n in (("memory", 32), ("throughput", 36)):
         mine = [r for r in rows if r["table"] == table]
@@ -321,7 +321,7 @@ def test_cli_selects_rows_and_prints_the_table_and_summary(capsys):
             ["--table", "memory", "--id", "B01"],
             "--id: no row B01 in table memory; choose from A01-A10, A18-A39",
         ),
-        (["--table", "speed"], "--table: choose one of all, memory, throughput, got 'speed'"),
+        (["--table", "speed"], "--table: choose one of all, memory, throughput, reference, got 'speed'"),
     ],
 )
 def test_cli_refuses_bad_input_in_one_line(capsys, argv, message):

@@ -5,7 +5,7 @@ import pytest
 
 from kit import Setup
 from kit.estimate import estimate, memory, partition
-from kit.estimate.allocator import Alloc, Free, replay
+from kit.estimate.allocator import Alloc, EmptyCache, Free, Mark, replay
 from kit.estimate.reserved import DEFAULT, GATHER, REDUCE, _Step, blocks
 from kit.models import preset
 
@@ -61,16 +61,19 @@ def test_stage_3_gathers_on_its_own_stream_and_reduces_on_another():
     # one pool per stream: the same events on one stream reserve no more than on three
     one = [Alloc(e.key, e.size) if isinstance(e, Alloc) else e for e in events]
     assert replay(one).max_reserved <= replay(events).max_reserved
-    assert all(isinstance(e, (Alloc, Free)) or e.name in ("forward", "backward", "optimizer") for e in events)
+    marks = [e.name for e in events if isinstance(e, Mark)]
+    assert set(marks) == {"forward", "backward", "optimizer"}
+    assert sum(isinstance(e, EmptyCache) for e in events) == 1  # DeepSpeed's defragment, before the steps
 
 
-def test_zero_init_partitions_are_freed_into_the_cache():
-    """Stage 3: zero.Init builds each tensor whole on the device and partitions it at once; the partitions
-    are then copied into one flat buffer and freed (``_create_fp16_partitions_with_defragmentation``):
-    those blocks stay reserved until reused."""
+def test_zero_init_partitions_are_freed_and_the_cache_emptied():
+    """Stage 3: zero.Init builds each tensor whole on the device and partitions it at once; DeepSpeed's
+    ``defragment`` then copies the partitions to the host, frees them, empties the cache and copies them
+    back into one flat buffer: nothing of zero.Init stays reserved (measured on an H200: ZeRO-3's max
+    reserved within 5 % of the replay's, data/reference)."""
     s = Setup(model=preset("gpt2"), cluster={"gpus_per_node": 8}, zero={"stage": 3}, batch={"micro_batch": 1})
     events = step(s)
-    first = next(i for i, e in enumerate(events) if not isinstance(e, (Alloc, Free)))  # the first Mark
+    first = next(i for i, e in enumerate(events) if isinstance(e, Mark))
     init, numels = events[:first], partition.numels(s)
     built = init[: 3 * len(numels)]  # per tensor: whole, its partition, the whole freed
     assert [e.size for e in built[0::3]] == [2 * t for t in numels]
@@ -78,6 +81,10 @@ def test_zero_init_partitions_are_freed_into_the_cache():
     assert [e.key for e in built[2::3]] == [e.key for e in built[0::3]]
     parts = {e.key for e in built[1::3]}
     assert parts <= {e.key for e in init[3 * len(numels) :] if isinstance(e, Free)}  # all freed
+    emptied = next(i for i, e in enumerate(init) if isinstance(e, EmptyCache))
+    assert not any(isinstance(e, Alloc) and e.key in parts for e in init[emptied:])
+    after = replay(init)  # the flat buffer and the states: reserved is what they round up to, no more
+    assert after.reserved - after.allocated < 20 * 2**20 * 3
 
 
 def test_what_it_does_not_replay_says_none():

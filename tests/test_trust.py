@@ -240,3 +240,30 @@ def test_step_times_in_the_table_the_figure_and_the_answer(published_report):
     answer = trust.answer(published_report)
     assert f"step times are off by a median {100 * step['median_abs_error']:.0f} % on 26 rows" in answer
     assert f"the stages ranked right on {sum(g['agrees'] for g in step['stage_sets'])} of 2 sets" in answer
+
+
+def test_the_kits_own_gpu_runs_in_a_table_and_the_answer(published_report):
+    from kit.estimate import reference
+
+    own = reference.configurations()
+    table = trust.reference_table(own)
+    assert len(table) == len(own) == 9
+    first = table.iloc[0]
+    c = own[0]
+    assert first["run"] == f"{c.sweep} {c.label}" and first["GPU"] == "H200-SXM-141GB"
+    allocated = f"{c.measured['max_allocated'] / GIB:.2f} / {c.predicted['max_allocated'] / GIB:.2f} GiB"
+    assert first["max allocated"] == allocated
+    assert first["max reserved error"] == f"{100 * c.error('max_reserved'):+.1f} %"
+    assert first["step"] == f"{c.measured['step_time']:.3f} s / {c.predicted['step_time']:.3f} s"
+    offloaded = table[table["run"].str.contains("opt-off")]
+    assert len(offloaded) == 3 and set(offloaded["step error"]) == {"not compared"}
+    assert all(" / " not in step for step in offloaded["step"])  # measured only
+    assert max(len(str(cell)) for cell in table.to_numpy().ravel()) < 40  # narrow enough to read
+    text = trust.answer(published_report, own)
+    summary = reference.summary(own)
+    assert (
+        f"On the kit's own runs on NVIDIA H200 (9 configurations) the tensor peak is a median "
+        f"{100 * summary['max_allocated']['median_abs_error']:.1f} % from max allocated" in text
+    )
+    assert text.endswith(f"{summary['step_time']['worst']}).")
+    assert "own runs" not in trust.answer(published_report)

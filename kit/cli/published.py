@@ -9,8 +9,8 @@ import argparse
 from kit.cli.args import UsageError, add_json, print_json
 from kit.units import GIB
 
-#: ``--table`` choices
-TABLE_CHOICES = ("all", "memory", "throughput")
+#: ``--table`` choices: the published tables, and the kit's own GPU runs (``data/reference``)
+TABLE_CHOICES = ("all", "memory", "throughput", "reference")
 #: the text table's columns and widths
 COLUMNS = (("id", 3), ("check", 18), ("measured", 9), ("predicted", 25), ("error", 9), ("conf.", 6))
 #: quantities as the text names them
@@ -37,7 +37,7 @@ def register(sub) -> None:
         metavar="ID",
         help="only these rows (A18 ...)",
     )
-    add_json(p, '{"rows": [...], "summary": {...}}')
+    add_json(p, '{"rows": [...], "summary": {...}, "reference": {"configurations": [...], "summary": {...}}}')
     p.set_defaults(func=published_command)
 
 
@@ -46,17 +46,29 @@ def published_command(args: argparse.Namespace) -> int:
 
     if args.table not in TABLE_CHOICES:
         raise UsageError(f"--table: choose one of {', '.join(TABLE_CHOICES)}, got {args.table!r}")
-    known = published.ids(args.table)
+    from kit.estimate import reference
+
+    if args.table == "reference" and args.ids:
+        raise UsageError("--id: the reference table's runs have no ids; leave --id out")
+    known = published.ids("all" if args.table == "reference" else args.table)
     unknown = [i for i in dict.fromkeys(args.ids) if i not in known]
     if unknown:
         raise UsageError(
             f"--id: no row {', '.join(unknown)} in table {args.table}; choose from {_ranges(known)}"
         )
-    result = published.report(args.table, args.ids)
+    result = None if args.table == "reference" else published.report(args.table, args.ids)
+    own = reference.configurations() if args.table in ("all", "reference") and not args.ids else None
     if args.json:
-        print_json(result.to_dict())
+        data = result.to_dict() if result else {}
+        if own is not None:
+            data["reference"] = {
+                "configurations": [c.to_dict() for c in own],
+                "summary": reference.summary(own),
+            }
+        print_json(data)
     else:
-        print(text(result))
+        parts = ([text(result)] if result else []) + ([reference_text(own)] if own is not None else [])
+        print("\n\n".join(parts))
     return 0
 
 
@@ -184,6 +196,48 @@ def summary_lines(summary: dict) -> list[str]:
         disagree = f"; disagree: {', '.join(fit['disagree'])}" if fit["disagree"] else ""
         lines.append(f"fit / OOM: {fit['agree']} of {fit['rows']} row(s) agree{disagree}")
     return lines
+
+
+def reference_text(configs) -> str:
+    """The kit's own GPU runs (``kit.estimate.reference``): per configuration measured / predicted and the
+    error of max allocated, max reserved and the median step, their summary and what is not predicted."""
+    from kit.estimate.reference import QUANTITIES, summary
+
+    lines = [
+        "Measured on a GPU by the kit's own runner (data/reference, make gpu-reference GPUS=N), per GPU",
+        "(measured / predicted, error = predicted / measured - 1; the estimate on the GPU the run used)",
+        "",
+    ]
+    if not configs:
+        return "\n".join([*lines, "(no runs yet: make gpu-reference GPUS=N on a machine with GPUs)"])
+    header = ("configuration", "GPU", "max allocated GiB", "max reserved GiB", "step time s")
+    rows = [header]
+    for c in configs:
+        cells = [f"{c.sweep} {c.label}", c.gpu or c.device]
+        for quantity in QUANTITIES:
+            scale, digits = (1.0, 3) if quantity == "step_time" else (GIB, 2)
+            measured = f"{c.measured[quantity] / scale:.{digits}f}"
+            error = c.error(quantity)
+            if error is None:
+                cells.append(f"{measured} / -")
+            else:
+                cells.append(f"{measured} / {c.predicted[quantity] / scale:.{digits}f} {100 * error:+6.1f} %")
+        rows.append(tuple(cells))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines += ["  ".join(f"{cell:<{w}}" for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines += ["", f"{configs[0].device}, {configs[0].versions}", "summary:"]
+    for quantity, q in summary(configs).items():
+        lines.append(
+            f"  {quantity.replace('_', ' ')}: {q['configurations']} configuration(s), median |error| "
+            f"{100 * q['median_abs_error']:.1f} %, worst {100 * q['worst_error']:+.1f} % ({q['worst']})"
+        )
+    notes: dict[str, list[str]] = {}
+    for c in configs:
+        if c.unpredicted:
+            notes.setdefault(c.unpredicted, []).append(f"{c.sweep} {c.label}")
+    if notes:
+        lines += ["notes:"] + [f"  {', '.join(labels)}: {note}" for note, labels in notes.items()]
+    return "\n".join(lines)
 
 
 def _gib(nbytes: int) -> str:

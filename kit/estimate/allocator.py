@@ -1,9 +1,10 @@
 """A replay of PyTorch's CUDA caching allocator over a sequence of allocations and frees, without a GPU.
 
 Given the storages a training step allocates and frees (``Alloc``/``Free``, in order; ``Mark`` names a
-phase), ``replay`` follows the rules of ``DeviceCachingAllocator`` in ``c10/cuda/CUDACachingAllocator.cpp``
-and answers what ``torch.cuda.max_memory_reserved()`` / ``max_memory_allocated()`` would report: the
-``reserved_bytes`` / ``allocated_bytes`` / ``requested_bytes`` stats (``all``), current and peak.
+phase; ``EmptyCache`` is ``torch.cuda.empty_cache()``), ``replay`` follows the rules of
+``DeviceCachingAllocator`` in ``c10/cuda/CUDACachingAllocator.cpp`` and answers what
+``torch.cuda.max_memory_reserved()`` / ``max_memory_allocated()`` would report: the ``reserved_bytes`` /
+``allocated_bytes`` / ``requested_bytes`` stats (``all``), current and peak.
 
 Read from pytorch/pytorch at commit 001074d2 (mid-2024 main, between torch 2.4 and 2.5) and checked against
 copies of the 2.8+ code (``AcceleratorAllocatorConfig``, ``max_non_split_rounding_size``): the same rules.
@@ -77,7 +78,12 @@ class Mark:
     name: str
 
 
-Event = Alloc | Free | Mark
+@dataclass(frozen=True)
+class EmptyCache:
+    """``torch.cuda.empty_cache()``: every cached segment that is all free goes back to the device."""
+
+
+Event = Alloc | Free | Mark | EmptyCache
 
 
 @dataclass(frozen=True)
@@ -215,6 +221,10 @@ class Allocator:
         self._try_merge_blocks(block, block.prev)
         self._try_merge_blocks(block, block.next)
         self._insert_free(block)
+
+    def empty_cache(self) -> None:
+        """``emptyCache``: ``release_cached_blocks``, every segment that is all free."""
+        self._release_cached_blocks()
 
     def reset_window(self) -> None:
         """Start the window peaks at the current values."""
@@ -576,6 +586,8 @@ def replay(
             block = live.pop(event.key)
             if block is not None:
                 allocator.free(block)
+        elif isinstance(event, EmptyCache):
+            allocator.empty_cache()
         elif isinstance(event, Mark):
             close_phase()
             phase = event.name

@@ -60,9 +60,12 @@ LOSS_BYTES_PER_LOGIT = 38
 #: ops outside the blocks (embedding, final norm, head, loss)
 OPS_PER_BLOCK = {"gpt2": (75, 98), "swiglu": (77, 142)}
 OPS_OUTSIDE = {"gpt2": (25, 23), "swiglu": (31, 34)}
-#: host microseconds per dispatched op: an eager op issued from Python costs 5.6 us on this machine's CPU
-#: (a 4-element add, dispatch and Python, measured), a CUDA launch adds its own; views cost less
-HOST_US_PER_OP = 6.0
+#: host microseconds per dispatched op on a GPU: an eager op issued from Python costs 5.6 us on this
+#: machine's CPU (a 4-element add, dispatch and Python, measured), and ``cudaLaunchKernel`` adds its own
+#: host-side cost, a few microseconds (about 4; views launch nothing but are counted alike). Checked, not
+#: fitted: on one H200 (data/reference) the kit's runs at stages 0-2 came out 10-26 % slower than this
+#: predicts, the published throughput rows a median 21 % (``zerokit published``)
+HOST_US_PER_OP = 10.0
 #: host microseconds of ZeRO's Python bookkeeping per parameter tensor and hook event: measured here by
 #: ``zerokit calibrate --measure`` (DeepSpeed 0.19.8, 2 gloo ranks, gloo's call latency already taken out):
 #: 299 us per tensor per micro-step at stage 2 (2 events) and 622 us at stage 3 (5 events), of which the
@@ -73,6 +76,19 @@ HOOK_US = 85.0
 #: stage 3 a fetch and a release in forward and in backward and a gradient hook; FSDP a copy-in and a
 #: copy-out per unit's parameter; DDP's and DeepSpeed stage 0's hooks run in C++ or not per tensor
 HOOK_EVENTS = {"deepspeed": {0: 0, 1: 1, 2: 2, 3: 5}, "fsdp": 2, "ddp": 0}
+#: ops an optimizer step dispatches per parameter tensor, with optimizer offload its gradients' copies to
+#: the host in backward too, by (stage, offloaded): counted with a TorchDispatchMode over whole steps of
+#: DeepSpeed 0.19.8 engines (torch AdamW, foreach as on CUDA; ``tests/test_kernels.py`` recounts them).
+#: Stage 0 (``FP16_UnfusedOptimizer``: a client or ``torch_adam`` optimizer) checks every gradient for
+#: inf / nan with two ``.item()`` syncs, unscales, clips and copies it; stages 1-2 norm and check every
+#: gradient of the partition; stage 3 steps flat sub groups; offload copies each gradient out. PyTorch's
+#: DDP and FSDP step foreach: about one op per tensor
+STEP_OPS_PER_TENSOR = {
+    "deepspeed": {(0, False): 35, (1, False): 22, (2, False): 22, (3, False): 10, (1, True): 24,
+                  (2, True): 24, (3, True): 19},
+    "fsdp": 2,
+    "ddp": 2,
+}  # fmt: skip
 
 
 def attention(model: ModelSpec) -> str:
@@ -214,6 +230,17 @@ def _work(m: ModelSpec, micro: int, seq: int, precision: str, ckpt: bool, engine
         float(LOSS_BYTES_PER_LOGIT * tokens * (m.vocab or 0)), rest_ops * HOST_US_PER_OP * 1e-6,
         formula,
     )  # fmt: skip
+
+
+def step_host(setup: Setup) -> tuple[float, str]:
+    """Host seconds of one optimizer step's per-tensor ops (``STEP_OPS_PER_TENSOR``) and its formula."""
+    z = setup.zero
+    ops = STEP_OPS_PER_TENSOR[z.engine]
+    if isinstance(ops, dict):
+        ops = ops[(z.stage, z.offload_optimizer != "none")]
+    tensors = _tensors(setup.model)
+    seconds = tensors * ops * HOST_US_PER_OP * 1e-6
+    return seconds, f"host: {tensors:,} tensors x {ops} ops x {HOST_US_PER_OP:g} us"
 
 
 def _tensors(m: ModelSpec) -> int:

@@ -265,11 +265,12 @@ class Load:
     hideable: float  # share of the bytes the engine sends beside compute
     window: float  # share of the step's compute they can hide behind
     gpu_memory_bytes: int  # the Adam step's reads and writes in the GPU's memory (0 when offloaded)
+    step_host_s: float  # the host's launches of the optimizer step's per-tensor ops
     host_link_bytes: int  # between the GPU and the host (offload)
     host_memory_bytes: int  # the CPU Adam step's reads and writes in one node's memory
     nvme_read_bytes: int  # one node's swap files
     nvme_write_bytes: int
-    formulas: dict[str, str]  # of flops, sent, overlap, and of each of the last five that is not 0
+    formulas: dict[str, str]  # of flops, sent, overlap, step_host, and of each of the last five not 0
 
     @staticmethod
     def arrays(loads: list[Load]) -> Load:
@@ -331,6 +332,7 @@ def load(setup: Setup) -> Load:
     if z.offload_optimizer == "none":
         adam = per_param * part
         formulas["gpu_memory"] = f"{per_param} B x P ({part:,})"
+    step_host, formulas["step_host"] = kernels.step_host(setup)
     why = []
     if z.offload_optimizer != "none":
         micro_steps = k if z.stage >= 2 else 1
@@ -352,7 +354,8 @@ def load(setup: Setup) -> Load:
     split = bool(z.zeropp and c.nodes > 1)
     return Load(
         micro, k, sent, scope["intra"], scope["inter"] - rail, rail, split, c.nodes,
-        c.gpus_per_node, calls * latency, hideable, window, adam, moved, node, read, write, formulas,
+        c.gpus_per_node, calls * latency, hideable, window, adam, step_host, moved, node, read, write,
+        formulas,
     )  # fmt: skip
 
 
@@ -386,7 +389,7 @@ def seconds(need: Load, hw: Hardware, assume: Assumptions) -> dict[str, float]:
         "compute": compute,
         "comm": comm,
         "exposed_comm": float(exposed) if np.ndim(exposed) == 0 else exposed,
-        "optimizer": _per(need.gpu_memory_bytes, hw.memory_gbps * 1e9),
+        "optimizer": _larger(_per(need.gpu_memory_bytes, hw.memory_gbps * 1e9), need.step_host_s),
         "offload": offload,
         "fixed": 0.0,
     }
@@ -405,6 +408,13 @@ def _g(figure) -> str:
 def _smaller(a, b):
     """``min`` of two figures, element by element for arrays."""
     return a.clip(max=b) if hasattr(a, "clip") else min(a, b)
+
+
+def _larger(a, b):
+    import numpy as np
+
+    out = np.maximum(a, b)
+    return float(out) if np.ndim(out) == 0 else out
 
 
 def _where(condition, a, b):
@@ -462,10 +472,11 @@ def step_time(setup: Setup, hw: Hardware | None = None, assume: Assumptions | No
         f"communication - {assume.overlap:g} x min(overlapped {need.hideable:.3g} x communication, "
         f"{need.window:.3g} x compute) ({f['overlap']})",
     )
-    optimizer = "on the CPU (offload)"
+    optimizer = f"Adam on the CPU (offload); {f['step_host']}"
     if "gpu_memory" in f:
         optimizer = (
-            f"{f['gpu_memory']} / {_g(hw.memory_gbps)} GB/s GPU memory (Adam reads, writes each state)"
+            f"max({f['gpu_memory']} / {_g(hw.memory_gbps)} GB/s GPU memory (Adam reads, writes each "
+            f"state), {f['step_host']})"
         )
     offload = "no offload"
     if "host_link" in f:

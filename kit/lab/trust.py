@@ -110,11 +110,30 @@ def unexpressed(report, by_reason: bool = False) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["id", "table", "model", "reason"])
 
 
-def answer(report) -> str:
+def reference_table(configs) -> pd.DataFrame:
+    """The kit's own runs on a GPU (``kit.estimate.reference.configurations``), one row per configuration:
+    max allocated, max reserved (GiB) and the median step (s), each "measured / predicted" with its error
+    ("not compared" where no step time is predicted: ``Configuration.unpredicted`` says why)."""
+    rows = []
+    for c in configs:
+        row = {"run": f"{c.sweep} {c.label}", "GPU": c.gpu or c.device}
+        for quantity, name in (("max_allocated", "max allocated"), ("max_reserved", "max reserved")):
+            row[name] = f"{c.measured[quantity] / GIB:.2f} / {c.predicted[quantity] / GIB:.2f} GiB"
+            row[f"{name} error"] = f"{100 * c.error(quantity):+.1f} %"
+        step = c.error("step_time")
+        row["step"] = f"{c.measured['step_time']:.3f} s" + (
+            f" / {c.predicted['step_time']:.3f} s" if step is not None else ""
+        )
+        row["step error"] = f"{100 * step:+.1f} %" if step is not None else "not compared"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def answer(report, own=()) -> str:
     """How far to trust the kit, in one paragraph built from ``report.summary()``: how close the tensor
     peak is to max allocated, how far max reserved is off, how many fit / OOM rows agree, how many rows
     the kit expresses, and how far a ZeRO-3 run's measured max reserved went past the verdict's peak per
-    GPU."""
+    GPU; with ``own`` (``kit.estimate.reference.configurations()``), how the kit did on its own GPU runs."""
     from kit.estimate import estimate
     from kit.fit import estimate_fit
 
@@ -169,6 +188,21 @@ def answer(report) -> str:
             )
         else:
             text += " On the ZeRO-3 rows the verdict's peak per GPU covered every measured number."
+    if own:
+        from kit.estimate.reference import summary as own_summary
+
+        q = own_summary(list(own))
+        a, r = q["max_allocated"], q["max_reserved"]
+        text += (
+            f" On the kit's own runs on {own[0].device} ({len(own)} configurations) the tensor peak is a "
+            f"median {100 * a['median_abs_error']:.1f} % from max allocated and the replayed reserve "
+            f"{100 * r['median_abs_error']:.1f} % from max reserved"
+        )
+        step = q.get("step_time")
+        if step:
+            median, worst = 100 * step["median_abs_error"], 100 * step["worst_error"]
+            text += f"; the step time {median:.0f} % (worst {worst:+.0f} %, {step['worst']})"
+        text += "."
     return text[0].upper() + text[1:]
 
 

@@ -1,14 +1,15 @@
 """How close the kit is to published measurements of real GPU runs (``data/published/``,
 ``kit.estimate.published``): per table the rows the kit expresses of all, per measured quantity (max
 allocated, max reserved, step time) the median |error| and the worst error with its row, the step times
-within 25 % and within 2x, the stage-order sets ranked right, how many fit / OOM verdicts agree, and the
-report's wall time (pure estimation, no launch). The expressed count is a figure to raise; the errors
+within 25 % and within 2x, the stage-order sets ranked right, how many fit / OOM verdicts agree, the
+report's wall time (pure estimation, no launch), and the same errors on the kit's own GPU runs
+(``data/reference``, ``kit.estimate.reference``). The expressed count is a figure to raise; the errors
 are a test set's, not a fit's (``data/published/README.md``).
 """
 
 import time
 
-from kit.estimate import published
+from kit.estimate import published, reference
 
 
 def main() -> None:
@@ -36,3 +37,8 @@ def main() -> None:
     disagree = f" (disagree: {', '.join(fit['disagree'])})" if fit["disagree"] else ""
     print(f"published_fit_agree: {fit['agree']}/{fit['rows']} rows{disagree}")
     print(f"published_report_wall: {wall:.2f} s")
+    own = reference.configurations()
+    for quantity, q in reference.summary(own).items():
+        print(f"reference_{quantity}_configurations: {q['configurations']} ({own[0].device})")
+        print(f"reference_{quantity}_median_abs_error: {q['median_abs_error']:.3f} ratio")
+        print(f"reference_{quantity}_worst_error: {q['worst_error']:+.3f} ratio ({q['worst']})")
