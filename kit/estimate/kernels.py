@@ -16,8 +16,10 @@ Device, per transformer block and for the head (embedding, final norm, LM head a
 - activation checkpointing runs each block's forward again in backward.
 Host: eager PyTorch launches every op from the CPU (``OPS_PER_BLOCK``, counted by dispatching Hugging
 Face's blocks, x ``HOST_US_PER_OP``) and ZeRO's hooks do Python bookkeeping per parameter tensor
-(``HOOK_EVENTS`` x ``HOOK_US``). The GPU runs ahead of the host's queue, so a block takes the longer of
-its host and device times. A model without a transformer's shapes is one matmul of all its FLOPs.
+(``HOOK_EVENTS`` x ``HOOK_US``, at stage 3 ``STAGE3_HOOK_US``); an optimizer step launches its ops
+per tensor (``STEP_OPS_PER_TENSOR``, ``step_host``). The GPU runs ahead of the host's queue, so a block
+takes the longer of its host and device times. A model without a transformer's shapes is one matmul
+of all its FLOPs.
 
 What it cannot see: kernel fusion by torch.compile or hand-written fused kernels (fewer passes and
 launches), cuBLAS heuristics per shape, clocks under a power limit, flash attention on GPUs it does not
@@ -71,6 +73,11 @@ HOST_US_PER_OP = 10.0
 #: 299 us per tensor per micro-step at stage 2 (2 events) and 622 us at stage 3 (5 events), of which the
 #: ranks kept a core busy 61 % and 66 % of the time: 91 and 82 us of CPU work per event
 HOOK_US = 85.0
+#: the same at stage 3 on a GPU host, where each event also launches NCCL's gathers and DeepSpeed's stream
+#: and event bookkeeping (``partitioned_param_coordinator.py``), which gloo's CPU ranks do not: derived from
+#: one of the kit's own runs on an H200 (GPT-2 XL at stage 3, data/reference), checked on another
+#: (Qwen2.5-0.5B at stage 3: 16 % too fast) and on the published GPT-2 XL ZeRO-3 run (B06: 40 % too fast)
+STAGE3_HOOK_US = 200.0
 #: hook events per parameter tensor per micro-step: stage 1 a gradient hook (accumulate in place), stage 2
 #: the hook and the copy into the contiguous bucket, whose partitions it copies out once reduced;
 #: stage 3 a fetch and a release in forward and in backward and a gradient hook; FSDP a copy-in and a
@@ -178,7 +185,8 @@ def _work(m: ModelSpec, micro: int, seq: int, precision: str, ckpt: bool, engine
     tokens = micro * seq
     events = HOOK_EVENTS[engine]
     events = events[stage] if isinstance(events, dict) else events
-    hooks = _tensors(m) * events * HOOK_US * 1e-6
+    per_event = STAGE3_HOOK_US if (engine, stage) == ("deepspeed", 3) else HOOK_US
+    hooks = _tensors(m) * events * per_event * 1e-6
     if not m.is_transformer:
         f = 6.0 * m.params * tokens * (4 / 3 if ckpt else 1)
         zeros = (0.0,) * GEMMS
@@ -222,7 +230,7 @@ def _work(m: ModelSpec, micro: int, seq: int, precision: str, ckpt: bool, engine
         f"{layers} blocks x max(device: 4 linears x {3 + ckpt} matmuls on a roofline at s b = {tokens:,}, "
         f"{how_attention}, {sum(passes.values())} elementwise passes; host: "
         f"{ops_forward * forward + ops_backward} ops x {HOST_US_PER_OP:g} us"
-        + (f" + hooks {events} x {HOOK_US:g} us per tensor" if events else "")
+        + (f" + hooks {events} x {per_event:g} us per tensor" if events else "")
         + f") + head and loss ({LOSS_BYTES_PER_LOGIT} B per logit)"
     )
     return Work(
