@@ -46,9 +46,9 @@ def test_replayed_reserved_is_within_10_percent_of_max_reserved(configs):
 
 def test_step_time_within_30_percent_and_stage_3_slowest(configs):
     """The datasheet step model (no calibration) on the runs it predicts: each within 30 % (stage 3's
-    per-event hook cost, ``kernels.STAGE3_HOOK_US``, was derived from GPT-2 XL's stage-3 run: Qwen's is
-    the check), stage 3 the slowest in both measured and predicted; optimizer offload is not predicted,
-    and says why."""
+    per-event hook cost, ``kernels.STAGE3_HOOK_US``, is the mean of what these two stage-3 runs measured),
+    stage 3 the slowest in both measured and predicted; optimizer offload is not predicted, and says
+    why."""
     timed = [c for c in configs if c.error("step_time") is not None]
     assert len(timed) == 6
     for c in timed:
