@@ -345,6 +345,11 @@ def test_comparison_panel_builds_setups():
     ]
     assert {s.cluster.world_size for s in panel.setups} == {2}
     assert [e.components for e in panel.estimates] == [estimate(s).components for s in panel.setups]
+    # CPU ranks: the preview's total is the ranks' tensors, without a GPU's CUDA context and NCCL buffers
+    assert "peak tensors MiB per rank" in panel.preview.value and "per GPU" not in panel.preview.value
+    first = panel.estimates[0]
+    assert f"{first.peak_tensor_bytes / 2**20:,.1f}" in panel.preview.value
+    assert f"{first.per_gpu_bytes / 2**20:,.1f}" not in panel.preview.value
     panel.layers.value = 3
     panel.nprocs.value = 4
     assert {(s.model.layers, s.dp, s.batch.train_batch) for s in panel.setups[:1]} == {(3, 4, 4)}

@@ -27,6 +27,7 @@ from kit.ds_keys import ZEROPP_OFF
 from kit.lab import ui
 from kit.lab.monitor_panel import MonitorPanel
 from kit.rules import BASELINES
+from kit.run import launcher
 from kit.run import sweep as sweeps
 from kit.run.sweep import toy_setup
 from kit.schema import Setup
@@ -203,16 +204,17 @@ class ComparisonPanel:
             f"{len(setups)} configurations, {self._where()}, {self.steps.value} steps each after "
             f"{self.warmup.value} warm-up: press Run"
         )
+        on_cpu = launcher.ranks_accelerator() == "cpu"
+
+        def total(e) -> int:  # a CPU rank holds no CUDA context, NCCL buffers or caching allocator
+            return (e.peak_tensor_bytes or e.components_bytes) if on_cpu else e.per_gpu_bytes
+
         rows = [
-            [
-                e.setup.label,
-                e.model_states_bytes / MIB,
-                e.components["activations"] / MIB,
-                e.per_gpu_bytes / MIB,
-            ]
+            [e.setup.label, e.model_states_bytes / MIB, e.components["activations"] / MIB, total(e) / MIB]
             for e in estimates
         ]
-        header = ["configuration", "model states MiB", "activations MiB", "total MiB per rank"]
+        peak = "peak tensors MiB per rank" if on_cpu else "peak MiB per GPU"
+        header = ["configuration", "model states MiB", "activations MiB", peak]
         self.preview.value = "<div style='color:#666'>estimate before running:</div>" + ui.table_html(
             header, rows, ["{}", "{:,.1f}", "{:,.1f}", "{:,.1f}"]
         )
