@@ -248,17 +248,22 @@ def test_the_kits_own_gpu_runs_in_a_table_and_the_answer(published_report):
     own = reference.configurations()
     table = trust.reference_table(own)
     assert len(table) == len(own) == 9
-    first = table.iloc[0]
-    c = own[0]
-    assert first["run"] == f"{c.sweep} {c.label}" and first["GPU"] == "H200-SXM-141GB"
-    allocated = f"{c.measured['max_allocated'] / GIB:.2f} / {c.predicted['max_allocated'] / GIB:.2f} GiB"
-    assert first["max allocated"] == allocated
-    assert first["max reserved error"] == f"{100 * c.error('max_reserved'):+.1f} %"
-    assert first["step"] == f"{c.measured['step_time']:.3f} s / {c.predicted['step_time']:.3f} s"
+    assert list(table.columns) == ["run", "max allocated, GiB", "max reserved, GiB", "step, s"]
+    first, c = table.iloc[0], own[0]
+    assert first["run"] == f"gpt2-xl {c.label}"
+    measured, predicted = c.measured["max_allocated"] / GIB, c.predicted["max_allocated"] / GIB
+    assert (
+        first["max allocated, GiB"]
+        == f"{measured:.2f} / {predicted:.2f} ({100 * c.error('max_allocated'):+.1f} %)"
+    )
+    assert first["step, s"].startswith(f"{c.measured['step_time']:.3f} / {c.predicted['step_time']:.3f} (")
     offloaded = table[table["run"].str.contains("opt-off")]
-    assert len(offloaded) == 3 and set(offloaded["step error"]) == {"not compared"}
-    assert all(" / " not in step for step in offloaded["step"])  # measured only
-    assert max(len(str(cell)) for cell in table.to_numpy().ravel()) < 40  # narrow enough to read
+    assert len(offloaded) == 3 and all(step.endswith(" (not compared)") for step in offloaded["step, s"])
+    assert max(len(str(cell)) for cell in table.to_numpy().ravel()) <= 30  # narrow enough to read
+    heading = trust.reference_heading(own)
+    versions = "torch 2.11.0+cu130, DeepSpeed 0.19.8"
+    assert heading == f"9 runs on NVIDIA H200 ({versions}); each cell measured / predicted (error):"
+    assert trust.reference_heading([]).startswith("No runs on a GPU yet: make gpu-reference")
     text = trust.answer(published_report, own)
     summary = reference.summary(own)
     assert (

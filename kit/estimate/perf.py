@@ -15,7 +15,9 @@ with its formula, from the mechanisms and the datasheets (no calibration needed)
   ``overlap_comm``; stage 3's prefetched gathers and reduce-scatters, and FSDP's, behind forward and
   backward; stage 0's all-reduce, the post-step parameter all-gather and the persistent gather are exposed;
 - optimizer: the Adam step on the GPU's partition, bound by the GPU's memory bandwidth (it reads and
-  writes every fp32 state once per step); offloaded, it runs on the CPU instead (below);
+  writes every fp32 state once per step), or by the host launching the step's ops per parameter tensor
+  (``kernels.step_host``), whichever is longer; offloaded, Adam runs on the CPU instead (below) and the
+  host's per-tensor ops remain;
 - offload: gradients down and parameters up over the host link (PCIe), and the CPU Adam step, which is
   bound by the node's memory bandwidth; not overlapped.
 

@@ -111,22 +111,32 @@ def unexpressed(report, by_reason: bool = False) -> pd.DataFrame:
 
 
 def reference_table(configs) -> pd.DataFrame:
-    """The kit's own runs on a GPU (``kit.estimate.reference.configurations``), one row per configuration:
-    max allocated, max reserved (GiB) and the median step (s), each "measured / predicted" with its error
-    ("not compared" where no step time is predicted: ``Configuration.unpredicted`` says why)."""
+    """The kit's own runs on a GPU (``kit.estimate.reference.configurations``), one row per configuration
+    (its model and label): max allocated, max reserved (GiB) and the median step (s), each "measured /
+    predicted" and its error ("not compared" where no step time is predicted: ``Configuration.unpredicted``
+    says why). The GPU is the notebook's text (one per sweep), not a column: the table stays narrow."""
     rows = []
     for c in configs:
-        row = {"run": f"{c.sweep} {c.label}", "GPU": c.gpu or c.device}
+        row = {"run": f"{c.setup.model.name} {c.label}"}
         for quantity, name in (("max_allocated", "max allocated"), ("max_reserved", "max reserved")):
-            row[name] = f"{c.measured[quantity] / GIB:.2f} / {c.predicted[quantity] / GIB:.2f} GiB"
-            row[f"{name} error"] = f"{100 * c.error(quantity):+.1f} %"
+            measured, predicted = c.measured[quantity] / GIB, c.predicted[quantity] / GIB
+            row[f"{name}, GiB"] = f"{measured:.2f} / {predicted:.2f} ({100 * c.error(quantity):+.1f} %)"
         step = c.error("step_time")
-        row["step"] = f"{c.measured['step_time']:.3f} s" + (
-            f" / {c.predicted['step_time']:.3f} s" if step is not None else ""
+        row["step, s"] = (
+            f"{c.measured['step_time']:.3f} / {c.predicted['step_time']:.3f} ({100 * step:+.1f} %)"
+            if step is not None
+            else f"{c.measured['step_time']:.3f} (not compared)"
         )
-        row["step error"] = f"{100 * step:+.1f} %" if step is not None else "not compared"
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def reference_heading(configs) -> str:
+    """What ``reference_table`` shows ran on: "9 runs on NVIDIA H200 (torch ..., DeepSpeed ...)"."""
+    if not configs:
+        return "No runs on a GPU yet: make gpu-reference GPUS=N on a machine with GPUs writes them."
+    devices = sorted({f"{c.device} ({c.versions})" for c in configs})
+    return f"{len(configs)} runs on {', '.join(devices)}; each cell measured / predicted (error):"
 
 
 def answer(report, own=()) -> str:
