@@ -180,6 +180,24 @@ def test_verdict_says_whether_it_fits_and_by_how_much(panel):
     assert f"{grown / GIB:,.2f} GiB ({(plain - grown) / GIB:,.2f} less)" in panel.summary.value
 
 
+def test_a_gpu_given_by_its_figures_replaces_the_lists_choice(panel):
+    from kit import gpus
+
+    try:
+        panel.stage.value = 3
+        panel.own_gpu.value = "X9:memory_gib=24,memory_gbps=1000,bf16_tflops=200"
+        assert panel.error is None and panel.setup.cluster.gpu == "X9"
+        est = panel.estimate
+        assert "GiB per GPU of the X9's 24.00 GiB" in panel.verdict.value and not est.fits["X9"]
+        panel.own_gpu.value = "X9:memory_gib=24"  # one line naming the box and what is missing
+        assert panel.setup is None and panel.error == "your GPU: X9 needs memory_gbps, bf16_tflops > 0"
+        assert "your GPU: X9 needs" in panel.verdict.value
+        panel.own_gpu.value = ""  # back to the list's
+        assert panel.error is None and panel.setup.cluster.gpu == "H100-SXM-80GB"
+    finally:
+        gpus.DEFINED_GPUS.clear()
+
+
 def test_a_gpu_without_the_precision_is_neither_offered_nor_said_to_fit(panel):
     panel.stage.value = 3  # 7B at ZeRO-3 on 8 GPUs, checkpointed: the bytes fit a V100-32GB, bf16 does not
     panel.activation_checkpointing.value = True

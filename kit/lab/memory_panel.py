@@ -65,6 +65,12 @@ class MemoryPanel:
             continuous_update=False,
         )
         self.gpu = w.Dropdown(options=gpu_names(), value=base.cluster.gpu, description="GPU")
+        # a GPU not in data/gpus.csv, by its figures (kit.gpus.define_gpu): it replaces the list's choice
+        self.own_gpu = w.Text(
+            description="your GPU",
+            placeholder="X1:memory_gib=96,memory_gbps=4000,bf16_tflops=800",
+            continuous_update=False,
+        )
         self.nodes = w.BoundedIntText(value=base.cluster.nodes, min=1, max=4096, description="nodes")
         self.gpus_per_node = w.BoundedIntText(
             value=base.cluster.gpus_per_node, min=1, max=64, description="GPUs per node"
@@ -129,6 +135,12 @@ class MemoryPanel:
                 ui.row(self.params, self.largest_layer),
                 ui.section("Cluster"),
                 ui.row(self.gpu, self.nodes, self.gpus_per_node),
+                self.own_gpu,
+                w.HTML(
+                    "<span style='color:#666;font-size:12px'>your GPU: one not in the list, by its figures "
+                    "(memory_gib, memory_gbps, bf16_tflops; fp16_tflops, fp32_tflops, sms, nvlink_gbps, "
+                    "host_gbps); it replaces the list's choice while the box is filled</span>"
+                ),
                 ui.section("ZeRO"),
                 ui.row(self.stage, self.precision),
                 ui.row(self.offload_optimizer, self.offload_param),
@@ -211,7 +223,7 @@ class MemoryPanel:
         base = self.base
         cluster = {
             **base.cluster.model_dump(),
-            "gpu": self.gpu.value,
+            "gpu": self._gpu_name(),
             "nodes": self.nodes.value,
             "gpus_per_node": self.gpus_per_node.value,
         }
@@ -244,6 +256,14 @@ class MemoryPanel:
             "seq_len": self.seq_len.value,
         }
         return Setup(model=spec, cluster=cluster, zero=zero, batch=batch)
+
+    def _gpu_name(self) -> str:
+        """The "your GPU" box's GPU, defined for this process (ValueError in one line if its figures are
+        wrong), else the list's."""
+        from kit.gpus import define_gpu
+
+        spec = self.own_gpu.value.strip()
+        return define_gpu(spec, "your GPU").name if spec else self.gpu.value
 
     def _model_spec(self) -> ModelSpec:
         from kit import models
@@ -366,6 +386,7 @@ class MemoryPanel:
             self.params,
             self.largest_layer,
             self.gpu,
+            self.own_gpu,
             self.nodes,
             self.gpus_per_node,
             self.stage,
