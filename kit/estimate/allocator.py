@@ -1,10 +1,9 @@
 """A replay of PyTorch's CUDA caching allocator over a sequence of allocations and frees, without a GPU.
 
-Given the storages a training step allocates and frees (``Alloc``/``Free``, in order; ``Mark`` names a
-phase; ``EmptyCache`` is ``torch.cuda.empty_cache()``), ``replay`` follows the rules of
-``DeviceCachingAllocator`` in ``c10/cuda/CUDACachingAllocator.cpp`` and answers what
-``torch.cuda.max_memory_reserved()`` / ``max_memory_allocated()`` would report: the ``reserved_bytes`` /
-``allocated_bytes`` / ``requested_bytes`` stats (``all``), current and peak.
+Given the storages a step allocates and frees (``Alloc``/``Free`` in order; ``Mark`` names a phase;
+``EmptyCache`` is ``torch.cuda.empty_cache()``), ``replay`` follows ``DeviceCachingAllocator``'s rules
+(``c10/cuda/CUDACachingAllocator.cpp``) and answers what ``torch.cuda.max_memory_reserved()`` and
+``max_memory_allocated()`` report: the ``reserved_bytes`` / ``allocated_bytes`` stats, current and peak.
 
 Read from pytorch/pytorch at commit 001074d2 (mid-2024 main, between torch 2.4 and 2.5) and checked against
 copies of the 2.8+ code (``AcceleratorAllocatorConfig``, ``max_non_split_rounding_size``): the same rules.
@@ -23,15 +22,13 @@ copies of the 2.8+ code (``AcceleratorAllocatorConfig``, ``max_non_split_roundin
   ``release_cached_blocks`` unmaps free whole pages (``unmap_block``) and drops a segment left empty.
 
 Not seen, or simplified: memory outside the allocator (the CUDA context, NCCL's and cuBLAS's own
-``cudaMalloc``, other processes: subtract them from ``capacity``); the ``cudaMallocAsync`` backend;
-``garbage_collection_threshold`` and ``set_per_process_memory_fraction`` (``capacity`` is what
-``cudaMalloc``/``cuMemCreate`` can get); one device; no CUDA-graph or ``MemPool`` private pools;
-``record_stream`` (a Free frees at once, no cross-stream event wait); ``max_non_split_rounding_mb`` stays
-at its default (20 MiB). Addresses are modelled (segments laid out in order, never reused), so ties among
-equal-sized free blocks may break otherwise than on a device. An expandable segment reserves a fixed 5 TiB
-of address space (PyTorch: 1 1/8 of the device's memory), which only ever matters for requests that size.
-With both ``expandable_segments`` and ``max_split_size``, ``release_available_cached_blocks`` frees
-nothing (newer PyTorch skips expandable blocks there; older versions assert).
+``cudaMalloc``, other processes: subtract them from ``capacity``); ``cudaMallocAsync``;
+``garbage_collection_threshold``, ``set_per_process_memory_fraction`` (``capacity`` is what ``cudaMalloc``
+can get); one device; no CUDA-graph or ``MemPool`` pools; ``record_stream`` (a Free frees at once);
+``max_non_split_rounding_mb`` at its default (20 MiB). Addresses are modelled (segments in order, never
+reused): ties among equal free blocks may break otherwise than on a device. An expandable segment reserves
+5 TiB of addresses (PyTorch: 1 1/8 of the device's memory). With ``expandable_segments`` and
+``max_split_size`` both set, ``release_available_cached_blocks`` frees nothing (as newer PyTorch does).
 """
 
 from __future__ import annotations
@@ -221,10 +218,6 @@ class Allocator:
         self._try_merge_blocks(block, block.prev)
         self._try_merge_blocks(block, block.next)
         self._insert_free(block)
-
-    def empty_cache(self) -> None:
-        """``emptyCache``: ``release_cached_blocks``, every segment that is all free."""
-        self._release_cached_blocks()
 
     def reset_window(self) -> None:
         """Start the window peaks at the current values."""
@@ -586,8 +579,8 @@ def replay(
             block = live.pop(event.key)
             if block is not None:
                 allocator.free(block)
-        elif isinstance(event, EmptyCache):
-            allocator.empty_cache()
+        elif isinstance(event, EmptyCache):  # ``emptyCache``: release_cached_blocks
+            allocator._release_cached_blocks()
         elif isinstance(event, Mark):
             close_phase()
             phase = event.name
