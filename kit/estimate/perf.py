@@ -367,8 +367,9 @@ def seconds(need: Load, hw: Hardware, assume: Assumptions) -> dict[str, float]:
     x ``link_efficiency`` over NVLink inside a node, across nodes over the slower of NVLink and the node's
     NICs together (ZeRO++ on several nodes: each scope over its own link), plus the calls' latency; of
     it the engine's overlapped share hides behind its window of compute (x ``overlap``); the Adam step at
-    the GPU's memory bandwidth; offload over the host link and the node's memory, and the swap files over
-    its drives. Floats, or arrays of ``Load.arrays`` by ``stack``'s GPU types."""
+    the GPU's memory bandwidth or the host's per-tensor launches, the longer; offload over the host link
+    and the node's memory, and the swap files over its drives. Floats, or arrays of ``Load.arrays`` by
+    ``stack``'s GPU types."""
     import numpy as np
 
     efficiency = assume.link_efficiency
