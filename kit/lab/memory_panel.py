@@ -123,6 +123,7 @@ class MemoryPanel:
             ui.cell(control)
             control.observe(self.update, names="value")
         ui.cell(self.config_file)
+        self.own_gpu.layout.width = ui.FIGURES
         self.activation_checkpointing.layout.width = "auto"
         self.write_button.on_click(lambda _: self._report(self._write_clicked))
         self.command_button.on_click(lambda _: self._report(self._show_command))

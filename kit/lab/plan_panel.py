@@ -104,6 +104,7 @@ class PlanPanel:
             ui.cell(control)
             control.observe(self.update, names="value")
         self.gpus.layout.width = ui.CELL
+        self.own_gpu.layout.width = ui.FIGURES
         self.widget = w.VBox(
             [
                 w.HTML(

@@ -31,6 +31,8 @@ DESCRIPTION_WIDTH = "115px"
 CELL = "265px"
 #: a slider's width: two to a row, with room for the track
 SLIDER = "400px"
+#: a text box holding a line of figures ("your GPU"): two columns, so its example is read whole
+FIGURES = "530px"
 #: a toggle button's width: per character of its longest option (13px font), and its padding and border
 TOGGLE_CHAR_PX, TOGGLE_PAD_PX = 8, 30
 #: the verdict line: large enough to be read first
