@@ -237,6 +237,12 @@ def test_what_a_calibration_did_not_measure_is_said_where_its_step_time_is():
         f"{cal.label}; carried over, not measured: {'; '.join(cal.carried_over(other))}"
     )
     assert cal.carried_over(toy(stage=2, offload_optimizer="cpu")) == ["engine z2+offload (z2 measured)"]
+    # what a calibration of one node's ranks cannot have measured comes from datasheets, and says so
+    two_nodes = toy(stage=2).replace(cluster={"nodes": 2})
+    assert calibrated.step_time(two_nodes, calibration=cal).calibration == (
+        f"{cal.label}; from datasheets: bandwidth across nodes (the network's figure)"
+    )
+    assert cal.label_for(toy(stage=2), across_nodes=True).endswith("across nodes (the network's figure)")
 
 
 def test_ranks_beyond_the_cores_share_them():

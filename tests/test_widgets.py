@@ -585,6 +585,9 @@ def test_plan_panel_takes_a_calibration(tmp_path):
     again = plan.search(base, train_batch=64, max_nodes=2, calibration=h100)
     assert p.error is None and p.plan.calibration == again.calibration and h100.label in p.verdict.value
     assert again.calibration.startswith(h100.label + "; carried over, not measured: model llama 32 x 4096")
+    # up to 2 nodes, and NVMe offload among the variants: the network's and the drives' datasheet figures
+    datasheet = "bandwidth across nodes (the network's figure), NVMe swap (the drives' figures)"
+    assert again.calibration.endswith(f"; from datasheets: {datasheet}")
     assert set(p.plan.table.gpu) == {"H100-SXM-80GB"}  # only the calibrated GPU type is planned
     assert p.plan.table.step_s.tolist() == again.table.step_s.tolist()
     path = tmp_path / "calibration.json"

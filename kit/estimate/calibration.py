@@ -195,11 +195,22 @@ class Calibration:
             out.append(f"engine {key} ({'no fixed costs' if which == 'none' else which + ' measured'})")
         return out
 
-    def label_for(self, *setups) -> str:
-        """``label`` with what of ``setups`` it did not measure (``carried_over``, each item once): the
-        words a step time predicted from it is shown with."""
+    def label_for(self, *setups, across_nodes: bool = False) -> str:
+        """``label`` with what of ``setups`` it did not measure (``carried_over``, each item once) and
+        the parts their step times take from datasheets, a calibration having measured one node's ranks
+        (``kit.estimate.calibrated``): bytes across nodes (on several nodes, or ``across_nodes``) and
+        NVMe offload's swap. The words a step time predicted from it is shown with."""
         missing = list(dict.fromkeys(item for setup in setups for item in self.carried_over(setup)))
-        return self.label + ("; carried over, not measured: " + "; ".join(missing) if missing else "")
+        datasheet = []
+        if across_nodes or any(setup.cluster.nodes > 1 for setup in setups):
+            datasheet.append("bandwidth across nodes (the network's figure)")
+        if any(setup.zero.nvme for setup in setups):
+            datasheet.append("NVMe swap (the drives' figures)")
+        return (
+            self.label
+            + ("; carried over, not measured: " + "; ".join(missing) if missing else "")
+            + ("; from datasheets: " + ", ".join(datasheet) if datasheet else "")
+        )
 
     def links(self, ranks: int) -> tuple[int, dict[str, Link]]:
         """The collectives measured on the most ranks at most ``ranks`` (the calibration's own when none

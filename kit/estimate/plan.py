@@ -371,7 +371,12 @@ def search(
     table = plan_grid.evaluate(
         setup, groups, checkpointing, train_batch, hardware, rates, tokens, headroom, assume, calibration
     )
-    label = calibration.label_for(*_engines(setup, groups)) if calibration else "uncalibrated"
+    across = any(nodes > 1 for nodes, _, _ in groups)
+    label = (
+        calibration.label_for(*_engines(setup, groups), across_nodes=across)
+        if calibration
+        else "uncalibrated"
+    )
     return Plan(setup, table, tokens, headroom, assume, time.perf_counter() - start, skipped, label)
 
 
