@@ -107,7 +107,9 @@ def test_sampled_rows_equal_the_per_setup_path(name, seq_len, calibrated):
     if calibrated:  # what the calibration did not measure for this plan, each once: its model, engines
         zs = [found.setup(i).zero for i in rows]
         engines = {engine_key(z.stage, z.engine, z.offload_optimizer, z.offload_param) for z in zs}
-        carried = found.calibration.split("; carried over, not measured: ")[1].split("; ")
+        measured, datasheet = found.calibration.split("; from datasheets: ")  # several nodes, NVMe swap
+        assert datasheet == "bandwidth across nodes (the network's figure), NVMe swap (the drives' figures)"
+        carried = measured.split("; carried over, not measured: ")[1].split("; ")
         assert carried[0] == f"model {model_text(base.model)} (the calibration measured toy)"
         named = [c.split()[1] for c in carried[1:]]  # "engine z1 (no fixed costs)"
         assert set(named) == engines - set(cal.engines) and len(named) == len(set(named))
