@@ -475,7 +475,7 @@ def step_time(setup: Setup, hw: Hardware | None = None, assume: Assumptions | No
         f"communication - {assume.overlap:g} x min(overlapped {need.hideable:.3g} x communication, "
         f"{need.window:.3g} x compute) ({f['overlap']})",
     )
-    optimizer = f"Adam on the CPU (offload); {f['step_host']}"
+    optimizer = f"{f['step_host']} (Adam itself steps on the CPU: offload)"
     if "gpu_memory" in f:
         optimizer = (
             f"max({f['gpu_memory']} / {_g(hw.memory_gbps)} GB/s GPU memory (Adam reads, writes each "
