@@ -441,20 +441,24 @@ def _gpt2(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
     return fields, modules
 
 
-def _llama(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
-    """HF Llama/Mistral/Qwen2: embed_tokens, blocks (q/k/v/o, gate/up/down, 2 RMSNorms), norm, lm_head.
+def decoder_biases(cfg: dict[str, Any]) -> tuple[bool, bool, bool]:
+    """Whether a Llama-style block's q/k/v, o and MLP projections have biases: Qwen2's q/k/v always do,
+    Llama's follow ``attention_bias`` / ``mlp_bias`` (HF defaults False), Mistral's never."""
+    family = cfg.get("model_type")
+    attention = family == "llama" and bool(cfg.get("attention_bias", False))
+    return family == "qwen2" or attention, attention, family == "llama" and bool(cfg.get("mlp_bias", False))
 
-    Qwen2 always has q/k/v biases; Llama's ``attention_bias`` / ``mlp_bias`` add biases (HF defaults False).
-    """
+
+def _llama(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[_Module]]:
+    """HF Llama/Mistral/Qwen2: embed_tokens, blocks (q/k/v/o, gate/up/down, 2 RMSNorms), norm, lm_head
+    (biases by ``decoder_biases``)."""
     family = cfg["model_type"]
     h, layers, heads, ffn, vocab = _require(
         cfg, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"
     )
     kv = cfg.get("num_key_value_heads") or heads
     head_dim = cfg.get("head_dim") or h // heads
-    qkv_bias = family == "qwen2" or (family == "llama" and cfg.get("attention_bias", False))
-    o_bias = family == "llama" and cfg.get("attention_bias", False)
-    mlp_bias = family == "llama" and cfg.get("mlp_bias", False)
+    qkv_bias, o_bias, mlp_bias = decoder_biases(cfg)
     tied = cfg.get("tie_word_embeddings", False)
     attention = [
         _linear(h, heads * head_dim, qkv_bias),

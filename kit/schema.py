@@ -13,6 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kit import batch as batch_math
+from kit import checkpointing
+from kit.checkpointing import Policy
 from kit.ds_keys import EXAMPLE_NVME_PATH, ZEROPP_OFF
 from kit.rules import (
     AIO_BLOCK_SIZE,
@@ -157,6 +159,14 @@ class ZeroSettings(_Frozen):
     overlap_comm: bool | None = Field(None, description="None = DeepSpeed's default (True only for stage 3)")
     contiguous_gradients: bool = True
     activation_checkpointing: bool = False
+    checkpoint_every: int = Field(
+        1, ge=1, description="checkpoint every k-th block, the others keep everything (1: every block)"
+    )
+    checkpoint_policy: Policy = Field(
+        "full",
+        description="what a checkpointed block keeps: full (its input only) or selective-op (matmul and "
+        "attention outputs too: PyTorch's selective checkpointing, torchtitan's op policy)",
+    )
     zero_init: bool = Field(True, description="stage 3: build the model partitioned (deepspeed.zero.Init)")
     engine: Literal["deepspeed", "ddp", "fsdp"] = Field(
         "deepspeed",
@@ -197,6 +207,10 @@ class ZeroSettings(_Frozen):
                 "nvme_path: required when offload_optimizer or offload_param is 'nvme' "
                 f"(a folder on the NVMe drive, e.g. {EXAMPLE_NVME_PATH})"
             )
+        if not self.activation_checkpointing:
+            for field, off in (("checkpoint_every", 1), ("checkpoint_policy", "full")):
+                if getattr(self, field) != off:
+                    raise ValueError(f"{field}: applies with activation_checkpointing on; it is off")
         if self.momentum and self.optimizer != "sgd":
             raise ValueError(f"momentum: only applies to optimizer 'sgd', got optimizer {self.optimizer!r}")
         zeropp = zeropp_problem(
@@ -243,6 +257,14 @@ class ZeroSettings(_Frozen):
     def nvme(self) -> bool:
         """Whether anything is offloaded to NVMe (ZeRO-Infinity)."""
         return "nvme" in (self.offload_optimizer, self.offload_param)
+
+    def checkpointing(self, on: bool) -> dict[str, Any]:
+        """The checkpointing fields with it turned on (keeping these settings' policy) or off, for
+        ``Setup.replace`` or ``model_copy`` (a search toggles it)."""
+        if not on:
+            return {"activation_checkpointing": False, "checkpoint_every": 1, "checkpoint_policy": "full"}
+        return {"activation_checkpointing": True, "checkpoint_every": self.checkpoint_every,
+                "checkpoint_policy": self.checkpoint_policy}  # fmt: skip
 
 
 class BatchChange(_Frozen):
@@ -328,6 +350,16 @@ class Setup(_Frozen):
         return data
 
     @model_validator(mode="after")
+    def _check_checkpointing(self) -> Setup:
+        """Every k-th block needs k blocks to count."""
+        layers, every = self.model.layers, self.zero.checkpoint_every
+        if layers and every > layers:
+            raise ValueError(
+                f"zero.checkpoint_every: must be in [1, {layers}] (the model's blocks), got {every}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_hpz(self) -> Setup:
         """hpZ's secondary partition lives inside a node: its size divides the GPUs per node and dp."""
         problem = hpz_cluster_problem(self.zero.hpz_partition_size, self.cluster.gpus_per_node, self.dp)
@@ -389,7 +421,7 @@ class Setup(_Frozen):
             last = self.batch.schedule[-1]
             parts.append(f"-> mb{last.micro_batch} gas{last.grad_accum} @{last.step}")
         if z.activation_checkpointing:
-            parts.append("ckpt")
+            parts.append(checkpointing.label(z.checkpoint_every, z.checkpoint_policy))
         return " ".join(parts)
 
     def replace(self, **changes: Any) -> Setup:

@@ -213,6 +213,10 @@ ACCURACY = [
     ("llama z1 fp32", _llama(stage=1, precision="fp32")),
     ("llama z2", _llama(stage=2)),
     ("llama z3", _llama(stage=3)),
+    # checkpointing as kit.checkpointing configures it: torchtitan's op policy (non-reentrant, stage 2) and
+    # one block in two (stage 3)
+    ("llama z2 ckpt-op", _llama(stage=2, activation_checkpointing=True, checkpoint_policy="selective-op")),
+    ("llama z3 ckpt/2", _llama(stage=3, activation_checkpointing=True, checkpoint_every=2)),
     ("file z2", _file(stage=2)),
     ("file z3", _file(stage=3)),
     ("ddp fp32", _setup(engine="ddp", stage=0, precision="fp32")),

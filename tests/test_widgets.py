@@ -12,7 +12,7 @@ from pathlib import Path
 import ipywidgets as w
 import pytest
 
-from kit import models
+from kit import checkpointing, models
 from kit.components import MEASURED
 from kit.estimate import estimate
 from kit.gpus import gpu
@@ -200,7 +200,7 @@ def test_a_gpu_given_by_its_figures_replaces_the_lists_choice(panel):
 
 def test_a_gpu_without_the_precision_is_neither_offered_nor_said_to_fit(panel):
     panel.stage.value = 3  # 7B at ZeRO-3 on 8 GPUs, checkpointed: the bytes fit a V100-32GB, bf16 does not
-    panel.activation_checkpointing.value = True
+    panel.checkpointing.label = "every block"
     assert panel.precision.value == "bf16"
     assert "V100" not in panel.summary.value.split("also fits on:")[1]
     panel.gpu.value = "V100-SXM2-32GB"
@@ -371,6 +371,20 @@ def test_comparison_panel_builds_setups():
     panel.layers.value = 3
     panel.nprocs.value = 4
     assert {(s.model.layers, s.dp, s.batch.train_batch) for s in panel.setups[:1]} == {(3, 4, 4)}
+
+
+def test_both_panels_offer_the_checkpointing_policies(panel, llama):
+    assert list(panel.checkpointing.options) == list(checkpointing.CHOICES)
+    panel.checkpointing.label = "selective (op policy)"
+    chosen = llama.replace(zero={"activation_checkpointing": True, "checkpoint_policy": "selective-op"})
+    assert panel.setup == chosen and panel.setup.label.endswith("ckpt-op")
+    assert panel.estimate.components == estimate(chosen).components
+    # a Setup's own policy outside the usual choices is offered too, and chosen
+    own = memory_panel(llama.replace(zero={"activation_checkpointing": True, "checkpoint_every": 4}))
+    assert own.checkpointing.label == "one block in 4, recomputed from its input" and own.error is None
+    comparison = comparison_panel(stages=(1, 2), nprocs=2)
+    comparison.checkpointing.label = "one block in 2"
+    assert [s.label for s in comparison.setups] == ["z1 bf16 mb2 ckpt/2", "z2 bf16 mb2 ckpt/2"]
 
 
 def test_comparison_panel_warmup_is_a_control_with_run_sweeps_default(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any
 
+from kit.checkpointing import POLICIES
 from kit.schema import AioSettings, Cluster, ZeroSettings
 from kit.units import parse_count
 
@@ -40,8 +41,31 @@ def add_gpu(p, help: str = "a name in data/gpus.csv") -> None:
 
 
 def add_checkpointing(p) -> None:
-    """``--activation-checkpointing``: recompute each block's activations in backward."""
+    """``--activation-checkpointing`` and how (``kit.checkpointing``): ``--checkpoint-every K``,
+    ``--checkpoint-policy {full,selective-op}``; either of the two turns checkpointing on."""
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute activations per block")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=default(ZeroSettings, "checkpoint_every"),
+        metavar="K",
+        help="checkpoint one block in K, the others keep everything (torchtitan's selective 'layer' K)",
+    )
+    p.add_argument(
+        "--checkpoint-policy",
+        choices=POLICIES,
+        default=default(ZeroSettings, "checkpoint_policy"),
+        help="full: a block keeps its input; selective-op: also its matmul and attention outputs "
+        "(torchtitan's 'op')",
+    )
+
+
+def checkpointing_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The ZeroSettings checkpointing fields of the flags (``add_checkpointing``)."""
+    every = getattr(args, "checkpoint_every", default(ZeroSettings, "checkpoint_every"))
+    policy = getattr(args, "checkpoint_policy", default(ZeroSettings, "checkpoint_policy"))
+    on = getattr(args, "activation_checkpointing", False) or every != 1 or policy != "full"
+    return {"activation_checkpointing": on, "checkpoint_every": every, "checkpoint_policy": policy}
 
 
 def add_setup_args(p: argparse.ArgumentParser) -> None:
@@ -251,7 +275,7 @@ def setup_from_args(args: argparse.Namespace):
         "precision": args.precision,
         "optimizer": args.optimizer,
         "momentum": args.momentum,
-        "activation_checkpointing": args.activation_checkpointing,
+        **checkpointing_from_args(args),
         **nvme_from_args(args),
         **zeropp_from_args(args),
     }
@@ -292,8 +316,9 @@ def beside_file(setup, args: argparse.Namespace):
                 f"{flag} {value}: the ds_config's {key} is {getattr(z, field)}; "
                 "drop the flag or change the file"
             )
-    if getattr(args, "activation_checkpointing", False) and not z.activation_checkpointing:
-        return setup.replace(zero={"activation_checkpointing": True})
+    flags = checkpointing_from_args(args)
+    if flags["activation_checkpointing"] and not z.activation_checkpointing:
+        return setup.replace(zero=flags)
     return setup
 
 

@@ -505,6 +505,8 @@ def _ds_config_command(args: argparse.Namespace, s) -> list[str]:
         "optimizer": "--optimizer",
         "momentum": "--momentum",
         "hpz_partition_size": "--hpz",
+        "checkpoint_every": "--checkpoint-every",
+        "checkpoint_policy": "--checkpoint-policy",
         "nvme_path": "--nvme-path",
         "buffer_size": "--nvme-buffer-size",
     }

@@ -23,6 +23,7 @@ from kit.cli.args import (
     add_precision,
     add_seq_len,
     add_zeropp_args,
+    checkpointing_from_args,
     engine_stage,
     items,
     model_from_args,
@@ -185,7 +186,7 @@ def setups_from_args(args: argparse.Namespace, nodes=None) -> list:
     for flag, value in _refused_everywhere(args, found):
         first = next(r for r in found.refused if getattr(r.variant, flag) == value)
         raise UsageError(f"{first.field}: {first.reason} (--{flag.replace('_', '-')} {value})")
-    zero = {"activation_checkpointing": args.activation_checkpointing, **nvme_from_args(args)}
+    zero = {**checkpointing_from_args(args), **nvme_from_args(args)}
     return [
         Setup(model=spec, cluster=cluster, zero={**variant.zero, **zero}, batch=batch)
         for variant in found.accepted

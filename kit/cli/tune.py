@@ -20,6 +20,7 @@ from kit.cli.args import (
     add_gpu,
     add_precision,
     add_seq_len,
+    checkpointing_from_args,
     items,
     model_from_args,
     print_json,
@@ -107,7 +108,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple:
     if args.warmup < 0:
         raise UsageError(f"warmup: must be a whole number >= 0, got {args.warmup}")
     spec = model_from_args(args)
-    zero = {"precision": args.precision, "activation_checkpointing": args.activation_checkpointing}
+    zero = {"precision": args.precision, **checkpointing_from_args(args)}
     setup = Setup(
         model=spec,
         cluster={"nodes": 1, "gpus_per_node": args.nprocs, "gpu": args.gpu},

@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from kit import models
-from kit.estimate.activations import SWIGLU_FAMILIES
+from kit.estimate.activations import SWIGLU_FAMILIES, recomputed
 from kit.rules import element_bytes
 from kit.schema import ModelSpec, Setup
 
@@ -160,12 +160,12 @@ def _gemm(m: int, n: int, k: int, p: int, batch: int = 1) -> tuple[float, float,
     return 2.0 * m * n * k * batch, float(p * batch * (m * k + k * n + m * n)), float(tiles)
 
 
-def _train(m: int, n: int, k: int, p: int, batch: int = 1, again: bool = False) -> list:
-    """A linear's forward (m x k by k x n), input gradient and weight gradient, and the forward again
-    when checkpointing recomputes it."""
+def _train(m: int, n: int, k: int, p: int, batch: int = 1, again: float = 0.0) -> list:
+    """A linear's forward (m x k by k x n), input gradient and weight gradient, and the share ``again``
+    of its forward that checkpointing recomputes."""
     forward = _gemm(m, n, k, p, batch)
     out = [forward, _gemm(m, k, n, p, batch), _gemm(k, n, m, p, batch)]
-    return out + [forward] * again
+    return out + ([tuple(again * x for x in forward)] if again else [])
 
 
 def _pad(entries: list, size: int) -> tuple[tuple[float, ...], ...]:
@@ -176,11 +176,27 @@ def _pad(entries: list, size: int) -> tuple[tuple[float, ...], ...]:
 def work(setup: Setup) -> Work:
     """``Work`` of one micro-step of ``setup`` (see the module's docstring)."""
     m, b, z = setup.model, setup.batch, setup.zero
-    return _work(m, b.micro_batch, b.seq_len, z.precision, z.activation_checkpointing, z.engine, z.stage)
+    return _work(m, b.micro_batch, b.seq_len, z.precision, _again(setup), z.engine, z.stage)
+
+
+def _again(setup: Setup) -> tuple[float, ...]:
+    """Shares recomputed (``activations.recomputed``) of the four linears this model groups (q k v, o,
+    the MLP's input projections, its output one, by FLOPs), of the attention kernel and of the rest."""
+    m, r = setup.model, recomputed(setup)
+    if not r.any:
+        return (0.0,) * 6
+    share = r.linears
+    h = m.hidden or 1
+    kv = (m.kv_heads or m.heads or 1) * (h // (m.heads or 1))
+    qkv = (h * share["q"] + kv * (share["k"] + share["v"])) / (h + 2 * kv)
+    mlp_in = (share["gate"] + share["up"]) / 2 if _style(m) == "swiglu" else share["up"]
+    return (qkv, share["o"], mlp_in, share["down"], r.attention, r.rest)
 
 
 @lru_cache(maxsize=4096)
-def _work(m: ModelSpec, micro: int, seq: int, precision: str, ckpt: bool, engine: str, stage: int) -> Work:
+def _work(
+    m: ModelSpec, micro: int, seq: int, precision: str, again: tuple[float, ...], engine: str, stage: int
+) -> Work:
     p = element_bytes(precision)
     tokens = micro * seq
     events = HOOK_EVENTS[engine]
@@ -188,12 +204,14 @@ def _work(m: ModelSpec, micro: int, seq: int, precision: str, ckpt: bool, engine
     per_event = STAGE3_HOOK_US if (engine, stage) == ("deepspeed", 3) else HOOK_US
     hooks = _tensors(m) * events * per_event * 1e-6
     if not m.is_transformer:
-        f = 6.0 * m.params * tokens * (4 / 3 if ckpt else 1)
+        rest = again[-1]
+        f = 6.0 * m.params * tokens * (1 + rest / 3)
         zeros = (0.0,) * GEMMS
         flops, nbytes, tiles = _pad([(f, 0.0, 0.0)], REST_GEMMS)
+        again_text = f" x (1 + {rest:.2g}/3) (recomputed forward)" if rest else ""
         return Work(
             0, zeros, zeros, zeros, 0.0, 0.0, 0.0, flops, nbytes, tiles, 0.0, hooks,
-            f"6 P x {tokens:,} tokens{' x 4/3 (recomputed forward)' if ckpt else ''}, one matmul",
+            f"6 P x {tokens:,} tokens{again_text}, one matmul",
         )  # fmt: skip
     h, a, layers = m.hidden, m.heads, m.layers
     kv = (m.kv_heads or a) * (h // a)
@@ -202,34 +220,36 @@ def _work(m: ModelSpec, micro: int, seq: int, precision: str, ckpt: bool, engine
     f = m.ffn or 4 * h
     eager = attention(m) == "eager"
     block = []
-    for n_out, k_in in ((h + 2 * kv, h), (h, h), ((2 if gated else 1) * f, h), (h, f)):
-        block += _train(tokens, n_out, k_in, p, again=ckpt)
-    forward = 1 + ckpt  # forward passes of the block's attention
+    linears = ((h + 2 * kv, h), (h, h), ((2 if gated else 1) * f, h), (h, f))
+    for (n_out, k_in), share in zip(linears, again, strict=False):
+        block += _train(tokens, n_out, k_in, p, again=share)
+    forward = 1 + again[4]  # forward passes of the block's attention
+    elementwise = 1 + again[5]  # of its norms, activations and rotary
     d = h // a
     flash = 0.0
     memory = 0.0
     if eager:  # scores q k^T (s x d by d x s) and scores x v (s x s by s x d), per sequence and head
-        block += _train(seq, seq, d, p, batch=micro * a, again=ckpt)
-        block += _train(seq, d, seq, p, batch=micro * a, again=ckpt)
+        block += _train(seq, seq, d, p, batch=micro * a, again=again[4])
+        block += _train(seq, d, seq, p, batch=micro * a, again=again[4])
         score_passes = EAGER_PASSES["forward"] * forward + EAGER_PASSES["backward"]
         memory += score_passes * p * micro * a * seq * seq
-        how_attention = f"eager scores: 4 matmuls x 3 passes, {score_passes} passes over a s^2 b"
+        how_attention = f"eager scores: 4 matmuls x 3 passes, {score_passes:g} passes over a s^2 b"
     else:
         flash = 0.5 * 4.0 * micro * seq * seq * h * (forward + 2.5)
-        how_attention = f"flash: causal half of 4 b s^2 h x ({forward} forward + 2.5 backward)"
+        how_attention = f"flash: causal half of 4 b s^2 h x ({forward:g} forward + 2.5 backward)"
     passes = ELEMENTWISE[style]
     per_token = passes["h"] * h + passes["kv"] * kv + passes["f"] * f
-    memory += per_token * tokens * p * (forward + 2)
+    memory += per_token * tokens * p * (elementwise + 2)
     ops_forward, ops_backward = OPS_PER_BLOCK[style]
-    block_host = (ops_forward * forward + ops_backward) * HOST_US_PER_OP * 1e-6 + hooks / layers
+    block_host = (ops_forward * elementwise + ops_backward) * HOST_US_PER_OP * 1e-6 + hooks / layers
     head = _train(tokens, m.vocab or 1, h, p) if m.vocab else []
     rest_ops = sum(OPS_OUTSIDE[style])
     flops, nbytes, tiles = _pad(block, GEMMS)
     rest_flops, rest_bytes, rest_tiles = _pad(head, REST_GEMMS)
     formula = (
-        f"{layers} blocks x max(device: 4 linears x {3 + ckpt} matmuls on a roofline at s b = {tokens:,}, "
-        f"{how_attention}, {sum(passes.values())} elementwise passes; host: "
-        f"{ops_forward * forward + ops_backward} ops x {HOST_US_PER_OP:g} us"
+        f"{layers} blocks x max(device: 4 linears x {3 + sum(again[:4]) / 4:.3g} matmuls on a roofline at "
+        f"s b = {tokens:,}, {how_attention}, {sum(passes.values())} elementwise passes; host: "
+        f"{ops_forward * elementwise + ops_backward:.3g} ops x {HOST_US_PER_OP:g} us"
         + (f" + hooks {events} x {per_event:g} us per tensor" if events else "")
         + f") + head and loss ({LOSS_BYTES_PER_LOGIT} B per logit)"
     )

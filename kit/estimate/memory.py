@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from kit import checkpointing
 from kit.components import HELD
 from kit.estimate import baselines, nvme, partition, peak, reserved
 from kit.estimate.activations import activations
@@ -410,6 +411,9 @@ def _notes(setup: Setup) -> tuple[str, ...]:
             "activations assume a fused GELU (gelu_pytorch_tanh) and no dropout; Hugging Face's default "
             "gelu_new with dropout 0.1 saves 2.1x as much (measured on GPT-2 small, seq 1024)"
         )
+    problem = checkpointing.engine_problem(z)
+    if problem:
+        notes.append(problem.removeprefix("zero.checkpoint_policy: "))
     if not partition.is_exact(setup):
         notes.append("bare parameter count: per-tensor padding and stage 3 persistence approximated")
     if z.quantized_weights or z.quantized_gradients:

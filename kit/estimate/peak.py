@@ -72,7 +72,13 @@ from functools import lru_cache
 from typing import Literal
 
 from kit.estimate import baselines, partition, reductions
-from kit.estimate.activations import FORMULA_FAMILIES, SWIGLU_FAMILIES, _head_activations, formula
+from kit.estimate.activations import (
+    FORMULA_FAMILIES,
+    SWIGLU_FAMILIES,
+    _head_activations,
+    also_saved,
+    formula,
+)
 from kit.estimate.cpu_matmul import CpuMatmul, bf16_mm_scratch
 from kit.estimate.result import NONE, Term
 from kit.models import spec_shapes
@@ -242,11 +248,11 @@ class _Shape:
             head = _head_activations(setup, scale)
             full = formula(
                 setup.model_copy(
-                    update={"zero": setup.zero.model_copy(update={"activation_checkpointing": False})}
+                    update={"zero": setup.zero.model_copy(update=setup.zero.checkpointing(False))}
                 )
             )
             per_layer = (full.bytes - head.bytes) // m.layers
-            recomputed = per_layer if setup.zero.activation_checkpointing else 0
+            recomputed = per_layer - also_saved(setup) if setup.zero.activation_checkpointing else 0
             self.forward = Term(
                 act.bytes - recomputed,
                 act.formula + (" - one layer recomputed in backward only" if recomputed else ""),

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
 
 from kit.estimate import kernels, partition
+from kit.estimate.activations import recomputed, recomputed_share
 from kit.estimate.comm import RAIL, collective_calls, collectives, comm_by_scope, comm_bytes
 from kit.estimate.kernels import Work
 from kit.estimate.result import Term, total
@@ -225,17 +226,23 @@ def flops_per_token(setup: Setup) -> tuple[float, str]:
     """FLOPs one token costs a GPU, and the formula: matmuls, attention scores (the causal half under
     SDPA's flash kernels, all of them under eager attention: ``kernels.attention``), recomputation."""
     m, s = setup.model, setup.batch.seq_len
-    ckpt = setup.zero.activation_checkpointing
+    again = recomputed(setup)
     full = 12 * m.layers * m.hidden * s if m.is_transformer and m.layers and m.hidden else 0
     causal = bool(full) and kernels.attention(m) == "sdpa"
     attention = full // 2 if causal else full
     flops = 6 * m.params + attention
     scores = f"{'6' if causal else '12'} L h s ({m.layers} x {m.hidden} x {s}{', causal' if causal else ''})"
     formula = "6 Psi" + (f" + {scores}" if attention else "")
-    if ckpt:
-        flops += 2 * m.params + attention / 3
-        formula += " + recomputed forward " + (f"(2 Psi + {scores} / 3)" if attention else "(2 Psi)")
+    if again.any:
+        linear, att = recomputed_share(setup), again.attention
+        flops += linear * 2 * m.params + att * attention / 3
+        parts = [f"{_share(linear)}2 Psi"] + ([f"{_share(att)}{scores} / 3"] if attention and att else [])
+        formula += " + recomputed forward (" + " + ".join(parts) + ")"
     return float(flops), formula
+
+
+def _share(x: float) -> str:
+    return "" if x == 1 else f"{x:.2g} x "
 
 
 #: host and wire microseconds a collective call costs whatever its size: the launch and NCCL's
@@ -293,7 +300,8 @@ def overlapped(setup: Setup) -> tuple[float, float, str]:
     after the step exposed; stage 3 (``overlap_comm``) and FSDP behind forward and backward, the
     persistent tensors' gather after the step exposed; stage 0's all-reduce exposed."""
     z, k = setup.zero, setup.batch.grad_accum
-    backward = (2 + z.activation_checkpointing) / (3 + z.activation_checkpointing)
+    again = recomputed_share(setup)
+    backward = (2 + again) / (3 + again)
     if setup.dp == 1:
         return 0.0, 0.0, "one rank"
     if z.engine == "ddp":

@@ -237,7 +237,7 @@ class Plan:
                 "stage": int(row.stage),
                 "offload_optimizer": row.offload_optimizer,
                 "offload_param": row.offload_param,
-                "activation_checkpointing": bool(row.checkpointing),
+                **self.base.zero.checkpointing(bool(row.checkpointing)),
                 **_zeropp_fields(row.zeropp),
                 **_nvme_fields(
                     self.base,

@@ -61,18 +61,18 @@ def evaluate(
         first = options[0]
         plain = base.replace(
             cluster={"nodes": nodes, "gpus_per_node": per},
-            zero={**zero, "activation_checkpointing": False},
+            zero={**zero, **base.zero.checkpointing(False)},
             batch={"micro_batch": first.micro_batch, "grad_accum": first.grad_accum},
         )
         held = None if whole else memory.states(plain)
         batches = [plain.batch.model_copy(update=d._asdict()) for d in options]
         for ckpt in checkpointing:
-            zero_ckpt = plain.zero.model_copy(update={"activation_checkpointing": ckpt})
+            zero_ckpt = plain.zero.model_copy(update=base.zero.checkpointing(ckpt))
             for d, batch in zip(options, batches, strict=True):
                 if whole:
                     candidate = base.replace(
                         cluster={"nodes": nodes, "gpus_per_node": per},
-                        zero={**zero, "activation_checkpointing": ckpt},
+                        zero={**zero, **base.zero.checkpointing(ckpt)},
                         batch={"micro_batch": d.micro_batch, "grad_accum": d.grad_accum},
                     )
                     est = memory.estimate(candidate)

@@ -77,6 +77,7 @@ MODELS = (
     ("Llama 3 70B", "llama-3-70b"),
     *((f"MPT-{size}", f"mpt-{size}.json") for size in ("1b", "7b", "13b", "30b", "70b")),
     ("Llama 3.1 8B", "llama-3-8b"),  # Llama 3's tensors; 3.1 changes only the rotary scaling
+    ("Llama 3 8B", "llama-3-8b"),
 )
 #: (piece of the row's ``gpu_type``, its ``gpu_mem_gb``) -> the GPU in data/gpus.csv with that memory
 GPUS = (
@@ -158,7 +159,7 @@ def express(row: dict[str, Any]) -> Expressed:
         optimizer=_optimizer(row["optimizer"]),
         offload_optimizer=_offload(row["offload_optimizer"]),
         offload_param=_offload(row["offload_param"]),
-        activation_checkpointing=_checkpointing(row["activation_checkpointing"], notes),
+        **_checkpointing(row["activation_checkpointing"], notes),
         **_buckets(row["buckets"]),
     )
     try:
@@ -209,13 +210,22 @@ def _offload(text: str | None) -> str:
     return "cpu" if t.startswith("cpu") else "nvme" if t.startswith("nvme") else "none"
 
 
-def _checkpointing(text: str | None, notes: list[str]) -> bool:
+def _checkpointing(text: str | None, notes: list[str]) -> dict[str, Any]:
+    """ZeroSettings' checkpointing fields for a row's text: off, on (full), or torchtitan's selective
+    options: ``(op)`` is its op policy, ``(layer)`` every k-th block (its configs' k = 2 unless given)."""
     t = (text or "off").lower()
     if t.startswith("off"):
-        return False
+        return {"activation_checkpointing": False}
     if "likely" in t or "assumed" in t:
         notes.append(f"activation checkpointing taken as on (the row says {text!r})")
-    return True
+    if not t.startswith("selective"):
+        return {"activation_checkpointing": True}
+    if "op" in t:
+        return {"activation_checkpointing": True, "checkpoint_policy": "selective-op"}
+    every = re.search(r"\d+", t)
+    if every is None:
+        notes.append(f"activation checkpointing {text!r} taken as every 2nd block (torchtitan's default '2')")
+    return {"activation_checkpointing": True, "checkpoint_every": int(every.group()) if every else 2}
 
 
 def _buckets(text: str | None) -> dict[str, Any]:
@@ -242,6 +252,11 @@ def _gpu(row: dict[str, Any], notes: list[str]) -> str | None:
             notes.append(f"{kind_} of unstated memory taken as the {name} (the step time does not use it)")
     elif name and "SXM3" in kind_:
         notes.append(f"{kind_} {memory} GB taken as the {name} (the same memory)")
+    elif name is None and "H100" in kind_ and "HBM2e" in kind_ and row["table"] == "memory":
+        # Meta's Grand Teton H100 (96 GB HBM2e, 500 W) has no datasheet: what a run reserves does not
+        # depend on the card, its step time does (so its step-time rows stay out)
+        name = "H100-SXM-80GB"
+        notes.append(f"{kind_} {memory} GB taken as the {name} for its tensors (the card's size is not used)")
     return name
 
 

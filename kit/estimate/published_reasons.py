@@ -15,8 +15,8 @@ HEADS = (("DeBERTa-v2-xlarge-mnli", "sequence-classification head (DeBERTa-v2 MN
 
 def feature_reason(row: dict[str, Any]) -> str | None:
     """The first thing a row's run does that the kit does not model, read from its text alone (no Setup
-    needed, so step-time rows ask it too): other parallelism, Float8, torch.compile, selective
-    checkpointing, FSDP1, frozen parts, source and target lengths that differ, a head the kit lacks."""
+    needed, so step-time rows ask it too): other parallelism, Float8, torch.compile, FSDP1, frozen parts,
+    source and target lengths that differ, a head the kit lacks."""
     other = row.get("other_parallelism") or ""
     degrees = {k: int(n) for k, n in re.findall(r"\b(TP|PP|CP|SP)\s*=\s*(\d+)", other) if int(n) > 1}
     if degrees:
@@ -28,10 +28,6 @@ def feature_reason(row: dict[str, Any]) -> str | None:
         return "Float8 linears"
     if _mentions(row.get("extras"), "compile"):
         return "torch.compile"
-    checkpointing = str(row.get("activation_checkpointing") or "").lower()
-    if checkpointing.startswith("selective"):
-        level = "op-level" if "op" in checkpointing else "every n-th block"
-        return f"selective activation checkpointing ({level})"
     if row["table"] == "memory" and fsdp1(row):
         return "FSDP1 flat parameters"
     extras = row.get("extras") or ""

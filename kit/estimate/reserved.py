@@ -54,8 +54,16 @@ import itertools
 from dataclasses import dataclass
 from functools import lru_cache
 
+from kit import checkpointing
 from kit.estimate import partition
-from kit.estimate.activations import FORMULA_FAMILIES, SWIGLU_FAMILIES, _head_activations, formula
+from kit.estimate.activations import (
+    FORMULA_FAMILIES,
+    SWIGLU_FAMILIES,
+    _head_activations,
+    also_saved,
+    formula,
+    kept_by_policy,
+)
 from kit.estimate.allocator import Alloc, EmptyCache, Event, Free, Mark, replay
 from kit.estimate.result import Term
 from kit.rules import DS_SUB_GROUP_SIZE, FP32, element_bytes, optimizer_states
@@ -219,11 +227,16 @@ class _Step:
         lm = m.family in FORMULA_FAMILIES and m.family != "dit" and m.vocab and not m.source
         return tokens * hidden, tokens * ffn, scores, tokens * (m.vocab or 0) if lm else 0
 
-    def _block_saved(self) -> list[int]:
-        """One block's saved activations as tensors (bytes): the activations' bytes per block cut into the
-        shapes a transformer block saves, its MLP's two ``s b f`` and the eager scores first."""
+    def _checkpointed(self, block: int) -> bool:
+        z = self.z
+        return z.activation_checkpointing and checkpointing.is_checkpointed(block, z.checkpoint_every)
+
+    def _block_saved(self, kept: int = 0) -> list[int]:
+        """One block's saved activations as tensors (bytes), less ``kept`` (what a selective policy's
+        recomputation does not save again): the bytes per block cut into the shapes a transformer block
+        saves, its MLP's two ``s b f`` and the eager scores first."""
         sbh, sbf, scores, logits = self._shape()
-        p, per_block = self.p, self._per_block()
+        p, per_block = self.p, max(self._per_block() - kept, 0)
         out = []
         for size, count in ((p * sbf, 2 if sbh else 0), (p * scores, 1 if scores else 0)):
             for _ in range(count):
@@ -240,7 +253,7 @@ class _Step:
         """Saved bytes of one block without checkpointing (the activations less the head's, per block)."""
         m = self.setup.model
         if m.family in FORMULA_FAMILIES and m.is_transformer and not m.source:
-            plain = self.setup.replace(zero={"activation_checkpointing": False})
+            plain = self.setup.replace(zero=self.z.checkpointing(False))
             head = _head_activations(self.setup, self.p // 2).bytes
             return max(formula(plain).bytes - head, 0) // max(m.layers or 1, 1)
         return self.act.bytes // self.count
@@ -249,17 +262,19 @@ class _Step:
         """The forward: per block its gathers (stage 3), its saved tensors (with checkpointing its input,
         the rest made and freed), the loss's logits; returns the saved keys per block and the token ids'."""
         sbh, _, _, logits = self._shape()
-        p, ckpt = self.p, self.z.activation_checkpointing
+        p = self.p
         tokens = self.alloc(8 * self.setup.batch.micro_batch * self.setup.batch.seq_len)
         saved: list[list[int]] = []
         self._gather_tensors(-1, forward=True)
+        kept = kept_by_policy(self.setup).bytes
         for i in range(self.count):
             self._gather_tensors(i, forward=True)
             keys = [self.alloc(size) for size in self._block_saved()]
-            if ckpt:
-                held = self.alloc(p * sbh)  # the block's input, saved by the checkpoint
+            if self._checkpointed(i):
+                held = [self.alloc(p * sbh)]  # the block's input, saved by the checkpoint
+                held += [self.alloc(kept)] if kept else []  # what a selective policy keeps
                 self.free(*keys)
-                keys = [held]
+                keys = held
             saved.append(keys)
             self._release_tensors(i, forward=True)
         self._gather_tensors(self.count, forward=True)
@@ -290,7 +305,9 @@ class _Step:
         for i in reversed(range(self.count)):
             self._gather_tensors(i, forward=False)
             recomputed = (
-                [self.alloc(size) for size in self._block_saved()] if self.z.activation_checkpointing else []
+                [self.alloc(size) for size in self._block_saved(also_saved(self.setup))]
+                if self._checkpointed(i)
+                else []
             )
             work = [self.alloc(p * sbf) for _ in range(gated)]  # the MLP's input gradients
             self._gradients(i)

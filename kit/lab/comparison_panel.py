@@ -22,7 +22,7 @@ from typing import Any
 
 import ipywidgets as w
 
-from kit import grid
+from kit import checkpointing, grid
 from kit.ds_keys import ZEROPP_OFF
 from kit.lab import ui
 from kit.lab.monitor_panel import MonitorPanel
@@ -110,6 +110,7 @@ class ComparisonPanel:
         self.grad_accum = w.BoundedIntText(value=b.grad_accum, min=1, max=1024, description="grad accum")
         self.batch_schedule = w.Text(value="", description="batch by step", placeholder="e.g. 2=16,4=32")
         self.precision = ui.toggle(["fp32", "fp16", "bf16"], z.precision, "precision")
+        self.checkpointing = ui.checkpointing(z)
         self.reduce_bucket = ui.bucket_slider("reduce bucket", z.reduce_bucket_size)
         self.prefetch_bucket = ui.bucket_slider("s3 prefetch", z.prefetch_bucket_size)
         self.layers = w.BoundedIntText(value=m.layers or 1, min=1, max=256, description="layers")
@@ -153,7 +154,7 @@ class ComparisonPanel:
                 ui.row(self.offload_to, self.nvme_path),
                 ui.row(self.hpz, self.quantized_weights, self.quantized_gradients),
                 ui.row(self.precision, self.grad_accum, self.batch_schedule),
-                ui.row(self.reduce_bucket, self.prefetch_bucket),
+                ui.row(self.checkpointing, self.reduce_bucket, self.prefetch_bucket),
                 ui.section("Toy model" if self.toy else f"Model: {html.escape(m.name)}"),
                 ui.row(self.layers, self.hidden, self.heads),
                 ui.row(self.vocab, self.seq_len),
@@ -422,6 +423,7 @@ class ComparisonPanel:
             cluster={"nodes": max(1, len(self.node_names)), "gpus_per_node": self.nprocs.value},
             zero={
                 "precision": self.precision.value,
+                **dict(zip(checkpointing.FIELDS, self.checkpointing.value, strict=True)),
                 "reduce_bucket_size": round(self.reduce_bucket.value),
                 "prefetch_bucket_size": round(self.prefetch_bucket.value),
             },
@@ -469,6 +471,7 @@ class ComparisonPanel:
             self.grad_accum,
             self.batch_schedule,
             self.precision,
+            self.checkpointing,
             self.reduce_bucket,
             self.prefetch_bucket,
             self.layers,

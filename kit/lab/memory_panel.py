@@ -17,6 +17,7 @@ from typing import Any
 
 import ipywidgets as w
 
+from kit import checkpointing
 from kit.ds_keys import EXAMPLE_NVME_PATH
 from kit.fit import estimate_fit
 from kit.gpus import gpu_names
@@ -100,9 +101,7 @@ class MemoryPanel:
             value=b.train_batch, min=1, max=1 << 30, description="global batch"
         )
         self.seq_len = w.BoundedIntText(value=b.seq_len, min=1, max=MAX_SEQ_LEN, description="seq len")
-        self.activation_checkpointing = w.Checkbox(
-            value=z.activation_checkpointing, description="activation checkpointing", indent=True
-        )
+        self.checkpointing = ui.checkpointing(z)
         self.reduce_bucket = ui.bucket_slider("reduce bucket", z.reduce_bucket_size)
         self.allgather_bucket = ui.bucket_slider("allgather bucket", z.allgather_bucket_size)
         self.prefetch_bucket = ui.bucket_slider("s3 prefetch", z.prefetch_bucket_size)
@@ -124,7 +123,6 @@ class MemoryPanel:
             control.observe(self.update, names="value")
         ui.cell(self.config_file)
         self.own_gpu.layout.width = ui.FIGURES
-        self.activation_checkpointing.layout.width = "auto"
         self.write_button.on_click(lambda _: self._report(self._write_clicked))
         self.command_button.on_click(lambda _: self._report(self._show_command))
         self.widget = w.VBox(
@@ -146,7 +144,7 @@ class MemoryPanel:
                 ui.row(self.stage, self.precision),
                 ui.row(self.offload_optimizer, self.offload_param),
                 self.nvme_path,
-                ui.row(self.optimizer, self.activation_checkpointing),
+                ui.row(self.optimizer, self.checkpointing),
                 ui.row(self.hpz, self.quantized_weights, self.quantized_gradients),
                 self.offload_reason,
                 ui.section("Batch"),
@@ -239,7 +237,7 @@ class MemoryPanel:
             else base.zero.nvme_path,
             "precision": self.precision.value,
             "optimizer": self.optimizer.value,
-            "activation_checkpointing": self.activation_checkpointing.value,
+            **dict(zip(checkpointing.FIELDS, self.checkpointing.value, strict=True)),
             "hpz_partition_size": self.hpz.value,
             "quantized_weights": self.quantized_weights.value,
             "quantized_gradients": self.quantized_gradients.value,
@@ -403,7 +401,7 @@ class MemoryPanel:
             self.grad_accum,
             self.train_batch,
             self.seq_len,
-            self.activation_checkpointing,
+            self.checkpointing,
             self.reduce_bucket,
             self.allgather_bucket,
             self.prefetch_bucket,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from kit.estimate.published import QUANTITY_TEXT
 from kit.lab.plots import dodge, empty
@@ -245,8 +245,9 @@ def figure(report, band: float = 0.10) -> Figure:
     fig = Figure(figsize=(9, 5.2), layout="constrained")
     ax = fig.subplots()
     ax.set_title(
-        f"Predicted vs measured per GPU: {rows} of the {len(report.comparisons)} published rows "
-        f"({len(points)} numbers)"
+        f"Predicted vs measured per GPU: {len(points)} numbers from {rows} of {len(report.comparisons)} "
+        "published rows",
+        loc="left",
     )
     if not points:
         empty(ax, "no row of this report has a number the kit predicts")
@@ -358,6 +359,7 @@ def fits_figure(report) -> Figure:
     ax.set_yticks(range(len(checks)), labels, fontsize=8)
     ax.set_ylim(len(checks) - 0.5, -0.5)  # the first row on top
     ax.set_xlim(0, right)
+    ax.xaxis.set_major_locator(MaxNLocator(6, steps=[1, 2, 2.5, 5, 10]))  # labels apart at any range
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f} %"))
     ax.set_xlabel("the kit's predicted peak per GPU, % of the GPU's memory (the fit rule's capacity)")
     handles = [

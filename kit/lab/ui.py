@@ -137,6 +137,16 @@ def toggle(options, value, description: str, button_width: str | None = None) ->
     return buttons
 
 
+def checkpointing(zero) -> w.Dropdown:
+    """Activation checkpointing's choices (``kit.checkpointing.choices``), set to ``zero``'s; its value
+    is the ZeroSettings fields' values (``dict(zip(kit.checkpointing.FIELDS, value))``)."""
+    from kit import checkpointing as policies
+
+    options = policies.choices(zero)
+    value = tuple(getattr(zero, field) for field in policies.FIELDS)
+    return w.Dropdown(options=options, value=value, description="checkpointing")
+
+
 def button(description: str, icon: str, **options) -> w.Button:
     """A button as wide as its label (ipywidgets' fixed width cuts long labels off)."""
     return w.Button(

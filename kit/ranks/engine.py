@@ -58,7 +58,10 @@ def build_engine(setup: Setup, seed: int = 0, *, comms_logger: bool = False) -> 
     zero_init = setup.zero.stage == 3 and setup.zero.zero_init and not baseline
     with workload.partitioned(config) if zero_init else contextlib.nullcontext():
         model = workload.build()
-    checkpointing = Checkpointing(model) if setup.zero.activation_checkpointing else None
+    z = setup.zero
+    checkpointing = (
+        Checkpointing(model, z.checkpoint_every, z.checkpoint_policy) if z.activation_checkpointing else None
+    )
     if baseline:  # PyTorch's DDP or FSDP, stepped as DeepSpeed steps its engine
         from kit.ranks import baselines
 
@@ -262,26 +265,45 @@ def _to(x, device, dtype):
 
 
 class Checkpointing:
-    """Activation checkpointing of a model's blocks (``deepspeed.checkpointing``), and who watches it.
+    """Activation checkpointing of a model's blocks as ``kit.checkpointing`` says, and who watches it.
 
-    Each block of the model's largest ModuleList runs under ``deepspeed.checkpointing.checkpoint``.
-    Within ``with checkpointing.observed_by(observer):`` the observer gets ``checkpoint_inputs(tensors)``,
-    the inputs each block keeps for recomputation (DeepSpeed holds them on its autograd context, out of
-    sight of ``saved_tensors_hooks``), and enters ``observer.recomputing()`` while a block is recomputed
-    in backward. ``kit.ranks.measure.SavedActivations`` is such an observer.
+    The checkpointed blocks of the model's largest ModuleList (every ``every``-th) run under
+    ``deepspeed.checkpointing.checkpoint`` (policy ``full``), or under ``torch.utils.checkpoint``
+    (non-reentrant) with the op policy's contexts (``selective-op``). Within
+    ``with checkpointing.observed_by(observer):`` the observer gets ``checkpoint_inputs(tensors)``, what
+    each block keeps for its recomputation (its inputs, and the outputs the op policy keeps: both held by
+    the checkpoint, out of sight of ``saved_tensors_hooks``), and enters ``observer.recomputing()`` while a
+    block is recomputed in backward; a non-reentrant recomputation saves out of the hooks' sight too, so
+    the observer gets ``recomputed(storages)``, those it made that outlive it (its early stop is off
+    while watched). ``kit.ranks.measure.SavedActivations`` is such an observer.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, every: int = 1, policy: str = "full"):
         import deepspeed
 
-        from kit import workloads
+        from kit import checkpointing, workloads
 
         self.observers: list = []
+        self.selective = policy == "selective-op"
         if not workloads.blocks(model):
             raise ValueError("activation_checkpointing: the model has no list of blocks to checkpoint")
-        deepspeed.checkpointing.configure(None, partition_activations=False)
-        for block in workloads.blocks(model):
-            block.forward = self._checkpointed(block.forward, deepspeed.checkpointing.checkpoint)
+        if hasattr(getattr(model, "config", None), "use_cache"):
+            # as transformers' gradient checkpointing does: a recomputed block would append to a KV cache
+            model.config.use_cache = False
+        if self.selective:
+            import torch.utils.checkpoint
+
+            checkpoint = functools.partial(
+                torch.utils.checkpoint.checkpoint,
+                use_reentrant=False,
+                context_fn=checkpointing.selective_contexts,
+            )
+        else:
+            deepspeed.checkpointing.configure(None, partition_activations=False)
+            checkpoint = deepspeed.checkpointing.checkpoint
+        for i, block in enumerate(workloads.blocks(model)):
+            if checkpointing.is_checkpointed(i, every):
+                block.forward = self._checkpointed(block.forward, checkpoint)
 
     @contextlib.contextmanager
     def observed_by(self, observer):
@@ -293,20 +315,81 @@ class Checkpointing:
 
     def _checkpointed(self, forward: Callable, checkpoint: Callable) -> Callable:
         import torch
+        import torch.utils.checkpoint
 
-        def block(*args, **kwargs):
-            if not torch.is_grad_enabled():  # the first forward: checkpoint runs it without a graph
-                return forward(*args, **kwargs)
-            with contextlib.ExitStack() as stack:  # the recomputation in backward
-                for observer in self.observers:
-                    stack.enter_context(observer.recomputing())
-                return forward(*args, **kwargs)
+        from kit.checkpointing import OpPolicy
 
         def run(*args, **kwargs):
             # keyword arguments (Hugging Face layers get masks and rotary tables so) ride in a partial:
             # they are alive for the whole step anyway; the positional inputs are what is kept
             for observer in self.observers:
                 observer.checkpoint_inputs([a for a in args if isinstance(a, torch.Tensor)])
-            return checkpoint(functools.partial(block, **kwargs), *args)
+            watched = self.selective and bool(self.observers)
+            calls: list[int] = []
+            kept_storages: set[int] = set()  # held by the policy's cache until this block's backward
+
+            def block(*args, **kwargs):
+                calls.append(len(calls))
+                if len(calls) == 1:  # the forward
+                    if not watched:
+                        return forward(*args, **kwargs)
+                    with _outputs(OpPolicy()) as kept:
+                        out = forward(*args, **kwargs)
+                    for observer in self.observers:
+                        observer.checkpoint_inputs(kept.tensors)
+                    kept_storages.update(t.untyped_storage().data_ptr() for t in kept.tensors)
+                    return out
+                with contextlib.ExitStack() as stack:  # the recomputation in backward
+                    for observer in self.observers:
+                        stack.enter_context(observer.recomputing())
+                    if not watched:
+                        return forward(*args, **kwargs)
+                    with _outputs(OpPolicy(), recompute=True) as made:
+                        out = forward(*args, **kwargs)
+                    for observer in self.observers:
+                        observer.recomputed(made.outliving(out, kept_storages))
+                    return out
+
+            step = functools.partial(block, **kwargs)
+            if not watched:
+                return checkpoint(step, *args)
+            with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+                return checkpoint(step, *args)
 
         return run
+
+
+def _outputs(rule, recompute: bool = False):
+    """A dispatch mode that collects what ops output: in a forward, the tensors ``rule`` (an
+    ``OpPolicy``) keeps (``tensors``); in a recomputation, a weak reference to the storage of every other
+    op's output (the kept ones come back from the policy's cache), and ``outliving(out, kept)`` gives
+    those still alive that are neither ``out``'s nor the ``kept`` storages (views of them)."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Outputs(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.tensors: list = []
+            self.storages: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            kept = rule.keeps(func, recompute)
+            if recompute and not kept:
+                self.storages += [weakref.ref(t.untyped_storage()) for t in leaves]
+            elif kept and not recompute:
+                self.tensors += leaves
+            return out
+
+        def outliving(self, out, kept: set[int]) -> list:
+            leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            other = kept | {t.untyped_storage().data_ptr() for t in leaves}  # views of these are theirs
+            alive = [ref() for ref in self.storages]
+            return [s for s in alive if s is not None and s.data_ptr() not in other]
+
+    return Outputs()

@@ -57,14 +57,16 @@ class SavedActivations:
 
     Each storage is counted once, at its full size; parameters (and views of them, also ZeRO-3's
     gathered ones) are excluded. Everything is saved by the end of the forward, so that is the peak,
-    except with activation checkpointing (pass its ``Checkpointing`` to ``watch``): then the inputs kept
-    per block plus the other saved tensors, plus the largest block's recomputation in backward.
+    except with activation checkpointing (pass its ``Checkpointing`` to ``watch``): then what each
+    checkpointed block keeps plus the other saved tensors, plus the largest block's recomputation in
+    backward.
     """
 
     def __init__(self) -> None:
         self.saved: dict[tuple[str, int], int] = {}
         self.recompute_peak = 0
         self._recomputed: dict[tuple[str, int], int] | None = None
+        self._is_parameter = lambda key, nbytes: False  # set by ``watch``
 
     @property
     def bytes(self) -> int:
@@ -73,6 +75,14 @@ class SavedActivations:
     def checkpoint_inputs(self, tensors) -> None:
         for t in tensors:
             self.saved.setdefault(_storage_key(t), t.untyped_storage().nbytes())
+
+    def recomputed(self, storages) -> None:
+        """Storages a recomputation saved out of the hooks' sight (``Checkpointing``'s non-reentrant one)."""
+        into = self._recomputed if self._recomputed is not None else self.saved
+        for storage in storages:
+            key = (str(storage.device), storage.data_ptr())
+            if storage.nbytes() and not self._is_parameter(key, storage.nbytes()):
+                into.setdefault(key, storage.nbytes())
 
     @contextlib.contextmanager
     def recomputing(self) -> Iterator[None]:
@@ -95,6 +105,11 @@ class SavedActivations:
         # the world size): only a saved tensor of such a size is compared with every parameter
         sizes = {p.untyped_storage().nbytes() for p in params} | {_gathered_bytes(p) for p in params}
 
+        def is_parameter(key, nbytes) -> bool:  # a parameter's storage (a view, or ZeRO-3's gathered copy)
+            return nbytes in sizes and key in {_storage_key(p) for p in params if p.numel()}
+
+        self._is_parameter = is_parameter
+
         def pack(t):
             if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter) or not t.numel():
                 return t  # a parameter, or a view of one (FSDP2's gathered parameters are new ones)
@@ -103,9 +118,8 @@ class SavedActivations:
             if key in into:
                 return t
             nbytes = t.untyped_storage().nbytes()
-            if nbytes in sizes and key in {_storage_key(p) for p in params if p.numel()}:
-                return t  # a parameter's storage (a view of it, or ZeRO-3's gathered copy)
-            into[key] = nbytes
+            if not is_parameter(key, nbytes):
+                into[key] = nbytes
             return t
 
         watching = checkpointing.observed_by(self) if checkpointing else contextlib.nullcontext()

@@ -108,7 +108,7 @@ def check(setup: Setup) -> None:
     """Refuse, before launch, what cannot run: a model with nothing to build (a bare count), a user's
     model file that fails (the estimate traces it: the error names the file and function), a batch or
     ZeRO combination the estimator or DeepSpeed's own config parser rejects. ValueError, one line."""
-    from kit import estimate, workloads
+    from kit import checkpointing, estimate, workloads
     from kit.ds_config import to_ds_config, validate_ds_config
 
     workload = workloads.for_model(setup.model)
@@ -137,6 +137,9 @@ def check(setup: Setup) -> None:
                 "compare checkpointing with the ZeRO stages"
             )
         return
+    problem = checkpointing.engine_problem(setup.zero)
+    if problem:
+        raise ValueError(problem)
     validate_ds_config(to_ds_config(setup, torch_adam=True), setup.dp)
     if launcher.ranks_accelerator() == "cpu":
         for field in ("quantized_weights", "quantized_gradients"):

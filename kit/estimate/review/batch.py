@@ -30,7 +30,7 @@ def checkpointing(x: Context) -> list[Finding]:
     if "activation_checkpointing" not in x.raw:
         return []
     key = "activation_checkpointing"
-    off = x.setup.replace(zero={"activation_checkpointing": False})
+    off = x.setup.replace(zero=x.setup.zero.checkpointing(False))
     saved = x.allocated(off) - x.allocated()
     return [
         Finding(

@@ -1,0 +1,123 @@
+"""Activation checkpointing as people configure it, written once for the estimate and the ranks.
+
+- ``checkpoint_every`` k: blocks k, 2k, 3k, ... (counted from 1) are checkpointed and the others keep
+  what autograd saves (torchtitan's ``selective_ac_option = "k"``); k = 1 is every block, what
+  DeepSpeed's and Hugging Face's gradient checkpointing do.
+- ``checkpoint_policy``: ``full`` recomputes a checkpointed block from its input in backward;
+  ``selective-op`` is PyTorch's selective activation checkpointing (``torch.utils.checkpoint`` with a
+  ``context_fn``) under torchtitan's op policy (``selective_ac_option = "op"``): a block keeps the outputs
+  of its bias-free matmuls (``aten.mm``; every second one, counted per block, is recomputed) and of its
+  attention kernel, and recomputes every other op.
+
+The estimate (``kit.estimate.activations``) counts what this keeps from each family's op order; the ranks
+(``kit.ranks.engine``) run it. What it cannot see: ops torchtitan's list leaves out are recomputed, so a
+matmul with a bias (``aten.addmm``) and an attention that is not ``scaled_dot_product_attention`` (an
+eager softmax) are never kept; PyTorch's CPU flash kernel stands in for the CUDA ones on CPU ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+#: what a checkpointed block keeps besides its input (``ZeroSettings.checkpoint_policy``)
+Policy = Literal["full", "selective-op"]
+POLICIES: tuple[str, ...] = ("full", "selective-op")
+#: attention kernels whose outputs the op policy keeps: torchtitan's (December 2024) and PyTorch's CPU
+#: flash kernel, the CPU ranks' stand-in
+ATTENTION_OPS = (
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+)
+
+
+#: the ZeroSettings fields of checkpointing, and the choices a panel offers as their values
+FIELDS = ("activation_checkpointing", "checkpoint_every", "checkpoint_policy")
+CHOICES: tuple[tuple[str, tuple[bool, int, str]], ...] = (
+    ("off", (False, 1, "full")),
+    ("every block", (True, 1, "full")),
+    ("one block in 2", (True, 2, "full")),
+    ("selective (op policy)", (True, 1, "selective-op")),
+)
+
+
+def choices(zero) -> list[tuple[str, tuple[bool, int, str]]]:
+    """``CHOICES``, and ``zero``'s own settings (a ``ZeroSettings``) where they are none of them."""
+    own = tuple(getattr(zero, field) for field in FIELDS)
+    if own in dict(CHOICES).values():
+        return list(CHOICES)
+    return [*CHOICES, (describe(own[1], own[2]), own)]
+
+
+def is_checkpointed(block: int, every: int) -> bool:
+    """Whether block ``block`` (counted from 0) is checkpointed when every ``every``-th one is."""
+    return (block + 1) % every == 0
+
+
+def keeps_matmul(index: int) -> bool:
+    """Whether the op policy keeps a block's ``index``-th bias-free matmul (counted from 1): it keeps the
+    first, third, ... and recomputes every second one."""
+    return index % 2 == 1
+
+
+def label(every: int, policy: str) -> str:
+    """The checkpointing part of a setup's label: ``ckpt``, ``ckpt/2``, ``ckpt-op``, ``ckpt-op/2``."""
+    return "ckpt" + ("-op" if policy == "selective-op" else "") + (f"/{every}" if every > 1 else "")
+
+
+def describe(every: int, policy: str) -> str:
+    """One phrase saying what is checkpointed, for estimates and panels."""
+    which = "every block" if every == 1 else f"one block in {every}"
+    if policy == "selective-op":
+        return f"{which}, selective: matmul and attention outputs kept (torchtitan's op policy)"
+    return f"{which}, recomputed from its input"
+
+
+def engine_problem(zero) -> str | None:
+    """Why a run cannot checkpoint this way, or None: the op policy needs PyTorch's non-reentrant
+    checkpoint, and under DeepSpeed 0.19's ZeRO-3 a parameter its recomputation reads (a norm's weight)
+    is partitioned again by then (PyTorch's metadata check or a shape mismatch fails the backward;
+    transformers#47254, trl#2514); measured on CPU ranks here."""
+    z = zero  # kit.schema.ZeroSettings
+    stage3 = z.engine == "deepspeed" and z.stage == 3
+    if z.activation_checkpointing and z.checkpoint_policy == "selective-op" and stage3:
+        return (
+            "zero.checkpoint_policy: 'selective-op' needs a non-reentrant checkpoint, which DeepSpeed 0.19's "
+            "ZeRO-3 fails (its parameters are partitioned again when a block is recomputed); "
+            "estimate it, run it at stages 0-2"
+        )
+    return None
+
+
+class OpPolicy:
+    """The op policy's decisions for one call of a block: ``keeps(func, recompute)`` counts the block's
+    matmuls apart in the forward and in its recomputation, so both decide alike."""
+
+    def __init__(self) -> None:
+        import torch
+
+        aten = torch.ops.aten
+        self.mm = aten.mm.default
+        self.attention = {getattr(aten, name).default for name in ATTENTION_OPS if hasattr(aten, name)}
+        self.matmuls = {False: 0, True: 0}
+
+    def keeps(self, func, recompute: bool = False) -> bool:
+        if func is self.mm:
+            self.matmuls[recompute] += 1
+            return keeps_matmul(self.matmuls[recompute])
+        return func in self.attention
+
+
+def selective_contexts():
+    """The forward and recompute contexts of the op policy, for ``torch.utils.checkpoint``'s
+    ``context_fn`` (called once per block call: each call counts its own matmuls)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    rule = OpPolicy()
+
+    def policy(ctx, func, *args, **kwargs):
+        keep = rule.keeps(func, ctx.is_recompute)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)

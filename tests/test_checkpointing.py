@@ -1,0 +1,149 @@
+"""Activation checkpointing as ``kit.checkpointing`` configures it: the op policy's decisions, the settings'
+rules, and the estimate against what Hugging Face's Llama and Qwen2 keep under it (one CPU process, the
+runner's own ``Checkpointing`` watched by its ``SavedActivations``). The phase peaks of real runs on 2
+ranks are checked in tests/test_peak.py ("llama z2 ckpt-op", "llama z3 ckpt/2")."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from kit import checkpointing
+from kit.cli import main
+from kit.estimate import estimate, perf
+from kit.estimate.activations import also_saved, formula, kept_by_policy
+from kit.models import from_hf_config, preset, resolve, toy_spec
+from kit.ranks.engine import Checkpointing
+from kit.ranks.measure import SavedActivations
+from kit.schema import Setup
+from tests.test_activations import CONFIGS
+from tests.test_runner import ACTIVATION_RTOL
+
+SELECTIVE = {"activation_checkpointing": True, "checkpoint_policy": "selective-op"}
+
+
+def test_the_op_policy_keeps_every_other_matmul_and_the_attention():
+    rule = checkpointing.OpPolicy()
+    mm = torch.ops.aten.mm.default
+    assert [rule.keeps(mm) for _ in range(5)] == [True, False, True, False, True]
+    assert [rule.keeps(mm, recompute=True) for _ in range(2)] == [True, False]  # counted apart
+    assert rule.keeps(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+    assert not rule.keeps(torch.ops.aten.addmm.default)  # a linear with a bias
+    assert not rule.keeps(torch.ops.aten.silu.default)
+
+
+def test_every_kth_block_counts_from_one_as_torchtitan_does():
+    assert [i for i in range(6) if checkpointing.is_checkpointed(i, 2)] == [1, 3, 5]
+    assert [i for i in range(7) if checkpointing.is_checkpointed(i, 3)] == [2, 5]
+    assert all(checkpointing.is_checkpointed(i, 1) for i in range(4))
+
+
+class Recorded(SavedActivations):
+    """The runner's counter, also keeping what each checkpointed block handed it (inputs, then kept)."""
+
+    def __init__(self):
+        super().__init__()
+        self.handed: list[int] = []
+
+    def checkpoint_inputs(self, tensors):
+        self.handed.append(sum(t.untyped_storage().nbytes() for t in tensors))
+        super().checkpoint_inputs(tensors)
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2"])
+def test_selective_checkpointing_keeps_what_the_estimate_says(name):
+    fields = dict(CONFIGS[name])
+    implementation = fields.pop("attn_implementation")
+    config = AutoConfig.for_model(**fields, max_position_embeddings=128, use_cache=False)
+    config._attn_implementation = implementation
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16).train()
+    batch, seq = 2, 96
+    setup = Setup(
+        model=from_hf_config(config.to_dict()),
+        cluster={"nodes": 1, "gpus_per_node": 1},
+        zero={"precision": "bf16", **SELECTIVE},
+        batch={"micro_batch": batch, "seq_len": seq},
+    )
+    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
+    counter = Recorded()
+    with counter.watch(model, Checkpointing(model, 1, "selective-op")):
+        model(input_ids=ids, labels=ids).loss.backward()
+
+    layers = config.num_hidden_layers
+    kept = counter.handed[1::2]  # per block: its input, then what the op policy kept
+    assert kept == [kept_by_policy(setup).bytes] * layers  # exact
+    # in backward a block's recomputation saves what autograd saves in it, less what it kept and saves
+    # too; with the inputs, the kept tensors and what is saved outside the blocks: the estimate
+    predicted = estimate(setup).components["activations"]
+    assert counter.bytes == pytest.approx(predicted, rel=ACTIVATION_RTOL), (counter.bytes, predicted)
+    plain = formula(setup.replace(zero=setup.zero.checkpointing(False))).bytes
+    assert 0 < also_saved(setup) < kept_by_policy(setup).bytes < plain / layers
+
+
+def _llama(**zero) -> Setup:
+    return Setup(
+        model=preset("llama-3-8b"),
+        cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "H100-SXM-80GB"},
+        zero={"stage": 3, **zero},
+        batch={"micro_batch": 2, "seq_len": 8192},
+    )
+
+
+def test_the_policies_fall_between_no_checkpointing_and_full():
+    none, full = _llama(), _llama(activation_checkpointing=True)
+    op, half = _llama(**SELECTIVE), _llama(activation_checkpointing=True, checkpoint_every=2)
+    act = {s.label: estimate(s).components["activations"] for s in (none, full, op, half)}
+    assert (
+        act["z3 bf16 mb2 ckpt"] < act["z3 bf16 mb2 ckpt-op"] < act["z3 bf16 mb2 ckpt/2"] < act["z3 bf16 mb2"]
+    )
+    flops = {s.label: perf.flops_per_token(s)[0] for s in (none, full, op, half)}
+    assert flops["z3 bf16 mb2"] < flops["z3 bf16 mb2 ckpt-op"] < flops["z3 bf16 mb2 ckpt/2"]
+    assert flops["z3 bf16 mb2 ckpt/2"] < flops["z3 bf16 mb2 ckpt"]
+    # the op policy recomputes k, o and up of Llama's seven projections: their share of the FLOPs
+    h, kv, f = 4096, 1024, 14336
+    share = (kv + h + f) / (2 * h + 2 * kv + 3 * f)
+    assert flops["z3 bf16 mb2 ckpt-op"] - flops["z3 bf16 mb2"] == pytest.approx(share * 2 * none.model.params)
+
+
+def test_checkpointing_settings_are_checked_where_they_are_given():
+    with pytest.raises(ValueError, match="checkpoint_every: applies with activation_checkpointing on"):
+        _llama(checkpoint_every=2)
+    with pytest.raises(ValueError, match=r"zero.checkpoint_every: must be in \[1, 32\]"):
+        _llama(activation_checkpointing=True, checkpoint_every=33)
+    assert _llama(
+        activation_checkpointing=True, checkpoint_every=2, checkpoint_policy="selective-op"
+    ).label == ("z3 bf16 mb2 ckpt-op/2")
+    # a search that turns checkpointing off and on keeps the policy the user chose
+    z = _llama(**SELECTIVE).zero
+    assert z.checkpointing(True)["checkpoint_policy"] == "selective-op"
+    assert _llama(**SELECTIVE).replace(zero=z.checkpointing(False)).label == "z3 bf16 mb2"
+
+
+def test_a_traced_model_refuses_what_only_the_formulas_model():
+    mlp = resolve("data/examples/mlp.py")
+    setup = Setup(model=mlp, zero={"stage": 2, **SELECTIVE}, batch={"micro_batch": 2, "seq_len": 32})
+    with pytest.raises(
+        ValueError, match="zero.checkpoint_policy: 'selective-op' is modelled for the families"
+    ):
+        estimate(setup)
+
+
+def test_deepspeed_stage_3_runs_no_selective_checkpointing_but_estimates_it():
+    from kit.run.sweep import check
+
+    toy = Setup(model=toy_spec(), zero={"stage": 3, **SELECTIVE}, batch={"micro_batch": 2})
+    with pytest.raises(ValueError, match="DeepSpeed 0.19's ZeRO-3 fails"):
+        check(toy)
+    assert any("DeepSpeed 0.19's ZeRO-3 fails" in note for note in estimate(_llama(**SELECTIVE)).notes)
+
+
+def test_the_cli_flags_turn_checkpointing_on(capsys):
+    argv = ["estimate", "--model", "llama-3-8b", "--nodes", "1", "--gpus-per-node", "8", "--stage", "3"]
+    argv += ["--micro-batch", "2", "--seq-len", "8192", "--checkpoint-policy", "selective-op", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["setup"]["zero"]["checkpoint_policy"] == "selective-op"
+    assert report["setup"]["zero"]["activation_checkpointing"] is True
+    assert report["components"]["activations"] == estimate(_llama(**SELECTIVE)).components["activations"]
