@@ -19,6 +19,9 @@ DS_PREFETCH_BUCKET = 50_000_000
 DS_MAX_LIVE_PARAMETERS = 1_000_000_000
 DS_MAX_REUSE_DISTANCE = 1_000_000_000
 DS_PERSISTENCE_THRESHOLD = 100_000
+#: stage 0's all-reduce of ``.grad`` (``engine.allreduce_gradients``' ``MEMORY_OPT_ALLREDUCE_SIZE``): buckets
+#: of this many elements, each flattened into one copy (``fallback_copies``)
+DS_ALLREDUCE_FALLBACK_ELEMENTS = 500_000_000
 #: ZeRO-3 ``sub_group_size``: elements the optimizer steps at a time
 DS_SUB_GROUP_SIZE = 1_000_000_000
 #: stages 1/2 pad the flat 16-bit buffer to a multiple of this x dp (``nccl_start_alignment_factor``)
@@ -237,3 +240,19 @@ def stage3_gathered(params: int, largest_layer: int, prefetch_bucket: int, max_l
 
 #: a buffer this large per GPU earns a note or warning when a smaller setting does the same job
 BIG_BUFFER_BYTES = GIB // 2
+
+
+def fallback_copies(numels) -> list[int]:
+    """Elements of each flat copy stage 0's all-reduce makes of the gradients (``engine.py``
+    ``allreduce_no_retain``: tensors in ``module.parameters()`` order join a bucket until it passes
+    ``DS_ALLREDUCE_FALLBACK_ELEMENTS``; each bucket is flattened into one copy, a lone tensor reduced in
+    place, 0)."""
+    out, bucket = [], []
+    for numel in numels:
+        bucket.append(numel)
+        if sum(bucket) > DS_ALLREDUCE_FALLBACK_ELEMENTS:
+            out.append(sum(bucket) if len(bucket) > 1 else 0)
+            bucket = []
+    if bucket:
+        out.append(sum(bucket) if len(bucket) > 1 else 0)
+    return out

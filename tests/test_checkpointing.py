@@ -147,3 +147,23 @@ def test_the_cli_flags_turn_checkpointing_on(capsys):
     assert report["setup"]["zero"]["checkpoint_policy"] == "selective-op"
     assert report["setup"]["zero"]["activation_checkpointing"] is True
     assert report["components"]["activations"] == estimate(_llama(**SELECTIVE)).components["activations"]
+
+
+def test_the_notebooks_policy_table_reads_each_choice_from_the_estimate():
+    from kit.lab import tables
+
+    setup = _llama()
+    table = tables.checkpointing_policies(setup)
+    assert list(table.index) == [label for label, _ in checkpointing.CHOICES]
+    op = _llama(**SELECTIVE)
+    assert table.loc["selective (op policy)", "activations GiB"] == round(
+        estimate(op).components["activations"] / 2**30, 2
+    )
+    ratio = perf.flops_per_token(op)[0] / perf.flops_per_token(setup)[0]
+    assert table.loc["selective (op policy)", "compute per token"] == f"{ratio:.2f}x"
+    assert table.loc["off", "compute per token"] == "1.00x" and table.loc["off", "fits"] == "no"
+    # a traced model takes whole-block checkpointing only: the other choices say why, with no number
+    mlp = Setup(model=resolve("data/examples/mlp.py"), zero={"stage": 2}, batch={"micro_batch": 2})
+    traced = tables.checkpointing_policies(mlp)
+    assert traced.loc["every block", "fits"] in ("yes", "no")
+    assert "is modelled for the families" in traced.loc["selective (op policy)", "why not"]

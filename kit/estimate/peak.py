@@ -82,7 +82,14 @@ from kit.estimate.activations import (
 from kit.estimate.cpu_matmul import CpuMatmul, bf16_mm_scratch
 from kit.estimate.result import NONE, Term
 from kit.models import spec_shapes
-from kit.rules import DS_SUB_GROUP_SIZE, FP32, element_bytes, optimizer_states, stage3_gathered
+from kit.rules import (
+    DS_SUB_GROUP_SIZE,
+    FP32,
+    element_bytes,
+    fallback_copies,
+    optimizer_states,
+    stage3_gathered,
+)
 from kit.schema import ModelSpec, Setup
 
 #: the phases of a step, in order (``kit.ranks.memory_timeline.PHASES``)
@@ -177,12 +184,14 @@ def timeline(
     bucketed = resident["buffers"] + _bucket(setup)
     block = {
         **resident,
+        "gradients": resident["gradients"] + _grads_so_far(setup, device, resident["gradients"]),
         "buffers": bucketed + gathered,
         "activations": shape.blocks,
         "temporaries": shape.tied + shape.block_backward + shape.batch + _autocast_copies(setup, head=False),
     }
     end = {**resident, "buffers": resident["buffers"] + _bucket(setup)}
     end["gradients"] = _end_gradients(setup, device, resident["gradients"])
+    end["temporaries"] = _allreduce_copy(setup)
     candidates = {"at the loss's backward": backward_at_loss, "in the last block's backward": block}
     candidates["at its end"] = end
     candidates.update(reductions.flushes(setup, rank, end, resident["gradients"]))
@@ -317,6 +326,36 @@ def _resident(setup: Setup, device: dict[str, Term]) -> dict[str, Term]:
     else:
         out["gradients"] = NONE
     return out
+
+
+def _grads_so_far(setup: Setup, device: dict[str, Term], held: Term) -> Term:
+    """DeepSpeed's stage 0 reduces after backward: when the first block's backward runs, ``.grad`` holds
+    every gradient but the first block's and the embedding's (a block: the parameters outside the
+    embeddings over the layers; a tied embedding's gradient from the head is autograd's until the
+    embedding's own backward adds to it: ``tied``). Nothing where they were held already or are reduced
+    as they come."""
+    m, z = setup.model, setup.zero
+    if z.engine != "deepspeed" or z.stage != 0 or held.bytes or not (m.layers and m.hidden and m.vocab):
+        return NONE
+    embedding = m.vocab * m.hidden
+    block = (m.params - embedding * (1 if m.tied_embeddings else 2)) // m.layers
+    later = m.params - block - embedding
+    grads = device["gradients"]
+    return Term(
+        grads.bytes * later // m.params,
+        f"{grads.formula} x {later:,} / {m.params:,} (all but the first block's and the embedding's)",
+    )
+
+
+def _allreduce_copy(setup: Setup) -> Term:
+    """DeepSpeed's stage 0 all-reduces ``.grad`` after backward (``buffered_allreduce_fallback``, every
+    precision: 16-bit runs step through ``FP16_Optimizer`` or its unfused twin, whose gradients are the
+    parameters' own), each bucket flattened into one copy (``kit.rules.fallback_copies``): the largest."""
+    z = setup.zero
+    if z.engine != "deepspeed" or z.stage != 0:
+        return NONE
+    largest, p = max(fallback_copies(partition.numels(setup)), default=0), element_bytes(z.precision)
+    return Term(p * largest, f"{p} B x {largest:,} (the all-reduce's flat copy of the largest bucket)")
 
 
 def _end_gradients(setup: Setup, device: dict[str, Term], held: Term) -> Term:

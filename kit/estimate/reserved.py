@@ -66,7 +66,7 @@ from kit.estimate.activations import (
 )
 from kit.estimate.allocator import Alloc, EmptyCache, Event, Free, Mark, replay
 from kit.estimate.result import Term
-from kit.rules import DS_SUB_GROUP_SIZE, FP32, element_bytes, optimizer_states
+from kit.rules import DS_SUB_GROUP_SIZE, FP32, element_bytes, fallback_copies, optimizer_states
 from kit.schema import ModelSpec, Setup
 from kit.units import gib
 
@@ -320,6 +320,10 @@ class _Step:
         self.free(flowing, tokens)
         if self._holds:
             self.held_full = True
+            if boundary and self.z.engine == "deepspeed" and self.z.stage == 0:  # each bucket's flat copy
+                numels = [t for _, t in self.tensors]
+                for elements in fallback_copies(numels):
+                    self.free(self.alloc(self.p * elements) if elements else None)
             if boundary and self.z.stage == 1:  # engine.allreduce_gradients: the held ones through buckets
                 for _, t in reversed(self.tensors):
                     if sum(self.bucket) + t > self.z.reduce_bucket_size and self.bucket:
@@ -334,8 +338,9 @@ class _Step:
     # ----- gradients and their reduction -------------------------------------------------------------
     @property
     def _holds(self) -> bool:
-        """Whether full gradients stay in ``.grad`` to the optimizer: stage 0 (reduced after backward, in
-        place), stage 1 with accumulation (reduced at the boundary only), the PyTorch baselines."""
+        """Whether full gradients stay in ``.grad`` to the optimizer: stage 0 (reduced after backward,
+        through flat copies), stage 1 with accumulation (reduced at the boundary only), the PyTorch
+        baselines."""
         z = self.z
         return z.engine != "deepspeed" or z.stage == 0 or (z.stage == 1 and self.setup.batch.grad_accum > 1)
 

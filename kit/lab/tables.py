@@ -1,7 +1,8 @@
 """The notebooks' small comparison tables, so that a cell only calls one: the ZeRO paper's model states
 beside DeepSpeed's per stage (01), each ZeRO-3 collective and the step time of a setting beside its ZeRO++
-variant (09), a batch schedule's steps side by side (04), the published runs beside the kit's predictions
-and what it cannot express yet (11). Each is a DataFrame a test can read; 11's answer is one paragraph."""
+variant (09), a batch schedule's steps side by side and the checkpointing policies (04), the published
+runs beside the kit's predictions and what it cannot express yet (11). Each is a DataFrame a test can
+read; 11's answer is one paragraph."""
 
 from __future__ import annotations
 
@@ -68,6 +69,34 @@ def step_time_table(setups: Sequence[Setup]) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows).set_index("setting")
+
+
+def checkpointing_policies(setup: Setup) -> pd.DataFrame:
+    """Per activation checkpointing choice (``kit.checkpointing.CHOICES``) of ``setup``: its activations
+    and predicted peak per GPU (GiB), whether that fits the cluster's GPU, the largest micro batch that
+    does, and the compute a token costs beside no checkpointing (the recomputed forward, by FLOPs); a
+    choice the estimate cannot model for this model says why instead."""
+    from kit import checkpointing
+    from kit.estimate import estimate, perf, plan
+    from kit.fit import estimate_fit
+
+    plain = perf.flops_per_token(setup.replace(zero=setup.zero.checkpointing(False)))[0]
+    rows = {}
+    for label, value in checkpointing.CHOICES:
+        s = setup.replace(zero=dict(zip(checkpointing.FIELDS, value, strict=True)))
+        try:
+            e = estimate(s)
+        except ValueError as error:
+            rows[label] = {"why not": str(error)}
+            continue
+        rows[label] = {
+            "activations GiB": e.components["activations"] / GIB,
+            "peak / GPU GiB": e.per_gpu_bytes / GIB,
+            "fits": "yes" if estimate_fit(e).ok else "no",
+            "largest micro batch": plan.largest_micro_batch(s),
+            "compute per token": f"{perf.flops_per_token(s)[0] / plain:.2f}x",
+        }
+    return pd.DataFrame.from_dict(rows, orient="index").round(2)
 
 
 def schedules_side_by_side(results, labels: Sequence[str]) -> pd.DataFrame:
