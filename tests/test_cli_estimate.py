@@ -405,6 +405,8 @@ def test_flags_beside_a_ds_config_combine_as_the_hf_trainer_combines_them(capsys
         (("--offload-optimizer", "cpu"), "--offload-optimizer cpu: the ds_config's "
          "zero_optimization.offload_optimizer is none"),
         (("--hpz", "8"), "--hpz 8: the ds_config's zero_optimization.zero_hpz_partition_size is 1"),
+        (("--prefetch-bucket-size", "2e7"), "--prefetch-bucket-size 20000000: the ds_config's "
+         "zero_optimization.stage3_prefetch_bucket_size is 50000000"),
     ):  # fmt: skip
         code, out, err = run_cli(capsys, *base, *flags)
         assert (code, out) == (2, "") and err.count("zerokit estimate:") == 1  # one line, after the notes
@@ -417,3 +419,39 @@ def test_the_fits_line_says_a_gpu_lacks_the_precision_as_the_memory_panel_does(c
     assert code == 0 and "V100-SXM2-32GB no (no bf16)" in fits and "H100-SXM-80GB yes" in fits
     code, out, _ = run_cli(capsys, "estimate", "--model", "gpt2", "--precision", "fp16")
     assert "V100-SXM2-32GB yes" in out
+
+
+def test_bucket_flags_set_each_zero_optimization_knob_and_travel_to_launch_cmd(capsys):
+    """Issue 40: the bucket and stage-3 fetching knobs the panels offer are flags too, one per
+    ``kit.ds_keys.ZERO_KEYS`` entry counted in elements, and ``plan``'s launch-cmd line repeats them."""
+    from kit.cli import build_parser
+    from kit.cli.args import BUCKET_KEYS, setup_from_args
+    from kit.cli.estimate import _ds_config_command
+
+    base = ("estimate", "--model", "llama-2-7b", "--stage", "3", "--json")
+    flags = [(f"--{k.field.replace('_', '-')}", k.default + 1) for k in BUCKET_KEYS]
+    assert {f for f, _ in flags} >= {
+        "--reduce-bucket-size",
+        "--prefetch-bucket-size",
+        "--max-live-parameters",
+    }
+    code, out, _ = run_cli(capsys, *base, *(x for f, v in flags for x in (f, str(v))))
+    zero = json.loads(out)["setup"]["zero"]
+    assert code == 0 and {k.field: zero[k.field] for k in BUCKET_KEYS} == {
+        k.field: k.default + 1 for k in BUCKET_KEYS
+    }
+    with pytest.raises(SystemExit, match="2"):  # argparse's one line names the flag and the forms
+        run_cli(capsys, *base, "--reduce-bucket-size", "lots")
+    assert "--reduce-bucket-size: not a count: 'lots' (try 7e9, 7B or 350M)" in capsys.readouterr().err
+    # plan's launch-cmd line rebuilds the very setup, buckets and checkpointing policy included
+    argv = ["plan", "--model", "llama-2-7b", "--layers", "8", "--stage", "3", "--reduce-bucket-size", "2e7"]
+    args = build_parser().parse_args(
+        [*argv, "--prefetch-bucket-size", "3e7", "--checkpoint-policy", "selective-op"]
+    )
+    found = plan.search(setup_from_args(args), train_batch=64, gpus=["H100-SXM-80GB"], max_nodes=1)
+    t = found.table
+    i = t.index[t.checkpointing & (t.engine == "deepspeed") & (t.stage == 3)][0]
+    command = _ds_config_command(args, found.setup(i))
+    assert {"--reduce-bucket-size", "--prefetch-bucket-size", "--checkpoint-policy"} <= set(command)
+    built = setup_from_args(build_parser().parse_args(command[1:]))
+    assert built.model_dump() == found.setup(i).model_dump(), command

@@ -1,5 +1,6 @@
 """Notebook panels driven like a user would: set ``.value``, ``.click()``, assert the Setup and estimate."""
 
+import argparse
 import contextlib
 import json
 import os
@@ -23,7 +24,7 @@ from kit.lab.ui import DESCRIPTION_WIDTH
 from kit.paths import MODELS
 from kit.records import append_record, load_records
 from kit.run.sweep import config_id, on_ranks
-from kit.schema import Setup
+from kit.schema import ModelSpec, Setup
 from kit.units import GIB
 
 
@@ -746,3 +747,77 @@ def test_a_sweep_without_the_timeline_shows_no_peak_plot(tmp_path):
     finished_sweep(panel, tmp_path)
     panel.run()
     assert len(panel.plots.children) == 4 and not peak_records(panel.results)
+
+
+def _perturbed(control) -> bool:
+    """Move a control to another value it offers; False for one this test cannot move (a text box)."""
+    if isinstance(control, w.Checkbox):
+        control.value = not control.value
+    elif isinstance(control, (w.Dropdown, w.ToggleButtons)):
+        values = [o[1] if isinstance(o, tuple) else o for o in control.options]
+        others = [v for v in values if v != control.value]
+        if not others:
+            return False
+        control.value = others[-1]
+    elif isinstance(control, w.FloatLogSlider):
+        control.value = control.value * control.base
+    elif isinstance(control, (w.BoundedIntText, w.IntText)):
+        control.value = control.value + 1 if control.value < getattr(control, "max", 1 << 30) else 1
+    else:
+        return False
+    return True
+
+
+def _fields(setups) -> dict[str, set[str]]:
+    """Each Setup field's values over ``setups`` (the setups' order and number aside)."""
+    out: dict[str, set[str]] = {}
+    for s in setups:
+        for values in s.model_dump().values():
+            for key, value in values.items():
+                out.setdefault(key, set()).add(repr(value))
+    return out
+
+
+def _changed_by_each_control(controls, setups) -> set[str]:
+    """The Setup fields that moving each control changes (each moved back afterwards)."""
+    changed: set[str] = set()
+    for control in controls:
+        before, value = _fields(setups()), control.value
+        if not _perturbed(control):
+            continue
+        moved = setups()
+        if moved and None not in moved:  # a value the panel refuses (one line in it): no setting to read
+            after = _fields(moved)
+            changed |= {k for k in before if after.get(k) != before[k]}
+        control.value = value
+    return changed
+
+
+def test_every_setting_a_panel_offers_has_a_cli_flag(panel, monkeypatch):
+    """Issue 40: each field the memory panel's controls set has a flag on `zerokit estimate`, each the
+    comparison panel's on `zerokit run` (the field's name as a flag, or the two aliases below)."""
+    from kit.cli import build_parser
+
+    aliases = {"hpz_partition_size": "--hpz", "largest_layer_params": "--largest-layer"}
+
+    def flags(command: str) -> set[str]:
+        sub = next(a for a in build_parser(command)._actions if isinstance(a, argparse._SubParsersAction))
+        return {o for a in sub.choices[command]._actions for o in a.option_strings}
+
+    def missing(fields: set[str], command: str) -> list[str]:
+        have = flags(command)
+        return sorted(f for f in fields if aliases.get(f, "--" + f.replace("_", "-")) not in have)
+
+    model = set(ModelSpec.model_fields)  # what --model (a preset, a config, a file) and its overrides set
+    monkeypatch.setattr(panel, "_render", lambda: None)  # settings, not pictures
+    memory = _changed_by_each_control(panel._inputs(), lambda: [panel.setup])
+    assert {"reduce_bucket_size", "prefetch_bucket_size", "checkpoint_policy", "stage", "params"} <= memory
+    assert missing(memory - model, "estimate") == [] and {"--model", "--params"} <= flags("estimate")
+    comparison = comparison_panel(stages=(2, 3), nprocs=2)
+    moved = [c for c in comparison._inputs() if c not in (comparison.stages, comparison.micro_batches)]
+    fields = _changed_by_each_control(moved, lambda: comparison.setups)
+    assert {"reduce_bucket_size", "checkpoint_policy", "precision", "layers"} <= fields
+    # on `run` the ranks are --nprocs, and the global batch follows from them (no control of its own)
+    aliases["gpus_per_node"] = "--nprocs"
+    assert missing(fields - model - {"train_batch"}, "run") == []
+    assert {"--layers", "--hidden", "--heads"} <= flags("run")

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from kit.checkpointing import POLICIES
+from kit.ds_keys import ZERO_KEYS
 from kit.schema import AioSettings, Cluster, ZeroSettings
 from kit.units import parse_count
 
@@ -68,6 +69,34 @@ def checkpointing_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return {"activation_checkpointing": on, "checkpoint_every": every, "checkpoint_policy": policy}
 
 
+#: the zero_optimization knobs counted in elements (buckets, stage 3's fetching), a flag each named after
+#: its ZeroSettings field (``--reduce-bucket-size``): ``kit.ds_keys.ZERO_KEYS`` declares them once
+BUCKET_KEYS = tuple(
+    k for k in ZERO_KEYS if type(k.default) is int and k.field not in ("stage", "hpz_partition_size")
+)
+
+
+def flag(field: str) -> str:
+    """The CLI flag of a ZeroSettings field: ``--reduce-bucket-size``."""
+    return "--" + field.replace("_", "-")
+
+
+def add_bucket_args(p) -> None:
+    """A flag per ``BUCKET_KEYS`` knob (elements, ``7e8`` or ``500M``), DeepSpeed's default when not given
+    (read back by ``buckets_from_args``)."""
+    b = p.add_argument_group("buckets and stage 3's fetching (elements)")
+    for k in BUCKET_KEYS:
+        stages = "stage 3" if k.stages == (3,) else f"stages {k.stages[0]}-{k.stages[-1]}"
+        what = f"zero_optimization.{k.key}, {stages} ({k.default:,})"
+        b.add_argument(flag(k.field), type=count, metavar="N", help=what)
+
+
+def buckets_from_args(args: argparse.Namespace) -> dict[str, int]:
+    """The ZeroSettings fields the bucket flags give (only those given)."""
+    given = {k.field: getattr(args, k.field, None) for k in BUCKET_KEYS}
+    return {field: value for field, value in given.items() if value is not None}
+
+
 def add_setup_args(p: argparse.ArgumentParser) -> None:
     """Flags that build a Setup (model, cluster, ZeRO settings, batch), shared by subcommands."""
     add_model_args(p)
@@ -85,6 +114,7 @@ def add_setup_args(p: argparse.ArgumentParser) -> None:
     add_checkpointing(z)
     add_zeropp_args(z)
     z.add_argument("--ds-config", help="read ZeRO and batch settings from an existing ds_config.json")
+    add_bucket_args(p)
     add_nvme_args(p)
     add_batch_args(p)
     add_json(p)
@@ -276,6 +306,7 @@ def setup_from_args(args: argparse.Namespace):
         "optimizer": args.optimizer,
         "momentum": args.momentum,
         **checkpointing_from_args(args),
+        **buckets_from_args(args),
         **nvme_from_args(args),
         **zeropp_from_args(args),
     }
@@ -295,6 +326,7 @@ FILE_FLAGS = (
         "--quantized-gradients", "quantized_gradients", "quantized_gradients",
         "zero_optimization.zero_quantized_gradients",
     ),
+    *((flag(k.field), k.field, k.field, f"zero_optimization.{k.key}") for k in BUCKET_KEYS),
 )  # fmt: skip
 
 

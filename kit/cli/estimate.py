@@ -489,6 +489,8 @@ def _recommended_json(found, booked, command) -> dict | None:
 def _ds_config_command(args: argparse.Namespace, s) -> list[str]:
     """The ``zerokit launch-cmd`` argv that writes setup ``s``'s ds_config.json (and its launch files) to
     launch/: the model as the user gave it, then each ZeRO field of ``s`` that is not the default."""
+    from kit.cli.args import BUCKET_KEYS
+    from kit.cli.args import flag as args_flag
     from kit.rules import baseline_name
     from kit.schema import ZeroSettings
 
@@ -509,6 +511,7 @@ def _ds_config_command(args: argparse.Namespace, s) -> list[str]:
         "checkpoint_policy": "--checkpoint-policy",
         "nvme_path": "--nvme-path",
         "buffer_size": "--nvme-buffer-size",
+        **{k.field: args_flag(k.field) for k in BUCKET_KEYS},
     }
     for name, flag in flags.items():
         value = getattr(z, name)

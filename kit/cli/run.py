@@ -14,6 +14,7 @@ import contextlib
 
 from kit.cli.args import (
     UsageError,
+    add_bucket_args,
     add_checkpointing,
     add_hostfile_args,
     add_json,
@@ -23,6 +24,7 @@ from kit.cli.args import (
     add_precision,
     add_seq_len,
     add_zeropp_args,
+    buckets_from_args,
     checkpointing_from_args,
     engine_stage,
     items,
@@ -59,6 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_zeropp_args(p.add_argument_group("ZeRO++ (applied to the stage-3 configurations)"))
     add_precision(p, many=True)
     add_checkpointing(p)
+    add_bucket_args(p)
     p.add_argument(
         "--ds-config",
         action="append",
@@ -186,7 +189,7 @@ def setups_from_args(args: argparse.Namespace, nodes=None) -> list:
     for flag, value in _refused_everywhere(args, found):
         first = next(r for r in found.refused if getattr(r.variant, flag) == value)
         raise UsageError(f"{first.field}: {first.reason} (--{flag.replace('_', '-')} {value})")
-    zero = {**checkpointing_from_args(args), **nvme_from_args(args)}
+    zero = {**checkpointing_from_args(args), **buckets_from_args(args), **nvme_from_args(args)}
     return [
         Setup(model=spec, cluster=cluster, zero={**variant.zero, **zero}, batch=batch)
         for variant in found.accepted
