@@ -74,6 +74,35 @@ def describe(every: int, policy: str) -> str:
     return f"{which}, recomputed from its input"
 
 
+def in_your_script(zero) -> str | None:
+    """What a training script does to checkpoint as ``zero`` (a ``ZeroSettings``) says, or None without
+    checkpointing: no ds_config key turns it on (``activation_checkpointing`` there only configures
+    ``deepspeed.checkpointing`` for a model that calls it)."""
+    z = zero
+    if not z.activation_checkpointing:
+        return None
+    titan = "torchtitan: --activation_checkpoint.mode "
+    if z.checkpoint_policy == "selective-op":
+        how = (
+            "wrap each block in torch.utils.checkpoint.checkpoint(..., use_reentrant=False, "
+            "context_fn=kit.checkpointing.selective_contexts) (HF: model.gradient_checkpointing_enable("
+            "gradient_checkpointing_kwargs={'use_reentrant': False, 'context_fn': selective_contexts}); "
+            f"{titan}selective --activation_checkpoint.selective_ac_option op)"
+        )
+        k = z.checkpoint_every
+        return how if k == 1 else f"{how}, on blocks {k}, {2 * k}, ..."
+    if z.checkpoint_every > 1:
+        return (
+            f"checkpoint blocks {z.checkpoint_every}, {2 * z.checkpoint_every}, ... (counted from 1) and "
+            f"leave the others ({titan}selective --activation_checkpoint.selective_ac_option "
+            f"{z.checkpoint_every})"
+        )
+    return (
+        "checkpoint every block (HF Trainer: --gradient_checkpointing; your own loop: "
+        f"deepspeed.checkpointing.checkpoint or torch.utils.checkpoint around each block; {titan}full)"
+    )
+
+
 def engine_problem(zero) -> str | None:
     """Why a run cannot checkpoint this way, or None: the op policy needs PyTorch's non-reentrant
     checkpoint, and under DeepSpeed 0.19's ZeRO-3 a parameter its recomputation reads (a norm's weight)

@@ -167,3 +167,20 @@ def test_the_notebooks_policy_table_reads_each_choice_from_the_estimate():
     traced = tables.checkpointing_policies(mlp)
     assert traced.loc["every block", "fits"] in ("yes", "no")
     assert "is modelled for the families" in traced.loc["selective (op policy)", "why not"]
+
+
+def test_launch_cmd_says_how_the_script_checkpoints_which_no_ds_config_key_turns_on(capsys):
+    base = ["launch-cmd", "--model", "llama-2-7b", "--stage", "2", "--json"]
+    for flags, says in (
+        ([], None),
+        (["--activation-checkpointing"], "HF Trainer: --gradient_checkpointing"),
+        (["--checkpoint-every", "2"], "selective_ac_option 2"),
+        (["--checkpoint-policy", "selective-op"], "context_fn=kit.checkpointing.selective_contexts"),
+    ):
+        assert main([*base, *flags]) == 0
+        line = json.loads(capsys.readouterr().out)["checkpointing"]
+        assert line is None if says is None else says in line
+    assert main(base[:-1] + ["--checkpoint-policy", "selective-op"]) == 0
+    out = capsys.readouterr().out
+    assert "# activation checkpointing is your script's (no ds_config key turns it on):" in out
+    assert all(len(line) <= 104 for line in out.splitlines() if line.startswith("#   "))

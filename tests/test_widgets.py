@@ -312,6 +312,12 @@ def test_write_config_button(panel, tmp_path, monkeypatch):
     assert config["zero_optimization"]["stage"] == 3
     assert config["train_batch_size"] == 8 and config["train_micro_batch_size_per_gpu"] == 1
     assert f"wrote {tmp_path / 'ds.json'} (z3 bf16 mb1: fits the H100-SXM-80GB)" in panel.message.value
+    panel.command_button.click()
+    assert panel.command.layout.display != "none"
+    # a later change, here a global batch the GPUs cannot split, leaves no word about the earlier setting
+    panel.batch_by.value = "train_batch"
+    panel.train_batch.value = 100
+    assert panel.error and panel.message.value == "" and panel.command.layout.display == "none"
 
 
 def test_writing_a_setting_that_does_not_fit_says_so(panel, tmp_path):

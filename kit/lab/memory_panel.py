@@ -174,6 +174,10 @@ class MemoryPanel:
         self._sync_controls()
         from kit.estimate import estimate
 
+        # what a button said and showed was for the setting before this change
+        self.message.value = ""
+        self.command.layout.display = "none"
+
         if change and change.get("owner") is self.model_source and change.get("new") == "count":
             with self._holding():  # a typed count derives its largest layer unless one is given
                 self.largest_layer.value = ""
