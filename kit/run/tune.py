@@ -32,7 +32,7 @@ from typing import Any
 
 import pandas as pd
 
-from kit import grid
+from kit import checkpointing, grid
 from kit.estimate.calibration import Calibration
 from kit.run.calibrate import error
 from kit.run.results import Results
@@ -190,6 +190,12 @@ def tune(
         for c in found
         if c.estimated_bytes > budget_bytes
     ]
+    # a checkpointing the engine cannot run (the op policy at DeepSpeed's stage 3) is estimated, not run
+    unrunnable = {id(c): checkpointing.engine_problem(c.setup.zero) for c in kept}
+    pruned += [(c.label, c.estimated_bytes, unrunnable[id(c)]) for c in kept if unrunnable[id(c)]]
+    kept = [c for c in kept if not unrunnable[id(c)]]
+    if not kept and any(unrunnable.values()):
+        raise ValueError(next(problem for problem in unrunnable.values() if problem))
     if not kept:
         smallest = min(found, key=lambda c: c.estimated_bytes)
         raise ValueError(
