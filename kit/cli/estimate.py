@@ -489,8 +489,7 @@ def _recommended_json(found, booked, command) -> dict | None:
 def _ds_config_command(args: argparse.Namespace, s) -> list[str]:
     """The ``zerokit launch-cmd`` argv that writes setup ``s``'s ds_config.json (and its launch files) to
     launch/: the model as the user gave it, then each ZeRO field of ``s`` that is not the default."""
-    from kit.cli.args import BUCKET_KEYS
-    from kit.cli.args import flag as args_flag
+    from kit.cli.args import BUCKET_KEYS, flag
     from kit.rules import baseline_name
     from kit.schema import ZeroSettings
 
@@ -511,18 +510,18 @@ def _ds_config_command(args: argparse.Namespace, s) -> list[str]:
         "checkpoint_policy": "--checkpoint-policy",
         "nvme_path": "--nvme-path",
         "buffer_size": "--nvme-buffer-size",
-        **{k.field: args_flag(k.field) for k in BUCKET_KEYS},
+        **{k.field: flag(k.field) for k in BUCKET_KEYS},
     }
-    for name, flag in flags.items():
+    for name, option in flags.items():
         value = getattr(z, name)
         if value is not None and value != ZeroSettings.model_fields[name].default:
-            argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+            argv += [option, f"{value:g}" if isinstance(value, float) else str(value)]
     switches = {
         "activation_checkpointing": "--activation-checkpointing",
         "quantized_weights": "--quantized-weights",
         "quantized_gradients": "--quantized-gradients",
     }
-    argv += [flag for name, flag in switches.items() if getattr(z, name)]
+    argv += [option for name, option in switches.items() if getattr(z, name)]
     argv += [
         "--micro-batch",
         str(b.micro_batch),
