@@ -17,11 +17,11 @@ eager softmax) are never kept; PyTorch's CPU flash kernel stands in for the CUDA
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 #: what a checkpointed block keeps besides its input (``ZeroSettings.checkpoint_policy``)
 Policy = Literal["full", "selective-op"]
-POLICIES: tuple[str, ...] = ("full", "selective-op")
+POLICIES: tuple[str, ...] = get_args(Policy)
 #: attention kernels whose outputs the op policy keeps: torchtitan's (December 2024) and PyTorch's CPU
 #: flash kernel, the CPU ranks' stand-in
 ATTENTION_OPS = (
