@@ -150,15 +150,23 @@ def recomputed(setup: Setup) -> Recomputed:
     return Recomputed(linears, attention, share)
 
 
-def recomputed_share(setup: Setup) -> float:
-    """The FLOP-weighted share of a block's projections that checkpointing recomputes."""
-    m, share = setup.model, recomputed(setup).linears
+def projection_flops(m) -> dict[str, int]:
+    """Each projection of a block by its forward FLOPs per token over 2 h (its output width, the MLP's
+    down-projection its input width); a block without a gate has none (``gate`` 0)."""
     h = m.hidden or 1
     kv = (m.kv_heads or m.heads or 1) * (h // (m.heads or 1))
     f = m.ffn or 4 * h
-    gated = m.family in SWIGLU_FAMILIES
-    widths = {"q": h, "k": kv, "v": kv, "o": h, "gate": f if gated else 0, "up": f, "down": f}
-    return sum(widths[name] * share[name] for name in widths) / sum(widths.values())
+    gate = f if m.family in SWIGLU_FAMILIES else 0
+    return {"q": h, "k": kv, "v": kv, "o": h, "gate": gate, "up": f, "down": f}
+
+
+def recomputed_share(setup: Setup, names: tuple[str, ...] | None = None) -> float:
+    """The FLOP-weighted share of a block's projections (or of ``names`` among them) that checkpointing
+    recomputes."""
+    share, flops = recomputed(setup).linears, projection_flops(setup.model)
+    names = names or tuple(flops)
+    total = sum(flops[name] for name in names)
+    return sum(flops[name] * share[name] for name in names) / total if total else 0.0
 
 
 #: a Llama block's projections whose outputs its autograd saves (SDPA's v input, SiLU's gate input, the

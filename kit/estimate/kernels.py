@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from kit import models
-from kit.estimate.activations import SWIGLU_FAMILIES, recomputed
+from kit.estimate.activations import SWIGLU_FAMILIES, recomputed, recomputed_share
 from kit.rules import element_bytes
 from kit.schema import ModelSpec, Setup
 
@@ -180,17 +180,13 @@ def work(setup: Setup) -> Work:
 
 
 def _again(setup: Setup) -> tuple[float, ...]:
-    """Shares recomputed (``activations.recomputed``) of the four linears this model groups (q k v, o,
-    the MLP's input projections, its output one, by FLOPs), of the attention kernel and of the rest."""
-    m, r = setup.model, recomputed(setup)
+    """Shares recomputed (``activations.recomputed_share``) of the four linears this model groups (q k v, o,
+    the MLP's input projections, its output one), of the attention kernel and of the rest."""
+    r = recomputed(setup)
     if not r.any:
         return (0.0,) * 6
-    share = r.linears
-    h = m.hidden or 1
-    kv = (m.kv_heads or m.heads or 1) * (h // (m.heads or 1))
-    qkv = (h * share["q"] + kv * (share["k"] + share["v"])) / (h + 2 * kv)
-    mlp_in = (share["gate"] + share["up"]) / 2 if _style(m) == "swiglu" else share["up"]
-    return (qkv, share["o"], mlp_in, share["down"], r.attention, r.rest)
+    groups = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
+    return (*(recomputed_share(setup, names) for names in groups), r.attention, r.rest)
 
 
 @lru_cache(maxsize=4096)
