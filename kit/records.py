@@ -1,6 +1,6 @@
 """The contract between launched ranks and the parent: ``records.jsonl`` lines and event lines.
 
-Ranks append one JSON record per line (schema in docs/architecture.md, "Records"), each with a single
+Ranks append one JSON record per line (schema in docs/contracts.md, "Records"), each with a single
 ``O_APPEND`` write, so ranks never interleave and a crash loses nothing already written. Rank 0 also
 prints one ``ZEROKIT {...}`` event line per configuration start, step and end on stdout; the parent
 (``kit.run.sweep``) reads them for its progress bar and watchdog.

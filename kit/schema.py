@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kit import batch as batch_math
-from kit import checkpointing
+from kit import checkpointing, trainable
 from kit.checkpointing import Policy
 from kit.ds_keys import EXAMPLE_NVME_PATH, ZEROPP_OFF
 from kit.rules import (
@@ -193,6 +193,15 @@ class ZeroSettings(_Frozen):
     )
     pin_memory: bool = Field(True, description="offload into page-locked RAM (both offload blocks)")
     aio: AioSettings = AioSettings()
+    # what trains (kit.trainable)
+    lora_rank: int = Field(0, ge=0, le=4096, description="LoRA rank r (peft); 0: no adapters")
+    lora_targets: tuple[str, ...] = Field(
+        (),
+        description="peft's target_modules; () its default for the model type, ('all-linear',) every "
+        "linear layer but the head",
+    )
+    freeze_embeddings: bool = Field(False, description="the input embeddings (and a tied head) do not train")
+    frozen_blocks: int = Field(0, ge=0, description="the first k blocks do not train")
 
     @model_validator(mode="after")
     def _check(self) -> ZeroSettings:
@@ -211,6 +220,9 @@ class ZeroSettings(_Frozen):
             for field, off in (("checkpoint_every", 1), ("checkpoint_policy", "full")):
                 if getattr(self, field) != off:
                     raise ValueError(f"{field}: applies with activation_checkpointing on; it is off")
+        subset = trainable.problem(self)
+        if subset:
+            raise ValueError(subset)
         if self.momentum and self.optimizer != "sgd":
             raise ValueError(f"momentum: only applies to optimizer 'sgd', got optimizer {self.optimizer!r}")
         zeropp = zeropp_problem(
@@ -360,6 +372,14 @@ class Setup(_Frozen):
         return self
 
     @model_validator(mode="after")
+    def _check_trainable(self) -> Setup:
+        """A trainable subset needs a model whose parts the kit can name (``kit.trainable``)."""
+        problem = trainable.model_problem(self.zero, self.model)
+        if problem:
+            raise ValueError(f"zero.{problem}")
+        return self
+
+    @model_validator(mode="after")
     def _check_hpz(self) -> Setup:
         """hpZ's secondary partition lives inside a node: its size divides the GPUs per node and dp."""
         problem = hpz_cluster_problem(self.zero.hpz_partition_size, self.cluster.gpus_per_node, self.dp)
@@ -422,6 +442,8 @@ class Setup(_Frozen):
             parts.append(f"-> mb{last.micro_batch} gas{last.grad_accum} @{last.step}")
         if z.activation_checkpointing:
             parts.append(checkpointing.label(z.checkpoint_every, z.checkpoint_policy))
+        if trainable.is_subset(z):
+            parts.append(trainable.label(z))
         return " ".join(parts)
 
     def replace(self, **changes: Any) -> Setup:

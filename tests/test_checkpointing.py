@@ -182,7 +182,7 @@ def test_launch_cmd_says_how_the_script_checkpoints_which_no_ds_config_key_turns
         assert line is None if says is None else says in line
     assert main(base[:-1] + ["--checkpoint-policy", "selective-op"]) == 0
     out = capsys.readouterr().out
-    assert "# activation checkpointing is your script's (no ds_config key turns it on):" in out
+    assert "# activation checkpointing is your script's (no ds_config key says it):" in out
     assert all(len(line) <= 104 for line in out.splitlines() if line.startswith("#   "))
 
 

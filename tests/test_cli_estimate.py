@@ -301,7 +301,7 @@ def test_plan_ds_config_command_builds_the_recommended_setup(issue_plan):
 def test_plan_ds_config_command_carries_offload_nvme_and_zeropp(capsys):
     from kit.cli import build_parser
     from kit.cli.args import setup_from_args
-    from kit.cli.estimate import _ds_config_command
+    from kit.cli.plan import _ds_config_command
 
     args = build_parser().parse_args(["plan", "--model", "llama-2-7b", "--layers", "8"])
     found = plan.search(setup_from_args(args), train_batch=64, gpus=["H100-SXM-80GB"], max_nodes=2)
@@ -426,7 +426,7 @@ def test_bucket_flags_set_each_zero_optimization_knob_and_travel_to_launch_cmd(c
     ``kit.ds_keys.ZERO_KEYS`` entry counted in elements, and ``plan``'s launch-cmd line repeats them."""
     from kit.cli import build_parser
     from kit.cli.args import BUCKET_KEYS, setup_from_args
-    from kit.cli.estimate import _ds_config_command
+    from kit.cli.plan import _ds_config_command
 
     base = ("estimate", "--model", "llama-2-7b", "--stage", "3", "--json")
     flags = [(f"--{k.field.replace('_', '-')}", k.default + 1) for k in BUCKET_KEYS]

@@ -202,6 +202,17 @@ def _file(**zero) -> Setup:  # a model file (data/examples/mlp.py: 256-wide resi
 
 
 SMALL_LLAMA = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 256}
+#: (name, Setup) of the trainable subsets measured in the launch (``kit.trainable``)
+SUBSETS = {
+    "llama z0 lora": _llama(stage=0, lora_rank=4),
+    "llama z1 lora all-linear": _llama(stage=1, lora_rank=4, lora_targets=("all-linear",)),
+    "llama z2 lora": _llama(stage=2, lora_rank=4),
+    "llama z3 lora": _llama(stage=3, lora_rank=4),
+    "llama z2 frozen embeddings": _llama(stage=2, freeze_embeddings=True),
+    "llama z3 first block frozen": _llama(stage=3, frozen_blocks=1),
+    "llama z2 lora ckpt": _llama(stage=2, lora_rank=4, activation_checkpointing=True),
+    "llama z3 lora ckpt/2": _llama(stage=3, lora_rank=4, activation_checkpointing=True, checkpoint_every=2),
+}
 GAS3 = {"grad_accum": 3, "train_batch": 12}
 #: (name, Setup) in the same launch: a shrunk Llama, a model file, DDP and FSDP, grad accum 3 at stages 0,
 #: 1 and 3, odd bucket sizes, stage 3 with every tensor released (gathers kept to their backward by
@@ -220,6 +231,9 @@ ACCURACY = [
     # stage 0 checkpointed: the first block's recomputation beside the gradients so far, then the
     # all-reduce's flat copy of every gradient (off by 11-25 % before both were modelled)
     ("llama z0 fp32 ckpt", _llama(stage=0, precision="fp32", activation_checkpointing=True)),
+    # what trains (kit.trainable): LoRA through peft (the first gradient hook, where stages 1-2 allocate
+    # their bucket, comes after the last block's MLP), frozen embeddings and blocks
+    *SUBSETS.items(),
     ("file z2", _file(stage=2)),
     ("file z3", _file(stage=3)),
     ("ddp fp32", _setup(engine="ddp", stage=0, precision="fp32")),
@@ -433,6 +447,23 @@ def _mismatches(records: list[dict]) -> list[str]:
     # every configuration and rank that recorded is checked: no mismatch list is empty for want of records
     assert checked and checked == {(r["config_id"], r["rank"]) for r in records}, "a rank has no step 1"
     return errors
+
+
+def test_a_trainable_subset_holds_its_states_to_the_byte_and_saves_what_its_gradients_need(sweep):
+    """LoRA and frozen groups on two CPU ranks: every model-state byte as estimated, on every rank and
+    step; what autograd saved within the activations' 2 % (the O(s^2 + bs) tensors left out)."""
+    from kit.estimate import rank_states
+
+    ids = {config_id(on_ranks(s, 2)): name for name, s in SUBSETS.items()}
+    checked = set()
+    for r in sweep.records:
+        if r["config_id"] not in ids or r["step"] < 1:
+            continue
+        checked.add(ids[r["config_id"]])
+        predicted = rank_states(Setup.model_validate(r["setup"]), r["rank"])
+        assert {k: r["measured"][k] for k in HELD} == predicted["device"], ids[r["config_id"]]
+        assert r["measured"]["activations"] == pytest.approx(r["estimate"]["activations"], rel=0.02)
+    assert checked == set(SUBSETS)
 
 
 def test_predicted_peak_per_phase_matches_every_rank(sweep):

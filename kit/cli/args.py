@@ -69,6 +69,32 @@ def checkpointing_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return {"activation_checkpointing": on, "checkpoint_every": every, "checkpoint_policy": policy}
 
 
+def add_trainable(p) -> None:
+    """What trains (``kit.trainable``): ``--lora-rank R``, ``--lora-targets q_proj,v_proj`` (or
+    ``all-linear``), ``--freeze-embeddings``, ``--frozen-blocks K``."""
+    g = p.add_argument_group("what trains (default: every parameter)")
+    g.add_argument("--lora-rank", type=int, default=0, metavar="R", help="LoRA rank through peft; 0: no LoRA")
+    g.add_argument(
+        "--lora-targets",
+        metavar="MODULES",
+        help="comma-separated peft target_modules, or all-linear (default: peft's for the model type)",
+    )
+    g.add_argument("--freeze-embeddings", action="store_true", help="the input embeddings do not train")
+    g.add_argument(
+        "--frozen-blocks", type=int, default=0, metavar="K", help="the first K blocks do not train"
+    )
+
+
+def trainable_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The ZeroSettings fields of what trains (``add_trainable``)."""
+    return {
+        "lora_rank": getattr(args, "lora_rank", 0),
+        "lora_targets": tuple(items(getattr(args, "lora_targets", None))),
+        "freeze_embeddings": getattr(args, "freeze_embeddings", False),
+        "frozen_blocks": getattr(args, "frozen_blocks", 0),
+    }
+
+
 #: the zero_optimization knobs counted in elements (buckets, stage 3's fetching), a flag each named after
 #: its ZeroSettings field (``--reduce-bucket-size``): ``kit.ds_keys.ZERO_KEYS`` declares them once
 BUCKET_KEYS = tuple(
@@ -114,6 +140,7 @@ def add_setup_args(p: argparse.ArgumentParser) -> None:
     add_checkpointing(z)
     add_zeropp_args(z)
     z.add_argument("--ds-config", help="read ZeRO and batch settings from an existing ds_config.json")
+    add_trainable(p)
     add_bucket_args(p)
     add_nvme_args(p)
     add_batch_args(p)
@@ -306,6 +333,7 @@ def setup_from_args(args: argparse.Namespace):
         "optimizer": args.optimizer,
         "momentum": args.momentum,
         **checkpointing_from_args(args),
+        **trainable_from_args(args),
         **buckets_from_args(args),
         **nvme_from_args(args),
         **zeropp_from_args(args),
@@ -333,7 +361,8 @@ FILE_FLAGS = (
 def beside_file(setup, args: argparse.Namespace):
     """The Setup of a ds_config with the flags given beside it, as the HF Trainer combines its arguments
     with the file: ``--activation-checkpointing`` (the Trainer's gradient checkpointing, which no ds_config
-    key turns on) applies; a ZeRO flag given that says otherwise than the file is a UsageError naming
+    key turns on) and what trains (LoRA, frozen parts: the script's, not the file's) apply; a ZeRO flag
+    given that says otherwise than the file is a UsageError naming
     both (``--stage`` whenever given; the others when not at their default, which is taken as not given)."""
     z = setup.zero
     if args.stage is not None and engine_stage("--stage", args.stage) != (z.engine, z.stage):
@@ -349,9 +378,9 @@ def beside_file(setup, args: argparse.Namespace):
                 "drop the flag or change the file"
             )
     flags = checkpointing_from_args(args)
-    if flags["activation_checkpointing"] and not z.activation_checkpointing:
-        return setup.replace(zero=flags)
-    return setup
+    if not flags["activation_checkpointing"] or z.activation_checkpointing:
+        flags = {}
+    return setup.replace(zero={**flags, **trainable_from_args(args)})
 
 
 def add_zeropp_args(p) -> None:

@@ -13,7 +13,7 @@ import shlex
 import textwrap
 from pathlib import Path
 
-from kit import checkpointing
+from kit import checkpointing, trainable
 from kit.cli.args import UsageError, add_json, add_setup_args, print_json, setup_from_args
 from kit.rules import DEFAULT_MASTER_PORT
 from kit.scaleout import commands, image, launchers, network
@@ -190,6 +190,7 @@ def launch_command(args: argparse.Namespace) -> int:
         "launcher_files": {file_name: f.text for file_name, f in launcher_files.items()},
         "files": files,
         "checkpointing": checkpointing.in_your_script(setup.zero),
+        "trainable": trainable.in_your_script(setup.zero),
     }
     if name:
         docker = commands.docker_command(setup, pulled, deepspeed, args.interface)
@@ -249,10 +250,11 @@ def _write(path: Path, text: str, executable: bool = False) -> str:
 
 def _print_launch(r: dict) -> None:
     print(f"# {r['label']}")
-    if r["checkpointing"]:
-        print("# activation checkpointing is your script's (no ds_config key turns it on):")
-        lines = textwrap.wrap(r["checkpointing"], 100, initial_indent="#   ", subsequent_indent="#   ")
-        print(*lines, sep="\n")
+    for key, what in (("checkpointing", "activation checkpointing"), ("trainable", "what trains")):
+        if r[key]:
+            print(f"# {what} is your script's (no ds_config key says it):")
+            lines = textwrap.wrap(r[key], 100, initial_indent="#   ", subsequent_indent="#   ")
+            print(*lines, sep="\n")
     if r["for"] == "deepspeed":
         print("# DeepSpeed launcher:")
         print(r["commands"]["deepspeed"])

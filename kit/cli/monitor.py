@@ -2,7 +2,7 @@
 
 Parse, call ``kit.monitor.read``, print: a table refreshed every ``--interval`` seconds (the screen
 cleared between refreshes when stdout is a terminal; Ctrl-C exits 0), or one snapshot with ``--once``;
-``--json`` prints one snapshot as one JSON object (``Snapshot.to_dict()``, keys in docs/architecture.md).
+``--json`` prints one snapshot as one JSON object (``Snapshot.to_dict()``, keys in docs/contracts.md).
 """
 
 from __future__ import annotations

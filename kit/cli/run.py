@@ -23,6 +23,7 @@ from kit.cli.args import (
     add_offload_args,
     add_precision,
     add_seq_len,
+    add_trainable,
     add_zeropp_args,
     buckets_from_args,
     checkpointing_from_args,
@@ -33,6 +34,7 @@ from kit.cli.args import (
     nvme_from_args,
     print_json,
     stdout_to_stderr,
+    trainable_from_args,
     zeropp_from_args,
 )
 from kit.units import MB
@@ -61,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_zeropp_args(p.add_argument_group("ZeRO++ (applied to the stage-3 configurations)"))
     add_precision(p, many=True)
     add_checkpointing(p)
+    add_trainable(p)
     add_bucket_args(p)
     p.add_argument(
         "--ds-config",
@@ -189,7 +192,12 @@ def setups_from_args(args: argparse.Namespace, nodes=None) -> list:
     for flag, value in _refused_everywhere(args, found):
         first = next(r for r in found.refused if getattr(r.variant, flag) == value)
         raise UsageError(f"{first.field}: {first.reason} (--{flag.replace('_', '-')} {value})")
-    zero = {**checkpointing_from_args(args), **buckets_from_args(args), **nvme_from_args(args)}
+    zero = {
+        **checkpointing_from_args(args),
+        **trainable_from_args(args),
+        **buckets_from_args(args),
+        **nvme_from_args(args),
+    }
     return [
         Setup(model=spec, cluster=cluster, zero={**variant.zero, **zero}, batch=batch)
         for variant in found.accepted

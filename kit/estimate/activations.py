@@ -17,6 +17,7 @@ import json
 from typing import NamedTuple
 
 from kit import checkpointing
+from kit import trainable as subset
 from kit.estimate.result import Term
 from kit.models import DIT_DEFAULTS, decoder_biases
 from kit.rules import FP32, element_bytes
@@ -100,6 +101,8 @@ def formula(setup: Setup) -> Term:
         per_layer = (16 * sbh + 2 * as2b + 4 * sbf) * scale
         how = "16sbh + 2as^2b + 4sbf (eager attention, no dropout)"
     z = setup.zero
+    if subset.is_subset(z):
+        return _subset_formula(setup)
     if not z.activation_checkpointing:
         body = Term(layers * per_layer, f"{layers} layers x ({how}), s={s} b={b} h={h} a={a} f={ffn}")
         return body + _head_activations(setup, scale)
@@ -247,4 +250,109 @@ def _head_activations(setup: Setup, scale: int) -> Term:
     return Term(
         4 * sbh * scale + logits,
         f"head: norm + lm_head inputs 4sbh, fp32 log-softmax 4sbv, v={m.vocab:,}",
+    )
+
+
+class Saved(NamedTuple):
+    """What a trainable subset's step saves (``_subset_saved``): bytes per block as it trains without
+    checkpointing, the most one checkpointed block saves when it is recomputed, the head's, and what the
+    last block's input norm keeps for its backward (its fp32 input, its normalised input)."""
+
+    blocks: tuple[int, ...]
+    recomputed: int
+    head: int
+    last_norm: int
+
+
+def _subset_saved(setup: Setup) -> Saved:
+    """Hugging Face's Llama-style block op by op, saving only what a gradient needs: an op's input is saved
+    for the gradient of a weight that trains (a projection's input, an RMSNorm's normalised input) or for
+    the gradient of an input that needs one (the norms' fp32 inputs, SDPA's q, k, v, output and
+    logsumexp, SiLU's input, the SwiGLU product's two factors). Which tensors train and which projections
+    carry LoRA adapters (their A output, b s r, is saved for B's gradient) come from the model listed with
+    its subset (``kit.workloads.adapters``). The residual stream needs a gradient from the first trainable
+    part on; with frozen embeddings and checkpointing, from the first block (the script calls
+    ``enable_input_require_grads``, as Hugging Face does). At stage 3 under ``zero.Init`` every linear layer
+    saves its input, frozen or not: ``zero.Init`` replaces ``torch.nn.functional.linear`` with DeepSpeed's
+    ``zero3_linear_wrap`` for the rest of the process (``mem_efficient_linear``), whose
+    ``LinearFunctionForZeroStage3`` saves input, weight and bias whatever needs a gradient. With every
+    parameter training this is the family's formula above, term for term."""
+    from kit.estimate import partition
+    from kit.workloads import adapters
+
+    m, z = setup.model, setup.zero
+    listing = partition.listing(setup)
+    b, s, p = setup.batch.micro_batch, setup.batch.seq_len, element_bytes(z.precision)
+    h, a = m.hidden, m.heads
+    kv, f, r = (m.kv_heads or a) * (h // a), m.ffn, z.lora_rank
+    sbh, sbf = s * b * h, s * b * f
+    # an RMSNorm: its fp32 input (the 16-bit one upcast; in fp32 the input itself), the normalised input
+    norm_input, normalised = FP32 * sbh, p * sbh
+
+    every_linear = z.engine == "deepspeed" and z.stage == 3 and z.zero_init
+
+    def block(parts: adapters.Block, grad: bool) -> tuple[int, bool]:
+        def needs(name: str) -> bool:
+            return name in parts.trains or name in parts.adapted
+
+        def saves_input(*names: str) -> bool:
+            return every_linear or any(map(needs, names))
+
+        saved = r * p * s * b * len(parts.adapted)  # each adapter's A output
+        saved += norm_input * grad + normalised * ("norm1" in parts.trains)
+        saved += p * sbh * saves_input(*"qkv")  # the q, k, v projections' input
+        normed = grad or "norm1" in parts.trains
+        attention = normed or any(map(needs, "qkv"))
+        if attention:  # rotated q, k, v, the output and the fp32 logsumexp
+            saved += p * (2 * sbh + 2 * s * b * kv) + FP32 * a * b * s
+        elif saves_input("o"):
+            saved += p * sbh  # o_proj's input, which SDPA did not save
+        grad = grad or attention or needs("o")
+        saved += norm_input * grad + normalised * ("norm2" in parts.trains)
+        saved += p * sbh * saves_input("gate", "up")
+        normed = grad or "norm2" in parts.trains
+        gate, up = normed or needs("gate"), normed or needs("up")
+        saved += p * sbf * (gate + up + gate)  # SiLU's input; the product's factors (silu(gate), up)
+        saved += p * sbf * saves_input("down")
+        return saved, grad or gate or up or needs("down")
+
+    grad = listing.embeddings or z.activation_checkpointing
+    blocks, last_norm = [], 0
+    for parts in listing.blocks:
+        last_norm = norm_input * grad + normalised * ("norm1" in parts.trains)
+        saved, grad = block(parts, grad)
+        blocks.append(saved)
+    every = z.checkpoint_every
+    recomputed = max(
+        (
+            block(parts, True)[0]
+            for i, parts in enumerate(listing.blocks)
+            if checkpointing.is_checkpointed(i, every)
+        ),
+        default=0,
+    )
+    head = norm_input * grad + normalised * ("norm" in listing.head)
+    head += p * sbh * ("lm_head" in listing.head or every_linear) + FP32 * s * b * (m.vocab or 0)
+    return Saved(tuple(blocks), recomputed, head, last_norm)
+
+
+def _subset_formula(setup: Setup) -> Term:
+    """``formula`` for a trainable subset (``_subset_saved``)."""
+    z = setup.zero
+    saved = _subset_saved(setup)
+    what = f"{subset.describe(z)}: each op saves only what a gradient needs"
+    head = Term(saved.head, "head: what the final norm and the fp32 log-softmax save")
+    if not z.activation_checkpointing:
+        return Term(sum(saved.blocks), f"{len(saved.blocks)} blocks ({what})") + head
+    b, s, p = setup.batch.micro_batch, setup.batch.seq_len, element_bytes(z.precision)
+    marked = [checkpointing.is_checkpointed(i, z.checkpoint_every) for i in range(len(saved.blocks))]
+    kept = sum(marked) * p * s * b * setup.model.hidden
+    rest = sum(n for n, ckpt in zip(saved.blocks, marked, strict=True) if not ckpt)
+    return (
+        Term(
+            kept + rest + saved.recomputed,
+            f"checkpointing {checkpointing.describe(z.checkpoint_every, z.checkpoint_policy)}: {sum(marked)} "
+            f"blocks x 2sbh input + the other blocks + one block recomputed in backward ({what})",
+        )
+        + head
     )

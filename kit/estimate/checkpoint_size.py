@@ -13,6 +13,7 @@ import math
 from kit.estimate import partition
 from kit.rules import DS_SUB_GROUP_SIZE, element_bytes, master_bytes, optimizer_states
 from kit.schema import Setup
+from kit.trainable import is_subset
 
 #: Non-tensor bytes of a file (torch.save's zip entries and the pickled metadata: ds_config, counters,
 #: loss scaler, param_shapes), fitted to DeepSpeed 0.19.8 files within 2 KiB: a base per file, each
@@ -35,6 +36,11 @@ def checkpoint_bytes(setup: Setup) -> dict:
     stage 0 keeps its fp32 master copy as one flat tensor (a few bytes less than counted here).
     """
     z, n, psi = setup.zero, setup.dp, setup.model.params
+    if is_subset(z):
+        raise ValueError(
+            "checkpoint size: not modelled for a trainable subset yet (DeepSpeed saves the frozen weights "
+            "apart, as fragments per rank at stages 2-3)"
+        )
     count = len(partition.numels(setup)) if partition.is_exact(setup) else 1
     width = element_bytes(z.precision)
     # optimizer state tensors per parameter: Adam exp_avg + exp_avg_sq (+ a float32 "step" scalar)

@@ -39,7 +39,8 @@ def comm_bytes(setup: Setup, parts: list[Collective] | None = None) -> tuple[int
     the updated parameters ((N-1)/N M); stage 2 reduces every micro-step, stage 1 at the boundary; stage 3
     all-gathers parameters in forward and backward and reduce-scatters gradients every micro-step
     (3 (N-1)/N M k, the ZeRO paper's 1.5x); with ZeRO++ the sum of ``collectives`` (intra- and inter-node;
-    ``parts`` when they are at hand).
+    ``parts`` when they are at hand). With a trainable subset (``kit.trainable``) stages 0-2 reduce and
+    gather its trainable bytes only (the flat buffer holds nothing else).
     """
     n, z = setup.dp, setup.zero
     if n == 1:
@@ -47,7 +48,7 @@ def comm_bytes(setup: Setup, parts: list[Collective] | None = None) -> tuple[int
     if z.engine != "deepspeed":
         volume, formula, m = baselines.comm(setup)
         return round(volume), f"{formula}, M = {m:,} B, N = {n}"
-    m = element_bytes(z.precision) * setup.model.params
+    m = element_bytes(z.precision) * partition.trainable_params(setup)  # a trainable subset's own
     k = setup.batch.grad_accum
     ring = ring_share(n)
     if z.stage == 0:
@@ -91,7 +92,8 @@ def collectives(setup: Setup) -> list[Collective]:
     then the node-reduced 1/g of it, (nodes-1)/nodes to the same GPU of the other nodes (on one node
     DeepSpeed reduce-scatters as without qgZ, ``stage3.py`` ``num_nodes > 1``). The quantization scales
     are left out. Other stages and engines: one entry, ``comm_bytes``'s total, in the scope of the data-
-    parallel group.
+    parallel group. A trainable subset (``kit.trainable``) reduce-scatters its trainable bytes M_t only and
+    gathers every tensor, frozen or not.
     """
     n, z, c = setup.dp, setup.zero, setup.cluster
     across = "inter" if c.nodes > 1 else "intra"
@@ -99,7 +101,14 @@ def collectives(setup: Setup) -> list[Collective]:
         sent, how = comm_bytes(setup)
         return [Collective("all", across, sent, how)] if n > 1 else []
     p = element_bytes(z.precision)
-    m, k, g, h = p * setup.model.params, setup.batch.grad_accum, c.gpus_per_node, z.hpz_partition_size
+    m, k, g, h = (
+        p * sum(partition.numels(setup)),
+        setup.batch.grad_accum,
+        c.gpus_per_node,
+        z.hpz_partition_size,
+    )
+    trained = p * partition.trainable_params(setup)  # gradients: a trainable subset's only
+    mt = "M_t" if trained != m else "M"
     if n == 1:
         return []
     w = QUANTIZED_WEIGHT_BYTES / p if z.quantized_weights else 1.0
@@ -128,21 +137,21 @@ def collectives(setup: Setup) -> list[Collective]:
             Collective(
                 reduce + " (qgZ hop 1)",
                 "intra",
-                round(k * (g - 1) / g * q * m),
-                f"qgZ {q:g} x (g-1)/g M x k={k}, g={g}",
+                round(k * (g - 1) / g * q * trained),
+                f"qgZ {q:g} x (g-1)/g {mt} x k={k}, g={g}",
             )
         )
-        hop2 = (c.nodes - 1) / c.nodes * q * m / g
+        hop2 = (c.nodes - 1) / c.nodes * q * trained / g
         out.append(
             Collective(
                 f"{reduce} {RAIL}",
                 "inter",
                 round(k * hop2),
-                f"qgZ {q:g} x (nodes-1)/nodes M / g x k={k}",
+                f"qgZ {q:g} x (nodes-1)/nodes {mt} / g x k={k}",
             )
         )
     else:
-        out.append(Collective(reduce, across, round(k * ring * m), f"(N-1)/N M x k={k}"))
+        out.append(Collective(reduce, across, round(k * ring * trained), f"(N-1)/N {mt} x k={k}"))
     return out
 
 
@@ -177,7 +186,7 @@ def collective_calls(setup: Setup) -> list[tuple[str, int, str]]:
     n, z, k = setup.dp, setup.zero, setup.batch.grad_accum
     if n == 1:
         return []
-    params = setup.model.params
+    params = partition.trainable_params(setup)  # what gradients and updates move (a subset's own)
     tensors = partition.numels(setup)
     if z.engine == "ddp":
         buckets = math.ceil(4 * params / (DDP_BUCKET_CAP_MB * 2**20))

@@ -33,7 +33,8 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from kit import models
-from kit.estimate.activations import SWIGLU_FAMILIES, recomputed, recomputed_share
+from kit.estimate import partition
+from kit.estimate.activations import SWIGLU_FAMILIES, projection_flops, recomputed, recomputed_share
 from kit.rules import element_bytes
 from kit.schema import ModelSpec, Setup
 
@@ -160,11 +161,12 @@ def _gemm(m: int, n: int, k: int, p: int, batch: int = 1) -> tuple[float, float,
     return 2.0 * m * n * k * batch, float(p * batch * (m * k + k * n + m * n)), float(tiles)
 
 
-def _train(m: int, n: int, k: int, p: int, batch: int = 1, again: float = 0.0) -> list:
-    """A linear's forward (m x k by k x n), input gradient and weight gradient, and the share ``again``
-    of its forward that checkpointing recomputes."""
+def _train(m: int, n: int, k: int, p: int, batch: int = 1, again: float = 0.0, grad: float = 1.0) -> list:
+    """A linear's forward (m x k by k x n), input gradient and weight gradient (the share ``grad`` of it
+    whose weights train), and the share ``again`` of its forward that checkpointing recomputes."""
     forward = _gemm(m, n, k, p, batch)
-    out = [forward, _gemm(m, k, n, p, batch), _gemm(k, n, m, p, batch)]
+    weight = tuple(grad * x for x in _gemm(k, n, m, p, batch))
+    out = [forward, _gemm(m, k, n, p, batch), weight]
     return out + ([tuple(again * x for x in forward)] if again else [])
 
 
@@ -176,7 +178,27 @@ def _pad(entries: list, size: int) -> tuple[tuple[float, ...], ...]:
 def work(setup: Setup) -> Work:
     """``Work`` of one micro-step of ``setup`` (see the module's docstring)."""
     m, b, z = setup.model, setup.batch, setup.zero
-    return _work(m, b.micro_batch, b.seq_len, z.precision, _again(setup), z.engine, z.stage)
+    return _work(m, b.micro_batch, b.seq_len, z.precision, _again(setup), z.engine, z.stage, _grads(setup))
+
+
+#: the four linears a block's work groups, by the parts of ``kit.workloads.adapters.Block``
+GROUPS = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
+
+
+def _grads(setup: Setup) -> tuple[float, ...]:
+    """Shares of the four linears' weight gradients computed (FLOP-weighted over the blocks: a frozen
+    weight has none) and of the head's (1 or 0): all 1 without a trainable subset. LoRA's adapter
+    matmuls (r / h of each adapted linear's) are left out."""
+    listing = partition.listing(setup)
+    if listing is None:
+        return (1.0,) * 5
+    flops = projection_flops(setup.model)
+    shares = []
+    for names in GROUPS:
+        total = sum(flops[n] for n in names) * len(listing.blocks)
+        trained = sum(flops[n] for block in listing.blocks for n in names if n in block.trains)
+        shares.append(trained / total if total else 0.0)
+    return (*shares, 1.0 if "lm_head" in listing.head else 0.0)
 
 
 def _again(setup: Setup) -> tuple[float, ...]:
@@ -185,13 +207,19 @@ def _again(setup: Setup) -> tuple[float, ...]:
     r = recomputed(setup)
     if not r.any:
         return (0.0,) * 6
-    groups = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
-    return (*(recomputed_share(setup, names) for names in groups), r.attention, r.rest)
+    return (*(recomputed_share(setup, names) for names in GROUPS), r.attention, r.rest)
 
 
 @lru_cache(maxsize=4096)
 def _work(
-    m: ModelSpec, micro: int, seq: int, precision: str, again: tuple[float, ...], engine: str, stage: int
+    m: ModelSpec,
+    micro: int,
+    seq: int,
+    precision: str,
+    again: tuple[float, ...],
+    engine: str,
+    stage: int,
+    grads: tuple[float, ...] = (1.0,) * 5,
 ) -> Work:
     p = element_bytes(precision)
     tokens = micro * seq
@@ -217,8 +245,8 @@ def _work(
     eager = attention(m) == "eager"
     block = []
     linears = ((h + 2 * kv, h), (h, h), ((2 if gated else 1) * f, h), (h, f))
-    for (n_out, k_in), share in zip(linears, again, strict=False):
-        block += _train(tokens, n_out, k_in, p, again=share)
+    for (n_out, k_in), share, grad in zip(linears, again, grads, strict=False):
+        block += _train(tokens, n_out, k_in, p, again=share, grad=grad)
     forward = 1 + again[4]  # forward passes of the block's attention
     elementwise = 1 + again[5]  # of its norms, activations and rotary
     d = h // a
@@ -238,12 +266,13 @@ def _work(
     memory += per_token * tokens * p * (elementwise + 2)
     ops_forward, ops_backward = OPS_PER_BLOCK[style]
     block_host = (ops_forward * elementwise + ops_backward) * HOST_US_PER_OP * 1e-6 + hooks / layers
-    head = _train(tokens, m.vocab or 1, h, p) if m.vocab else []
+    head = _train(tokens, m.vocab or 1, h, p, grad=grads[4]) if m.vocab else []
     rest_ops = sum(OPS_OUTSIDE[style])
     flops, nbytes, tiles = _pad(block, GEMMS)
     rest_flops, rest_bytes, rest_tiles = _pad(head, REST_GEMMS)
     formula = (
-        f"{layers} blocks x max(device: 4 linears x {3 + sum(again[:4]) / 4:.3g} matmuls on a roofline at "
+        f"{layers} blocks x max(device: 4 linears x {2 + sum(grads[:4]) / 4 + sum(again[:4]) / 4:.3g} "
+        "matmuls on a roofline at "
         f"s b = {tokens:,}, {how_attention}, {sum(passes.values())} elementwise passes; host: "
         f"{ops_forward * elementwise + ops_backward:.3g} ops x {HOST_US_PER_OP:g} us"
         + (f" + hooks {events} x {per_event:g} us per tensor" if events else "")
@@ -262,7 +291,8 @@ def step_host(setup: Setup) -> tuple[float, str]:
     ops = STEP_OPS_PER_TENSOR[z.engine]
     if isinstance(ops, dict):
         ops = ops[(z.stage, z.offload_optimizer != "none")]
-    tensors = _tensors(setup.model)
+    listing = partition.listing(setup)  # a trainable subset steps its trainable tensors only
+    tensors = sum(t for _, t in listing.tensors) if listing else _tensors(setup.model)
     seconds = tensors * ops * HOST_US_PER_OP * 1e-6
     return seconds, f"host: {tensors:,} tensors x {ops} ops x {HOST_US_PER_OP:g} us"
 

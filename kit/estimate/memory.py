@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kit import checkpointing
+from kit import trainable as subset
 from kit.components import HELD
 from kit.estimate import baselines, nvme, partition, peak, reserved
 from kit.estimate.activations import activations
@@ -238,14 +239,17 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
         raise ValueError(f"rank: must be in 0..{n - 1}, got {rank}")
     if z.engine != "deepspeed":
         return baselines.states(setup, rank)
-    psi = setup.model.params
+    psi = partition.trainable_params(setup)
+    frozen = partition.frozen_params(setup)
     p = element_bytes(setup.zero.precision)
     k = optimizer_states(setup.zero.optimizer, setup.zero.momentum)
     opt = f"for {k} fp32 optimizer states" if k else "(no optimizer state)"
     device, host = dict.fromkeys(HELD, NONE), dict.fromkeys(HELD, NONE)
+    # frozen 16-bit weights (kit.trainable) stay module parameters, whole on every rank at stages 0-2
+    still = Term(p * frozen, f"{p} B x {frozen:,} frozen parameters") if frozen else NONE
 
     if z.stage == 0:
-        device["parameters"] = Term(p * psi, f"{p} B x Psi = {p} x {psi:,}")
+        device["parameters"] = Term(p * psi, f"{p} B x Psi = {p} x {psi:,}") + still
         device["gradients"] = Term(p * psi, f"{p} B x Psi (full gradients, all-reduced)")
         master = master_bytes(z.precision)
         device["optimizer_states"] = Term(
@@ -258,8 +262,9 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
         flat = part * n
         touched = partition.touched(setup)[rank]
         where = host if z.offload_optimizer == "cpu" else device
-        device["parameters"] = Term(
-            p * flat, f"{p} B x Psi padded to a multiple of 2 x dp = {p} x {flat:,} (bit16_groups_flat)"
+        device["parameters"] = (
+            Term(p * flat, f"{p} B x Psi padded to a multiple of 2 x dp = {p} x {flat:,} (bit16_groups_flat)")
+            + still
         )
         where["optimizer_states"] = Term(
             (FP32 + FP32 * k) * part,
@@ -280,13 +285,14 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
             )
         return {"device": device, "host": host}
 
-    # stage 3
+    # stage 3: every tensor partitioned, frozen or not; the trainable ones also in the optimizer's groups
     part = partition.partition_numel(setup)
+    held = partition.stage3_params(setup)
     persistent = partition.persistent(setup)
     persist_bytes = p * sum(partition.padded(t, n) for t in persistent)
     params_where = host if z.offload_param == "cpu" else device
     params_where["parameters"] = Term(
-        p * part, f"{p} B x S, S = sum of ceil(numel / dp) over tensors = {part:,}"
+        p * held, f"{p} B x S, S = sum of ceil(numel / dp) over tensors = {held:,}"
     )
     if persist_bytes:
         device["parameters"] += Term(
@@ -296,12 +302,13 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
         secondary = _hpz_secondary(setup)
         (device if z.offload_param == "none" else host)["parameters"] += secondary
     opt_where = host if z.offload_optimizer == "cpu" else device
+    of = f" over the {psi:,} trainable" if frozen else ""
     opt_where["optimizer_states"] = Term(
-        (FP32 + FP32 * k) * part, f"({FP32} fp32 master + {FP32 * k} {opt}) B x S"
+        (FP32 + FP32 * k) * part, f"({FP32} fp32 master + {FP32 * k} {opt}) B x S{of}"
     )
-    opt_where["gradients"] = Term(p * part, f"{p} B x S (grad_partitions_flat_buffer)")
+    opt_where["gradients"] = Term(p * part, f"{p} B x S{of} (grad_partitions_flat_buffer)")
     if z.offload_optimizer == "cpu":
-        host["gradients"] += Term(FP32 * part, f"{FP32} B x S (fp32 gradient on CPU)")
+        host["gradients"] += Term(FP32 * part, f"{FP32} B x S{of} (fp32 gradient on CPU)")
     if z.contiguous_gradients:
         device["buffers"] = Term(
             p * z.reduce_bucket_size, f"{p} B x reduce_bucket_size {z.reduce_bucket_size:,} (ipg bucket)"
@@ -334,7 +341,7 @@ def _transient(setup: Setup) -> dict[str, Term]:
     z, p = setup.zero, element_bytes(setup.zero.precision)
     if z.engine != "deepspeed":
         return baselines.transient(setup)
-    psi = setup.model.params
+    psi = partition.trainable_params(setup)
     out: dict[str, Term] = {}
     if z.stage in (1, 2):
         part = partition.partition_numel(setup)
@@ -352,11 +359,16 @@ def _transient(setup: Setup) -> dict[str, Term]:
             out["gradients"] = Term(p * psi, f"{p} B x Psi (stage 1 keeps full gradients across micro-steps)")
     if z.stage == 3:
         largest = setup.model.largest_layer_params
-        fetch = stage3_gathered(psi, largest, z.prefetch_bucket_size, z.max_live_parameters)
+        fetch = stage3_gathered(
+            sum(partition.numels(setup)), largest, z.prefetch_bucket_size, z.max_live_parameters
+        )
+        # a trainable subset's largest gradient is its largest trainable tensor (a LoRA matrix)
+        grad = partition.largest_tensor(setup) if subset.is_subset(z) else largest
         gathered = Term(
-            p * fetch + p * largest,
+            p * fetch + p * grad,
             f"{p} B x {STAGE3_GATHER_FORMULA} = {fetch:,} gathered params "
-            f"+ {p} B x largest layer {largest:,} full gradient before reduce-scatter",
+            f"+ {p} B x largest {'trainable tensor' if grad != largest else 'layer'} {grad:,} full "
+            "gradient before reduce-scatter",
         )
         if z.offload_optimizer == "none":
             # _prepare_fp32_grad_for_sub_group: an fp32 copy of one sub group's gradient partition
@@ -414,6 +426,11 @@ def _notes(setup: Setup) -> tuple[str, ...]:
     problem = checkpointing.engine_problem(z)
     if problem:
         notes.append(problem.removeprefix("zero.checkpoint_policy: "))
+    if subset.is_subset(z):
+        notes.append(
+            f"{subset.describe(z)}: no replay of the caching allocator yet (max reserved not predicted); "
+            "the verdict is the peak per GPU"
+        )
     if not partition.is_exact(setup):
         notes.append("bare parameter count: per-tensor padding and stage 3 persistence approximated")
     if z.quantized_weights or z.quantized_gradients:

@@ -4,42 +4,86 @@ Stages 1-2 flatten the 16-bit parameters into one buffer padded to a multiple of
 and give rank ``r`` the range ``[r P, (r+1) P)``; stage 3 partitions every tensor separately,
 ``ceil(numel / dp)`` each. Both need the model's tensor list (``kit.models.tensor_numels``); a bare
 parameter count is approximated as its largest layer plus one tensor for the rest.
+
+With a trainable subset (``kit.trainable``: LoRA, frozen groups) the list is the adapted model's
+(``kit.workloads.adapters.listing``, built on the meta device) and only the trainable tensors are
+flattened at stages 0-2, have fp32 master weights, optimizer states and gradients (``trainable``); every
+tensor, frozen or not, is partitioned and gathered at stage 3 (``numels``).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
+from kit import trainable as subset
 from kit.models import spec_tensors
 from kit.rules import NCCL_ALIGNMENT
-from kit.schema import ModelSpec, Setup
+from kit.schema import Setup
 
 
 def partition_numel(setup: Setup) -> int:
     """Elements of the fp32 master partition one rank holds (what its optimizer-state file stores):
-    stages 1-2, the 16-bit flat buffer padded to a multiple of ``2 x dp`` divided by dp; stage 3, the
-    sum over tensors of ``ceil(numel / dp)``; stage 0, every parameter."""
+    stages 1-2, the 16-bit flat buffer of the trainable parameters padded to a multiple of ``2 x dp``
+    divided by dp; stage 3, the sum over trainable tensors of ``ceil(numel / dp)``; stage 0, every
+    trainable parameter."""
     n = setup.dp
     if setup.zero.stage == 3:
-        return _stage3_partition(setup.model, n)
+        return _sharded(trainable(setup), n)
     if setup.zero.stage in (1, 2):
-        return -(-setup.model.params // (NCCL_ALIGNMENT * n)) * NCCL_ALIGNMENT
-    return setup.model.params
+        return -(-trainable_params(setup) // (NCCL_ALIGNMENT * n)) * NCCL_ALIGNMENT
+    return trainable_params(setup)
+
+
+def stage3_params(setup: Setup) -> int:
+    """Elements of the 16-bit parameter partitions one rank holds at stage 3: ``ceil(numel / dp)`` of every
+    tensor, trainable or frozen."""
+    return _sharded(numels(setup), setup.dp)
 
 
 @lru_cache(maxsize=512)
-def _stage3_partition(model: ModelSpec, n: int) -> int:
-    return sum(-(-t // n) for t in numels(Setup(model=model)))
+def _sharded(tensors: tuple[int, ...], n: int) -> int:
+    return sum(-(-t // n) for t in tensors)
 
 
 def numels(setup: Setup) -> tuple[int, ...]:
-    """Every parameter tensor's numel; for a bare count, the largest layer and one tensor for the rest."""
+    """Every parameter tensor's numel, adapters and frozen ones included; for a bare count, the largest
+    layer and one tensor for the rest."""
+    if subset.is_subset(setup.zero):
+        return tuple(n for n, _ in listing(setup).tensors)
     exact = spec_tensors(setup.model)
     if exact is not None:
         return exact
     m = setup.model
     rest = m.params - m.largest_layer_params
     return (m.largest_layer_params,) + ((rest,) if rest else ())
+
+
+def trainable(setup: Setup) -> tuple[int, ...]:
+    """The numels of the tensors that train, in the model's order (what the ZeRO optimizers flatten,
+    partition and step, and what gradients are reduced for): ``numels`` without a subset."""
+    if subset.is_subset(setup.zero):
+        return tuple(n for n, trains in listing(setup).tensors if trains)
+    return numels(setup)
+
+
+def trainable_params(setup: Setup) -> int:
+    """Parameters that train (the model's count without a subset)."""
+    return sum(trainable(setup)) if subset.is_subset(setup.zero) else setup.model.params
+
+
+def frozen_params(setup: Setup) -> int:
+    """Parameters that do not train (16-bit weights only, whole on every rank at stages 0-2)."""
+    return sum(numels(setup)) - trainable_params(setup) if subset.is_subset(setup.zero) else 0
+
+
+def listing(setup: Setup):
+    """What trains of ``setup``'s model (``kit.workloads.adapters.Listing``, built on the meta device and
+    cached); None when every parameter trains (no torch then)."""
+    if not subset.is_subset(setup.zero):
+        return None
+    from kit.workloads import adapters
+
+    return adapters.listing(setup.model, setup.zero)
 
 
 def padded(numel: int, n: int) -> int:
@@ -51,12 +95,12 @@ def padded(numel: int, n: int) -> int:
 def released(setup: Setup) -> tuple[int, ...]:
     """Numels of the tensors stage 3 partitions and gathers for each use (more than
     ``param_persistence_threshold`` elements), in the model's order."""
-    return _released(setup.model, setup.zero.param_persistence_threshold)
+    return _released(numels(setup), setup.zero.param_persistence_threshold)
 
 
 @lru_cache(maxsize=512)
-def _released(model: ModelSpec, threshold: int) -> tuple[int, ...]:
-    return tuple(t for t in numels(Setup(model=model)) if t > threshold)
+def _released(tensors: tuple[int, ...], threshold: int) -> tuple[int, ...]:
+    return tuple(t for t in tensors if t > threshold)
 
 
 def kept_to_backward(setup: Setup) -> frozenset[int]:
@@ -65,12 +109,12 @@ def kept_to_backward(setup: Setup) -> frozenset[int]:
     (``release_sub_module``'s ``__params_to_release``): for tensor i, the tensors after it in the forward
     and then the same ones again in backward, 2 x the elements after it."""
     z = setup.zero
-    return _kept(setup.model, z.param_persistence_threshold, z.max_reuse_distance)
+    return _kept(numels(setup), z.param_persistence_threshold, z.max_reuse_distance)
 
 
 @lru_cache(maxsize=512)
-def _kept(model: ModelSpec, threshold: int, reuse_distance: int) -> frozenset[int]:
-    tensors, kept, after = numels(Setup(model=model)), set(), 0
+def _kept(tensors: tuple[int, ...], threshold: int, reuse_distance: int) -> frozenset[int]:
+    kept, after = set(), 0
     for i in reversed(range(len(tensors))):  # ``after``: the elements after tensor i in the forward
         if tensors[i] > threshold and 2 * after < reuse_distance:
             kept.add(i)
@@ -82,56 +126,56 @@ def gathered_padded(setup: Setup) -> tuple[int, int]:
     """Elements, each tensor padded to the ranks, of every released tensor and of those
     ``kept_to_backward`` (what stage 3 holds gathered at most, and to the backward)."""
     z = setup.zero
-    return _gathered_padded(setup.model, z.param_persistence_threshold, z.max_reuse_distance, setup.dp)
+    return _gathered_padded(numels(setup), z.param_persistence_threshold, z.max_reuse_distance, setup.dp)
 
 
 @lru_cache(maxsize=512)
-def _gathered_padded(model: ModelSpec, threshold: int, reuse_distance: int, n: int) -> tuple[int, int]:
-    tensors = numels(Setup(model=model))
-    every = sum(padded(t, n) for t in _released(model, threshold))
-    return every, sum(padded(tensors[i], n) for i in _kept(model, threshold, reuse_distance))
+def _gathered_padded(
+    tensors: tuple[int, ...], threshold: int, reuse_distance: int, n: int
+) -> tuple[int, int]:
+    every = sum(padded(t, n) for t in _released(tensors, threshold))
+    return every, sum(padded(tensors[i], n) for i in _kept(tensors, threshold, reuse_distance))
 
 
 def persistent(setup: Setup) -> tuple[int, ...]:
     """Numels of the tensors stage 3 keeps whole on every rank (at most ``param_persistence_threshold``
     elements), in the model's order."""
-    return _persistent(setup.model, setup.zero.param_persistence_threshold)
+    return _persistent(numels(setup), setup.zero.param_persistence_threshold)
 
 
 @lru_cache(maxsize=512)
-def _persistent(model: ModelSpec, threshold: int) -> tuple[int, ...]:
-    return tuple(t for t in numels(Setup(model=model)) if t <= threshold)
+def _persistent(tensors: tuple[int, ...], threshold: int) -> tuple[int, ...]:
+    return tuple(t for t in tensors if t <= threshold)
 
 
 def persistent_padded(setup: Setup) -> int:
     """Elements of the persistent tensors, each padded to the ranks (what stage 3 gathers of them)."""
-    return _persistent_padded(setup.model, setup.zero.param_persistence_threshold, setup.dp)
+    return _persistent_padded(numels(setup), setup.zero.param_persistence_threshold, setup.dp)
 
 
 @lru_cache(maxsize=512)
-def _persistent_padded(model: ModelSpec, threshold: int, n: int) -> int:
-    return sum(padded(t, n) for t in _persistent(model, threshold))
+def _persistent_padded(tensors: tuple[int, ...], threshold: int, n: int) -> int:
+    return sum(padded(t, n) for t in _persistent(tensors, threshold))
 
 
 def is_exact(setup: Setup) -> bool:
     """Whether the tensor list is known (not approximated from a bare count)."""
-    return spec_tensors(setup.model) is not None
+    return subset.is_subset(setup.zero) or spec_tensors(setup.model) is not None
 
 
 def touched(setup: Setup) -> list[int]:
-    """Per rank, the elements of every tensor overlapping its flat range (stage 1/2's gradient buffer,
-    ``params_in_partition``); the last rank's range also carries the alignment padding. Without a
-    tensor list every rank counts exactly its partition."""
-    return list(_touched(setup.model, setup.dp, partition_numel(setup)))
+    """Per rank, the elements of every trainable tensor overlapping its flat range (stage 1/2's gradient
+    buffer, ``params_in_partition``); the last rank's range also carries the alignment padding. Without
+    a tensor list every rank counts exactly its partition."""
+    part = partition_numel(setup)
+    return list(_touched(trainable(setup), setup.dp, part) if is_exact(setup) else (part,) * setup.dp)
 
 
 @lru_cache(maxsize=512)
-def _touched(model: ModelSpec, n: int, part: int) -> tuple[int, ...]:
-    if spec_tensors(model) is None:
-        return (part,) * n
+def _touched(tensors: tuple[int, ...], n: int, part: int) -> tuple[int, ...]:
     out = [0] * n
     start = 0
-    for t in spec_tensors(model):
+    for t in tensors:
         first, last = start // part, min((start + t - 1) // part, n - 1)
         for r in range(first, last + 1):
             out[r] += t
@@ -151,5 +195,5 @@ def worst_rank(setup: Setup) -> int:
 
 
 def largest_tensor(setup: Setup) -> int:
-    """The largest single parameter tensor (the largest layer when the tensor list is unknown)."""
-    return max(numels(setup)) if is_exact(setup) else setup.model.largest_layer_params
+    """The largest single trainable tensor (the largest layer when the tensor list is unknown)."""
+    return max(trainable(setup)) if is_exact(setup) else setup.model.largest_layer_params

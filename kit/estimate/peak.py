@@ -69,13 +69,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import Literal, NamedTuple
 
+from kit import checkpointing
+from kit import trainable as subset
 from kit.estimate import baselines, partition, reductions
 from kit.estimate.activations import (
     FORMULA_FAMILIES,
     SWIGLU_FAMILIES,
     _head_activations,
+    _subset_saved,
     also_saved,
     formula,
 )
@@ -192,7 +195,20 @@ def timeline(
     end = {**resident, "buffers": resident["buffers"] + _bucket(setup)}
     end["gradients"] = _end_gradients(setup, device, resident["gradients"])
     end["temporaries"] = _allreduce_copy(setup)
-    candidates = {"at the loss's backward": backward_at_loss, "in the last block's backward": block}
+    late = {}
+    if shape.late:  # a trainable subset's first gradient hook comes after the last block's MLP
+        hooked = {**block, "buffers": bucketed + gathered}
+        late["at the last block's input norm, after the first gradient hook"] = {
+            **hooked,
+            "activations": shape.late.at_norm,
+            "temporaries": shape.late.norm_work + shape.batch,
+        }
+        late["in the block below's backward, after the first gradient hook"] = {
+            **hooked,
+            "activations": shape.late.below,
+        }
+        block["buffers"] = resident["buffers"] + gathered  # the bucket is not there yet
+    candidates = {"at the loss's backward": backward_at_loss, "in the last block's backward": block, **late}
     candidates["at its end"] = end
     candidates.update(reductions.flushes(setup, rank, end, resident["gradients"]))
     candidates.update(reductions.scatters(setup, block, bucketed, end, gathered, backend))
@@ -203,11 +219,45 @@ def timeline(
     moments["optimizer"], optimizer = _largest(steps)
     for terms in (forward, backward, optimizer):
         terms.update({k: terms.get(k, NONE) for k in CATEGORIES if k not in terms})
+    rng = _rng_states(setup) if backend == "gloo" else NONE
+    forward["temporaries"] += rng
+    backward["temporaries"] += rng
+    optimizer["temporaries"] += rng + _input_leaf(setup)
     phases = {
         name: {k: terms[k] for k in CATEGORIES}
         for name, terms in zip(PHASES, (forward, backward, optimizer), strict=True)
     }
     return Timeline(phases, moments)
+
+
+#: bytes of torch's CPU generator state (``torch.get_rng_state()``, a uint8 tensor: mt19937's)
+CPU_RNG_STATE_BYTES = 5056
+
+
+def _rng_states(setup: Setup) -> Term:
+    """On CPU ranks, the RNG states each checkpointed block's call stashes for its recomputation, alive
+    with the loss's graph (forward, backward and ``engine.step()``): DeepSpeed's checkpoint keeps the CPU
+    state and the accelerator's, the CPU's again (``fwd_cpu_rng_state``, ``fwd_cuda_rng_state``);
+    ``torch.utils.checkpoint`` the CPU's. On a GPU they are host tensors."""
+    z, layers = setup.zero, setup.model.layers or 0
+    if not z.activation_checkpointing or not layers:
+        return NONE
+    count = 2 if z.checkpoint_policy == "full" else 1
+    blocks = layers // z.checkpoint_every
+    n = count * blocks * CPU_RNG_STATE_BYTES
+    return Term(n, f"{count} x {CPU_RNG_STATE_BYTES:,} B x {blocks} checkpointed blocks (CPU RNG states)")
+
+
+def _input_leaf(setup: Setup) -> Term:
+    """Frozen embeddings under checkpointing: ``enable_input_require_grads`` makes their output a leaf that
+    needs a gradient, so backward leaves its ``.grad``; the loss's graph (``AccumulateGrad``) holds both
+    until the loss is freed, after ``engine.step()``."""
+    listing = partition.listing(setup)
+    if not listing or listing.embeddings or not setup.zero.activation_checkpointing:
+        return NONE
+    b, m, p = setup.batch, setup.model, element_bytes(setup.zero.precision)
+    n = 2 * p * b.micro_batch * b.seq_len * m.hidden
+    return Term(n, f"2 x {p} B x b s h (the embeddings' output, made to need a gradient, and its .grad)")
 
 
 def _largest(candidates: dict[str, dict[str, Term]]) -> tuple[str, dict[str, Term]]:
@@ -252,7 +302,13 @@ class _Shape:
         )
         self.batch = Term(TOKEN_ID_BYTES * tokens, "token ids 8 B x b s") if m.vocab else NONE
         formulaic = m.family in FORMULA_FAMILIES and m.is_transformer and not m.source
-        if formulaic:
+        self.late = None
+        if formulaic and subset.is_subset(setup.zero):
+            saved = _subset_saved(setup)
+            head = Term(saved.head, "")
+            recomputed = saved.recomputed if setup.zero.activation_checkpointing else 0
+            self.late = _late_hook(setup, act, saved, p)
+        elif formulaic:
             scale = p // 2
             head = _head_activations(setup, scale)
             full = formula(
@@ -262,6 +318,7 @@ class _Shape:
             )
             per_layer = (full.bytes - head.bytes) // m.layers
             recomputed = per_layer - also_saved(setup) if setup.zero.activation_checkpointing else 0
+        if formulaic:
             self.forward = Term(
                 act.bytes - recomputed,
                 act.formula + (" - one layer recomputed in backward only" if recomputed else ""),
@@ -270,17 +327,21 @@ class _Shape:
             s, h, f = b.seq_len, m.hidden, m.ffn or 4 * m.hidden
             mb = b.micro_batch
             gated = 2 if m.family in SWIGLU_FAMILIES else 0  # the product's backward: gate and up b s f
+            trains = partition.listing(setup)
+            down = "down" in trains.blocks[-1].trains if trains else True
             self.block_backward = Term(
-                p * ((1 + gated) * s * mb * f + f * h + s * mb * h),
-                f"{p} B x ({1 + gated if gated else ''}b s f + f h + b s h): the MLP down-projection's input "
-                "and weight gradients and the incoming one"
-                + (", and the SwiGLU product's two input gradients" if gated else ""),
-            ) + _weight_grad_scratch(setup, cpu)
+                p * ((1 + gated) * s * mb * f + f * h * down + s * mb * h),
+                f"{p} B x ({1 + gated if gated else ''}b s f + {'f h + ' if down else ''}b s h): the MLP "
+                f"down-projection's input {'and weight gradients ' if down else 'gradient '}and the "
+                "incoming one" + (", and the SwiGLU product's two input gradients" if gated else ""),
+            ) + (_weight_grad_scratch(setup, cpu) if down else NONE)
             head = m.vocab * h if m.vocab else 0
             z = setup.zero
-            if m.tied_embeddings and head:
+            embedding = trains.embeddings if trains else True  # a frozen tied embedding gets no gradient
+            lm_head = "lm_head" in trains.head if trains else True
+            if m.tied_embeddings and head and embedding:
                 self.tied = Term(p * head, f"{p} B x v h (the tied embedding's gradient from the head)")
-            elif head and z.engine == "deepspeed" and z.stage == 1:
+            elif head and z.engine == "deepspeed" and z.stage == 1 and lm_head:
                 self.tied = Term(p * head, f"{p} B x v h (the head's gradient, in .grad to the boundary)")
             else:
                 self.tied = NONE
@@ -289,6 +350,56 @@ class _Shape:
             self.forward = self.blocks = act
             self.block_backward = Term(p * largest, f"{p} B x largest layer (its gradient)")
             self.tied = NONE
+
+
+#: an RMSNorm's backward in Hugging Face's fp32 upcast: five fp32 b s h temporaries at once (the upcast
+#: gradient, its products with the rsqrt and with the input, the mean's and the square's gradients), measured
+#: in the last block's input norm on CPU ranks
+RMSNORM_BACKWARD_FP32 = 5
+
+
+class Late(NamedTuple):
+    """The moments after a late first gradient hook (``_late_hook``): what is live at the last block's
+    input norm's backward and its working set, and what is live in the block below's backward."""
+
+    at_norm: Term
+    norm_work: Term
+    below: Term
+
+
+def _late_hook(setup: Setup, act: Term, saved, p: int) -> Late | None:
+    """A trainable subset whose head and last block's MLP train nothing (LoRA on attention, say) has its
+    first gradient hook, where stages 1-2 allocate their bucket, inside the last block's attention: the
+    block's MLP and attention saved tensors are freed by then. Two moments follow with the bucket: the
+    backward of the last block's input norm (the activations less the head's and the last block's, what
+    that norm keeps, and the norm's working set: ``RMSNORM_BACKWARD_FP32`` fp32 b s h and the residual
+    gradient), and the backward of the block below (the activations less the head's and the last block's;
+    a checkpointed last block leaves its recomputation to the block below). None when the bucket comes
+    with the head's or the MLP's gradients, as without a subset."""
+    z, listing = setup.zero, partition.listing(setup)
+    if z.engine != "deepspeed" or z.stage not in (1, 2) or listing.head or not listing.blocks:
+        return None
+    last = listing.blocks[-1]
+    if (last.trains | last.adapted) & {"gate", "up", "down", "norm2"}:
+        return None
+    m, b = setup.model, setup.batch
+    sbh = b.micro_batch * b.seq_len * m.hidden
+    ckpt = z.activation_checkpointing and checkpointing.is_checkpointed(
+        len(listing.blocks) - 1, z.checkpoint_every
+    )
+    blocks = act.bytes - saved.head
+    done = "the head's and the last block's"
+    return Late(
+        Term(
+            blocks - (saved.recomputed if ckpt else saved.blocks[-1]) + saved.last_norm,
+            f"{act.formula} - {done} but its input norm's",
+        ),
+        Term(
+            RMSNORM_BACKWARD_FP32 * FP32 * sbh + p * sbh,
+            f"{RMSNORM_BACKWARD_FP32} x 4 B x b s h + {p} B x b s h (its input norm's backward)",
+        ),
+        Term(blocks - (p * sbh if ckpt else saved.blocks[-1]), f"{act.formula} - {done}"),
+    )
 
 
 def _weight_grad_scratch(setup: Setup, cpu: CpuMatmul | None) -> Term:
@@ -320,7 +431,7 @@ def _resident(setup: Setup, device: dict[str, Term]) -> dict[str, Term]:
     if held or setup.batch.grad_accum > 1:
         grads = device["gradients"]
         if z.engine == "deepspeed" and z.stage in (0, 1) and setup.batch.grad_accum > 1:
-            p, psi = element_bytes(z.precision), setup.model.params
+            p, psi = element_bytes(z.precision), partition.trainable_params(setup)
             grads = Term(p * psi, f"{p} B x Psi (full gradients accumulated across micro-steps)")
         out["gradients"] = grads if held else Term(grads.bytes, f"{grads.formula}, held across micro-steps")
     else:
@@ -337,13 +448,19 @@ def _grads_so_far(setup: Setup, device: dict[str, Term], held: Term) -> Term:
     m, z = setup.model, setup.zero
     if z.engine != "deepspeed" or z.stage != 0 or held.bytes or not (m.layers and m.hidden and m.vocab):
         return NONE
-    embedding = m.vocab * m.hidden
-    block = (m.params - embedding * (1 if m.tied_embeddings else 2)) // m.layers
-    later = m.params - block - embedding
+    psi = partition.trainable_params(setup)
+    listing = partition.listing(setup)
+    if listing:  # a trainable subset's own first block and embedding (kit.trainable)
+        embedding = m.vocab * m.hidden if listing.embeddings else 0
+        later = psi - listing.blocks[0].params - embedding
+    else:
+        embedding = m.vocab * m.hidden
+        block = (m.params - embedding * (1 if m.tied_embeddings else 2)) // m.layers
+        later = m.params - block - embedding
     grads = device["gradients"]
     return Term(
-        grads.bytes * later // m.params,
-        f"{grads.formula} x {later:,} / {m.params:,} (all but the first block's and the embedding's)",
+        grads.bytes * later // psi,
+        f"{grads.formula} x {later:,} / {psi:,} (all but the first block's and the embedding's)",
     )
 
 
@@ -354,7 +471,7 @@ def _allreduce_copy(setup: Setup) -> Term:
     z = setup.zero
     if z.engine != "deepspeed" or z.stage != 0:
         return NONE
-    largest, p = max(fallback_copies(partition.numels(setup)), default=0), element_bytes(z.precision)
+    largest, p = max(fallback_copies(partition.trainable(setup)), default=0), element_bytes(z.precision)
     return Term(p * largest, f"{p} B x {largest:,} (the all-reduce's flat copy of the largest bucket)")
 
 
@@ -470,7 +587,7 @@ def _temporaries(setup: Setup, tensors: list[int], implementation: Implementatio
 
 
 def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[str, dict[str, Term]]:
-    z, psi = setup.zero, setup.model.params
+    z, psi = setup.zero, partition.trainable_params(setup)
     p = element_bytes(z.precision)
     gloo = backend == "gloo"
     base = dict(resident)
@@ -484,7 +601,7 @@ def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[s
             }
         }
     if z.stage == 0:
-        tensors = list(partition.numels(setup))
+        tensors = list(partition.trainable(setup))
         grads = device["gradients"]
         if p != FP32:  # BF16_Optimizer / FP16: an fp32 copy of every gradient
             grads += Term(FP32 * psi, "4 B x Psi (fp32 gradient copies)")

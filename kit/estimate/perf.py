@@ -230,9 +230,16 @@ def flops_per_token(setup: Setup) -> tuple[float, str]:
     full = 12 * m.layers * m.hidden * s if m.is_transformer and m.layers and m.hidden else 0
     causal = bool(full) and kernels.attention(m) == "sdpa"
     attention = full // 2 if causal else full
-    flops = 6 * m.params + attention
+    trained = partition.trainable_params(setup)
     scores = f"{'6' if causal else '12'} L h s ({m.layers} x {m.hidden} x {s}{', causal' if causal else ''})"
-    formula = "6 Psi" + (f" + {scores}" if attention else "")
+    if trained == m.params:
+        flops, formula = 6 * m.params + attention, "6 Psi"
+    else:  # frozen weights get no weight gradient: 2 Psi forward, 2 Psi input gradients, 2 Psi_t
+        flops, formula = (
+            4 * m.params + 2 * trained + attention,
+            f"4 Psi + 2 Psi_t (Psi_t = {trained:,} train)",
+        )
+    formula += f" + {scores}" if attention else ""
     if again.any:
         linear, att = recomputed_share(setup), again.attention
         flops += linear * 2 * m.params + att * attention / 3

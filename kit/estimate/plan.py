@@ -17,7 +17,7 @@ from functools import lru_cache
 import pandas as pd
 
 from kit import batch as batch_math
-from kit import grid
+from kit import grid, trainable
 from kit.ds_keys import EXAMPLE_NVME_PATH, ZEROPP_OFF
 from kit.estimate import partition, perf, plan_grid
 from kit.estimate.calibration import Calibration
@@ -47,8 +47,12 @@ def search_variants(setup: Setup, nodes: int) -> list[dict]:
     nothing, the optimizer, or the optimizer and the parameters offloaded to CPU, then stage 3 offloading
     to NVMe (optimizer, optimizer + parameters); on several nodes, where they pay, ZeRO++ (hpZ over the
     whole node, and hpZ + qwZ + qgZ: ``grid.zeropp_variants``); PyTorch's own engines beside them (the
-    grid refuses them in fp16: they need a loss scaler)."""
-    return [dict(v) for v in _search_variants(setup.zero.precision, setup.cluster.gpus_per_node, nodes > 1)]
+    grid refuses them in fp16: they need a loss scaler). A trainable subset leaves out what
+    ``kit.trainable.problem`` says is not modelled with it (NVMe offload, the PyTorch engines)."""
+    found = [dict(v) for v in _search_variants(setup.zero.precision, setup.cluster.gpus_per_node, nodes > 1)]
+    if not trainable.is_subset(setup.zero):
+        return found
+    return [v for v in found if not trainable.problem(setup.zero.model_copy(update={**ZEROPP_OFF, **v}))]
 
 
 @lru_cache(maxsize=64)

@@ -16,7 +16,7 @@ from functools import lru_cache
 from kit.estimate import partition
 from kit.estimate.result import Term
 from kit.rules import element_bytes
-from kit.schema import ModelSpec, Setup
+from kit.schema import Setup
 
 
 def flushes(setup: Setup, rank: int, end: dict[str, Term], held: Term) -> dict[str, dict[str, Term]]:
@@ -40,7 +40,7 @@ def flushes(setup: Setup, rank: int, end: dict[str, Term], held: Term) -> dict[s
         return Term(p * content, f"{p} B x {content:,} (the bucket's flat copy)")
 
     out: dict[str, dict[str, Term]] = {}
-    before, after, last = _flush_sizes(setup.model, part, rank, z.reduce_bucket_size)
+    before, after, last = _flush_sizes(partition.trainable(setup), part, rank, z.reduce_bucket_size)
     # the largest flush: before this rank's partition buffer exists (what is held across micro-steps
     # beside it) or after (the end's gradients)
     options = [(f, held) for f in (before,) if f] + [(f, end["gradients"]) for f in (after,) if f]
@@ -55,11 +55,11 @@ def flushes(setup: Setup, rank: int, end: dict[str, Term], held: Term) -> dict[s
 
 
 @lru_cache(maxsize=256)
-def _flush_sizes(model: ModelSpec, part: int, rank: int, bucket_size: int):
-    """``_flushes``' walk of the hooks, in elements: the largest flush before this rank's partition buffer
-    is allocated and the largest after it, each ``(hook's tensor, bucket's content, its owners)`` or None;
-    and the epilogue's ``(content, owners, allocated)``."""
-    numels = partition.numels(Setup(model=model))
+def _flush_sizes(numels: tuple[int, ...], part: int, rank: int, bucket_size: int):
+    """``_flushes``' walk of the hooks over the trainable tensors ``numels`` (the flat buffer's), in
+    elements: the largest flush before this rank's partition buffer is allocated and the largest after it,
+    each ``(hook's tensor, bucket's content, its owners)`` or None; and the epilogue's
+    ``(content, owners, allocated)``."""
     ends = itertools.accumulate(numels)  # each tensor's end in the flat buffer
     largest: list = [None, None]  # before, after
     content, owners, ours, allocated = 0, [], False, False
@@ -110,7 +110,9 @@ def scatters(
         return Term(copies * p * n, f"{copies} x {p} B x {n:,} (reduce_scatter_coalesced's {how})")
 
     out: dict[str, dict[str, Term]] = {}
-    sizes = (setup.model, setup.dp, z.reduce_bucket_size, z.param_persistence_threshold)
+    listing = partition.listing(setup)
+    flags = tuple(t for _, t in listing.tensors) if listing else None
+    sizes = (partition.numels(setup), flags, setup.dp, z.reduce_bucket_size, z.param_persistence_threshold)
     last = _scatter_sizes(*sizes)[-1]
     largest = _largest_scatter(*sizes, gathered.bytes // p, copies)
     if largest:  # the largest hook's reduction: what is still gathered and its flat copy
@@ -127,26 +129,34 @@ def scatters(
 
 @lru_cache(maxsize=1024)
 def _largest_scatter(
-    model: ModelSpec, dp: int, bucket_size: int, threshold: int, gathered: int, copies: int
+    numels: tuple[int, ...],
+    trains: tuple[bool, ...] | None,
+    dp: int,
+    bucket_size: int,
+    threshold: int,
+    gathered: int,
+    copies: int,
 ) -> tuple[int, int] | None:
     """The hook's reduction (``_scatter_sizes``, but the epilogue) with the most elements live: those
     still gathered (at most ``gathered``) and its flat copy, ``copies`` times; None without one."""
-    flushes = _scatter_sizes(model, dp, bucket_size, threshold)[:-1]
+    flushes = _scatter_sizes(numels, trains, dp, bucket_size, threshold)[:-1]
     return max(flushes, key=lambda f: min(gathered, f[0]) + copies * f[1], default=None)
 
 
 @lru_cache(maxsize=256)
 def _scatter_sizes(
-    model: ModelSpec, dp: int, bucket_size: int, threshold: int
+    numels: tuple[int, ...], trains: tuple[bool, ...] | None, dp: int, bucket_size: int, threshold: int
 ) -> tuple[tuple[int, int], ...]:
-    """Stage 3's gradient reductions in backward order (``_scatters``): per reduction, the padded elements
+    """Stage 3's gradient reductions in backward order (``_scatters``) over the tensors ``numels`` (those
+    whose ``trains`` flag is False have no gradient; None: all train): per reduction, the padded elements
     of the released tensors at or before the hook's tensor in the forward (those that can still be
     gathered) and the elements of its flat copy (none for a lone tensor dp divides); the epilogue last."""
-    numels = partition.numels(Setup(model=model))
     released = [partition.padded(t, dp) if t > threshold else 0 for t in numels]
     before = list(itertools.accumulate(released))  # before[i]: released elements up to tensor i
     out, count, total, padded = [], 0, 0, 0
     for i in reversed(range(len(numels))):
+        if trains is not None and not trains[i]:
+            continue
         if count and total + numels[i] > bucket_size:
             out.append((before[i], 0 if count == 1 and total % dp == 0 else padded))
             count, total, padded = 0, 0, 0

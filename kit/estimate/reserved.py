@@ -68,6 +68,7 @@ from kit.estimate.allocator import Alloc, EmptyCache, Event, Free, Mark, replay
 from kit.estimate.result import Term
 from kit.rules import DS_SUB_GROUP_SIZE, FP32, element_bytes, fallback_copies, optimizer_states
 from kit.schema import ModelSpec, Setup
+from kit.trainable import is_subset
 from kit.units import gib
 
 #: the streams a DeepSpeed step allocates on
@@ -108,8 +109,9 @@ class Reserved:
 def reserved(setup: Setup, device: dict[str, Term], activations: Term) -> Reserved | None:
     """The replay of ``STEPS`` steps of ``setup`` on one GPU holding ``device`` (``kit.estimate.memory``'s
     resident states) with ``activations`` saved per micro-step; None for what it does not replay (the
-    PyTorch baselines, parameters offloaded to the host or NVMe)."""
-    if setup.zero.engine != "deepspeed" or setup.zero.offload_param != "none":
+    PyTorch baselines, parameters offloaded to the host or NVMe, a trainable subset: its gradients are
+    not the replay's)."""
+    if setup.zero.engine != "deepspeed" or setup.zero.offload_param != "none" or is_subset(setup.zero):
         return None
     events = _Step(setup, device, activations).events()
     plain, grown = replay(events), replay(events, expandable_segments=True)

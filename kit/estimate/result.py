@@ -160,14 +160,16 @@ class Estimate:
         return {name: estimate_fit(self, name).ok for name in catalogue()}
 
     @cached_property
-    def checkpoint_bytes(self) -> int:
-        """Size on disk of one saved checkpoint tag, all ranks (``kit.estimate.checkpoint_size``)."""
+    def checkpoint_bytes(self) -> int | None:
+        """Size on disk of one saved checkpoint tag, all ranks (``kit.estimate.checkpoint_size``); None
+        where it is not modelled (a trainable subset)."""
         from kit.estimate.checkpoint_size import checkpoint_bytes
+        from kit.trainable import is_subset
 
-        return checkpoint_bytes(self.setup)["total_bytes"]
+        return None if is_subset(self.setup.zero) else checkpoint_bytes(self.setup)["total_bytes"]
 
     def to_dict(self) -> dict:
-        """The ``zerokit estimate --json`` object (docs/architecture.md, "CLI and JSON")."""
+        """The ``zerokit estimate --json`` object (docs/contracts.md, "CLI and JSON")."""
         s = self.setup
         return {
             "formula": self.formula,

@@ -22,7 +22,7 @@ from typing import Any
 
 import ipywidgets as w
 
-from kit import checkpointing, grid
+from kit import checkpointing, grid, trainable
 from kit.ds_keys import ZEROPP_OFF
 from kit.lab import ui
 from kit.lab.monitor_panel import MonitorPanel
@@ -111,6 +111,7 @@ class ComparisonPanel:
         self.batch_schedule = w.Text(value="", description="batch by step", placeholder="e.g. 2=16,4=32")
         self.precision = ui.toggle(["fp32", "fp16", "bf16"], z.precision, "precision")
         self.checkpointing = ui.checkpointing(z)
+        self.trainable = ui.trainable(z)
         self.reduce_bucket = ui.bucket_slider("reduce bucket", z.reduce_bucket_size)
         self.prefetch_bucket = ui.bucket_slider("s3 prefetch", z.prefetch_bucket_size)
         self.layers = w.BoundedIntText(value=m.layers or 1, min=1, max=256, description="layers")
@@ -155,6 +156,7 @@ class ComparisonPanel:
                 ui.row(self.hpz, self.quantized_weights, self.quantized_gradients),
                 ui.row(self.precision, self.grad_accum),
                 ui.row(self.batch_schedule, self.checkpointing),
+                ui.row(self.trainable),
                 ui.row(self.reduce_bucket, self.prefetch_bucket),
                 ui.section("Toy model" if self.toy else f"Model: {html.escape(m.name)}"),
                 ui.row(self.layers, self.hidden, self.heads),
@@ -425,6 +427,7 @@ class ComparisonPanel:
             zero={
                 "precision": self.precision.value,
                 **dict(zip(checkpointing.FIELDS, self.checkpointing.value, strict=True)),
+                **dict(zip(trainable.FIELDS, self.trainable.value, strict=True)),
                 "reduce_bucket_size": round(self.reduce_bucket.value),
                 "prefetch_bucket_size": round(self.prefetch_bucket.value),
             },
@@ -473,6 +476,7 @@ class ComparisonPanel:
             self.batch_schedule,
             self.precision,
             self.checkpointing,
+            self.trainable,
             self.reduce_bucket,
             self.prefetch_bucket,
             self.layers,

@@ -17,7 +17,7 @@ from typing import Any
 
 import ipywidgets as w
 
-from kit import checkpointing
+from kit import checkpointing, trainable
 from kit.ds_keys import EXAMPLE_NVME_PATH
 from kit.fit import estimate_fit
 from kit.gpus import gpu_names
@@ -102,6 +102,7 @@ class MemoryPanel:
         )
         self.seq_len = w.BoundedIntText(value=b.seq_len, min=1, max=MAX_SEQ_LEN, description="seq len")
         self.checkpointing = ui.checkpointing(z)
+        self.trainable = ui.trainable(z)
         self.reduce_bucket = ui.bucket_slider("reduce bucket", z.reduce_bucket_size)
         self.allgather_bucket = ui.bucket_slider("allgather bucket", z.allgather_bucket_size)
         self.prefetch_bucket = ui.bucket_slider("s3 prefetch", z.prefetch_bucket_size)
@@ -145,6 +146,7 @@ class MemoryPanel:
                 ui.row(self.offload_optimizer, self.offload_param),
                 self.nvme_path,
                 ui.row(self.optimizer, self.checkpointing),
+                ui.row(self.trainable),
                 ui.row(self.hpz, self.quantized_weights, self.quantized_gradients),
                 self.offload_reason,
                 ui.section("Batch"),
@@ -242,6 +244,7 @@ class MemoryPanel:
             "precision": self.precision.value,
             "optimizer": self.optimizer.value,
             **dict(zip(checkpointing.FIELDS, self.checkpointing.value, strict=True)),
+            **dict(zip(trainable.FIELDS, self.trainable.value, strict=True)),
             "hpz_partition_size": self.hpz.value,
             "quantized_weights": self.quantized_weights.value,
             "quantized_gradients": self.quantized_gradients.value,
@@ -406,6 +409,7 @@ class MemoryPanel:
             self.train_batch,
             self.seq_len,
             self.checkpointing,
+            self.trainable,
             self.reduce_bucket,
             self.allgather_bucket,
             self.prefetch_bucket,

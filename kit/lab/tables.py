@@ -99,6 +99,34 @@ def checkpointing_policies(setup: Setup) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index").round(2)
 
 
+def trainable_subsets(setup: Setup) -> pd.DataFrame:
+    """Per choice of what trains (``kit.trainable.CHOICES``) of ``setup``: the parameters that train, the
+    model states and activations per GPU and the predicted peak (GiB), whether it fits the cluster's
+    GPU, and the step time (the datasheet's); a choice the kit cannot model for this model says why."""
+    from kit import trainable
+    from kit.estimate import calibrated, estimate, partition
+    from kit.fit import estimate_fit
+
+    rows = {}
+    for label, value in trainable.CHOICES:
+        try:
+            s = setup.replace(zero=dict(zip(trainable.FIELDS, value, strict=True)))
+            e = estimate(s)
+        except ValueError as error:
+            rows[label] = {"why not": str(error)}
+            continue
+        c = e.components
+        rows[label] = {
+            "trainable": f"{partition.trainable_params(s):,}",
+            "model states GiB": (c["parameters"] + c["gradients"] + c["optimizer_states"]) / GIB,
+            "activations GiB": c["activations"] / GIB,
+            "peak / GPU GiB": e.per_gpu_bytes / GIB,
+            "fits": "yes" if estimate_fit(e).ok else "no",
+            "step s": calibrated.step_time(s).step_s,
+        }
+    return pd.DataFrame.from_dict(rows, orient="index").round(2)
+
+
 def schedules_side_by_side(results, labels: Sequence[str]) -> pd.DataFrame:
     """Rank 0's measured steps of the configurations ``labels`` of a sweep, one column group per value
     (global batch, grad accum, micro batch, loss) and one column per configuration under it."""

@@ -147,6 +147,14 @@ def checkpointing(zero) -> w.Dropdown:
     return w.Dropdown(options=options, value=value, description="checkpointing")
 
 
+def trainable(zero) -> w.Dropdown:
+    """What trains (``kit.trainable.choices``), set to ``zero``'s; its value is the ZeroSettings fields'
+    values (``dict(zip(kit.trainable.FIELDS, value))``)."""
+    from kit import trainable as subsets
+
+    return w.Dropdown(options=subsets.choices(zero), value=subsets.key(zero), description="trains")
+
+
 def button(description: str, icon: str, **options) -> w.Button:
     """A button as wide as its label (ipywidgets' fixed width cuts long labels off)."""
     return w.Button(

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kit import trainable
 from kit.schema import Setup
 
 
@@ -59,6 +60,8 @@ def build_engine(setup: Setup, seed: int = 0, *, comms_logger: bool = False) -> 
     with workload.partitioned(config) if zero_init else contextlib.nullcontext():
         model = workload.build()
     z = setup.zero
+    if trainable.is_subset(z):
+        model = _train_subset(model, setup)
     checkpointing = (
         Checkpointing(model, z.checkpoint_every, z.checkpoint_policy) if z.activation_checkpointing else None
     )
@@ -66,8 +69,24 @@ def build_engine(setup: Setup, seed: int = 0, *, comms_logger: bool = False) -> 
         from kit.ranks import baselines
 
         return Built(baselines.wrap(model, setup), model, workload, checkpointing)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    # the optimizer gets the parameters that train, as the HF Trainer gives it
+    params = [p for p in model.parameters() if p.requires_grad]
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=config)
     return Built(engine, model, workload, checkpointing)
+
+
+def _train_subset(model, setup: Setup):
+    """``model`` with ``setup``'s trainable subset (``kit.workloads.adapters``; LoRA adapters built after
+    ``zero.Init``, which DeepSpeed's stage 3 partitions at ``initialize``). With checkpointing and frozen
+    embeddings the blocks' inputs are made to need a gradient (``enable_input_require_grads``, as
+    transformers does under gradient checkpointing), else a reentrant checkpoint would give the
+    adapters none."""
+    from kit.workloads import adapters
+
+    model = adapters.apply(model, setup.zero)
+    if setup.zero.activation_checkpointing and not model.get_input_embeddings().weight.requires_grad:
+        model.enable_input_require_grads()
+    return model
 
 
 def init_distributed() -> None:
@@ -230,14 +249,16 @@ def teardown(engine) -> None:
     """Free an engine so the next one starts clean (drop your own references to it and its tensors first).
 
     Calls ``engine.destroy()``, clears ZeRO-3's global forward-module stack and the parameter
-    coordinator's release cache (an ``lru_cache`` holding the engine), forgets ZeRO++ hpZ's process group
-    (DeepSpeed asserts that none exists when the next hpZ engine creates its own), then collects garbage.
+    coordinator's release cache (an ``lru_cache`` holding the engine), puts back ``F.linear``, forgets
+    ZeRO++ hpZ's process group (DeepSpeed asserts that none exists when the next hpZ engine creates its
+    own), then collects garbage.
     """
     from deepspeed.accelerator import get_accelerator
     from deepspeed.runtime.zero import parameter_offload, partitioned_param_coordinator
     from deepspeed.utils import groups
 
     engine.destroy()
+    _restore_linear()
     hpz_group = groups._get_zero_param_intra_parallel_group()
     if hpz_group is not None:
         groups._release_process_group_references(hpz_group)
@@ -247,6 +268,17 @@ def teardown(engine) -> None:
     del engine
     gc.collect()
     get_accelerator().empty_cache()
+
+
+def _restore_linear() -> None:
+    """Put back ``torch.nn.functional.linear``: ``zero.Init`` replaces it with DeepSpeed's
+    ``zero3_linear_wrap`` "unless manually reset", which saves every linear layer's input whether or not a
+    gradient needs it, so a later engine in the same process would save more than a fresh process does."""
+    import torch
+    from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as patcher
+
+    if hasattr(patcher, "linear_bk"):
+        torch.nn.functional.linear = patcher.linear_bk
 
 
 def _lru_cache_of(function):

@@ -6,7 +6,7 @@ In 01 the memory panel is clicked (stage, offload, micro batch) and must show wh
 its chart too (the screenshot waits for the chart of that setting); its labels sit beside their controls.
 In 02 the comparison panel's Run shows its busy state, then the plots (drawn before the screenshot); a
 second run is stopped and its process group must be gone, its records kept. Screenshots of both panels
-and of the comparison plots go to ``docs/screenshots/`` (the README's).
+and of the comparison plots go to ``docs/screenshots/`` (the README and docs/notebooks.md show them).
 """
 
 from __future__ import annotations

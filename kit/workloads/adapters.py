@@ -1,0 +1,130 @@
+"""A trainable subset applied to a built model: LoRA through peft, or frozen groups. Imports torch.
+
+``apply(model, zero)`` is what a rank does to the model it built, before ``deepspeed.initialize``; the
+estimate calls ``listing(spec, zero)``, which builds the same model on the meta device (nothing allocated)
+and applies the same function, so both see the same tensors in the same order, and peft's own count
+(``print_trainable_parameters``) is the listing's.
+
+What it cannot see: a model whose blocks are not the ``model.layers.N`` of Hugging Face's decoders
+(``Listing.blocks`` is then empty and ``kit.trainable.model_problem`` refuses the setting first).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+
+from kit import trainable
+from kit.schema import ModelSpec
+
+#: a decoder block's projection or norm in a parameter's name: (block index, part)
+_PART = re.compile(
+    r"layers\.(\d+)\.(?:self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj|(input_layernorm|post_attention_layernorm))\."
+)
+_NORMS = {"input_layernorm": "norm1", "post_attention_layernorm": "norm2"}
+
+
+def apply(model, zero):
+    """``model`` with ``zero``'s subset (a ``ZeroSettings``): peft's LoRA model, or ``model`` with its frozen
+    groups' ``requires_grad`` off. Every parameter trains when ``zero`` sets no subset."""
+    if zero.lora_rank:
+        from peft import LoraConfig, get_peft_model
+
+        targets = zero.lora_targets
+        config = LoraConfig(
+            r=zero.lora_rank,
+            lora_alpha=2 * zero.lora_rank,
+            target_modules=trainable.ALL_LINEAR
+            if targets == (trainable.ALL_LINEAR,)
+            else (list(targets) or None),
+            lora_dropout=0.0,
+            bias="none",
+        )
+        # adapters in the model's dtype (peft would upcast 16-bit ones to fp32; DeepSpeed casts them back)
+        return get_peft_model(model, config, autocast_adapter_dtype=False)
+    from kit.workloads import blocks
+
+    frozen = list(blocks(model)[: zero.frozen_blocks])
+    if zero.freeze_embeddings:
+        frozen.append(model.get_input_embeddings())
+    for module in frozen:
+        module.requires_grad_(False)
+    return model
+
+
+@dataclass(frozen=True)
+class Block:
+    """One decoder block's parts (``q k v o gate up down norm1 norm2``) whose base weights train, its
+    projections with LoRA adapters, and its trainable elements."""
+
+    trains: frozenset[str]
+    adapted: frozenset[str]
+    params: int
+
+
+@dataclass(frozen=True)
+class Listing:
+    """Every parameter tensor of the model with its subset, in ``model.parameters()`` order (tied ones once):
+    ``(numel, trains)``; each block's ``Block``; whether the input embeddings train; which of the head's
+    ``norm`` and ``lm_head`` train."""
+
+    tensors: tuple[tuple[int, bool], ...]
+    blocks: tuple[Block, ...]
+    embeddings: bool
+    head: frozenset[str]
+
+    @property
+    def trainable(self) -> int:
+        return sum(n for n, trains in self.tensors if trains)
+
+    @property
+    def total(self) -> int:
+        return sum(n for n, _ in self.tensors)
+
+
+def listing(spec: ModelSpec, zero) -> Listing:
+    """The ``Listing`` of ``spec`` trained with ``zero``'s subset (cached per model and subset)."""
+    return _listing(spec, trainable.key(zero), zero)
+
+
+@lru_cache(maxsize=64)
+def _listing(spec: ModelSpec, key: tuple, zero) -> Listing:
+    import torch
+
+    from kit import workloads
+
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' and peft's deprecation notices: not the user's
+        model = apply(workloads.for_model(spec).build(), zero)
+    layers = spec.layers or 0
+    trains: list[set[str]] = [set() for _ in range(layers)]
+    adapted: list[set[str]] = [set() for _ in range(layers)]
+    counts = [0] * layers
+    tensors, head, embeddings = [], set(), True
+    embedding = {id(p) for p in model.get_input_embeddings().parameters()}
+    output = model.get_output_embeddings()  # the head's weight, the embedding's own when they are tied
+    if output is not None and output.weight.requires_grad:
+        head.add("lm_head")
+    for name, p in model.named_parameters():
+        tensors.append((p.numel(), p.requires_grad))
+        found = _PART.search(name)
+        if found:
+            block, part = int(found.group(1)), next(g for g in found.groups()[1:] if g)
+            part = _NORMS.get(part, part)
+            counts[block] += p.numel() if p.requires_grad else 0
+            if ".lora_" in name:
+                adapted[block].add(part)
+            elif p.requires_grad:
+                trains[block].add(part)
+        elif id(p) in embedding:
+            embeddings = p.requires_grad
+        elif p.requires_grad and (output is None or p is not output.weight):
+            head.add("norm")
+    return Listing(
+        tuple(tensors),
+        tuple(Block(frozenset(t), frozenset(a), n) for t, a, n in zip(trains, adapted, counts, strict=True)),
+        embeddings,
+        frozenset(head),
+    )

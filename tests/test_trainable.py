@@ -1,0 +1,202 @@
+"""What trains (``kit.trainable``): LoRA through peft and frozen groups, counted on the meta device, estimated
+op by op, refused in one line where the kit does not model them. The CPU-rank runs (model states to the
+byte, the peak per phase within 3 %) are in tests/test_peak.py's launch."""
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from kit import models, trainable
+from kit.cli import main
+from kit.estimate import estimate, partition
+from kit.models import from_hf_config
+from kit.schema import Setup
+from kit.workloads import adapters
+from tests.test_activations import CONFIGS, DTYPES, TOLERANCE, saved_bytes
+
+SUBSETS = {
+    "lora q,v": {"lora_rank": 8},
+    "lora all-linear": {"lora_rank": 8, "lora_targets": ("all-linear",)},
+    "lora o": {"lora_rank": 4, "lora_targets": ("o_proj",)},
+    "lora down,k": {"lora_rank": 4, "lora_targets": ("down_proj", "k_proj")},
+    "frozen embeddings": {"freeze_embeddings": True},
+    "first block frozen": {"frozen_blocks": 1},
+    "both frozen": {"frozen_blocks": 1, "freeze_embeddings": True},
+}
+
+
+def _setup(model, **zero) -> Setup:
+    return Setup(
+        model=model, cluster={"gpus_per_node": 8}, zero=zero, batch={"micro_batch": 1, "seq_len": 4096}
+    )
+
+
+def _peft_counts(name: str, **lora) -> tuple[int, int]:
+    """peft's own ``get_nb_trainable_parameters`` (what ``print_trainable_parameters`` prints) of the
+    preset built on meta by transformers, apart from the kit."""
+    from peft import LoraConfig, get_peft_model
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.for_model(**models.config_of(models.preset(name)))
+        )
+    return get_peft_model(model, LoraConfig(lora_dropout=0.0, **lora)).get_nb_trainable_parameters()
+
+
+@pytest.mark.parametrize(
+    ("name", "zero", "lora"),
+    [
+        ("llama-2-7b", {"lora_rank": 16}, {"r": 16}),
+        (
+            "llama-2-7b",
+            {"lora_rank": 16, "lora_targets": ("all-linear",)},
+            {"r": 16, "target_modules": "all-linear"},
+        ),
+        (
+            "qwen2.5-0.5b",
+            {"lora_rank": 8, "lora_targets": ("q_proj", "o_proj")},
+            {"r": 8, "target_modules": ["q_proj", "o_proj"]},
+        ),
+    ],
+)
+def test_lora_counts_are_pefts(name, zero, lora):
+    s = _setup(models.preset(name), **zero)
+    listing = adapters.listing(s.model, s.zero)
+    assert (listing.trainable, listing.total) == _peft_counts(name, **lora)
+    assert partition.trainable_params(s) == listing.trainable
+    if name == "llama-2-7b" and "lora_targets" not in zero:  # peft's docs: 32 layers x q, v x r (4096 + 4096)
+        assert listing.trainable == 32 * 2 * 16 * (4096 + 4096) == 8_388_608
+
+
+def test_frozen_groups_and_a_tied_head():
+    qwen = models.preset("qwen2.5-0.5b")  # its head is its embedding
+    frozen = adapters.listing(qwen, _setup(qwen, freeze_embeddings=True).zero)
+    assert not frozen.embeddings and "lm_head" not in frozen.head and frozen.total == qwen.params
+    assert qwen.params - frozen.trainable == qwen.vocab * qwen.hidden
+    first = adapters.listing(qwen, _setup(qwen, frozen_blocks=23).zero)
+    assert [b.params > 0 for b in first.blocks] == [False] * 23 + [True]
+    assert first.embeddings and "lm_head" in first.head  # the tied embedding still trains, as the head
+
+
+def test_model_states_follow_what_deepspeed_builds_for_the_trainable_part():
+    """Optimizer states, master weights and gradients for the adapters only; frozen 16-bit weights whole
+    at stages 0-2 and partitioned with the rest at stage 3 (to the byte on CPU ranks: tests/test_peak.py)."""
+    m = models.preset("llama-2-7b")
+    full, lora = _setup(m, stage=2), _setup(m, stage=2, lora_rank=16)
+    t = partition.trainable_params(lora)
+    assert t == 8_388_608
+    p = estimate(lora).components
+    flat = -(-t // 16) * 16  # padded to 2 x dp
+    assert p["optimizer_states"] == 12 * flat // 8
+    assert p["parameters"] == 2 * flat + 2 * (m.params)  # every base weight frozen, all of it on every GPU
+    assert estimate(full).components["optimizer_states"] > 800 * p["optimizer_states"]
+    z3 = estimate(_setup(m, stage=3, lora_rank=16)).components
+    assert z3["parameters"] < p["parameters"] / 7  # stage 3 partitions the frozen weights too
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("config", ["llama-gqa", "qwen2"])
+@pytest.mark.parametrize("subset", list(SUBSETS))
+def test_activations_are_what_autograd_saves_with_a_subset(config, precision, subset):
+    """HF's Llama and Qwen2 with the subset applied (``adapters.apply``: peft for LoRA), in the run's
+    dtype, against ``_subset_saved``'s op-by-op account, as tests/test_activations.py does for full
+    training (same tolerance: the O(s^2 + bs) tensors it leaves out)."""
+    fields = dict(CONFIGS[config])
+    implementation = fields.pop("attn_implementation")
+    config = AutoConfig.for_model(**fields, max_position_embeddings=128)
+    config._attn_implementation = implementation
+    setup = Setup(
+        model=from_hf_config(config.to_dict()),
+        cluster={"nodes": 1, "gpus_per_node": 1},
+        zero={"precision": precision, **SUBSETS[subset]},
+        batch={"micro_batch": 2, "seq_len": 96},
+    )
+    torch.manual_seed(0)
+    model = adapters.apply(AutoModelForCausalLM.from_config(config), setup.zero).to(DTYPES[precision]).train()
+    measured = saved_bytes(model, 2, 96, config.vocab_size)
+    assert measured == pytest.approx(estimate(setup).components["activations"], rel=TOLERANCE)
+
+
+def test_lora_saves_less_than_training_every_parameter_and_stage_3_saves_every_linear_input():
+    m = models.preset("llama-2-7b")
+    full, lora = (
+        estimate(_setup(m, stage=2, **z)).components["activations"] for z in ({}, {"lora_rank": 16})
+    )
+    assert 0.7 * full < lora < full  # the frozen projections' inputs, the norms' normalised inputs
+    # zero.Init's zero3_linear_wrap saves every linear's input whether a gradient needs it or not
+    z3 = estimate(_setup(m, stage=3, lora_rank=16)).components["activations"]
+    assert lora < z3 < full
+
+
+@pytest.mark.parametrize(
+    ("zero", "message"),
+    [
+        ({"lora_targets": ("q_proj",)}, "lora_targets: applies with lora_rank > 0"),
+        ({"lora_rank": 8, "freeze_embeddings": True}, "freeze_embeddings: LoRA already freezes"),
+        (
+            {"lora_rank": 8, "engine": "ddp", "stage": 0},
+            "engine: a trainable subset is modelled for DeepSpeed",
+        ),
+        (
+            {"lora_rank": 8, "lora_targets": ("all-linear", "q_proj")},
+            "lora_targets: 'all-linear' stands alone",
+        ),
+        (
+            {"lora_rank": 8, "activation_checkpointing": True, "checkpoint_policy": "selective-op"},
+            "checkpoint_policy:",
+        ),
+        ({"frozen_blocks": 32}, "frozen_blocks: must be in [0, 31]"),
+    ],
+)
+def test_what_is_not_modelled_is_refused_in_one_line(zero, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        _setup(models.preset("llama-2-7b"), **zero)
+
+
+def test_a_family_without_the_op_account_is_refused():
+    with pytest.raises(
+        ValueError, match="zero.lora_rank: a trainable subset is modelled for llama, mistral, qwen2"
+    ):
+        Setup(model=models.toy_spec(), zero={"lora_rank": 4}, batch={"micro_batch": 1, "seq_len": 64})
+
+
+def test_cli_flags_estimate_launch_and_plan(capsys, tmp_path):
+    assert main(["estimate", "--model", "llama-2-7b", "--stage", "3", "--lora-rank", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "LoRA r=16 on peft's default modules" in out and "over the 8,388,608 trainable" in out
+    assert "checkpoint on disk        -  not modelled for a trainable subset yet" in out
+    assert main(["estimate", "--model", "llama-2-7b", "--lora-targets", "q_proj"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "zerokit estimate: zero.lora_targets: applies with lora_rank > 0 (LoRA); lora_rank is 0"
+    )
+    argv = [
+        "launch-cmd",
+        "--model",
+        "llama-2-7b",
+        "--stage",
+        "3",
+        "--freeze-embeddings",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert (
+        "# what trains is your script's (no ds_config key says it):" in out and "requires_grad_(False)" in out
+    )
+    assert main(["plan", "--model", "llama-2-7b", "--lora-rank", "16", "--gpus", "H100-SXM-80GB"]) == 0
+    out = capsys.readouterr().out
+    assert "--lora-rank 16" in out.split("ds_config: ")[1].splitlines()[0]
+
+
+def test_a_panel_choice_is_a_setting():
+    for label, values in trainable.CHOICES:
+        zero = dict(zip(trainable.FIELDS, values, strict=True))
+        assert trainable.choices(_setup(models.preset("llama-2-7b"), **zero).zero) == list(
+            trainable.CHOICES
+        ), label
+    own = _setup(models.preset("llama-2-7b"), lora_rank=4, lora_targets=("o_proj",)).zero
+    assert trainable.choices(own)[-1] == (
+        "LoRA r=4 on o_proj (peft), every base weight frozen",
+        trainable.key(own),
+    )
