@@ -19,11 +19,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from kit import model_files
+from kit.families import FORMULA
 from kit.paths import MODELS
 from kit.schema import ModelSpec, one_line_error
 
-#: ``model_type`` values understood by :func:`from_hf_config`.
-FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox", "dit")
+#: ``model_type`` values understood by :func:`from_hf_config` by arithmetic (``kit.families``)
+FAMILIES = FORMULA
 
 #: DiT settings a ModelSpec does not record; :func:`config_of` and ``kit.workloads.toymodels.DiT``
 #: assume these (those of DiT-XL/2 in facebookresearch/DiT). Sinusoidal timestep features: 256 channels.

@@ -17,18 +17,20 @@ module parameters, whole on every rank at stages 0-2 and partitioned like the ot
 ranks build it with ``kit.workloads.adapters``; the estimate lists the same model on the meta device.
 
 What it cannot see: LoRA dropout (its masks and the dropped copies of each targeted layer's input), DoRA,
-QLoRA's 4-bit base weights (bitsandbytes needs CUDA), adapters on embeddings or convolutions, and a model
-whose forward the kit's activations formula does not describe (Llama, Mistral and Qwen2 only).
+QLoRA's 4-bit base weights (bitsandbytes needs CUDA), adapters on embeddings or convolutions; the kit's
+own GPT-2 and DiT, GPT-NeoX and model files (``model_problem``).
 """
 
 from __future__ import annotations
+
+from kit.families import FORMULA, SWIGLU
 
 #: the ZeroSettings fields of what trains
 FIELDS = ("lora_rank", "lora_targets", "freeze_embeddings", "frozen_blocks")
 #: peft's target that selects every linear layer but the output head
 ALL_LINEAR = "all-linear"
-#: families whose activations are modelled with a trainable subset (``kit.estimate.activations``)
-FAMILIES = ("llama", "mistral", "qwen2")
+#: families whose activations are followed op by op with a trainable subset (``kit.estimate.activations``)
+FAMILIES = SWIGLU
 #: what a panel offers: (label, the values of ``FIELDS``)
 CHOICES: tuple[tuple[str, tuple[int, tuple[str, ...], bool, int]], ...] = (
     ("every parameter", (0, (), False, 0)),
@@ -113,14 +115,24 @@ def problem(zero) -> str | None:
 
 
 def model_problem(zero, model) -> str | None:
-    """Why ``model`` (a ``ModelSpec``) cannot train ``zero``'s subset in the kit, or None."""
+    """Why ``model`` (a ``ModelSpec``) cannot train ``zero``'s subset in the kit, or None. The families of
+    ``FAMILIES`` take every subset (their activations are followed op by op); any other Hugging Face
+    architecture, whose activations are traced (``kit.estimate.trace``), takes frozen embeddings; the
+    kit's other formula families (GPT-2, GPT-NeoX, DiT) and model files none yet."""
     if not is_subset(zero):
         return None
     field = next(f for f in FIELDS if getattr(zero, f))
-    if model.family not in FAMILIES or model.source or not model.arch:
+    traced = model.arch and not model.source and model.family not in FORMULA
+    if not traced and (model.family not in FAMILIES or model.source or not model.arch):
         return (
-            f"{field}: a trainable subset is modelled for {', '.join(FAMILIES)} models (presets or "
-            f"config.json files); {model.name} ({model.family or 'no family'}) is not one"
+            f"{field}: a trainable subset is modelled for {', '.join(FAMILIES)} and traced Hugging Face "
+            f"models (presets or config.json files); {model.name} ({model.family or 'no family'}) is not one"
+        )
+    if traced and (zero.frozen_blocks or zero.lora_rank):
+        field = "frozen_blocks" if zero.frozen_blocks else "lora_rank"
+        return (
+            f"{field}: {model.name} is traced (kit.estimate.trace), which takes frozen embeddings only yet "
+            "(peft's adapters are not built under FakeTensorMode; a traced model's blocks are not named)"
         )
     if model.layers and zero.frozen_blocks >= model.layers:
         return f"frozen_blocks: must be in [0, {model.layers - 1}] (the model's blocks, one left to train)"

@@ -1,5 +1,6 @@
 """Real 2-rank runs of models that are not the kit's toys, stages 0-3 in one launch: a shrunk Llama
-(Hugging Face), a shrunk Mixtral (mixture of experts) and a model file. Measured model-state bytes equal
+(Hugging Face), a shrunk Mixtral (mixture of experts; also with frozen embeddings at stages 2 and 3, traced
+with them) and a model file. Measured model-state bytes equal
 the estimate exactly on every rank; activations match the formula or the trace; a model file that
 fails inside the ranks becomes an error record naming its line, and the sweep goes on. They run in the
 session's shared 2-rank sweep (tests/conftest.py)."""
@@ -38,9 +39,9 @@ def batch(micro_batch):
 ACTIVATION_RTOL = 0.03
 
 
-def setups(spec):
-    base = Setup(model=spec, zero=TOY_ZERO, batch={"micro_batch": 2, "seq_len": 32})
-    return [on_ranks(base.replace(zero={"stage": stage}), NPROCS) for stage in range(4)]
+def setups(spec, stages=range(4), **zero):
+    base = Setup(model=spec, zero={**TOY_ZERO, **zero}, batch={"micro_batch": 2, "seq_len": 32})
+    return [on_ranks(base.replace(zero={"stage": stage}), NPROCS) for stage in stages]
 
 
 def declared(root: Path) -> tuple[dict[str, list[Setup]], Setup, Path]:
@@ -51,6 +52,7 @@ def declared(root: Path) -> tuple[dict[str, list[Setup]], Setup, Path]:
     groups = {
         "llama": setups(models.override(models.preset("llama-2-7b"), SMALL)),
         "mixtral": setups(models.from_hf_config(MIXTRAL)),
+        "mixtral frozen embeddings": setups(models.from_hf_config(MIXTRAL), (2, 3), freeze_embeddings=True),
         "file": setups(models.resolve(str(EXAMPLES / "conv_net.py"))),
     }
     broken = setups(models.resolve(str(failing)))[2]
@@ -60,13 +62,21 @@ def declared(root: Path) -> tuple[dict[str, list[Setup]], Setup, Path]:
 def TWO_RANK_SETUPS(root: Path) -> list[Setup]:  # noqa: N802 (what tests/conftest.py reads)
     """Run in the session's shared 2-rank sweep (tests/conftest.py)."""
     groups, broken, _ = declared(root)
-    return [*groups["llama"], broken, *groups["mixtral"], *groups["file"]]
+    return [
+        *groups["llama"],
+        broken,
+        *(s for name, group in groups.items() if name != "llama" for s in group),
+    ]
 
 
 @pytest.fixture(scope="module")
 def sweep(two_rank_sweep):
     groups, broken, failing = declared(two_rank_sweep.root)
-    order = [*groups["llama"], broken, *groups["mixtral"], *groups["file"]]
+    order = [
+        *groups["llama"],
+        broken,
+        *(s for name, group in groups.items() if name != "llama" for s in group),
+    ]
     results = two_rank_sweep.results(order, warmup=WARMUP, steps=STEPS)
     return results, groups, broken, failing
 
@@ -92,7 +102,7 @@ def test_the_failing_model_file_is_an_error_record_naming_its_line(sweep):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("group", ["llama", "mixtral", "file"])
+@pytest.mark.parametrize("group", ["llama", "mixtral", "mixtral frozen embeddings", "file"])
 def test_measured_model_states_equal_the_estimate_on_every_rank(sweep, group):
     results, groups, _, _ = sweep
     wrong = {}
@@ -113,9 +123,10 @@ def test_measured_model_states_equal_the_estimate_on_every_rank(sweep, group):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("group", ["llama", "mixtral", "file"])
+@pytest.mark.parametrize("group", ["llama", "mixtral", "mixtral frozen embeddings", "file"])
 def test_measured_activations_match_the_estimate(sweep, group):
-    """Llama by its formula, Mixtral and the model file by their traces: within 3 % of autograd's."""
+    """Llama by its formula, Mixtral (with frozen embeddings too) and the model file by their traces:
+    within 3 % of autograd's."""
     results, groups, _, _ = sweep
     table = results.summary().set_index("config_id")
     for setup in groups[group]:

@@ -200,3 +200,18 @@ def test_a_panel_choice_is_a_setting():
         "LoRA r=4 on o_proj (peft), every base weight frozen",
         trainable.key(own),
     )
+
+
+def test_a_traced_model_takes_frozen_embeddings_and_refuses_lora():
+    """Mixtral is traced (no formula): frozen embeddings apply in the trace (measured on ranks in
+    tests/test_own_model_runs.py); peft's adapters cannot be built under FakeTensorMode yet."""
+    from tests.test_own_model_runs import MIXTRAL
+
+    mixtral = models.from_hf_config(MIXTRAL)
+    batch = {"micro_batch": 2, "seq_len": 32}
+    full = estimate(Setup(model=mixtral, batch=batch))
+    frozen = estimate(Setup(model=mixtral, zero={"freeze_embeddings": True}, batch=batch))
+    assert frozen.components["activations"] < full.components["activations"]  # the first norm saves nothing
+    assert frozen.components["optimizer_states"] < full.components["optimizer_states"]
+    with pytest.raises(ValueError, match="zero.lora_rank: .* is traced"):
+        Setup(model=mixtral, zero={"lora_rank": 4}, batch=batch)

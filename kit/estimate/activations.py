@@ -19,14 +19,15 @@ from typing import NamedTuple
 from kit import checkpointing
 from kit import trainable as subset
 from kit.estimate.result import Term
+from kit.families import FORMULA, SWIGLU
 from kit.models import DIT_DEFAULTS, decoder_biases
 from kit.rules import FP32, element_bytes
 from kit.schema import Setup
 
 #: families with a formula below (each checked against what autograd saves); others are traced
-FORMULA_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox", "dit")
+FORMULA_FAMILIES = FORMULA
 #: decoder families whose MLP is SwiGLU (gate and up projections, their product into down)
-SWIGLU_FAMILIES = ("llama", "mistral", "qwen2")
+SWIGLU_FAMILIES = SWIGLU
 
 
 def activations(setup: Setup) -> Term:

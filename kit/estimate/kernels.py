@@ -192,6 +192,8 @@ def _grads(setup: Setup) -> tuple[float, ...]:
     listing = partition.listing(setup)
     if listing is None:
         return (1.0,) * 5
+    if not any(block.trains or block.adapted for block in listing.blocks):  # traced: parts not named
+        return (listing.trainable / listing.total,) * 4 + (1.0 if "lm_head" in listing.head else 0.0,)
     flops = projection_flops(setup.model)
     shares = []
     for names in GROUPS:

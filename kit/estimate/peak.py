@@ -346,9 +346,11 @@ class _Shape:
             else:
                 self.tied = NONE
         else:
-            largest = setup.model.largest_layer_params
+            some = partition.listing(setup) is not None
+            largest = partition.largest_tensor(setup) if some else setup.model.largest_layer_params
             self.forward = self.blocks = act
-            self.block_backward = Term(p * largest, f"{p} B x largest layer (its gradient)")
+            what = "largest trainable tensor" if some else "largest layer"
+            self.block_backward = Term(p * largest, f"{p} B x {what} (its gradient)")
             self.tied = NONE
 
 

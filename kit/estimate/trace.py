@@ -28,8 +28,9 @@ import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
+from kit import trainable
 from kit.estimate.result import Term
-from kit.schema import ModelSpec, Setup
+from kit.schema import ModelSpec, Setup, ZeroSettings
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -59,7 +60,7 @@ class Trace:
 def traced(setup: Setup) -> Trace:
     """The trace of one micro-step of ``setup`` (cached); ValueError with one line when it cannot run."""
     b = setup.batch
-    return trace(setup.model, b.micro_batch, b.seq_len, setup.zero.precision)
+    return trace(setup.model, b.micro_batch, b.seq_len, setup.zero.precision, trainable.key(setup.zero))
 
 
 def activations(setup: Setup) -> Term:
@@ -87,8 +88,10 @@ def activations(setup: Setup) -> Term:
 
 
 @lru_cache(maxsize=64)
-def trace(spec: ModelSpec, micro_batch: int, seq_len: int, precision: str) -> Trace:
-    """Trace ``spec``'s workload (``kit.workloads``) for one micro batch; see the module docstring."""
+def trace(spec: ModelSpec, micro_batch: int, seq_len: int, precision: str, subset: tuple = ()) -> Trace:
+    """Trace ``spec``'s workload (``kit.workloads``) for one micro batch, trained with the trainable subset
+    whose ``kit.trainable.key`` is ``subset`` (() or every parameter: the whole model); see the module
+    docstring."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -104,6 +107,12 @@ def trace(spec: ModelSpec, micro_batch: int, seq_len: int, precision: str) -> Tr
     try:
         with mode:
             model = workload.shapes()
+            if any(subset):  # the same LoRA or frozen parts the ranks apply (kit.workloads.adapters)
+                from kit.workloads import adapters
+
+                model = adapters.apply(
+                    model, ZeroSettings(**dict(zip(trainable.FIELDS, subset, strict=True)))
+                )
             fake = [_fake(mode, x, dtype) for x in args]
             fake_kw = {k: _fake(mode, x, dtype) for k, x in kwargs.items()}
             counter = _SavedByBlock(model)
