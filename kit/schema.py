@@ -14,8 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kit import batch as batch_math
 from kit import checkpointing, trainable
+from kit import loss as losses
 from kit.checkpointing import Policy
 from kit.ds_keys import EXAMPLE_NVME_PATH, ZEROPP_OFF
+from kit.loss import Loss
 from kit.rules import (
     AIO_BLOCK_SIZE,
     AIO_INTRA_OP_PARALLELISM,
@@ -202,6 +204,9 @@ class ZeroSettings(_Frozen):
     )
     freeze_embeddings: bool = Field(False, description="the input embeddings (and a tied head) do not train")
     frozen_blocks: int = Field(0, ge=0, description="the first k blocks do not train")
+    loss: Loss = Field(
+        "plain", description="the LM loss: plain cross-entropy, or chunked (a fused linear cross-entropy)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ZeroSettings:
@@ -373,8 +378,9 @@ class Setup(_Frozen):
 
     @model_validator(mode="after")
     def _check_trainable(self) -> Setup:
-        """A trainable subset needs a model whose parts the kit can name (``kit.trainable``)."""
-        problem = trainable.model_problem(self.zero, self.model)
+        """A trainable subset needs a model whose parts the kit can name (``kit.trainable``); a chunked loss
+        a language model whose head it can replace (``kit.loss``)."""
+        problem = trainable.model_problem(self.zero, self.model) or losses.problem(self.zero, self.model)
         if problem:
             raise ValueError(f"zero.{problem}")
         return self
@@ -444,6 +450,8 @@ class Setup(_Frozen):
             parts.append(checkpointing.label(z.checkpoint_every, z.checkpoint_policy))
         if trainable.is_subset(z):
             parts.append(trainable.label(z))
+        if z.loss != "plain":
+            parts.append(losses.label(z.loss))
         return " ".join(parts)
 
     def replace(self, **changes: Any) -> Setup:

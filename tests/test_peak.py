@@ -202,8 +202,9 @@ def _file(**zero) -> Setup:  # a model file (data/examples/mlp.py: 256-wide resi
 
 
 SMALL_LLAMA = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 256}
-#: (name, Setup) of the trainable subsets measured in the launch (``kit.trainable``)
-SUBSETS = {
+#: (name, Setup) of the training modes measured in the launch: trainable subsets (``kit.trainable``) and
+#: the chunked loss (``kit.loss``)
+MODES = {
     "llama z0 lora": _llama(stage=0, lora_rank=4),
     "llama z1 lora all-linear": _llama(stage=1, lora_rank=4, lora_targets=("all-linear",)),
     "llama z2 lora": _llama(stage=2, lora_rank=4),
@@ -212,6 +213,12 @@ SUBSETS = {
     "llama z3 first block frozen": _llama(stage=3, frozen_blocks=1),
     "llama z2 lora ckpt": _llama(stage=2, lora_rank=4, activation_checkpointing=True),
     "llama z3 lora ckpt/2": _llama(stage=3, lora_rank=4, activation_checkpointing=True, checkpoint_every=2),
+    "llama z0 chunked loss": _llama(stage=0, loss="chunked"),
+    "llama z2 chunked loss": _llama(stage=2, loss="chunked"),
+    "llama z3 chunked loss": _llama(stage=3, loss="chunked"),
+    "llama z2 chunked loss lora ckpt": _llama(
+        stage=2, loss="chunked", lora_rank=4, activation_checkpointing=True
+    ),
 }
 GAS3 = {"grad_accum": 3, "train_batch": 12}
 #: (name, Setup) in the same launch: a shrunk Llama, a model file, DDP and FSDP, grad accum 3 at stages 0,
@@ -232,8 +239,9 @@ ACCURACY = [
     # all-reduce's flat copy of every gradient (off by 11-25 % before both were modelled)
     ("llama z0 fp32 ckpt", _llama(stage=0, precision="fp32", activation_checkpointing=True)),
     # what trains (kit.trainable): LoRA through peft (the first gradient hook, where stages 1-2 allocate
-    # their bucket, comes after the last block's MLP), frozen embeddings and blocks
-    *SUBSETS.items(),
+    # their bucket, comes after the last block's MLP), frozen embeddings and blocks; the chunked loss
+    # (kit.loss: at stage 0 the first block's backward beside every later gradient peaks)
+    *MODES.items(),
     ("file z2", _file(stage=2)),
     ("file z3", _file(stage=3)),
     ("ddp fp32", _setup(engine="ddp", stage=0, precision="fp32")),
@@ -449,12 +457,13 @@ def _mismatches(records: list[dict]) -> list[str]:
     return errors
 
 
-def test_a_trainable_subset_holds_its_states_to_the_byte_and_saves_what_its_gradients_need(sweep):
-    """LoRA and frozen groups on two CPU ranks: every model-state byte as estimated, on every rank and
-    step; what autograd saved within the activations' 2 % (the O(s^2 + bs) tensors left out)."""
+def test_each_training_mode_holds_its_states_to_the_byte_and_saves_what_its_gradients_need(sweep):
+    """LoRA, frozen groups and the chunked loss on two CPU ranks: every model-state byte as estimated, on
+    every rank and step; what autograd saved within the activations' 2 % (the O(s^2 + bs) tensors left
+    out); the chunked loss's step-0 loss is the plain loss's."""
     from kit.estimate import rank_states
 
-    ids = {config_id(on_ranks(s, 2)): name for name, s in SUBSETS.items()}
+    ids = {config_id(on_ranks(s, 2)): name for name, s in MODES.items()}
     checked = set()
     for r in sweep.records:
         if r["config_id"] not in ids or r["step"] < 1:
@@ -463,7 +472,13 @@ def test_a_trainable_subset_holds_its_states_to_the_byte_and_saves_what_its_grad
         predicted = rank_states(Setup.model_validate(r["setup"]), r["rank"])
         assert {k: r["measured"][k] for k in HELD} == predicted["device"], ids[r["config_id"]]
         assert r["measured"]["activations"] == pytest.approx(r["estimate"]["activations"], rel=0.02)
-    assert checked == set(SUBSETS)
+    assert checked == set(MODES)
+    first = {(r["config_id"], r["rank"]): r["loss"] for r in sweep.records if r["step"] == 0}
+    for stage in (2, 3):
+        plain, chunked = (
+            config_id(on_ranks(_llama(stage=stage, loss=loss), 2)) for loss in ("plain", "chunked")
+        )
+        assert first[chunked, 0] == pytest.approx(first[plain, 0], rel=2e-3)  # bf16 logits, fp32 softmax
 
 
 def test_predicted_peak_per_phase_matches_every_rank(sweep):

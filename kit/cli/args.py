@@ -11,6 +11,7 @@ from typing import Any
 
 from kit.checkpointing import POLICIES
 from kit.ds_keys import ZERO_KEYS
+from kit.loss import LOSSES
 from kit.schema import AioSettings, Cluster, ZeroSettings
 from kit.units import parse_count
 
@@ -71,8 +72,8 @@ def checkpointing_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_trainable(p) -> None:
     """What trains (``kit.trainable``): ``--lora-rank R``, ``--lora-targets q_proj,v_proj`` (or
-    ``all-linear``), ``--freeze-embeddings``, ``--frozen-blocks K``."""
-    g = p.add_argument_group("what trains (default: every parameter)")
+    ``all-linear``), ``--freeze-embeddings``, ``--frozen-blocks K``; the loss (``kit.loss``): ``--loss``."""
+    g = p.add_argument_group("what trains (default: every parameter) and its loss")
     g.add_argument("--lora-rank", type=int, default=0, metavar="R", help="LoRA rank through peft; 0: no LoRA")
     g.add_argument(
         "--lora-targets",
@@ -84,14 +85,22 @@ def add_trainable(p) -> None:
         "--frozen-blocks", type=int, default=0, metavar="K", help="the first K blocks do not train"
     )
 
+    g.add_argument(
+        "--loss",
+        choices=LOSSES,
+        default=default(ZeroSettings, "loss"),
+        help="plain cross-entropy, or chunked: a fused linear cross-entropy (Liger's algorithm)",
+    )
+
 
 def trainable_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The ZeroSettings fields of what trains (``add_trainable``)."""
+    """The ZeroSettings fields of what trains and how its loss is computed (``add_trainable``)."""
     return {
         "lora_rank": getattr(args, "lora_rank", 0),
         "lora_targets": tuple(items(getattr(args, "lora_targets", None))),
         "freeze_embeddings": getattr(args, "freeze_embeddings", False),
         "frozen_blocks": getattr(args, "frozen_blocks", 0),
+        "loss": getattr(args, "loss", default(ZeroSettings, "loss")),
     }
 
 

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 from kit import checkpointing, trainable
+from kit import loss as losses
 from kit.cli.args import UsageError, add_json, add_setup_args, print_json, setup_from_args
 from kit.rules import DEFAULT_MASTER_PORT
 from kit.scaleout import commands, image, launchers, network
@@ -191,6 +192,7 @@ def launch_command(args: argparse.Namespace) -> int:
         "files": files,
         "checkpointing": checkpointing.in_your_script(setup.zero),
         "trainable": trainable.in_your_script(setup.zero),
+        "loss": losses.in_your_script(setup.zero),
     }
     if name:
         docker = commands.docker_command(setup, pulled, deepspeed, args.interface)
@@ -250,7 +252,11 @@ def _write(path: Path, text: str, executable: bool = False) -> str:
 
 def _print_launch(r: dict) -> None:
     print(f"# {r['label']}")
-    for key, what in (("checkpointing", "activation checkpointing"), ("trainable", "what trains")):
+    for key, what in (
+        ("checkpointing", "activation checkpointing"),
+        ("trainable", "what trains"),
+        ("loss", "the loss"),
+    ):
         if r[key]:
             print(f"# {what} is your script's (no ds_config key says it):")
             lines = textwrap.wrap(r[key], 100, initial_indent="#   ", subsequent_indent="#   ")

@@ -361,6 +361,7 @@ def _ds_config_command(args: argparse.Namespace, s) -> list[str]:
         "checkpoint_policy": "--checkpoint-policy",
         "lora_rank": "--lora-rank",
         "frozen_blocks": "--frozen-blocks",
+        "loss": "--loss",
         "nvme_path": "--nvme-path",
         "buffer_size": "--nvme-buffer-size",
         **{k.field: flag(k.field) for k in BUCKET_KEYS},

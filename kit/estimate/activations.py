@@ -244,6 +244,8 @@ def _head_activations(setup: Setup, scale: int) -> Term:
     logits = 4 * s * b * m.vocab  # the fp32 log-softmax output of the loss (16-bit logits are not saved)
     if m.family in ("llama", "mistral", "qwen2"):
         norm = 8 * sbh if scale == 1 else 12 * sbh  # final RMSNorm (fitted, as its per-layer twins)
+        if setup.zero.loss == "chunked":
+            return chunked_head(setup, norm - 2 * scale * sbh, True)
         return Term(
             norm + logits, f"head: final RMSNorm {norm // sbh}sbh, fp32 log-softmax 4sbv, v={m.vocab:,}"
         )
@@ -333,8 +335,26 @@ def _subset_saved(setup: Setup) -> Saved:
         default=0,
     )
     head = norm_input * grad + normalised * ("norm" in listing.head)
-    head += p * sbh * ("lm_head" in listing.head or every_linear) + FP32 * s * b * (m.vocab or 0)
+    if z.loss == "chunked":
+        head = chunked_head(setup, head, "lm_head" in listing.head).bytes
+    else:
+        head += p * sbh * ("lm_head" in listing.head or every_linear) + FP32 * s * b * (m.vocab or 0)
     return Saved(tuple(blocks), recomputed, head, last_norm)
+
+
+def chunked_head(setup: Setup, norm: int, trains: bool) -> Term:
+    """The head under the chunked loss (``kit.loss``): what the final norm keeps (``norm`` bytes; its output
+    is no longer saved: the loss computes the head's gradients in its forward) and the two gradients it
+    keeps for backward instead of the fp32 log-softmax: the input's (16-bit, b s h) and, when the head
+    trains, its weight's (16-bit, v h)."""
+    m, b, p = setup.model, setup.batch, element_bytes(setup.zero.precision)
+    sbh = b.micro_batch * b.seq_len * m.hidden
+    grad_input, grad_weight = p * sbh, p * m.vocab * m.hidden * trains
+    return Term(
+        norm + grad_input + grad_weight,
+        f"head: final RMSNorm {norm / sbh:g}sbh, chunked loss's saved gradients {p} B x b s h"
+        + (f" + {p} B x v h (v={m.vocab:,})" if trains else ""),
+    )
 
 
 def _subset_formula(setup: Setup) -> Term:

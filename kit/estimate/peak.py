@@ -84,6 +84,7 @@ from kit.estimate.activations import (
 )
 from kit.estimate.cpu_matmul import CpuMatmul, bf16_mm_scratch
 from kit.estimate.result import NONE, Term
+from kit.loss import chunk_tokens
 from kit.models import spec_shapes
 from kit.rules import (
     DS_SUB_GROUP_SIZE,
@@ -187,7 +188,8 @@ def timeline(
     bucketed = resident["buffers"] + _bucket(setup)
     block = {
         **resident,
-        "gradients": resident["gradients"] + _grads_so_far(setup, device, resident["gradients"]),
+        "gradients": resident["gradients"]
+        + _grads_so_far(setup, device, resident["gradients"], first=setup.zero.activation_checkpointing),
         "buffers": bucketed + gathered,
         "activations": shape.blocks,
         "temporaries": shape.tied + shape.block_backward + shape.batch + _autocast_copies(setup, head=False),
@@ -209,6 +211,14 @@ def timeline(
         }
         block["buffers"] = resident["buffers"] + gathered  # the bucket is not there yet
     candidates = {"at the loss's backward": backward_at_loss, "in the last block's backward": block, **late}
+    first = _grads_so_far(setup, device, resident["gradients"])
+    if first.bytes and shape.first and not setup.zero.activation_checkpointing:
+        # stage 0: the first block's backward, its own activations beside every later gradient
+        candidates["in the first block's backward"] = {
+            **block,
+            "gradients": resident["gradients"] + first,
+            "activations": shape.first,
+        }
     candidates["at its end"] = end
     candidates.update(reductions.flushes(setup, rank, end, resident["gradients"]))
     candidates.update(reductions.scatters(setup, block, bucketed, end, gathered, backend))
@@ -300,14 +310,17 @@ class _Shape:
             if logits
             else NONE
         )
+        if logits and setup.zero.loss == "chunked":
+            self.loss, self.loss_grads = _chunk(setup, cpu), NONE
         self.batch = Term(TOKEN_ID_BYTES * tokens, "token ids 8 B x b s") if m.vocab else NONE
         formulaic = m.family in FORMULA_FAMILIES and m.is_transformer and not m.source
-        self.late = None
+        self.late, self.first = None, NONE
         if formulaic and subset.is_subset(setup.zero):
             saved = _subset_saved(setup)
             head = Term(saved.head, "")
             recomputed = saved.recomputed if setup.zero.activation_checkpointing else 0
             self.late = _late_hook(setup, act, saved, p)
+            self.first = Term(saved.blocks[0], "the first block's saved activations")
         elif formulaic:
             scale = p // 2
             head = _head_activations(setup, scale)
@@ -318,6 +331,7 @@ class _Shape:
             )
             per_layer = (full.bytes - head.bytes) // m.layers
             recomputed = per_layer - also_saved(setup) if setup.zero.activation_checkpointing else 0
+            self.first = Term(per_layer, "one block's saved activations")
         if formulaic:
             self.forward = Term(
                 act.bytes - recomputed,
@@ -352,6 +366,41 @@ class _Shape:
             what = "largest trainable tensor" if some else "largest layer"
             self.block_backward = Term(p * largest, f"{p} B x {what} (its gradient)")
             self.tied = NONE
+
+
+def _chunk(setup: Setup, cpu: CpuMatmul | None) -> Term:
+    """The chunked loss's working set in its forward (``kit.loss``): the decoder's output (16-bit b s h, held
+    while the loss runs), its shifted copy the loss is given (b (s-1) h) and one chunk at a time: its
+    logits (16-bit, ``chunk_tokens`` x v) on a GPU (Liger's Triton kernel turns them into their gradient in
+    registers); on CPU ranks (``cpu``: the plain-PyTorch version, ``kit.workloads.chunked_loss``) the
+    largest of its three steps: the logits' matmul and their fp32 softmax, the input gradient's matmul and
+    the weight gradient's, each with oneDNN's bf16 scratch (``kit.estimate.cpu_matmul``). Its backward
+    hands back the gradients it saved: nothing new."""
+    m, b, p = setup.model, setup.batch, element_bytes(setup.zero.precision)
+    v, h, tokens = m.vocab, m.hidden, b.micro_batch * (b.seq_len - 1)
+    chunk = chunk_tokens(tokens, v, h)
+    held = p * (b.micro_batch * b.seq_len + tokens) * h
+    logits = p * chunk * v
+    if cpu is None:
+        work, how = logits, "a chunk's logits (Liger's Triton kernel)"
+    else:
+
+        def scratch(rows: int, inner: int, cols: int, transposed: bool) -> int:
+            return bf16_mm_scratch(rows, inner, cols, transposed, cpu) if p == 2 else 0
+
+        listing = partition.listing(setup)
+        head_trains = listing is None or "lm_head" in listing.head
+        work = max(
+            logits + FP32 * chunk * v + scratch(chunk, h, v, False),  # logits, their fp32 softmax
+            logits + scratch(chunk, v, h, False),  # the input's gradient: the 16-bit logit gradient x W
+            logits + scratch(v, chunk, h, True) * head_trains,  # the weight's: its transpose x the input
+        )
+        how = "a chunk's logits, fp32 softmax and matmuls (CPU ranks' plain PyTorch, oneDNN scratch)"
+    return Term(
+        held + work,
+        f"chunked loss: the decoder's output and its shifted copy {p} B x b (2s-1) h + {how}, "
+        f"{chunk:,} of {tokens:,} tokens per chunk",
+    )
 
 
 #: an RMSNorm's backward in Hugging Face's fp32 upcast: five fp32 b s h temporaries at once (the upcast
@@ -441,17 +490,22 @@ def _resident(setup: Setup, device: dict[str, Term]) -> dict[str, Term]:
     return out
 
 
-def _grads_so_far(setup: Setup, device: dict[str, Term], held: Term) -> Term:
-    """DeepSpeed's stage 0 reduces after backward: when the first block's backward runs, ``.grad`` holds
-    every gradient but the first block's and the embedding's (a block: the parameters outside the
-    embeddings over the layers; a tied embedding's gradient from the head is autograd's until the
-    embedding's own backward adds to it: ``tied``). Nothing where they were held already or are reduced
-    as they come."""
+def _grads_so_far(setup: Setup, device: dict[str, Term], held: Term, first: bool = True) -> Term:
+    """DeepSpeed's stage 0 reduces after backward: when the first block's backward runs (``first``),
+    ``.grad`` holds every gradient but the first block's and the embedding's (a block: the parameters
+    outside the embeddings over the layers; a tied embedding's gradient from the head is autograd's until
+    the embedding's own backward adds to it: ``tied``); when the last block's runs, the head's (an untied
+    ``lm_head`` that trains, the final norm). Nothing where they were held already or are reduced as they
+    come."""
     m, z = setup.model, setup.zero
     if z.engine != "deepspeed" or z.stage != 0 or held.bytes or not (m.layers and m.hidden and m.vocab):
         return NONE
     psi = partition.trainable_params(setup)
     listing = partition.listing(setup)
+    if not first:
+        head = m.vocab * (not m.tied_embeddings and (listing is None or "lm_head" in listing.head))
+        n = (head + 1) * m.hidden
+        return Term(device["gradients"].bytes * n // psi, f"the head's gradients: {n:,} elements")
     if listing:  # a trainable subset's own first block and embedding (kit.trainable)
         embedding = m.vocab * m.hidden if listing.embeddings else 0
         later = psi - listing.blocks[0].params - embedding

@@ -110,8 +110,9 @@ def reserved(setup: Setup, device: dict[str, Term], activations: Term) -> Reserv
     """The replay of ``STEPS`` steps of ``setup`` on one GPU holding ``device`` (``kit.estimate.memory``'s
     resident states) with ``activations`` saved per micro-step; None for what it does not replay (the
     PyTorch baselines, parameters offloaded to the host or NVMe, a trainable subset: its gradients are
-    not the replay's)."""
-    if setup.zero.engine != "deepspeed" or setup.zero.offload_param != "none" or is_subset(setup.zero):
+    not the replay's; the chunked loss: its chunks are not)."""
+    z = setup.zero
+    if z.engine != "deepspeed" or z.offload_param != "none" or is_subset(z) or z.loss != "plain":
         return None
     events = _Step(setup, device, activations).events()
     plain, grown = replay(events), replay(events, expandable_segments=True)

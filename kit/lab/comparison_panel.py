@@ -112,6 +112,7 @@ class ComparisonPanel:
         self.precision = ui.toggle(["fp32", "fp16", "bf16"], z.precision, "precision")
         self.checkpointing = ui.checkpointing(z)
         self.trainable = ui.trainable(z)
+        self.loss = ui.loss(z)
         self.reduce_bucket = ui.bucket_slider("reduce bucket", z.reduce_bucket_size)
         self.prefetch_bucket = ui.bucket_slider("s3 prefetch", z.prefetch_bucket_size)
         self.layers = w.BoundedIntText(value=m.layers or 1, min=1, max=256, description="layers")
@@ -156,7 +157,7 @@ class ComparisonPanel:
                 ui.row(self.hpz, self.quantized_weights, self.quantized_gradients),
                 ui.row(self.precision, self.grad_accum),
                 ui.row(self.batch_schedule, self.checkpointing),
-                ui.row(self.trainable),
+                ui.row(self.trainable, self.loss),
                 ui.row(self.reduce_bucket, self.prefetch_bucket),
                 ui.section("Toy model" if self.toy else f"Model: {html.escape(m.name)}"),
                 ui.row(self.layers, self.hidden, self.heads),
@@ -428,6 +429,7 @@ class ComparisonPanel:
                 "precision": self.precision.value,
                 **dict(zip(checkpointing.FIELDS, self.checkpointing.value, strict=True)),
                 **dict(zip(trainable.FIELDS, self.trainable.value, strict=True)),
+                "loss": self.loss.value,
                 "reduce_bucket_size": round(self.reduce_bucket.value),
                 "prefetch_bucket_size": round(self.prefetch_bucket.value),
             },
@@ -477,6 +479,7 @@ class ComparisonPanel:
             self.precision,
             self.checkpointing,
             self.trainable,
+            self.loss,
             self.reduce_bucket,
             self.prefetch_bucket,
             self.layers,

@@ -103,6 +103,7 @@ class MemoryPanel:
         self.seq_len = w.BoundedIntText(value=b.seq_len, min=1, max=MAX_SEQ_LEN, description="seq len")
         self.checkpointing = ui.checkpointing(z)
         self.trainable = ui.trainable(z)
+        self.loss = ui.loss(z)
         self.reduce_bucket = ui.bucket_slider("reduce bucket", z.reduce_bucket_size)
         self.allgather_bucket = ui.bucket_slider("allgather bucket", z.allgather_bucket_size)
         self.prefetch_bucket = ui.bucket_slider("s3 prefetch", z.prefetch_bucket_size)
@@ -146,7 +147,7 @@ class MemoryPanel:
                 ui.row(self.offload_optimizer, self.offload_param),
                 self.nvme_path,
                 ui.row(self.optimizer, self.checkpointing),
-                ui.row(self.trainable),
+                ui.row(self.trainable, self.loss),
                 ui.row(self.hpz, self.quantized_weights, self.quantized_gradients),
                 self.offload_reason,
                 ui.section("Batch"),
@@ -245,6 +246,7 @@ class MemoryPanel:
             "optimizer": self.optimizer.value,
             **dict(zip(checkpointing.FIELDS, self.checkpointing.value, strict=True)),
             **dict(zip(trainable.FIELDS, self.trainable.value, strict=True)),
+            "loss": self.loss.value,
             "hpz_partition_size": self.hpz.value,
             "quantized_weights": self.quantized_weights.value,
             "quantized_gradients": self.quantized_gradients.value,
@@ -410,6 +412,7 @@ class MemoryPanel:
             self.seq_len,
             self.checkpointing,
             self.trainable,
+            self.loss,
             self.reduce_bucket,
             self.allgather_bucket,
             self.prefetch_bucket,

@@ -127,6 +127,27 @@ def trainable_subsets(setup: Setup) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index").round(2)
 
 
+def loss_choices(setup: Setup) -> pd.DataFrame:
+    """Per loss (``kit.loss.CHOICES``) of ``setup``: the activations, the forward's and the backward's peak
+    and the predicted peak per GPU (GiB), and whether it fits the cluster's GPU."""
+    from kit.estimate import estimate
+    from kit.fit import estimate_fit
+    from kit.loss import CHOICES
+
+    rows = {}
+    for label, value in CHOICES:
+        e = estimate(setup.replace(zero={"loss": value}))
+        phases = e.timeline.totals
+        rows[label] = {
+            "activations GiB": e.components["activations"] / GIB,
+            "forward peak GiB": phases["forward"] / GIB,
+            "backward peak GiB": phases["backward"] / GIB,
+            "peak / GPU GiB": e.per_gpu_bytes / GIB,
+            "fits": "yes" if estimate_fit(e).ok else "no",
+        }
+    return pd.DataFrame.from_dict(rows, orient="index").round(2)
+
+
 def schedules_side_by_side(results, labels: Sequence[str]) -> pd.DataFrame:
     """Rank 0's measured steps of the configurations ``labels`` of a sweep, one column group per value
     (global batch, grad accum, micro batch, loss) and one column per configuration under it."""

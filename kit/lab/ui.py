@@ -155,6 +155,13 @@ def trainable(zero) -> w.Dropdown:
     return w.Dropdown(options=subsets.choices(zero), value=subsets.key(zero), description="trains")
 
 
+def loss(zero) -> w.Dropdown:
+    """The loss (``kit.loss.CHOICES``), set to ``zero``'s; its value is ``ZeroSettings.loss``."""
+    from kit.loss import CHOICES
+
+    return w.Dropdown(options=CHOICES, value=zero.loss, description="loss")
+
+
 def button(description: str, icon: str, **options) -> w.Button:
     """A button as wide as its label (ipywidgets' fixed width cuts long labels off)."""
     return w.Button(

@@ -65,6 +65,10 @@ def build_engine(setup: Setup, seed: int = 0, *, comms_logger: bool = False) -> 
     checkpointing = (
         Checkpointing(model, z.checkpoint_every, z.checkpoint_policy) if z.activation_checkpointing else None
     )
+    if z.loss == "chunked":  # the forward ends in the chunked loss (kit.loss), the head never called
+        from kit.workloads import chunked_loss
+
+        model = chunked_loss.wrap(model, 0 if baseline else z.stage)
     if baseline:  # PyTorch's DDP or FSDP, stepped as DeepSpeed steps its engine
         from kit.ranks import baselines
 
