@@ -59,23 +59,29 @@ CONFIGS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_activation_estimate_matches_saved_tensors(name, precision):
+def config_and_setup(name: str, **zero):
+    """The transformers config of ``CONFIGS[name]`` and the Setup that estimates it on one GPU with
+    ``zero`` (micro batch 2 of 96 tokens)."""
     fields = dict(CONFIGS[name])
     implementation = fields.pop("attn_implementation")
     config = AutoConfig.for_model(**fields, max_position_embeddings=128)
     config._attn_implementation = implementation
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).to(DTYPES[precision]).train()
-    batch, seq = 2, 96
-    measured = saved_bytes(model, batch, seq, config.vocab_size)
     setup = Setup(
         model=from_hf_config(config.to_dict()),
         cluster={"nodes": 1, "gpus_per_node": 1},
-        zero={"precision": precision},
-        batch={"micro_batch": batch, "seq_len": seq},
+        zero=zero,
+        batch={"micro_batch": 2, "seq_len": 96},
     )
+    return config, setup
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_activation_estimate_matches_saved_tensors(name, precision):
+    config, setup = config_and_setup(name, precision=precision)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(DTYPES[precision]).train()
+    measured = saved_bytes(model, 2, 96, config.vocab_size)
     predicted = estimate(setup).components["activations"]
     assert measured == pytest.approx(predicted, rel=TOLERANCE), (measured, predicted)
 

@@ -5,15 +5,14 @@ states to the byte, the peak of each phase within 3 %, at stages 0-3."""
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 from kit import loss, models
 from kit.cli import main
 from kit.estimate import estimate
-from kit.models import from_hf_config
 from kit.schema import Setup
 from kit.workloads import adapters, chunked_loss
-from tests.test_activations import CONFIGS, DTYPES, TOLERANCE
+from tests.test_activations import DTYPES, TOLERANCE, config_and_setup
 
 
 def test_chunk_size_follows_liger():
@@ -47,16 +46,7 @@ def test_what_the_chunked_loss_keeps_is_the_estimate(config, precision, zero):
     """What autograd saves for Hugging Face's decoder ending in the chunked loss, beside the estimate (its
     two gradients instead of the fp32 log-softmax and the head's input), as tests/test_activations.py
     checks the plain loss."""
-    fields = dict(CONFIGS[config])
-    implementation = fields.pop("attn_implementation")
-    config = AutoConfig.for_model(**fields, max_position_embeddings=128)
-    config._attn_implementation = implementation
-    setup = Setup(
-        model=from_hf_config(config.to_dict()),
-        cluster={"nodes": 1, "gpus_per_node": 1},
-        zero={"precision": precision, "loss": "chunked", **zero},
-        batch={"micro_batch": 2, "seq_len": 96},
-    )
+    config, setup = config_and_setup(config, precision=precision, loss="chunked", **zero)
     torch.manual_seed(0)
     lm = adapters.apply(AutoModelForCausalLM.from_config(config), setup.zero).to(DTYPES[precision]).train()
     model = chunked_loss.wrap(lm, stage=0)

@@ -9,10 +9,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from kit import models, trainable
 from kit.cli import main
 from kit.estimate import estimate, partition
-from kit.models import from_hf_config
 from kit.schema import Setup
 from kit.workloads import adapters
-from tests.test_activations import CONFIGS, DTYPES, TOLERANCE, saved_bytes
+from tests.test_activations import DTYPES, TOLERANCE, config_and_setup, saved_bytes
 
 SUBSETS = {
     "lora q,v": {"lora_rank": 8},
@@ -101,16 +100,7 @@ def test_activations_are_what_autograd_saves_with_a_subset(config, precision, su
     """HF's Llama and Qwen2 with the subset applied (``adapters.apply``: peft for LoRA), in the run's
     dtype, against ``_subset_saved``'s op-by-op account, as tests/test_activations.py does for full
     training (same tolerance: the O(s^2 + bs) tensors it leaves out)."""
-    fields = dict(CONFIGS[config])
-    implementation = fields.pop("attn_implementation")
-    config = AutoConfig.for_model(**fields, max_position_embeddings=128)
-    config._attn_implementation = implementation
-    setup = Setup(
-        model=from_hf_config(config.to_dict()),
-        cluster={"nodes": 1, "gpus_per_node": 1},
-        zero={"precision": precision, **SUBSETS[subset]},
-        batch={"micro_batch": 2, "seq_len": 96},
-    )
+    config, setup = config_and_setup(config, precision=precision, **SUBSETS[subset])
     torch.manual_seed(0)
     model = adapters.apply(AutoModelForCausalLM.from_config(config), setup.zero).to(DTYPES[precision]).train()
     measured = saved_bytes(model, 2, 96, config.vocab_size)
