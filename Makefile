@@ -92,8 +92,9 @@ gpu-reference: install
 	$(PY) -m kit run --model qwen2.5-0.5b --stages 0,3 --micro-batch 4 --seq-len 2048 \
 		--nprocs $(GPUS) --steps 6 --sweep gpu-$(GPUS)x-qwen --runs-dir data/reference --no-progress
 
+# JupyterLab as make e2e tests it (kit.lab.server: without a GPU its kernels get DS_ACCELERATOR=cpu)
 lab: install
-	$(VENV)/bin/jupyter lab notebooks
+	$(PY) -m kit.lab.server notebooks
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

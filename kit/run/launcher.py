@@ -109,15 +109,21 @@ def ranks_accelerator() -> str:
     return os.environ.get("DS_ACCELERATOR") or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def on_this_accelerator(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with ``DS_ACCELERATOR=cpu`` where torch sees no GPU (unless it names one): DeepSpeed then
+    takes the CPU accelerator without warning about it. The ranks' and JupyterLab's kernels' rule."""
+    import torch
+
+    if not torch.cuda.is_available():
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    return env
+
+
 def worker_env(nprocs: int) -> dict[str, str]:
     """Environment for the ranks: this one plus the kit on PYTHONPATH, CPU accelerator without CUDA,
     and ``OMP_NUM_THREADS = max(1, cores // ranks)`` (the deepspeed launcher leaves it unset, and two
     ranks with all cores each oversubscribe the machine: a step was 3x slower)."""
-    import torch
-
-    env = dict(os.environ)
-    if not torch.cuda.is_available():
-        env.setdefault("DS_ACCELERATOR", "cpu")
+    env = on_this_accelerator(dict(os.environ))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     env["OMP_NUM_THREADS"] = str(max(1, cores // nprocs))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_PARENT), env.get("PYTHONPATH")) if p)

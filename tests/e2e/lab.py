@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -24,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.lab import server
 from kit.run.launcher import free_port, kill_launch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,16 +72,17 @@ def lab_server(tmp: Path, startup_s: float = 90.0) -> Iterator[Lab]:
         path.write_text(json.dumps(values))
     (tmp / "tmp").mkdir()
     port, token = free_port(), uuid.uuid4().hex
-    env = dict(os.environ, ZEROKIT_SMOKE="1", TMPDIR=str(tmp / "tmp"), DS_ACCELERATOR="cpu")
+    # started as `make lab` starts it (kit.lab.server), with its own folders and port
+    base = {k: v for k, v in os.environ.items() if k not in ("JUPYTER_CONFIG_DIR", "DS_ACCELERATOR")}
+    env = server.environment(dict(base, ZEROKIT_SMOKE="1", TMPDIR=str(tmp / "tmp")))
     env.update(JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), IPYTHONDIR=str(tmp / "ipython"))
-    env.pop("JUPYTER_CONFIG_DIR", None)
-    argv = [
-        str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser",
+    argv = server.command(
+        root, "--no-browser",
         "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
         f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
         "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=",
-    ] + (["--allow-root"] if os.geteuid() == 0 else [])  # fmt: skip
+    )  # fmt: skip
     log = open(tmp / "server.log", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         argv, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
