@@ -20,8 +20,8 @@ from typing import Literal, get_args
 
 Loss = Literal["plain", "chunked"]
 LOSSES: tuple[str, ...] = get_args(Loss)
-#: families whose loss the kit can replace (a Hugging Face decoder with an ``lm_head``: kit.families.SWIGLU)
-CHOICES: tuple[tuple[str, str], ...] = (("plain cross-entropy", "plain"), ("chunked (Liger FLCE)", "chunked"))
+#: what a panel offers: (label, ``ZeroSettings.loss``)
+CHOICES: tuple[tuple[str, str], ...] = (("plain", "plain"), ("chunked (Liger)", "chunked"))
 
 
 def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
