@@ -154,6 +154,8 @@ def express(row: dict[str, Any]) -> Expressed:
     nodes, gpus = row["num_nodes"] or 1, row["num_gpus"]
     if gpus % nodes:
         return Expressed(None, f"{gpus} GPUs do not split evenly over {nodes} nodes")
+    if "--freeze_embeds" in (row.get("extras") or ""):  # HF's finetune_trainer: the shared embeddings
+        zero["freeze_embeddings"] = True
     zero.update(
         precision=precision,
         optimizer=_optimizer(row["optimizer"]),

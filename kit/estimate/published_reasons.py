@@ -15,8 +15,8 @@ HEADS = (("DeBERTa-v2-xlarge-mnli", "sequence-classification head (DeBERTa-v2 MN
 
 def feature_reason(row: dict[str, Any]) -> str | None:
     """The first thing a row's run does that the kit does not model, read from its text alone (no Setup
-    needed, so step-time rows ask it too): other parallelism, Float8, torch.compile, FSDP1, frozen parts,
-    source and target lengths that differ, a head the kit lacks."""
+    needed, so step-time rows ask it too): other parallelism, Float8, torch.compile, FSDP1, frozen parts
+    other than the embeddings, source and target lengths that differ, a head the kit lacks."""
     other = row.get("other_parallelism") or ""
     degrees = {k: int(n) for k, n in re.findall(r"\b(TP|PP|CP|SP)\s*=\s*(\d+)", other) if int(n) > 1}
     if degrees:
@@ -31,9 +31,8 @@ def feature_reason(row: dict[str, Any]) -> str | None:
     if row["table"] == "memory" and fsdp1(row):
         return "FSDP1 flat parameters"
     extras = row.get("extras") or ""
-    if "freeze_embeds" in extras:
-        return "frozen embeddings (--freeze_embeds)"
-    if _mentions(extras, "frozen", "freeze"):
+    others = ", ".join(p for p in re.split(r"[,;+]", extras) if "embed" not in p)  # embeddings: kit.trainable
+    if _mentions(others, "frozen", "freeze"):
         return "frozen parameters"
     lengths = re.match(r"\s*(\d+)\s*src\s*/\s*(\d+)\s*tgt", str(row.get("seq_len")))
     if lengths and lengths.group(1) != lengths.group(2):
