@@ -35,9 +35,9 @@ FAMILIES = SWIGLU
 CHOICES: tuple[tuple[str, tuple[int, tuple[str, ...], bool, int]], ...] = (
     ("every parameter", (0, (), False, 0)),
     ("frozen embeddings", (0, (), True, 0)),
-    ("LoRA r=16 (peft's default modules)", (16, (), False, 0)),
-    ("LoRA r=16, all linear", (16, (ALL_LINEAR,), False, 0)),
-    ("LoRA r=64, all linear", (64, (ALL_LINEAR,), False, 0)),
+    ("LoRA r=16", (16, (), False, 0)),  # peft's default modules (q_proj, v_proj for Llama)
+    ("LoRA r=16 all-linear", (16, (ALL_LINEAR,), False, 0)),
+    ("LoRA r=64 all-linear", (64, (ALL_LINEAR,), False, 0)),
 )
 
 
