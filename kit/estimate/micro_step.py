@@ -1,0 +1,256 @@
+"""The activation-shaped terms of one micro-step, at the moments ``kit.estimate.peak`` compares: what the
+blocks and the head save (the family's formula, a trainable subset's op-by-op account, a trace), the loss's
+logits or the chunked loss's chunk (``kit.loss``), the last block's backward working set, a trainable
+subset's late first gradient hook, and on CPU ranks the RNG states checkpointing stashes and oneDNN's bf16
+matmul scratch (``kit.estimate.cpu_matmul``).
+
+What it cannot see: see ``kit.estimate.peak``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from kit import checkpointing
+from kit import trainable as subset
+from kit.estimate import partition
+from kit.estimate.activations import (
+    FORMULA_FAMILIES,
+    SWIGLU_FAMILIES,
+    _head_activations,
+    _subset_saved,
+    also_saved,
+    formula,
+)
+from kit.estimate.cpu_matmul import CpuMatmul, bf16_mm_scratch
+from kit.estimate.result import NONE, Term
+from kit.loss import chunk_tokens
+from kit.rules import FP32, element_bytes
+from kit.schema import Setup
+
+#: int64 token ids of the micro batch
+TOKEN_ID_BYTES = 8
+
+
+#: bytes of torch's CPU generator state (``torch.get_rng_state()``, a uint8 tensor: mt19937's)
+CPU_RNG_STATE_BYTES = 5056
+
+
+def rng_states(setup: Setup) -> Term:
+    """On CPU ranks, the RNG states each checkpointed block's call stashes for its recomputation, alive
+    with the loss's graph (forward, backward and ``engine.step()``): DeepSpeed's checkpoint keeps the CPU
+    state and the accelerator's, the CPU's again (``fwd_cpu_rng_state``, ``fwd_cuda_rng_state``);
+    ``torch.utils.checkpoint`` the CPU's. On a GPU they are host tensors."""
+    z, layers = setup.zero, setup.model.layers or 0
+    if not z.activation_checkpointing or not layers:
+        return NONE
+    count = 2 if z.checkpoint_policy == "full" else 1
+    blocks = layers // z.checkpoint_every
+    n = count * blocks * CPU_RNG_STATE_BYTES
+    return Term(n, f"{count} x {CPU_RNG_STATE_BYTES:,} B x {blocks} checkpointed blocks (CPU RNG states)")
+
+
+def input_leaf(setup: Setup) -> Term:
+    """Frozen embeddings under checkpointing: ``enable_input_require_grads`` makes their output a leaf that
+    needs a gradient, so backward leaves its ``.grad``; the loss's graph (``AccumulateGrad``) holds both
+    until the loss is freed, after ``engine.step()``."""
+    listing = partition.listing(setup)
+    if not listing or listing.embeddings or not setup.zero.activation_checkpointing:
+        return NONE
+    b, m, p = setup.batch, setup.model, element_bytes(setup.zero.precision)
+    n = 2 * p * b.micro_batch * b.seq_len * m.hidden
+    return Term(n, f"2 x {p} B x b s h (the embeddings' output, made to need a gradient, and its .grad)")
+
+
+class Shape:
+    """The activation-shaped terms of one micro-step."""
+
+    def __init__(self, setup: Setup, act: Term, cpu: CpuMatmul | None) -> None:
+        m, b = setup.model, setup.batch
+        p = element_bytes(setup.zero.precision)
+        lm = (
+            m.family in FORMULA_FAMILIES
+            and m.is_transformer
+            and not m.source
+            and m.vocab
+            and m.family != "dit"
+        )
+        tokens = b.micro_batch * b.seq_len
+        logits = tokens * (m.vocab or 0) if lm else 0
+        upcast = FP32 * logits if p != FP32 else 0
+        self.loss = (
+            Term(
+                p * logits + upcast,
+                f"logits {p} B x b s v" + (" + their fp32 upcast 4 B x b s v" if upcast else ""),
+            )
+            if logits
+            else NONE
+        )
+        self.loss_grads = (
+            Term(
+                2 * FP32 * logits, "nll_loss and log_softmax backward: 2 x 4 B x b s v (fp32 logit gradients)"
+            )
+            if logits
+            else NONE
+        )
+        if logits and setup.zero.loss == "chunked":
+            self.loss, self.loss_grads = _chunk(setup, cpu), NONE
+        self.batch = Term(TOKEN_ID_BYTES * tokens, "token ids 8 B x b s") if m.vocab else NONE
+        formulaic = m.family in FORMULA_FAMILIES and m.is_transformer and not m.source
+        self.late, self.first = None, NONE
+        if formulaic and subset.is_subset(setup.zero):
+            saved = _subset_saved(setup)
+            head = Term(saved.head, "")
+            recomputed = saved.recomputed if setup.zero.activation_checkpointing else 0
+            self.late = _late_hook(setup, act, saved, p)
+            self.first = Term(saved.blocks[0], "the first block's saved activations")
+        elif formulaic:
+            scale = p // 2
+            head = _head_activations(setup, scale)
+            full = formula(
+                setup.model_copy(
+                    update={"zero": setup.zero.model_copy(update=setup.zero.checkpointing(False))}
+                )
+            )
+            per_layer = (full.bytes - head.bytes) // m.layers
+            recomputed = per_layer - also_saved(setup) if setup.zero.activation_checkpointing else 0
+            self.first = Term(per_layer, "one block's saved activations")
+        if formulaic:
+            self.forward = Term(
+                act.bytes - recomputed,
+                act.formula + (" - one layer recomputed in backward only" if recomputed else ""),
+            )
+            self.blocks = Term(act.bytes - head.bytes, f"{act.formula} - the head's {head.bytes:,} B (freed)")
+            s, h, f = b.seq_len, m.hidden, m.ffn or 4 * m.hidden
+            mb = b.micro_batch
+            gated = 2 if m.family in SWIGLU_FAMILIES else 0  # the product's backward: gate and up b s f
+            trains = partition.listing(setup)
+            down = "down" in trains.blocks[-1].trains if trains else True
+            self.block_backward = Term(
+                p * ((1 + gated) * s * mb * f + f * h * down + s * mb * h),
+                f"{p} B x ({1 + gated if gated else ''}b s f + {'f h + ' if down else ''}b s h): the MLP "
+                f"down-projection's input {'and weight gradients ' if down else 'gradient '}and the "
+                "incoming one" + (", and the SwiGLU product's two input gradients" if gated else ""),
+            ) + (_weight_grad_scratch(setup, cpu) if down else NONE)
+            head = m.vocab * h if m.vocab else 0
+            z = setup.zero
+            embedding = trains.embeddings if trains else True  # a frozen tied embedding gets no gradient
+            lm_head = "lm_head" in trains.head if trains else True
+            if m.tied_embeddings and head and embedding:
+                self.tied = Term(p * head, f"{p} B x v h (the tied embedding's gradient from the head)")
+            elif head and z.engine == "deepspeed" and z.stage == 1 and lm_head:
+                self.tied = Term(p * head, f"{p} B x v h (the head's gradient, in .grad to the boundary)")
+            else:
+                self.tied = NONE
+        else:
+            some = partition.listing(setup) is not None
+            largest = partition.largest_tensor(setup) if some else setup.model.largest_layer_params
+            self.forward = self.blocks = act
+            what = "largest trainable tensor" if some else "largest layer"
+            self.block_backward = Term(p * largest, f"{p} B x {what} (its gradient)")
+            self.tied = NONE
+
+
+def _chunk(setup: Setup, cpu: CpuMatmul | None) -> Term:
+    """The chunked loss's working set in its forward (``kit.loss``): the decoder's output (16-bit b s h, held
+    while the loss runs), its shifted copy the loss is given (b (s-1) h) and one chunk at a time: its
+    logits (16-bit, ``chunk_tokens`` x v) on a GPU (Liger's Triton kernel turns them into their gradient in
+    registers); on CPU ranks (``cpu``: the plain-PyTorch version, ``kit.workloads.chunked_loss``) the
+    largest of its three steps: the logits' matmul and their fp32 softmax, the input gradient's matmul and
+    the weight gradient's, each with oneDNN's bf16 scratch (``kit.estimate.cpu_matmul``). Its backward
+    hands back the gradients it saved: nothing new."""
+    m, b, p = setup.model, setup.batch, element_bytes(setup.zero.precision)
+    v, h, tokens = m.vocab, m.hidden, b.micro_batch * (b.seq_len - 1)
+    chunk = chunk_tokens(tokens, v, h)
+    held = p * (b.micro_batch * b.seq_len + tokens) * h
+    logits = p * chunk * v
+    if cpu is None:
+        work, how = logits, "a chunk's logits (Liger's Triton kernel)"
+    else:
+
+        def scratch(rows: int, inner: int, cols: int, transposed: bool) -> int:
+            return bf16_mm_scratch(rows, inner, cols, transposed, cpu) if p == 2 else 0
+
+        listing = partition.listing(setup)
+        head_trains = listing is None or "lm_head" in listing.head
+        work = max(
+            logits + FP32 * chunk * v + scratch(chunk, h, v, False),  # logits, their fp32 softmax
+            logits + scratch(chunk, v, h, False),  # the input's gradient: the 16-bit logit gradient x W
+            logits + scratch(v, chunk, h, True) * head_trains,  # the weight's: its transpose x the input
+        )
+        how = "a chunk's logits, fp32 softmax and matmuls (CPU ranks' plain PyTorch, oneDNN scratch)"
+    return Term(
+        held + work,
+        f"chunked loss: the decoder's output and its shifted copy {p} B x b (2s-1) h + {how}, "
+        f"{chunk:,} of {tokens:,} tokens per chunk",
+    )
+
+
+#: an RMSNorm's backward in Hugging Face's fp32 upcast: five fp32 b s h temporaries at once (the upcast
+#: gradient, its products with the rsqrt and with the input, the mean's and the square's gradients), measured
+#: in the last block's input norm on CPU ranks
+RMSNORM_BACKWARD_FP32 = 5
+
+
+class Late(NamedTuple):
+    """The moments after a late first gradient hook (``_late_hook``): what is live at the last block's
+    input norm's backward and its working set, and what is live in the block below's backward."""
+
+    at_norm: Term
+    norm_work: Term
+    below: Term
+
+
+def _late_hook(setup: Setup, act: Term, saved, p: int) -> Late | None:
+    """A trainable subset whose head and last block's MLP train nothing (LoRA on attention, say) has its
+    first gradient hook, where stages 1-2 allocate their bucket, inside the last block's attention: the
+    block's MLP and attention saved tensors are freed by then. Two moments follow with the bucket: the
+    backward of the last block's input norm (the activations less the head's and the last block's, what
+    that norm keeps, and the norm's working set: ``RMSNORM_BACKWARD_FP32`` fp32 b s h and the residual
+    gradient), and the backward of the block below (the activations less the head's and the last block's;
+    a checkpointed last block leaves its recomputation to the block below). None when the bucket comes
+    with the head's or the MLP's gradients, as without a subset."""
+    z, listing = setup.zero, partition.listing(setup)
+    if z.engine != "deepspeed" or z.stage not in (1, 2) or listing.head or not listing.blocks:
+        return None
+    last = listing.blocks[-1]
+    if (last.trains | last.adapted) & {"gate", "up", "down", "norm2"}:
+        return None
+    m, b = setup.model, setup.batch
+    sbh = b.micro_batch * b.seq_len * m.hidden
+    ckpt = z.activation_checkpointing and checkpointing.is_checkpointed(
+        len(listing.blocks) - 1, z.checkpoint_every
+    )
+    blocks = act.bytes - saved.head
+    done = "the head's and the last block's"
+    return Late(
+        Term(
+            blocks - (saved.recomputed if ckpt else saved.blocks[-1]) + saved.last_norm,
+            f"{act.formula} - {done} but its input norm's",
+        ),
+        Term(
+            RMSNORM_BACKWARD_FP32 * FP32 * sbh + p * sbh,
+            f"{RMSNORM_BACKWARD_FP32} x 4 B x b s h + {p} B x b s h (its input norm's backward)",
+        ),
+        Term(blocks - (p * sbh if ckpt else saved.blocks[-1]), f"{act.formula} - {done}"),
+    )
+
+
+def _weight_grad_scratch(setup: Setup, cpu: CpuMatmul | None) -> Term:
+    """On CPU in bf16, the scratch oneDNN allocates inside the down-projection's weight-gradient mm
+    (``kit.estimate.cpu_matmul``): GPT-2's ``Conv1D`` computes x^T (f x b s) by the gradient (b s x h);
+    ``nn.Linear`` (``mm_mat2_backward`` on the transposed weight) the gradient^T (h x b s) by x (b s x f)."""
+    m, b = setup.model, setup.batch
+    if cpu is None or setup.zero.precision != "bf16":
+        return NONE
+    tokens, f, h = b.micro_batch * b.seq_len, m.ffn or 4 * m.hidden, m.hidden
+    rows, cols, how = (
+        (f, h, "x^T (f x b s) by b s x h") if m.family == "gpt2" else (h, f, "g^T (h x b s) by b s x f")
+    )
+    n = bf16_mm_scratch(rows, tokens, cols, True, cpu)
+    if not n:
+        return NONE
+    source = f"{cpu.isa}, {cpu.threads} thread(s)"
+    if not cpu.modelled:
+        source += ", measured: a lone mm of that shape"
+    return Term(n, f"oneDNN's scratch in the weight gradient's bf16 mm, {how} ({source})")
