@@ -284,6 +284,14 @@ def test_token_budget_runs_follow_deepspeeds_packing_and_scale_the_learning_rate
             padded = setup.model_copy(update={"batch": setup.batch.model_copy(update=shape)})
             # within what the formula leaves out (O(s^2 + bs) tensors: masks, the loss's targets)
             assert row.measured_activations == pytest.approx(activations(padded).bytes, rel=0.015)
+        # the table notebook 04 shows says the same, step by step
+        table = results.token_budget(setup).set_index("step")
+        assert list(table.index) == list(mine.step)
+        assert (table["measured B"] == list(mine.measured_activations)).all()
+        assert table["measured B"].to_numpy() == pytest.approx(
+            table["estimate, padded B"].to_numpy(), rel=0.015
+        )
+        assert (table["padded tokens"] > table["tokens"]).all()
         assert len(set(mine.train_batch)) > 1  # the batch really varies
         losses.append(list(mine.loss))
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)  # stage 2 and 3 take the same steps

@@ -154,10 +154,9 @@ def micro_batch(workload, setup: Setup, step: int, rank: int, world: int, micro:
     """
     b = setup.batch
     if b.max_tokens:
-        from kit.workloads import packed_step, sequence_length
+        from kit.workloads import packed_lengths
 
-        ids = list(packed_step(b, step, world, seed)[micro * world + rank])
-        lengths = [sequence_length(i, b.seq_len, seed) for i in ids]
+        ids, lengths = packed_lengths(b, step, rank, world, micro, seed)
         return workload.micro_batch(ids, b.seq_len, seed, lengths=lengths)
     mb = setup.at_step(step).batch.micro_batch
     first = setup.samples_before(step) + micro * mb * world

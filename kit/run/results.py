@@ -16,6 +16,7 @@ import pandas as pd
 
 from kit.components import HELD, MEASURED, MODEL_STATES
 from kit.records import load_records
+from kit.schema import Setup
 
 #: a configuration's status is its worst record's: error > oom > timeout > cancelled (stopped by the
 #: user, ``run_sweep(cancel=...)``) > ok
@@ -148,6 +149,34 @@ class Results:
         if (table["status"] != "ok").any():
             out["error"] = [e.splitlines()[0][:80] if isinstance(e, str) else None for e in table["error"]]
         return out
+
+    def token_budget(self, setup: Setup, seed: int = 0) -> pd.DataFrame:
+        """Rank 0's steps of ``setup`` (a token budget, ``batch.max_tokens``): its first micro batch as the
+        model saw it (samples, longest sequence, padded tokens: the collate pads every sequence to the
+        longest), the activations measured there, the estimate at the budget (before padding) and at that
+        padded shape (``kit.estimate.activations``)."""
+        from kit.estimate.activations import activations
+        from kit.workloads import packed_lengths
+
+        steps = self.steps()
+        rows = []
+        for r in steps[steps.label == setup.label].itertuples():
+            ids, lengths = packed_lengths(setup.batch, r.step, 0, r.world_size, 0, seed)
+            shape = {"micro_batch": len(ids), "seq_len": max(lengths), "max_tokens": None}
+            padded = setup.model_copy(update={"batch": setup.batch.model_copy(update=shape)})
+            rows.append(
+                {
+                    "step": r.step,
+                    "samples": len(ids),
+                    "longest": max(lengths),
+                    "tokens": sum(lengths),
+                    "padded tokens": len(ids) * max(lengths),
+                    "measured B": r.measured_activations,
+                    "estimate, budget B": r.estimate_activations,
+                    "estimate, padded B": activations(padded).bytes,
+                }
+            )
+        return pd.DataFrame(rows)
 
     def configs(self) -> list[dict]:
         """Per configuration, the fields of ``zerokit run --json``: label, setup, status, error,

@@ -102,6 +102,15 @@ def packed_step(batch, step: int, world: int, seed: int) -> tuple[tuple[int, ...
     return token_batches(batch.max_tokens, batch.seq_len, world * batch.grad_accum, steps, seed)[step]
 
 
+def packed_lengths(
+    batch, step: int, rank: int, world: int, micro: int = 0, seed: int = 0
+) -> tuple[list, list]:
+    """The sample ids and their lengths of the micro batch rank ``rank`` of ``world`` takes at micro-step
+    ``micro`` of ``step`` under ``batch.max_tokens`` (the collate pads them to the longest)."""
+    ids = list(packed_step(batch, step, world, seed)[micro * world + rank])
+    return ids, [sequence_length(i, batch.seq_len, seed) for i in ids]
+
+
 def packed_sizes(batch, step: int, world: int, seed: int) -> dict[str, int]:
     """Samples, real tokens, tokens with the padding to each micro batch's longest sequence, and the
     largest micro batch (samples) of a packed step."""
