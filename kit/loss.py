@@ -24,6 +24,15 @@ LOSSES: tuple[str, ...] = get_args(Loss)
 CHOICES: tuple[tuple[str, str], ...] = (("plain", "plain"), ("chunked (Liger)", "chunked"))
 
 
+def choices(zero, model=None) -> list[tuple[str, str]]:
+    """``CHOICES``, those ``model`` (a ``ModelSpec``) takes when given."""
+    return [
+        (label, v)
+        for label, v in CHOICES
+        if model is None or not problem(zero.model_copy(update={"loss": v}), model)
+    ]
+
+
 def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
     """Tokens per chunk of Liger's fused linear cross-entropy (``fused_linear_cross_entropy.py``):
     ``next_power_of_2(ceil(tokens / ceil(vocab / hidden)))``, at most ``tokens``."""

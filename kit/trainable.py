@@ -41,12 +41,19 @@ CHOICES: tuple[tuple[str, tuple[int, tuple[str, ...], bool, int]], ...] = (
 )
 
 
-def choices(zero) -> list[tuple[str, tuple]]:
-    """``CHOICES``, and ``zero``'s own settings (a ``ZeroSettings``) where they are none of them."""
+def choices(zero, model=None) -> list[tuple[str, tuple]]:
+    """``CHOICES`` (those ``model``, a ``ModelSpec``, takes when given), and ``zero``'s own settings (a
+    ``ZeroSettings``) where they are none of them."""
+    offered = [
+        (label, values)
+        for label, values in CHOICES
+        if model is None
+        or not model_problem(zero.model_copy(update=dict(zip(FIELDS, values, strict=True))), model)
+    ]
     own = key(zero)
-    if own in dict(CHOICES).values():
-        return list(CHOICES)
-    return [*CHOICES, (describe(zero), own)]
+    if own in dict(offered).values():
+        return offered
+    return [*offered, (describe(zero), own)]
 
 
 def is_subset(zero) -> bool:

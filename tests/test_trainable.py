@@ -205,3 +205,20 @@ def test_a_traced_model_takes_frozen_embeddings_and_refuses_lora():
     assert frozen.components["optimizer_states"] < full.components["optimizer_states"]
     with pytest.raises(ValueError, match="zero.lora_rank: .* is traced"):
         Setup(model=mixtral, zero={"lora_rank": 4}, batch=batch)
+
+
+def test_a_panel_offers_only_what_its_model_takes():
+    """The comparison panel's dropdowns for a fixed model (``kit.lab.ui.trainable`` / ``loss`` with the
+    model): the toy GPT takes neither a subset nor the chunked loss, a traced model frozen embeddings only."""
+    from kit import loss as losses
+    from kit.lab import ui
+    from kit.schema import ZeroSettings
+    from tests.test_own_model_runs import MIXTRAL
+
+    z = ZeroSettings()
+    toy, mixtral = models.toy_spec(), models.from_hf_config(MIXTRAL)
+    assert [label for label, _ in trainable.choices(z, toy)] == ["every parameter"]
+    assert [label for label, _ in trainable.choices(z, mixtral)] == ["every parameter", "frozen embeddings"]
+    assert trainable.choices(z, models.preset("llama-2-7b")) == list(trainable.CHOICES)
+    assert losses.choices(z, toy) == [("plain", "plain")] and losses.choices(z, None) == list(losses.CHOICES)
+    assert ui.trainable(z, toy).disabled and not ui.trainable(z).disabled

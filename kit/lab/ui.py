@@ -147,19 +147,24 @@ def checkpointing(zero) -> w.Dropdown:
     return w.Dropdown(options=options, value=value, description="checkpointing")
 
 
-def trainable(zero) -> w.Dropdown:
-    """What trains (``kit.trainable.choices``), set to ``zero``'s; its value is the ZeroSettings fields'
-    values (``dict(zip(kit.trainable.FIELDS, value))``)."""
+def trainable(zero, model=None) -> w.Dropdown:
+    """What trains (``kit.trainable.choices``: those ``model`` takes, when given), set to ``zero``'s; its
+    value is the ZeroSettings fields' values (``dict(zip(kit.trainable.FIELDS, value))``)."""
     from kit import trainable as subsets
 
-    return w.Dropdown(options=subsets.choices(zero), value=subsets.key(zero), description="trains")
+    options = subsets.choices(zero, model)
+    return w.Dropdown(
+        options=options, value=subsets.key(zero), description="trains", disabled=len(options) < 2
+    )
 
 
-def loss(zero) -> w.Dropdown:
-    """The loss (``kit.loss.CHOICES``), set to ``zero``'s; its value is ``ZeroSettings.loss``."""
-    from kit.loss import CHOICES
+def loss(zero, model=None) -> w.Dropdown:
+    """The loss (``kit.loss.choices``: those ``model`` takes, when given), set to ``zero``'s; its value is
+    ``ZeroSettings.loss``."""
+    from kit import loss as losses
 
-    return w.Dropdown(options=CHOICES, value=zero.loss, description="loss")
+    options = losses.choices(zero, model)
+    return w.Dropdown(options=options, value=zero.loss, description="loss", disabled=len(options) < 2)
 
 
 def button(description: str, icon: str, **options) -> w.Button:
