@@ -222,3 +222,20 @@ def test_a_panel_offers_only_what_its_model_takes():
     assert trainable.choices(z, models.preset("llama-2-7b")) == list(trainable.CHOICES)
     assert losses.choices(z, toy) == [("plain", "plain")] and losses.choices(z, None) == list(losses.CHOICES)
     assert ui.trainable(z, toy).disabled and not ui.trainable(z).disabled
+
+
+def test_the_notebook_tables_are_the_estimates():
+    """Notebook 07's tables (``kit.lab.tables``): each row's numbers are its setting's estimate."""
+    from kit.lab import tables
+    from kit.units import GIB
+
+    s = _setup(models.preset("llama-2-7b"), stage=3)
+    subsets = tables.trainable_subsets(s)
+    assert list(subsets.index) == [label for label, _ in trainable.CHOICES]
+    lora = estimate(s.replace(zero={"lora_rank": 16}))
+    row = subsets.loc["LoRA r=16"]
+    assert row["trainable"] == "8,388,608" and row["peak / GPU GiB"] == round(lora.per_gpu_bytes / GIB, 2)
+    losses = tables.loss_choices(s)
+    chunked = estimate(s.replace(zero={"loss": "chunked"}))
+    assert losses.loc["chunked (Liger)", "peak / GPU GiB"] == round(chunked.per_gpu_bytes / GIB, 2)
+    assert losses.loc["plain", "activations GiB"] > losses.loc["chunked (Liger)", "activations GiB"]
