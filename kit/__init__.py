@@ -5,7 +5,8 @@ The one data flow (docs/architecture.md), each step one name here:
 - build a ``Setup`` (``ModelSpec``, ``Cluster``, ``ZeroSettings``, ``Batch``; ``models`` makes the
   ModelSpec from a preset, a config.json, a model file or a count; ``decompositions`` lists the batch
   splits);
-- estimate it: ``estimate.estimate(setup)`` (the ``kit.estimate`` package: memory, step time, plans);
+- estimate it: ``estimate.estimate(setup)`` (memory, the ``kit.estimate`` package; seconds per step in
+  ``kit.steptime``);
   ``plan(setup, ...)``: every GPU type, cluster size and ZeRO variant that fits, timed and priced;
 - export it: ``to_ds_config(setup)``; read an existing one back: ``explain_ds_config(path, model=...)``;
 - run it for real: ``run_sweep([setups])``, read back as ``Results``; ``tune(setup, budget_bytes=...)``
@@ -17,7 +18,9 @@ The rooms (subpackages) behind these names:
 
 - ``kit`` itself: the torch-free core (``schema``, ``batch``, ``models``, ``gpus``, ``ds_config``,
   ``rules``, ``components``, ``records``, ``units``, ``paths``, ``monitor``);
-- ``kit.estimate``: memory model, activations, planning, checkpoint sizes (never imports torch);
+- ``kit.estimate``: memory model, activations, the peak per phase, checkpoint sizes (never imports torch);
+- ``kit.steptime``: seconds per step on a GPU type; ``kit.planning``: the search and the booking;
+- ``kit.review``: the review of a ds_config; ``kit.accuracy``: the kit beside real GPU runs;
 - ``kit.run``: launcher, sweep runner, results, tuning (the parent side);
 - ``kit.ranks``: what runs inside a launched rank;
 - ``kit.scaleout``: hostfiles, launch commands, network presets, doctor, commtest, checkpoints;
@@ -39,9 +42,9 @@ __version__ = "0.1.0"
 _MODULES = ("estimate", "models", "monitor")
 #: name -> (module, attribute), loaded on first use so that ``import kit`` stays light
 _LAZY = {
-    "plan": ("kit.estimate.plan", "search"),
+    "plan": ("kit.planning.plan", "search"),
     "to_ds_config": ("kit.ds_config", "to_ds_config"),
-    "explain_ds_config": ("kit.estimate.review", "explain_ds_config"),
+    "explain_ds_config": ("kit.review", "explain_ds_config"),
     "run_sweep": ("kit.run.sweep", "run_sweep"),
     "Results": ("kit.run.results", "Results"),
     "tune": ("kit.run.tune", "tune"),

@@ -3,7 +3,7 @@ DeepSpeed accepts, the ``ZeroSettings`` field, DeepSpeed's default, the value th
 stages that read it, and HF Trainer's ``"auto"`` rule.
 
 The writer (``kit.ds_config.writer``), the reader (``kit.ds_config.reader``) and the review
-(``kit.estimate.review``) all walk these tables. Defaults are DeepSpeed 0.19's
+(``kit.review``) all walk these tables. Defaults are DeepSpeed 0.19's
 (``deepspeed/runtime/zero/config.py``, ``offload_config.py``; the numbers live in ``kit.rules``);
 ``tests/test_dsconfig.py`` checks them against DeepSpeed's own config classes, and the ``"auto"``
 rules against transformers' ``HfTrainerDeepSpeedConfig``.

@@ -10,5 +10,5 @@ DATA = PACKAGE / "data" if (PACKAGE / "data").is_dir() else PACKAGE_PARENT / "da
 MODELS = DATA / "models"
 REFERENCE = DATA / "reference"
 EXAMPLES = DATA / "examples"
-#: published measurements of real GPU runs, the test set of the GPU-side predictions (kit.estimate.published)
+#: published measurements of real GPU runs, the test set of the GPU-side predictions (kit.accuracy.published)
 PUBLISHED = DATA / "published"

@@ -5,10 +5,11 @@ is those tables'."""
 import re
 
 from kit import models
-from kit.estimate import calibrated, estimate
-from kit.estimate.comm import comm_by_scope
+from kit.estimate import estimate
 from kit.lab import answers
 from kit.schema import Setup
+from kit.steptime import calibrated
+from kit.steptime.comm import comm_by_scope
 from kit.units import GIB
 
 

@@ -19,11 +19,11 @@ import pytest
 from kit import estimate
 from kit.ds_config import to_ds_config
 from kit.estimate import baselines
-from kit.estimate.comm import comm_bytes
 from kit.models import preset, toy_spec
 from kit.rules import BASELINES, baseline_name
 from kit.run.sweep import TOY_ZERO, check, config_id
 from kit.schema import Setup
+from kit.steptime.comm import comm_bytes
 
 NPROCS = 2
 TOY = Setup(
@@ -272,7 +272,7 @@ def test_zerokit_estimate_takes_a_baseline_as_its_stage():
 
 
 def test_the_planner_prices_ddp_and_fsdp_beside_zero():
-    from kit.estimate import plan
+    from kit.planning import plan
 
     llama = Setup(model=preset("llama-2-7b"), batch={"micro_batch": 1})
     found = plan.search(llama, gpus=["H100-SXM-80GB"], checkpointing=(False,), train_batch=256, max_nodes=2)

@@ -7,12 +7,12 @@ import pytest
 
 from kit import models
 from kit.cli import main
-from kit.estimate import calibrated, perf
-from kit.estimate.comm import TIMED_AS, collective_calls, collectives
 from kit.run import calibrate as cal
 from kit.run.results import Results
 from kit.run.sweep import TOY_ZERO, config_id
 from kit.schema import Setup
+from kit.steptime import calibrated, perf
+from kit.steptime.comm import TIMED_AS, collective_calls, collectives
 
 
 def records(setups_and_times: list[tuple[Setup, list[float]]], device: str) -> Results:
@@ -99,8 +99,8 @@ BUSY_ENGINE = {"z1": 0.7, "z3": 0.45, "z2+offload": 0.9, "ddp": 0.8}
 def worker_lines(base: Setup, engines: dict[str, tuple[float, float]]) -> dict:
     """What ``kit.ranks.calibrate_worker`` would print on a machine of known rates and fixed costs."""
     from kit.estimate import partition
-    from kit.estimate.calibration import EngineCost
     from kit.rules import bus_factor
+    from kit.steptime.calibration import EngineCost
 
     rate, fixed, per_token = 0.04e12, 0.003, perf.flops_per_token(base)[0]
     links = {"all_reduce": (2e-4, 0.8), "all_gather": (4e-4, 0.4), "reduce_scatter": (6e-4, 0.5)}
@@ -258,8 +258,8 @@ def test_the_command_that_measures_what_was_carried_over_measures_it():
     ``zerokit calibrate --measure`` whose calibration has none of it left to carry over."""
     from kit.cli import build_parser
     from kit.cli.preflight import measure_base
-    from kit.estimate.calibration import model_text
     from kit.run.calibrate import measure_argv
+    from kit.steptime.calibration import model_text
     from tests.test_perf import calibration, toy
 
     cal = calibration()
@@ -335,7 +335,7 @@ def test_only_the_busy_share_of_a_term_shares_the_cores(tmp_path):
     rank waiting in gloo) leaves its core to another rank: x (1 - b + 2 b). b is the term's busy share over
     the compute passes' (0.8 here: the calibration's ranks had 1.6 of the 2 cores, the rest was others')."""
     from kit.estimate import partition
-    from kit.estimate.calibration import Calibration
+    from kit.steptime.calibration import Calibration
     from tests.test_perf import calibration, toy
 
     comm = {"all_gather": 0.4, "reduce_scatter": 0.6, "all_reduce": 0.7}
@@ -395,7 +395,7 @@ def test_collectives_measured_on_more_ranks_predict_those_ranks(tmp_path):
     """A calibration on 2 ranks that also timed the collectives on 4 (``collectives_at``): a 4-rank setup
     takes those links as measured (no hops, no stretch: the 4 ranks shared the cores as it will), 8 ranks
     scale them by (8-1)/(4-1) hops and stretch from 4 ranks, 3 ranks still use the 2-rank links."""
-    from kit.estimate.calibration import Calibration, Link
+    from kit.steptime.calibration import Calibration, Link
     from tests.test_perf import calibration, toy
 
     comm = {"all_gather": 0.4, "reduce_scatter": 0.6, "all_reduce": 0.7}

@@ -11,12 +11,13 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from kit import checkpointing
 from kit.cli import main
-from kit.estimate import estimate, perf
+from kit.estimate import estimate
 from kit.estimate.activations import also_saved, formula, kept_by_policy
 from kit.models import from_hf_config, preset, resolve, toy_spec
 from kit.ranks.engine import Checkpointing
 from kit.ranks.measure import SavedActivations
 from kit.schema import Setup
+from kit.steptime import perf
 from tests.test_activations import CONFIGS
 from tests.test_runner import ACTIVATION_RTOL
 

@@ -10,10 +10,12 @@ import sys
 import pytest
 
 from kit.cli import main
-from kit.estimate import estimate, perf, plan
+from kit.estimate import estimate
 from kit.estimate.checkpoint_size import checkpoint_bytes
 from kit.paths import DATA
+from kit.planning import plan
 from kit.schema import Setup
+from kit.steptime import perf
 
 
 def _gpus() -> dict[str, dict]:

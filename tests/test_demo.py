@@ -10,9 +10,9 @@ import pytest
 
 from kit import Setup
 from kit.estimate import estimate
-from kit.estimate.plan import DEFAULT_VARIANTS
 from kit.gpus import gpu
 from kit.models import preset
+from kit.planning.plan import DEFAULT_VARIANTS
 from kit.records import load_records
 from kit.units import GIB
 

@@ -1,5 +1,5 @@
 """`zerokit explain`: a ds_config checked by DeepSpeed's own config classes, then explained setting by
-setting with the kit's bytes for the model and cluster (kit.estimate.review)."""
+setting with the kit's bytes for the model and cluster (kit.review)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from kit import models
 from kit.cli import main
 from kit.ds_config import to_ds_config, validate_ds_config
 from kit.estimate import estimate, partition
-from kit.estimate.review import Explanation, explain_ds_config
+from kit.review import Explanation, explain_ds_config
 from kit.schema import Setup
 from kit.units import GIB, MIB
 

@@ -8,8 +8,9 @@ import pytest
 
 from kit import gpus, models
 from kit.cli import main
-from kit.estimate import perf, plan
+from kit.planning import plan
 from kit.schema import Setup
+from kit.steptime import perf
 
 X1 = "X1:memory_gib=96,memory_gbps=4000,bf16_tflops=800,sms=120,nvlink_gbps=900"
 

@@ -1,4 +1,4 @@
-"""One micro-step on a GPU (kit.estimate.kernels): the FLOPs are the model's, the roofline and the waves
+"""One micro-step on a GPU (kit.steptime.kernels): the FLOPs are the model's, the roofline and the waves
 behave as their mechanisms say, a small step waits on its host, and the op counts are Hugging Face's."""
 
 from dataclasses import replace
@@ -6,8 +6,8 @@ from dataclasses import replace
 import pytest
 
 from kit import models
-from kit.estimate import kernels
 from kit.schema import Setup
+from kit.steptime import kernels
 
 H100 = {"peak_tflops": 989.0, "memory_gbps": 3350.0, "sms": 132}
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 from pathlib import Path
 
@@ -22,17 +23,39 @@ ROOMS = {
     "kit": set(),
     "kit.workloads": {"kit"},
     "kit.estimate": {"kit", "kit.workloads"},
-    "kit.run": {"kit", "kit.estimate", "kit.workloads"},
-    "kit.scaleout": {"kit", "kit.estimate", "kit.run"},
-    "kit.ranks": {"kit", "kit.workloads", "kit.estimate", "kit.scaleout"},
-    "kit.lab": {"kit", "kit.estimate", "kit.run", "kit.scaleout"},
-    "kit.cli": {"kit", "kit.estimate", "kit.run", "kit.scaleout", "kit.lab"},
+    "kit.steptime": {"kit", "kit.estimate"},
+    "kit.planning": {"kit", "kit.estimate", "kit.steptime"},
+    "kit.review": {"kit", "kit.estimate", "kit.steptime"},
+    "kit.accuracy": {"kit", "kit.estimate", "kit.steptime", "kit.planning"},
+    "kit.run": {"kit", "kit.estimate", "kit.steptime", "kit.workloads"},
+    "kit.scaleout": {"kit", "kit.estimate", "kit.steptime", "kit.run"},
+    "kit.ranks": {"kit", "kit.workloads", "kit.estimate", "kit.steptime", "kit.scaleout"},
+    "kit.lab": {
+        "kit",
+        "kit.estimate",
+        "kit.steptime",
+        "kit.planning",
+        "kit.review",
+        "kit.accuracy",
+        "kit.run",
+        "kit.scaleout",
+    },
+    "kit.cli": {
+        "kit",
+        "kit.estimate",
+        "kit.steptime",
+        "kit.planning",
+        "kit.review",
+        "kit.accuracy",
+        "kit.run",
+        "kit.scaleout",
+        "kit.lab",
+    },
 }
 
 
-#: packages inside a room, part of it: the core's ds_config (writer, reader, parser) and the review of a
-#: ds_config in kit.estimate
-NESTED = {"kit.ds_config": "kit", "kit.estimate.review": "kit.estimate"}
+#: packages inside a room, part of it: the core's ds_config (writer, reader, parser)
+NESTED = {"kit.ds_config": "kit"}
 
 
 def module_name(path: Path) -> str:
@@ -73,6 +96,9 @@ def test_the_rooms_are_the_subpackages():
     packages = {module_name(p.parent / "__init__.py") for p in KIT.rglob("__init__.py")}
     assert packages == set(ROOMS) | set(NESTED)
     assert {name: room(name) for name in NESTED} == NESTED
+    # and the wheel ships each of them (pyproject's explicit package list)
+    shipped = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert packages <= set(shipped)
 
 
 def test_no_import_cycles():
@@ -98,7 +124,7 @@ def test_estimating_never_imports_torch_or_deepspeed():
     code = """
 import io, json, sys
 from contextlib import redirect_stdout
-import kit, kit.estimate, kit.estimate.plan, kit.estimate.checkpoint_size, kit.ds_config
+import kit, kit.estimate, kit.steptime.perf, kit.planning.plan, kit.estimate.checkpoint_size, kit.ds_config
 from kit.cli import main
 out = io.StringIO()
 with redirect_stdout(out):

@@ -13,12 +13,14 @@ from kit import estimate
 from kit.cli import main
 from kit.ds_config import read_ds_config, to_ds_config, validate_ds_config
 from kit.ds_keys import EXAMPLE_NVME_PATH
-from kit.estimate import infinity, nvme, perf, plan
+from kit.estimate import infinity, nvme
 from kit.lab import teach
 from kit.models import resolve, toy_spec
+from kit.planning import plan
 from kit.ranks import nvme_files
 from kit.run.sweep import LATER_FIELDS, TOY_ZERO, async_io_problem, check, config_id, run_sweep
 from kit.schema import Setup, ZeroSettings
+from kit.steptime import perf
 
 LLAMA = resolve("llama-2-7b")
 NVME = {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme", "nvme_path": "/local_nvme"}

@@ -1,14 +1,14 @@
-"""The step-time model (kit.estimate.perf): each part equals its formula, and the rules behind them hold."""
+"""The step-time model (kit.steptime.perf): each part equals its formula, and the rules behind them hold."""
 
 import math
 
 import pytest
 
 from kit import models
-from kit.estimate import calibrated, kernels, perf
-from kit.estimate.comm import collective_calls, collectives, comm_bytes
 from kit.gpus import gpu, network
 from kit.schema import Setup
+from kit.steptime import calibrated, kernels, perf
+from kit.steptime.comm import collective_calls, collectives, comm_bytes
 
 
 def llama(**zero) -> Setup:
@@ -146,7 +146,7 @@ def test_every_formula_is_shown():
 
 
 def calibration(**changes):
-    from kit.estimate.calibration import Calibration, EngineCost, Link, model_text
+    from kit.steptime.calibration import Calibration, EngineCost, Link, model_text
 
     fields = dict(
         device="cpu", accelerator="cpu", backend="gloo", ranks=2, cores=2, threads_per_rank=1,
@@ -258,7 +258,7 @@ def test_ranks_beyond_the_cores_share_them():
 
 
 def test_calibration_file_round_trip(tmp_path):
-    from kit.estimate.calibration import Calibration
+    from kit.steptime.calibration import Calibration
 
     cal = calibration()
     cal.save(tmp_path / "c.json")

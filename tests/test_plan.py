@@ -7,9 +7,11 @@ import pandas as pd
 import pytest
 
 from kit import models
-from kit.estimate import estimate, perf, plan
+from kit.estimate import estimate
 from kit.gpus import gpu, prices
+from kit.planning import plan
 from kit.schema import Setup
+from kit.steptime import perf
 from kit.units import GIB
 
 
@@ -188,7 +190,7 @@ def test_every_table_keeps_to_the_limits(searched):
 
 
 def test_the_booking_is_the_best_exact_setup_with_flagged_alternatives(searched):
-    from kit.estimate import booking
+    from kit.planning import booking
 
     fit = searched.fitting()
     for goal, key in (("cheapest", "cost_usd"), ("fastest", "hours")):
@@ -211,7 +213,7 @@ def test_the_booking_is_the_best_exact_setup_with_flagged_alternatives(searched)
 
 
 def test_why_an_alternative_differs(searched):
-    from kit.estimate import booking
+    from kit.planning import booking
 
     t = searched.table
     base = t[(t.gpu == "H100-SXM-80GB") & (t.gpus == 8) & (t.stage == 2) & (t.zeropp == "")].iloc[0]

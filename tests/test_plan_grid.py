@@ -1,4 +1,4 @@
-"""The planner's grid (``kit.estimate.plan_grid``) against the per-setup path: every column of sampled rows
+"""The planner's grid (``kit.planning.plan_grid``) against the per-setup path: every column of sampled rows
 of ``plan.search`` is what ``estimate``, ``perf.step_time``, ``comm_by_scope`` and ``fit`` say of the row's
 Setup (``Plan.setup``), with and without a calibration, and for a batch schedule (estimated whole)."""
 
@@ -7,12 +7,14 @@ import random
 import pytest
 
 from kit import models
-from kit.estimate import calibrated, estimate, perf, plan
-from kit.estimate.calibration import Calibration, EngineCost, Link, engine_key, model_text
-from kit.estimate.comm import comm_by_scope
+from kit.estimate import estimate
 from kit.fit import fit
 from kit.gpus import gpu, prices
+from kit.planning import plan
 from kit.schema import Setup
+from kit.steptime import calibrated, perf
+from kit.steptime.calibration import Calibration, EngineCost, Link, engine_key, model_text
+from kit.steptime.comm import comm_by_scope
 from kit.units import GIB
 
 PRICE = {"H100-SXM-80GB": 5.0}

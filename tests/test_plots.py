@@ -148,7 +148,7 @@ def test_estimated_memory_stacks_components():
 
 
 def test_pareto_plot_draws_every_fitting_setup_and_the_front():
-    from kit.estimate import plan as planning
+    from kit.planning import plan as planning
     from kit.schema import Setup
 
     found = planning.search(Setup(model=models.preset("llama-2-7b"), batch={}), train_batch=64, max_nodes=2)

@@ -1,5 +1,5 @@
 """Published measurements of real GPU runs (data/published/) beside the kit's predictions
-(``kit.estimate.published``, ``zerokit published``): the rows load, each memory row becomes the Setup it
+(``kit.accuracy.published``, ``zerokit published``): the rows load, each memory row becomes the Setup it
 describes or the one reason the kit cannot express it, and the numbers set beside the measurements are
 the estimate's own."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from kit.accuracy import published as P
+from kit.accuracy.published_reasons import feature_reason
 from kit.cli import main
 from kit.estimate import estimate
-from kit.estimate import published as P
-from kit.estimate.published_reasons import feature_reason
 from kit.fit import estimate_fit
 from kit.gpus import gpu
 from kit.paths import PUBLISHED
@@ -355,7 +355,7 @@ def test_cli_refuses_bad_input_in_one_line(capsys, argv, message):
 def test_published_memory_rows_import_no_torch():
     """Estimation only; the throughput rows' MPT models are counted by transformers on the meta device."""
     code = (
-        "import sys; from kit.estimate import published; published.report('memory'); "
+        "import sys; from kit.accuracy import published; published.report('memory'); "
         "print(sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)

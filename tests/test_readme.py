@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kit.cli import main
-from kit.estimate.comm import comm_by_scope
+from kit.steptime.comm import comm_by_scope
 
 REPO = Path(__file__).resolve().parent.parent
 #: the front page and every page of docs/, by their path from the repository's root
@@ -78,7 +78,7 @@ def test_every_docs_page_links_back_to_the_readme():
 
 def test_the_zeropp_figures_in_the_prose_are_the_estimates():
     """The ZeRO++ paragraph of docs/zeropp-and-infinity.md (Llama-2-7B on 2 x 8 H100s, micro batch 1,
-    seq 4096): bytes per GPU per step across and inside nodes (``kit.estimate.comm.comm_by_scope``) and
+    seq 4096): bytes per GPU per step across and inside nodes (``kit.steptime.comm.comm_by_scope``) and
     the memory hpZ adds (``kit.estimate``)."""
     from kit import models
     from kit.estimate import estimate

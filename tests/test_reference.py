@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
+from kit.accuracy import reference
 from kit.cli import main
-from kit.estimate import reference
 from kit.paths import REFERENCE
 
 

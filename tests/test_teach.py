@@ -379,8 +379,9 @@ def test_a_frame_shows_in_full_labels_on_one_line_long_text_wrapped(llama7b):
 
 def test_the_notebook_tables_of_01_04_and_09(llama7b):
     from kit import grid
-    from kit.estimate import comm, estimate, perf
+    from kit.estimate import estimate
     from kit.lab import tables
+    from kit.steptime import comm, perf
 
     v100 = llama7b.replace(cluster={"gpu": "V100-SXM2-32GB"}, zero={"precision": "fp16", "optimizer": "adam"})
     paper = tables.paper_vs_deepspeed(v100)

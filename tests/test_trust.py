@@ -11,7 +11,7 @@ from kit.units import GIB
 
 @pytest.fixture(scope="module")
 def published_report():
-    from kit.estimate import published as P
+    from kit.accuracy import published as P
 
     return P.report()  # every row: memory and throughput
 
@@ -57,7 +57,7 @@ def test_published_draws_each_measured_number_at_the_reports_bytes(published_rep
 def test_published_marks_engine_and_confidence(published_report):
     import dataclasses
 
-    from kit.estimate.published import Report
+    from kit.accuracy.published import Report
 
     a18, a19 = (c for c in published_report.comparisons if c.id in ("A18", "A19"))
     medium = dataclasses.replace(a19, row={**a19.row, "confidence": "medium"})
@@ -245,7 +245,7 @@ def test_step_times_in_the_table_the_figure_and_the_answer(published_report):
 
 
 def test_the_kits_own_gpu_runs_in_a_table_and_the_answer(published_report):
-    from kit.estimate import reference
+    from kit.accuracy import reference
 
     own = reference.configurations()
     table = trust.reference_table(own)

@@ -163,7 +163,7 @@ def test_the_ranking_is_by_median_throughput_and_failures_are_unranked(monkeypat
 def test_a_calibration_predicts_every_candidate_and_the_run_ones_carry_their_error(monkeypatch, tmp_path):
     """With a calibration every candidate gets its predicted step time (pruned ones too, ranked among
     themselves by predicted samples/s), and each measured one its error: predicted / measured - 1."""
-    from kit.estimate import calibrated
+    from kit.steptime import calibrated
     from tests.test_perf import calibration
 
     cal = calibration()

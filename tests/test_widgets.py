@@ -256,10 +256,10 @@ print(json.dumps({"heavy": heavy, "names": kit.__all__}))
     assert face["heavy"] == []  # only pydantic until a name is used
     import kit
     from kit.ds_config import to_ds_config
-    from kit.estimate.plan import search
-    from kit.estimate.review import explain_ds_config
     from kit.lab.monitor_panel import monitor_panel
     from kit.lab.plan_panel import plan_panel
+    from kit.planning.plan import search
+    from kit.review import explain_ds_config
     from kit.run.results import Results
     from kit.run.sweep import run_sweep
     from kit.run.tune import tune
@@ -541,9 +541,9 @@ def test_comparison_panel_run_button(tmp_path, replay_launches):
 
 
 def test_plan_panel_shows_what_the_planner_says():
-    from kit.estimate import booking, plan
     from kit.lab.plan_panel import plan_panel
     from kit.lab.ui import strip_tags
+    from kit.planning import booking, plan
 
     start = Setup(
         model=models.preset("llama-2-7b"), zero={"stage": 0}, batch={"micro_batch": 8, "seq_len": 4096}
@@ -597,8 +597,8 @@ def test_plan_panel_shows_what_the_planner_says():
 
 
 def test_plan_panel_takes_a_calibration(tmp_path):
-    from kit.estimate import plan
     from kit.lab.plan_panel import plan_panel
+    from kit.planning import plan
 
     base = Setup(model=models.preset("llama-2-7b"), batch={"micro_batch": 1, "seq_len": 4096})
     h100 = _h100_calibration()
@@ -642,7 +642,7 @@ def test_plan_panel_plans_a_gpu_given_by_its_figures():
 
 
 def _h100_calibration():
-    from kit.estimate.calibration import Calibration, EngineCost, Link
+    from kit.steptime.calibration import Calibration, EngineCost, Link
 
     return Calibration(
         device="NVIDIA H100 80GB HBM3", accelerator="cuda", backend="nccl", ranks=8, cores=64,

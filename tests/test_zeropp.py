@@ -11,15 +11,17 @@ import pytest
 from kit import models
 from kit.cli import main
 from kit.ds_config import read_ds_config, to_ds_config, validate_ds_config
-from kit.estimate import estimate, partition, perf, plan, rank_states
-from kit.estimate.comm import collectives, comm_by_scope, comm_bytes
-from kit.estimate.review import explain_ds_config
+from kit.estimate import estimate, partition, rank_states
 from kit.lab.memory_panel import memory_panel
 from kit.lab.teach import zeropp_table
+from kit.planning import plan
+from kit.review import explain_ds_config
 from kit.rules import DS_PERSISTENCE_THRESHOLD
 from kit.run import launcher, sweep
 from kit.run.local_nodes import hpz_toy_setups, run_setups_on_local_nodes
 from kit.schema import Setup, one_line_error
+from kit.steptime import perf
+from kit.steptime.comm import collectives, comm_by_scope, comm_bytes
 
 LLAMA = models.preset("llama-2-7b")
 TWO_NODES = {"nodes": 2, "gpus_per_node": 8}
@@ -282,7 +284,7 @@ def test_hpz_measured_on_two_simulated_nodes(local_nodes_run):
     prediction says; (4) with hpZ the reduce-scatter is unchanged and still crosses nodes, the
     cross-node all-gathers shrink to one gather of each parameter partition per step (2 B x S), the
     other all-gathers run inside the node, and the cross-node bytes on the wire fall, as
-    ``kit.estimate.comm.collectives`` predicts.
+    ``kit.steptime.comm.collectives`` predicts.
     """
     spec, setups = models.toy_spec(), HPZ_RUNS
     rows = local_nodes_run.of(setups, steps=(1,))

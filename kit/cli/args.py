@@ -326,7 +326,7 @@ def setup_from_args(args: argparse.Namespace):
     if args.ds_config:
         # A config DeepSpeed would refuse is refused here, in the words of `zerokit explain`'s first error
         # (this runs DeepSpeed's own parser, so it imports deepspeed).
-        from kit.estimate.review import checked_setup
+        from kit.review import checked_setup
 
         setup, notes = checked_setup(args.ds_config, model=spec, cluster=cluster, **batch)
         for note in notes:  # how each "auto" was resolved: stderr, so --json stays one object

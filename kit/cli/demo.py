@@ -33,7 +33,7 @@ def memory_table(setup):
 
     from kit.components import COMPONENTS
     from kit.estimate import estimate
-    from kit.estimate.plan import DEFAULT_VARIANTS
+    from kit.planning.plan import DEFAULT_VARIANTS
 
     rows, estimates = [], []
     for variant in DEFAULT_VARIANTS:

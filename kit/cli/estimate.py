@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kit.cli.args import add_setup_args, print_json, setup_from_args
-from kit.estimate import calibrated
+from kit.steptime import calibrated
 from kit.units import GIB
 
 
@@ -36,7 +36,7 @@ def add_calibration(p) -> None:
 
 
 #: how ``estimate`` names an uncalibrated step time
-DATASHEET = "uncalibrated: datasheet figures and kit.estimate.kernels' roofline, see its parts"
+DATASHEET = "uncalibrated: datasheet figures and kit.steptime.kernels' roofline, see its parts"
 
 
 def _step_time(setup, calibration):
@@ -49,7 +49,7 @@ def _step_time(setup, calibration):
 
 
 def _calibration(args: argparse.Namespace):
-    from kit.estimate.calibration import Calibration
+    from kit.steptime.calibration import Calibration
 
     return Calibration.load(args.calibration) if args.calibration else None
 

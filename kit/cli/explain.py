@@ -1,5 +1,5 @@
 """``zerokit explain``: what an existing ds_config does for a model and cluster, setting by setting
-(``kit.estimate.review``), as JSON or as the readable report (``report``)."""
+(``kit.review``), as JSON or as the readable report (``report``)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from kit.estimate.review import explain_ds_config
+    from kit.review import explain_ds_config
 
     explanation = explain_ds_config(
         args.ds_config,
@@ -56,7 +56,7 @@ def report(explanation, title: str = "") -> str:
     """The readable report of an ``Explanation``: findings grouped by severity, errors first, then the
     notes."""
     from kit.ds_config.reader import UNMODELLED
-    from kit.estimate.review import SEVERITIES
+    from kit.review import SEVERITIES
 
     counts = {s: sum(f.severity == s for f in explanation.findings) for s in SEVERITIES}
     lines = [title] if title else []

@@ -6,8 +6,8 @@ import argparse
 
 from kit.cli.args import UsageError, add_setup_args, count, items, print_json, setup_from_args
 from kit.cli.estimate import _calibration, add_calibration
-from kit.estimate import calibrated, perf
-from kit.estimate.perf import Assumptions
+from kit.steptime import calibrated, perf
+from kit.steptime.perf import Assumptions
 from kit.units import GIB
 
 
@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--network", help="inter-node fabric in data/networks.csv (default: per --interconnect kind)"
     )
     s.add_argument("--top", type=int, default=10, help="fitting setups listed, cheapest first (0: all)")
-    a = p.add_argument_group("performance-model assumptions (kit.estimate.perf.Assumptions)")
+    a = p.add_argument_group("performance-model assumptions (kit.steptime.perf.Assumptions)")
     for name, value in vars(Assumptions()).items():
         a.add_argument(f"--{name.replace('_', '-')}", type=float, default=value, help=f"default {value:g}")
     add_calibration(p)
@@ -93,7 +93,7 @@ TEXT_COLUMNS = {"label", "why", "change", "variant", "gpu", "pick", "offload_par
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from kit.estimate import booking, plan
+    from kit.planning import booking, plan
 
     setup = setup_from_args(args)
     given = bool(args.ds_config or args.micro_batch or args.grad_accum)  # a setting of the user's own
@@ -209,7 +209,7 @@ def _recommendation(found, booked, command: list[str] | None) -> list[str]:
     """The booking for the goal, its ds_config command, and the alternatives with why each differs."""
     import shlex
 
-    from kit.estimate import booking
+    from kit.planning import booking
 
     r, limits = booked.recommended, _limits(booked)
     if r is None:
@@ -283,7 +283,7 @@ def _your_setting(setup, found, fix, prices, calibration, args) -> list[str]:
 def _every_table(found, booked, top, fitting, clusters, batches, sized, setup) -> list[str]:
     """``--all``: the Pareto front, the picks per GPU, the cheapest setups, NVMe offload, the smallest
     cluster per variant and the decompositions, the first four within the same limits."""
-    from kit.estimate import booking
+    from kit.planning import booking
 
     limits = {"max_hours": booked.max_hours, "budget": booked.budget}
     picks = booking.picks(found, **limits)
@@ -322,7 +322,7 @@ def _clusters_text(clusters) -> str:
 
 
 def _recommended_json(found, booked, command) -> dict | None:
-    from kit.estimate import booking, plan
+    from kit.planning import booking, plan
 
     r = booked.recommended
     if r is None:
@@ -405,7 +405,7 @@ def _model_flags(args: argparse.Namespace) -> list[str]:
 def _nvme_best(found, max_hours: float | None = None, budget: float | None = None):
     """Per GPU type and NVMe variant, the fastest fitting setup (within the limits) with its slowdown vs
     CPU offload."""
-    from kit.estimate import plan
+    from kit.planning import plan
 
     slow = plan.nvme_slowdown(found, max_hours, budget)
     slow = slow[slow.fits].round({"nvme_gib_per_node": 1, "slowdown": 2})
@@ -420,8 +420,8 @@ def _table(frame, columns: list[str] = PLAN_COLUMNS) -> str:
     """``frame``'s ``columns`` with units (``plan.readable``), text left and numbers right, in full."""
     if frame.empty:
         return "  (none)"
-    from kit.estimate.booking import marked
-    from kit.estimate.plan import readable
+    from kit.planning.booking import marked
+    from kit.planning.plan import readable
 
     shown = readable(frame[columns])
     if "label" in columns and "zeropp" in frame:

@@ -48,7 +48,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "calibrate",
         help="the step-time model's predictions beside a sweep's measured step times, and its error",
-        description="Predict each configuration of a sweep with kit.estimate.perf and compare with its "
+        description="Predict each configuration of a sweep with kit.steptime.perf and compare with its "
         "measured median step time. CPU records use this machine's measured matmul rate and gloo bandwidth.",
     )
     p.add_argument("sweep", nargs="?", help="a sweep folder (runs/<sweep>) or its records.jsonl")
@@ -137,7 +137,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
         raise UsageError(f"sweep: {args.sweep} has no measured configuration to compare with")
     machine = calibration = None
     if args.calibration:
-        from kit.estimate.calibration import Calibration
+        from kit.steptime.calibration import Calibration
 
         calibration = Calibration.load(args.calibration)
     elif any(r["device"] == "cpu" for r in ok):

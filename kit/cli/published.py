@@ -1,5 +1,5 @@
 """``zerokit published``: the published measurements of real GPU runs (``data/published/``) beside the kit's
-predictions, row by row (``kit.estimate.published``): a table, the summary, and what the kit cannot
+predictions, row by row (``kit.accuracy.published``): a table, the summary, and what the kit cannot
 express yet; ``--json`` prints ``{"rows": [...], "summary": {...}}``."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def register(sub) -> None:
         help="published GPU runs (data/published) beside the kit's predictions, row by row",
         description="Every published measurement of a real GPU run in data/published/ beside the kit's "
         "prediction: max allocated and max reserved bytes per GPU, fit / OOM at a micro batch, seconds per "
-        "step (kit.estimate.perf on the row's GPU and fabric), or the one reason the kit cannot express the "
+        "step (kit.steptime.perf on the row's GPU and fabric), or the one reason the kit cannot express the "
         "run yet.",
     )
     p.add_argument(
@@ -42,11 +42,11 @@ def register(sub) -> None:
 
 
 def published_command(args: argparse.Namespace) -> int:
-    from kit.estimate import published
+    from kit.accuracy import published
 
     if args.table not in TABLE_CHOICES:
         raise UsageError(f"--table: choose one of {', '.join(TABLE_CHOICES)}, got {args.table!r}")
-    from kit.estimate import reference
+    from kit.accuracy import reference
 
     if args.table == "reference" and args.ids:
         raise UsageError("--id: the reference table's runs have no ids; leave --id out")
@@ -104,7 +104,7 @@ def text(result) -> str:
 
 def _cells(c) -> list[tuple[str, ...]]:
     """The table's cells, one tuple per compared quantity or fit boundary of one row."""
-    from kit.estimate.published import QUANTITY_TEXT
+    from kit.accuracy.published import QUANTITY_TEXT
 
     conf = c.row["confidence"]
     out = []
@@ -145,7 +145,7 @@ def _setup_text(c) -> str:
 def _notes(c) -> list[str]:
     """What a reader needs beside a row's numbers: the mapping's assumptions, a prediction that stands in
     for another quantity, a measured reading not compared."""
-    from kit.estimate.published import QUANTITY_TEXT
+    from kit.accuracy.published import QUANTITY_TEXT
 
     notes = list(c.notes)
     notes += [f"step time = {t.conversion}" for t in c.timings]
@@ -167,7 +167,7 @@ def _notes(c) -> list[str]:
 def summary_lines(summary: dict) -> list[str]:
     """The summary as lines: rows expressed per table, per quantity the median |error| and the worst, and
     the fit / OOM agreement."""
-    from kit.estimate.published import QUANTITY_TEXT
+    from kit.accuracy.published import QUANTITY_TEXT
 
     lines = []
     for table, counts in summary["tables"].items():
@@ -199,9 +199,9 @@ def summary_lines(summary: dict) -> list[str]:
 
 
 def reference_text(configs) -> str:
-    """The kit's own GPU runs (``kit.estimate.reference``): per configuration measured / predicted and the
+    """The kit's own GPU runs (``kit.accuracy.reference``): per configuration measured / predicted and the
     error of max allocated, max reserved and the median step, their summary and what is not predicted."""
-    from kit.estimate.reference import QUANTITIES, summary
+    from kit.accuracy.reference import QUANTITIES, summary
 
     lines = [
         "Measured on a GPU by the kit's own runner (data/reference, make gpu-reference GPUS=N), per GPU",

@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 def setups_from_args(args: argparse.Namespace, nodes=None) -> list:
     """The Setups the flags describe, on one node of ``--nprocs`` ranks (or each of ``nodes``)."""
     from kit import grid
-    from kit.estimate.review import checked_setup
+    from kit.review import checked_setup
     from kit.schema import Setup
 
     spec = model_from_args(args)

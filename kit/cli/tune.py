@@ -124,7 +124,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple:
         "nprocs": args.nprocs,
     }
     if args.calibration:
-        from kit.estimate.calibration import Calibration
+        from kit.steptime.calibration import Calibration
 
         options["calibration"] = Calibration.load(args.calibration)
     return setup, options

@@ -5,7 +5,7 @@ Reading follows what DeepSpeed itself does with a config (``deepspeed/runtime/co
 ``transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig`` does (``kit.ds_keys``'s rules). Plain
 functions over dicts: no torch or deepspeed import (``zerokit estimate --ds-config`` stays instant).
 ``load_ds_config``, ``read_or_repair`` and ``resolved_for_deepspeed`` are what the review of a config
-(``kit.estimate.review``) builds on. A feature DeepSpeed runs but zero-kit does not model
+(``kit.review``) builds on. A feature DeepSpeed runs but zero-kit does not model
 (``UNMODELLED``: tensor, sequence, pipeline or expert parallelism, DeepCompile) is refused when on, with
 one line naming the key (``unmodelled``), before anything else is read.
 """

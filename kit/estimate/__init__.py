@@ -5,8 +5,9 @@ type); ``rank_states(setup, rank)`` the exact model-state bytes one rank holds, 
 measure. Importing this package never imports torch or deepspeed (tests/test_layout.py checks).
 
 Modules: ``memory`` (the implementation-faithful formula), ``paper`` (the ZeRO paper's), ``activations``,
-``partition`` (how DeepSpeed splits tensors across ranks), ``checkpoint_size``, ``plan`` (searches
-over Setups), ``result`` (``Term`` and ``Estimate``).
+``peak`` (the peak per phase), ``reserved`` (the caching allocator's replay), ``partition`` (how DeepSpeed
+splits tensors across ranks), ``checkpoint_size``, ``result`` (``Term`` and ``Estimate``). Seconds per
+step are ``kit.steptime``'s, plans ``kit.planning``'s.
 """
 
 from kit.estimate.memory import FORMULAS, estimate, rank_states

@@ -113,7 +113,7 @@ def estimate(setup: Setup, formula: Formula = "deepspeed", trace: bool = False) 
 class States:
     """What ``estimate`` counts of a Setup whatever its batch (micro batch, gradient accumulation,
     checkpointing): the worst rank's model states on the device and the host, CPU RAM and NVMe swap
-    files per node. ``kit.estimate.plan_grid`` shares one across a cluster's batch choices."""
+    files per node. ``kit.planning.plan_grid`` shares one across a cluster's batch choices."""
 
     rank: int
     device: dict[str, Term]
@@ -148,7 +148,7 @@ def gpu_terms(setup: Setup, device: dict[str, Term], act: Term) -> dict[str, Ter
 def peak_per_gpu(setup: Setup, held: States, act: Term) -> tuple[peak.Timeline, Term]:
     """The predicted peak of a step on ``held``'s rank with activations ``act``, and what the GPU holds
     beyond its tensors then: their sum is the verdict's number (``Estimate.per_gpu_bytes``), which
-    ``kit.estimate.plan_grid`` computes the same way."""
+    ``kit.planning.plan_grid`` computes the same way."""
     line = peak.timeline(setup, held.rank, held.device, act)
     return line, gpu_overheads(setup, line.peak_tensor_bytes)
 

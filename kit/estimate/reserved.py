@@ -44,7 +44,7 @@ of autograd's frees inside a block, a model without a repeating block (one block
 far the default stream runs ahead of the gather and reduction streams (a freed block another stream still
 uses waits for it: with a slow network, stage 3 holds more). Checked against published runs:
 ``zerokit published`` (an 18B GPT at stage 3 on 64 V100s reserved 2.3x its tensor peak; the replay
-gives 1.3x there); the kit's own runs on one H200 (``kit.estimate.reference``: 9 configurations, stages
+gives 1.3x there); the kit's own runs on one H200 (``kit.accuracy.reference``: 9 configurations, stages
 0-3, median 4 %, from 10 % under to 11 % over).
 """
 

@@ -2,8 +2,8 @@
 
 Each function takes the Setup the notebook was run for and says which setting to choose and what it
 costs, from the same estimates and step-time model the notebook's tables show (``kit.estimate``,
-``kit.estimate.calibrated``: the datasheet's step time unless a calibration is given). What they cannot
-see: what the tables cannot (the step time's own limits: ``kit.estimate.perf``).
+``kit.steptime.calibrated``: the datasheet's step time unless a calibration is given). What they cannot
+see: what the tables cannot (the step time's own limits: ``kit.steptime.perf``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def _change(seconds: float, base: float) -> str:
 
 def _timed(setup: Setup) -> tuple[object, float | None]:
     """The estimate of ``setup`` and its step time in seconds (None where the GPU cannot run it)."""
-    from kit.estimate import calibrated, estimate
+    from kit.estimate import estimate
+    from kit.steptime import calibrated
 
     try:
         seconds = calibrated.step_time(setup).step_s
@@ -89,8 +90,8 @@ def zeropp(setup: Setup) -> str:
     """Whether ZeRO++ pays for ``setup``'s model and cluster (stage 3 across nodes): the cross-node bytes,
     the memory and the step time of ZeRO-3, hpZ and all three, from ``kit.grid.zeropp_variants``."""
     from kit import grid
-    from kit.estimate.comm import comm_by_scope
     from kit.fit import estimate_fit
+    from kit.steptime.comm import comm_by_scope
 
     c = setup.cluster
     where = f"{setup.model.name} on {c.nodes} x {c.gpus_per_node} {c.gpu}"

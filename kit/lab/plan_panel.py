@@ -1,7 +1,7 @@
 """The planning panel: GPU types, cluster sizes, global batch, run length, limits (hours, budget), goal,
 headroom, the performance model's assumptions and a calibration file in; the booking for the goal, a
 time-vs-cost plot, the alternatives, the cheapest and fastest per GPU type and what makes the starting
-setup fit out (``kit.estimate.plan`` and ``kit.estimate.booking``, as ``zerokit plan``)."""
+setup fit out (``kit.planning.plan`` and ``kit.planning.booking``, as ``zerokit plan``)."""
 
 from __future__ import annotations
 
@@ -40,10 +40,10 @@ class PlanPanel:
     """Plan a booking: GPU types, cluster sizes, global batch, run length, limits, goal, headroom, the
     performance model's assumptions and a calibration; see the booking, every setup that fits within
     the limits on a time-vs-cost plot, the alternatives, the cheapest and fastest per GPU type, and
-    what makes the starting setup fit at the panel's global batch (``kit.estimate.plan``).
+    what makes the starting setup fit at the panel's global batch (``kit.planning.plan``).
 
-    State after every change: ``plan`` (``kit.estimate.plan.Plan`` or None), ``booking``
-    (``kit.estimate.booking.Booking``), ``figure`` (the plot), ``fixes`` (the make-it-fit table of the
+    State after every change: ``plan`` (``kit.planning.plan.Plan`` or None), ``booking``
+    (``kit.planning.booking.Booking``), ``figure`` (the plot), ``fixes`` (the make-it-fit table of the
     starting setup at the panel's global batch), ``start`` (that setup; None when its micro batch cannot
     make the global batch) and ``error`` (one line, or None).
     """
@@ -57,8 +57,8 @@ class PlanPanel:
         tokens: float | None = None,
         calibration: Any = None,
     ):
-        from kit.estimate import plan
-        from kit.estimate.perf import Assumptions
+        from kit.planning import plan
+        from kit.steptime.perf import Assumptions
 
         self.base = setup or default_setup()
         self.plan: Any = None
@@ -137,9 +137,9 @@ class PlanPanel:
 
     def update(self, change: dict | None = None) -> None:
         """Search again with the controls' values and redraw (controls call this on change)."""
-        from kit.estimate import booking, plan
-        from kit.estimate.perf import with_assumptions
         from kit.lab import plots
+        from kit.planning import booking, plan
+        from kit.steptime.perf import with_assumptions
 
         try:
             assume = with_assumptions(efficiency=self.efficiency.value, overlap=self.overlap.value)
@@ -174,7 +174,7 @@ class PlanPanel:
 
     def tables_html(self) -> list[str]:
         """The tables under the plot as HTML, each under its title, every text in full (no "...")."""
-        from kit.estimate import booking
+        from kit.planning import booking
 
         out, flagged = [], False
         for title, frame, (header, formats, columns) in self._tables():
@@ -190,7 +190,7 @@ class PlanPanel:
     def _fixes(self, assume) -> tuple[Setup | None, Any]:
         """The starting setup at the panel's global batch and what makes it fit (None, None when its micro
         batch cannot make that global batch: the plan does not need it)."""
-        from kit.estimate import plan
+        from kit.planning import plan
 
         try:
             start = self.base.replace(batch={"train_batch": self.train_batch.value})
@@ -222,7 +222,7 @@ class PlanPanel:
 
     def _loaded(self):
         """The calibration of the file box (a path), else the one given to the panel, else None."""
-        from kit.estimate.calibration import Calibration
+        from kit.steptime.calibration import Calibration
 
         path = self.calibration.value.strip()
         return Calibration.load(path) if path else self._calibration
@@ -255,7 +255,7 @@ class PlanPanel:
 
     def _tables(self) -> list[tuple[str, Any, tuple]]:
         """(title, rows, layout) of each table under the plot, all within the same limits."""
-        from kit.estimate import booking
+        from kit.planning import booking
 
         b = self.booking
         out = []
@@ -280,5 +280,5 @@ class PlanPanel:
 
 def plan_panel(setup: Setup | None = None, **options: Any) -> PlanPanel:
     """The planning panel (options: train_batch, max_nodes, tokens, calibration: a
-    ``kit.estimate.calibration.Calibration`` or a file path); display ``.widget``."""
+    ``kit.steptime.calibration.Calibration`` or a file path); display ``.widget``."""
     return PlanPanel(setup, **options)

@@ -7,7 +7,7 @@ rank puts on the wire per step, by collective. ``loss_curves``: loss per step of
 on one axis (ZeRO stages should overlap: sharding does not change the math). ``heartbeats``: memory and
 samples/s of every rank over time, from a ``kit.monitor.Snapshot``. ``predicted_vs_measured``: step times
 predicted beside measured, with the y = x line. ``published`` and ``published_fits``: the kit beside
-published measurements of real GPU runs (``kit.estimate.published.report``), max allocated and max reserved
+published measurements of real GPU runs (``kit.accuracy.published.report``), max allocated and max reserved
 predicted against measured, and each fit / OOM boundary against the GPU's memory.
 """
 
@@ -76,7 +76,7 @@ def memory(results: Results) -> Figure:
 
 def comm_volume(results: Results) -> Figure:
     """Bytes one rank sends per step, stacked by collective (all-reduce, reduce-scatter, all-gather...),
-    with the prediction (``kit.estimate.comm.comm_bytes``) as a black tick on each bar.
+    with the prediction (``kit.steptime.comm.comm_bytes``) as a black tick on each bar.
 
     From the records' ``comm_bytes`` (DeepSpeed's collectives in its comms logger's convention, a PyTorch
     baseline's own hooks), scaled to wire bytes
@@ -205,10 +205,10 @@ def _rotate(ax) -> None:
 def pareto(
     plan, max_points: int = 4000, max_hours: float | None = None, budget: float | None = None, booked=None
 ) -> Figure:
-    """Wall-clock time vs cost of every fitting setup of a ``kit.estimate.plan.Plan`` within ``max_hours``
+    """Wall-clock time vs cost of every fitting setup of a ``kit.planning.plan.Plan`` within ``max_hours``
     and ``budget`` (USD), one colour per GPU type, log-log, with the Pareto front (nothing both faster and
     cheaper) drawn as a line; the front's fastest and cheapest named, and ``booked``'s recommendation
-    (``kit.estimate.booking.Booking``) when given. The legend sits outside the axes, each name in a box
+    (``kit.planning.booking.Booking``) when given. The legend sits outside the axes, each name in a box
     pointing at its marker from the side, so neither covers a point."""
     fit = plan.fitting(max_hours, budget)
     shown = fit if len(fit) <= max_points else fit.sample(max_points, random_state=0)

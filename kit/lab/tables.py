@@ -33,9 +33,9 @@ def paper_vs_deepspeed(setup: Setup, stages: Sequence[int] = (1, 2, 3)) -> pd.Da
 
 
 def collectives_table(setups: Sequence[Setup]) -> pd.DataFrame:
-    """Each setting's collectives per optimizer step (``kit.estimate.comm.collectives``): scope (inside
+    """Each setting's collectives per optimizer step (``kit.steptime.comm.collectives``): scope (inside
     the node or across nodes), GiB per GPU and the formula."""
-    from kit.estimate import comm
+    from kit.steptime import comm
 
     rows = [
         {
@@ -52,9 +52,9 @@ def collectives_table(setups: Sequence[Setup]) -> pd.DataFrame:
 
 
 def step_time_table(setups: Sequence[Setup]) -> pd.DataFrame:
-    """Each setting's step time (``kit.estimate.perf.step_time``): the step, its compute, all its
+    """Each setting's step time (``kit.steptime.perf.step_time``): the step, its compute, all its
     communication and the part of it the step waits for, in seconds."""
-    from kit.estimate import perf
+    from kit.steptime import perf
 
     rows = []
     for s in setups:
@@ -77,8 +77,10 @@ def checkpointing_policies(setup: Setup) -> pd.DataFrame:
     does, and the compute a token costs beside no checkpointing (the recomputed forward, by FLOPs); a
     choice the estimate cannot model for this model says why instead."""
     from kit import checkpointing
-    from kit.estimate import estimate, perf, plan
+    from kit.estimate import estimate
     from kit.fit import estimate_fit
+    from kit.planning import plan
+    from kit.steptime import perf
 
     plain = perf.flops_per_token(setup.replace(zero=setup.zero.checkpointing(False)))[0]
     rows = {}
@@ -104,8 +106,9 @@ def trainable_subsets(setup: Setup) -> pd.DataFrame:
     model states and activations per GPU and the predicted peak (GiB), whether it fits the cluster's
     GPU, and the step time (the datasheet's); a choice the kit cannot model for this model says why."""
     from kit import trainable
-    from kit.estimate import calibrated, estimate, partition
+    from kit.estimate import estimate, partition
     from kit.fit import estimate_fit
+    from kit.steptime import calibrated
 
     rows = {}
     for label, value in trainable.CHOICES:

@@ -14,9 +14,9 @@ import pandas as pd
 
 from kit.components import MODEL_STATES
 from kit.ds_keys import EXAMPLE_NVME_PATH
-from kit.estimate.comm import comm_by_scope
 from kit.rules import FP32, SHARDED, element_bytes, master_bytes, optimizer_states
 from kit.schema import Setup
+from kit.steptime.comm import comm_by_scope
 from kit.units import whole_number
 
 if TYPE_CHECKING:
@@ -214,11 +214,12 @@ def zeropp_table(setup: Setup) -> pd.DataFrame:
     """ZeRO-3 beside its ZeRO++ variants for ``setup``'s model and cluster (``kit.grid.zeropp_variants``):
     memory per GPU, the ZeRO++ paper's cross-node volume per collective in units of M (16-bit model bytes;
     ``kit.rules.zeropp_paper_volume``: 3 M for ZeRO-3, 0.5 + 0 + 0.25 = 0.75 M for all three) and this
-    model's bytes per GPU per step inside the node and across nodes (``kit.estimate.comm.collectives``)
+    model's bytes per GPU per step inside the node and across nodes (``kit.steptime.comm.collectives``)
     with the communication time of the step-time model."""
     from kit import grid
-    from kit.estimate import estimate, perf
+    from kit.estimate import estimate
     from kit.rules import ZERO3_COLLECTIVES, zeropp_paper_volume
+    from kit.steptime import perf
 
     rows = []
     for name, change in grid.zeropp_variants(setup.cluster.gpus_per_node).items():
@@ -254,7 +255,7 @@ def zeropp_measured(records: list[dict]) -> pd.DataFrame:
     """Per configuration and rank of a multi-node run (``kit.run.local_nodes``): parameter bytes
     measured beside ``rank_states`` (hpZ's secondary partition included), and the bytes sent per step
     inside the node and across nodes, measured (``comm_scope_wire_bytes``) beside
-    ``kit.estimate.comm.comm_by_scope``."""
+    ``kit.steptime.comm.comm_by_scope``."""
     from kit.estimate import rank_states
 
     rows = []
@@ -329,8 +330,9 @@ def infinity_bandwidth(
 def nvme_table(setup: Setup, nvme_path: str = EXAMPLE_NVME_PATH) -> pd.DataFrame:
     """Stage 3 with CPU offload beside ZeRO-Infinity's NVMe offload for ``setup``'s model and cluster:
     GiB per GPU, pinned CPU RAM and swap files per node, predicted step time and slowdown vs CPU offload
-    (``kit.estimate``, ``kit.estimate.perf``; parameter ``buffer_size`` sized to the largest tensor)."""
-    from kit.estimate import estimate, partition, perf
+    (``kit.estimate``, ``kit.steptime.perf``; parameter ``buffer_size`` sized to the largest tensor)."""
+    from kit.estimate import estimate, partition
+    from kit.steptime import perf
 
     base = setup.replace(zero={"stage": 3})
     size = max(base.zero.buffer_size, partition.largest_tensor(base))

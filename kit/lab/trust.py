@@ -1,5 +1,5 @@
 """How far to trust the kit (notebook 11): published measurements of real GPU runs beside its predictions
-(``kit.estimate.published.report``), as tables a reader reads, two figures and one closing paragraph.
+(``kit.accuracy.published.report``), as tables a reader reads, two figures and one closing paragraph.
 
 ``table`` (each measured number and fit / OOM boundary beside the prediction), ``unexpressed`` (the runs
 the kit cannot describe yet, and why), ``figure`` (predicted against measured, log-log), ``fits_figure``
@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-from kit.estimate.published import QUANTITY_TEXT
+from kit.accuracy.published import QUANTITY_TEXT
 from kit.lab.plots import dodge, empty
 from kit.schema import Setup
 from kit.units import GIB
@@ -33,7 +33,7 @@ def engine_name(setup: Setup) -> str:
 
 
 def table(report) -> pd.DataFrame:
-    """The published runs the kit compares (``kit.estimate.published.report``), one row per measured number
+    """The published runs the kit compares (``kit.accuracy.published.report``), one row per measured number
     (max allocated, max reserved: GiB per GPU and the error, predicted / measured - 1, as "+4.1 %"; step
     time: seconds per optimizer step, converted from the row's metric) and per fit / OOM boundary (the run
     fit or ran out of memory at a micro batch; the kit's verdict with its bytes against the GPU's, and
@@ -111,7 +111,7 @@ def unexpressed(report, by_reason: bool = False) -> pd.DataFrame:
 
 
 def reference_table(configs) -> pd.DataFrame:
-    """The kit's own runs on a GPU (``kit.estimate.reference.configurations``), one row per configuration
+    """The kit's own runs on a GPU (``kit.accuracy.reference.configurations``), one row per configuration
     (its model and label): max allocated, max reserved (GiB) and the median step (s), each "measured /
     predicted" and its error ("not compared" where no step time is predicted: ``Configuration.unpredicted``
     says why). The GPU is the notebook's text (one per sweep), not a column: the table stays narrow."""
@@ -143,7 +143,7 @@ def answer(report, own=()) -> str:
     """How far to trust the kit, in one paragraph built from ``report.summary()``: how close the tensor
     peak is to max allocated, how far max reserved is off, how many fit / OOM rows agree, how many rows
     the kit expresses, and how far a ZeRO-3 run's measured max reserved went past the verdict's peak per
-    GPU; with ``own`` (``kit.estimate.reference.configurations()``), how the kit did on its own GPU runs."""
+    GPU; with ``own`` (``kit.accuracy.reference.configurations()``), how the kit did on its own GPU runs."""
     from kit.estimate import estimate
     from kit.fit import estimate_fit
 
@@ -199,7 +199,7 @@ def answer(report, own=()) -> str:
         else:
             text += " On the ZeRO-3 rows the verdict's peak per GPU covered every measured number."
     if own:
-        from kit.estimate.reference import summary as own_summary
+        from kit.accuracy.reference import summary as own_summary
 
         q = own_summary(list(own))
         a, r = q["max_allocated"], q["max_reserved"]
@@ -231,7 +231,7 @@ QUANTITY_COLORS = {"max_allocated": "#4C72B0", "max_reserved": "#DD8452"}
 
 def figure(report, band: float = 0.10) -> Figure:
     """Predicted against measured GiB per GPU of every number a published run measured and the kit
-    predicts (``kit.estimate.published.report``: max allocated beside the peak of live tensors, max reserved
+    predicts (``kit.accuracy.published.report``: max allocated beside the peak of live tensors, max reserved
     beside the reserved bytes), log-log, with the y = x line and the +-``band`` region shaded. A point's
     colour is its quantity, its shape the engine (ZeRO stage, DDP, FSDP2), filled for a row of high
     confidence and hollow for medium or low; each is named by its row id, quantity and error

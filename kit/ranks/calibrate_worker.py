@@ -31,8 +31,8 @@ import statistics
 import sys
 import time
 
-from kit.estimate.calibration import TAG
 from kit.scaleout.commtest import TIMED
+from kit.steptime.calibration import TAG
 
 
 def seconds(fn, device, repeat: int, warmup: int = 1) -> tuple[float, float]:

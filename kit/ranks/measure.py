@@ -17,9 +17,9 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from kit.estimate.perf import model_flops
 from kit.monitor import rss_bytes
 from kit.schema import Setup
+from kit.steptime.perf import model_flops
 
 
 def throughput(

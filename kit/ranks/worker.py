@@ -33,9 +33,9 @@ import time
 import traceback
 
 from kit import model_files, monitor
-from kit.estimate.comm import comm_bytes
 from kit.records import PROBES, append_record, emit
 from kit.rules import wire_bytes
+from kit.steptime.comm import comm_bytes
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """How good is the step-time model? Its predictions beside the step times a sweep measured.
 
 The hardware figures come from measurements independent of the step times (nothing is fitted to them):
-- GPU records: the GPU's datasheet figures and fabric (``kit.estimate.perf.hardware``) and the default
+- GPU records: the GPU's datasheet figures and fabric (``kit.steptime.perf.hardware``) and the default
   ``Assumptions``;
 - CPU records (``DS_ACCELERATOR=cpu``): this machine measured by ``cpu_machine``: matmul TFLOP/s of
   one rank's threads at the run's precision and a host memory copy, beside the bus bandwidth of gloo's
@@ -29,12 +29,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from kit.estimate import calibrated, partition, perf
-from kit.estimate.calibration import TAG, Calibration, EngineCost, Link, engine_key, model_text
+from kit.estimate import partition
 from kit.models import override, preset_names, toy_spec
 from kit.rules import bus_factor
 from kit.run.results import Results
 from kit.schema import Setup
+from kit.steptime import calibrated, perf
+from kit.steptime.calibration import TAG, Calibration, EngineCost, Link, engine_key, model_text
 
 #: the per-rank script of ``measure``
 WORKER = "kit.ranks.calibrate_worker"
@@ -134,7 +135,7 @@ def _describe_busy(busy: dict | None) -> str:
 
 
 def engine_setup(base: Setup, key: str) -> Setup:
-    """``base`` with the engine ``key`` names (``kit.estimate.calibration.engine_key``)."""
+    """``base`` with the engine ``key`` names (``kit.steptime.calibration.engine_key``)."""
     if key in ("ddp", "fsdp"):
         return base.replace(zero={"engine": key, "stage": 0 if key == "ddp" else 3})
     stage, _, offload = key.partition("+")
@@ -405,7 +406,7 @@ def _hockney(x: list[float], y: list[float]) -> tuple[float, float]:
     of magnitude: least squares of the relative residuals (weights 1 / t^2), so each size counts by its
     own precision. A plain least-squares line lets the large messages' noise (milliseconds) and gloo's
     slower middle sizes set the intercept: its latencies came out up to 2.4x the 4 KiB call's whole time,
-    and the latency is what more ranks multiply (``kit.estimate.calibrated``: x (N-1)/(N_cal-1))."""
+    and the latency is what more ranks multiply (``kit.steptime.calibrated``: x (N-1)/(N_cal-1))."""
     slope, latency = np.polyfit(x, y, 1, w=[1 / t for t in y])  # polyfit squares w x residual
     return float(slope), float(latency)
 

@@ -280,9 +280,9 @@ def per_node(records: list[dict], names: Sequence[str] = ()) -> list[dict]:
     records of each rank's last measured step: its ranks, their model-state bytes measured and
     estimated (``MODEL_STATES``, summed over the node's ranks) and the bytes each rank sent inside
     and across nodes (``comm_scope_wire_bytes``, averaged over the node's ranks) beside the prediction
-    (``kit.estimate.comm.comm_by_scope``). ``names``: the hosts, by node rank."""
-    from kit.estimate.comm import comm_by_scope
+    (``kit.steptime.comm.comm_by_scope``). ``names``: the hosts, by node rank."""
     from kit.schema import Setup
+    from kit.steptime.comm import comm_by_scope
 
     last: dict[tuple[str, int], dict] = {}
     for r in records:

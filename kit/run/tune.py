@@ -4,7 +4,7 @@
 GPU (those are reported with their estimate and never run), runs the rest with ``run_sweep`` (one
 launch, resumable: re-running the same ``sweep`` measures only what is missing) and ranks them by
 measured throughput, the median samples/s over the measured steps of rank 0. With a calibration
-(``kit.estimate.calibration``) every candidate also gets its predicted step time: the measured ones
+(``kit.steptime.calibration``) every candidate also gets its predicted step time: the measured ones
 beside their measured median (``error`` = predicted / measured - 1), the unmeasured ones (pruned or
 failed) ranked after them by predicted samples/s; without one ``predicted_s`` is empty ("uncalibrated").
 
@@ -33,11 +33,11 @@ from typing import Any
 import pandas as pd
 
 from kit import checkpointing, grid
-from kit.estimate.calibration import Calibration
 from kit.run.calibrate import error
 from kit.run.results import Results
 from kit.run.sweep import config_id, on_ranks, run_sweep
 from kit.schema import Setup
+from kit.steptime.calibration import Calibration
 from kit.units import GIB
 
 OFFLOADS = ("none", "cpu")
@@ -220,7 +220,7 @@ def _table(
 ) -> pd.DataFrame:
     """One row per candidate: measured ones ranked by median samples/s (1 = fastest), then the failed,
     then the pruned; with a ``calibration`` the unmeasured ones by predicted samples/s within each."""
-    from kit.estimate import calibrated
+    from kit.steptime import calibrated
 
     summary = results.summary().set_index("config_id")
     ran = {id(c) for c in kept}

@@ -1,4 +1,4 @@
-"""Planner speed: setups evaluated per second by ``kit.estimate.plan.search`` (target >= 50,000/s), the
+"""Planner speed: setups evaluated per second by ``kit.planning.plan.search`` (target >= 50,000/s), the
 ``zerokit plan --json`` wall time, and one refresh of the plan panel with its default settings (target
 <= 0.3 s, so it follows its controls live) with the search's share of it; medians of 3 runs."""
 
@@ -9,9 +9,9 @@ import sys
 import time
 
 from kit import Setup
-from kit.estimate import plan
 from kit.estimate.memory import estimate
 from kit.models import preset
+from kit.planning import plan
 
 RATE_TARGET = 50_000
 PANEL_TARGET_S = 0.3

@@ -1,15 +1,15 @@
 """How close the kit is to published measurements of real GPU runs (``data/published/``,
-``kit.estimate.published``): per table the rows the kit expresses of all, per measured quantity (max
+``kit.accuracy.published``): per table the rows the kit expresses of all, per measured quantity (max
 allocated, max reserved, step time) the median |error| and the worst error with its row, the step times
 within 25 % and within 2x, the stage-order sets ranked right, how many fit / OOM verdicts agree, the
 report's wall time (pure estimation, no launch), and the same errors on the kit's own GPU runs
-(``data/reference``, ``kit.estimate.reference``). The expressed count is a figure to raise; the errors
+(``data/reference``, ``kit.accuracy.reference``). The expressed count is a figure to raise; the errors
 are a test set's, not a fit's (``data/published/README.md``).
 """
 
 import time
 
-from kit.estimate import published, reference
+from kit.accuracy import published, reference
 
 
 def main() -> None:

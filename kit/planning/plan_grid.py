@@ -1,17 +1,17 @@
-"""``kit.estimate.plan.search``'s grid, evaluated a cluster and ZeRO variant at a time.
+"""``kit.planning.plan.search``'s grid, evaluated a cluster and ZeRO variant at a time.
 
 A plan's setups share most of their terms: the model states, CPU RAM and NVMe files of a cluster size and
 ZeRO variant do not depend on the batch (``kit.estimate.memory.states``), the activations depend only on
 the micro batch and checkpointing (``memory.batch_activations``), the peak per GPU that decides the fit is
 ``memory.peak_per_gpu`` of those, and what a step asks of a GPU does not
-depend on the GPU's type (``kit.estimate.perf.load``). So each term is computed once, by the functions
+depend on the GPU's type (``kit.steptime.perf.load``). So each term is computed once, by the functions
 ``estimate`` and ``step_time`` call, and the step time, cost and fit of every setup on every GPU type
 come from one numpy evaluation of the same arithmetic (``perf.seconds`` of ``perf.Load.arrays`` on
 ``perf.stack``'s hardware, ``perf.run_cost``, ``kit.fit.fits``). ``tests/test_plan_grid.py`` checks rows
 against the per-setup path.
 
 A batch schedule or a token budget changes the batch a Setup trains with: such a plan estimates each of
-its setups whole (``estimate``); a calibrated one times each setup per GPU type (``kit.estimate.calibrated``).
+its setups whole (``estimate``); a calibrated one times each setup per GPU type (``kit.steptime.calibrated``).
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ import numpy as np
 import pandas as pd
 
 from kit import batch as batch_math
-from kit.estimate import calibrated, memory, perf
-from kit.estimate.calibration import Calibration
+from kit.estimate import memory
 from kit.estimate.result import Term
 from kit.fit import fits
 from kit.gpus import gpu
 from kit.schema import Setup
+from kit.steptime import calibrated, perf
+from kit.steptime.calibration import Calibration
 from kit.units import GIB
 
 

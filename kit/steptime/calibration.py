@@ -1,7 +1,7 @@
 """A calibration: this machine's rates and fixed costs as the step-time model needs them, as small JSON.
 
 ``zerokit calibrate --measure`` measures it in one launch (``kit.run.calibrate.measure``) and
-``kit.estimate.perf.step_time(..., calibration=)`` predicts with it. Every number is measured, none is
+``kit.steptime.perf.step_time(..., calibration=)`` predicts with it. Every number is measured, none is
 fitted to the step times it is later compared with:
 
 - ``tflops``, ``micro_fixed_s``: forward + backward of the calibration model alone, at two micro batches:
@@ -109,7 +109,7 @@ class Calibration:
     @property
     def label(self) -> str:
         """How a step time predicted from it is named; a CPU calibration says that it predicts CPU runs:
-        its rates do not carry to a GPU (the counts do: ``kit.estimate.calibrated``)."""
+        its rates do not carry to a GPU (the counts do: ``kit.steptime.calibrated``)."""
         ranks = f"{self.ranks} rank{'s' if self.ranks > 1 else ''}"
         label = f"calibrated on {self.device} ({ranks}, {self.backend}, {self.created[:16]})"
         if self.accelerator == "cpu":
@@ -198,7 +198,7 @@ class Calibration:
     def label_for(self, *setups, across_nodes: bool = False) -> str:
         """``label`` with what of ``setups`` it did not measure (``carried_over``, each item once) and
         the parts their step times take from datasheets, a calibration having measured one node's ranks
-        (``kit.estimate.calibrated``): bytes across nodes (on several nodes, or ``across_nodes``) and
+        (``kit.steptime.calibrated``): bytes across nodes (on several nodes, or ``across_nodes``) and
         NVMe offload's swap. The words a step time predicted from it is shown with."""
         missing = list(dict.fromkeys(item for setup in setups for item in self.carried_over(setup)))
         datasheet = []

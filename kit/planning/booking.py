@@ -1,4 +1,4 @@
-"""The booking to make, from a ``kit.estimate.plan.Plan``: the recommended setup for a goal (the cheapest
+"""The booking to make, from a ``kit.planning.plan.Plan``: the recommended setup for a goal (the cheapest
 within a deadline, or the fastest within a budget), a short ranked list of alternatives with why each
 differs from it, and which setups change the run's numerics.
 
@@ -88,7 +88,7 @@ def recommend(
     without quantizing (``bookable``; the best of any kind when none is), and up to ``ALTERNATIVES``
     others, ranked for the goal: the bookable Pareto front, each other GPU type's best, and the best
     PyTorch engine and the best quantized setup where they beat the recommendation."""
-    from kit.estimate.plan import front
+    from kit.planning.plan import front
 
     if goal not in GOALS:
         raise ValueError(f"goal: choose one of {', '.join(GOALS)}, got {goal!r}")

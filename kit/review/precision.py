@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kit.estimate.review.context import Context, Finding
 from kit.fit import supports
+from kit.review.context import Context, Finding
 from kit.rules import FP32, optimizer_states
 from kit.units import size
 

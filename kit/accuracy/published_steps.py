@@ -23,9 +23,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from kit.estimate.perf import hardware, step_time
 from kit.gpus import networks
 from kit.schema import Setup
+from kit.steptime.perf import hardware, step_time
 
 #: a multi-node row's GPU (a piece of data/gpus.csv's name) -> the fabric of its DGX, where the row
 #: names none

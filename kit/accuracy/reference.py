@@ -1,9 +1,9 @@
 """The kit's own runs on a GPU (``make gpu-reference``: ``data/reference/<sweep>/records.jsonl``) beside
 its estimate for the GPU they ran on: per configuration, ``torch.cuda.max_memory_allocated`` against the
 predicted tensor peak, ``max_memory_reserved`` against the replayed reserved bytes (``kit.estimate.reserved``)
-and the median measured step against ``kit.estimate.perf.step_time`` (datasheet figures, no calibration).
+and the median measured step against ``kit.steptime.perf.step_time`` (datasheet figures, no calibration).
 
-Unlike the published rows (``kit.estimate.published``) these runs are the kit's own runner, so their setup
+Unlike the published rows (``kit.accuracy.published``) these runs are the kit's own runner, so their setup
 is exact: the same model code, ds_config and DeepSpeed version the estimate reads. Their peaks are per
 step (the runner resets the peaks before each measured step). What it cannot see: runs on a device missing
 from ``data/gpus.csv`` (no datasheet: the step time is not predicted), and the step time of optimizer offload
@@ -93,7 +93,8 @@ def configurations(root: str | Path = REFERENCE) -> list[Configuration]:
 
 
 def _configuration(records: list[dict]) -> Configuration:
-    from kit.estimate import estimate, perf
+    from kit.estimate import estimate
+    from kit.steptime import perf
 
     last = records[-1]
     gpu = gpu_of(last["device"])

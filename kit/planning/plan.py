@@ -1,6 +1,6 @@
 """Planning before booking: every setup that fits, its time and cost, and what makes a setup fit.
 
-Every memory verdict is ``kit.estimate``'s and every time ``kit.estimate.perf``'s; these functions search
+Every memory verdict is ``kit.estimate``'s and every time ``kit.steptime.perf``'s; these functions search
 over Setups and arrange the answers as pandas tables (used by ``zerokit plan``, the notebooks and the
 widgets). ``search`` enumerates GPU types x cluster sizes x ZeRO variants x checkpointing x every
 (micro batch, grad accum) pair of a global batch; ``make_it_fit`` lists the smallest changes that make
@@ -19,12 +19,14 @@ import pandas as pd
 from kit import batch as batch_math
 from kit import grid, trainable
 from kit.ds_keys import EXAMPLE_NVME_PATH, ZEROPP_OFF
-from kit.estimate import partition, perf, plan_grid
-from kit.estimate.calibration import Calibration
+from kit.estimate import partition
 from kit.fit import estimate_fit
 from kit.gpus import catalogue, gpu, prices
+from kit.planning import plan_grid
 from kit.rules import BASELINES
 from kit.schema import Setup
+from kit.steptime import perf
+from kit.steptime.calibration import Calibration
 from kit.units import GIB, whole_number
 
 #: the share of GPU memory a plan keeps free unless told otherwise (fragmentation, spikes, the unknown)
@@ -325,7 +327,7 @@ def search(
     sizes the global batch does not divide are skipped. A setup fits when
     its estimate leaves ``headroom`` of the GPU's memory free. Time and cost are for a run of ``tokens``
     (default ``TOKENS_PER_PARAM`` x params) at ``price`` USD per GPU-hour (default: data/prices.csv).
-    With a ``calibration`` (``kit.estimate.calibration``) step times come from it, and only the GPU types
+    With a ``calibration`` (``kit.steptime.calibration``) step times come from it, and only the GPU types
     it was measured on are planned (ValueError when none of ``gpus`` is).
     """
     start = time.perf_counter()

@@ -1,6 +1,6 @@
 """What ZeRO sends per optimizer step: bytes one GPU puts on the wire (``comm_bytes``), stage 3's
 collectives split by scope inside and across nodes, ZeRO++ included (``collectives``, ``comm_by_scope``),
-and the collective calls behind them (``collective_calls``), each with its formula. ``kit.estimate.perf``
+and the collective calls behind them (``collective_calls``), each with its formula. ``kit.steptime.perf``
 turns them into seconds.
 
 What it cannot see: collectives DeepSpeed issues outside these code paths (loss scaling's overflow check,
@@ -26,7 +26,7 @@ from kit.rules import (
 from kit.schema import Setup
 
 #: the ending of a collective's name that each GPU sends over its own NIC, not in a ring: qgZ's second
-#: hop, an all-to-all between the same local rank of every node (``kit.estimate.perf`` times it so)
+#: hop, an all-to-all between the same local rank of every node (``kit.steptime.perf`` times it so)
 RAIL = "(qgZ hop 2)"
 
 

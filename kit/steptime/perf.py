@@ -1,7 +1,7 @@
 """Step time of a Setup on GPUs before booking: compute, communication, the optimizer and offload, each
 with its formula, from the mechanisms and the datasheets (no calibration needed).
 
-- compute: ``kit.estimate.kernels``: every matmul of a micro-step on a roofline (peak x ``efficiency``,
+- compute: ``kit.steptime.kernels``: every matmul of a micro-step on a roofline (peak x ``efficiency``,
   wave quantization over the SMs, or the memory bandwidth), flash attention's causal half, the
   memory-bound elementwise ops and loss; each block the longer of its device time and its host's launch
   and hook time (small models at small micro batches wait on the host);
@@ -22,8 +22,8 @@ with its formula, from the mechanisms and the datasheets (no calibration needed)
   bound by the node's memory bandwidth; not overlapped.
 
 ``step_time`` is ``seconds`` (the arithmetic) of a ``load`` (what the step asks of a GPU, whatever its
-type) with each part's formula; ``kit.estimate.plan`` evaluates ``seconds`` once on arrays of loads and
-GPU types (``Load.arrays``, ``stack``) to rank its grid; ``kit.estimate.calibrated`` prices the same
+type) with each part's formula; ``kit.planning.plan`` evaluates ``seconds`` once on arrays of loads and
+GPU types (``Load.arrays``, ``stack``) to rank its grid; ``kit.steptime.calibrated`` prices the same
 counts with this machine's measured rates instead.
 
 What it cannot see: the data loader and the framework's own loop (logging, timers), stragglers and load
@@ -39,10 +39,8 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
 
-from kit.estimate import kernels, partition
+from kit.estimate import partition
 from kit.estimate.activations import recomputed, recomputed_share
-from kit.estimate.comm import RAIL, collective_calls, collectives, comm_by_scope, comm_bytes
-from kit.estimate.kernels import Work
 from kit.estimate.result import Term, total
 from kit.gpus import DEFAULT_NVME, gpu, network, nvme
 from kit.rules import (
@@ -51,6 +49,9 @@ from kit.rules import (
     optimizer_states,
 )
 from kit.schema import Setup
+from kit.steptime import kernels
+from kit.steptime.comm import RAIL, collective_calls, collectives, comm_by_scope, comm_bytes
+from kit.steptime.kernels import Work
 
 #: bytes of memory traffic per parameter in one Adam step: read fp32 parameter, gradient and two moments
 #: (16 B), write parameter and moments back (12 B); mixed precision adds the 16-bit copy it writes
@@ -63,7 +64,7 @@ class Assumptions:
 
     #: achieved / peak TFLOP/s of a large tensor-core GEMM (cuBLAS reaches 75-90 % of the dense peak on
     #: V100, A100 and H100 at large shapes); smaller shapes lose more through wave quantization and the
-    #: memory bandwidth (``kit.estimate.kernels``)
+    #: memory bandwidth (``kit.steptime.kernels``)
     efficiency: float = 0.8
     #: achieved / nominal bandwidth of a collective (nccl-tests bus bandwidth is ~80% of the link)
     link_efficiency: float = 0.8
@@ -129,7 +130,7 @@ def hardware(setup: Setup, fabric: str | None = None, drives: str | None = None)
 def stack(hardwares: list[Hardware]) -> Hardware:
     """One ``Hardware`` whose figures are numpy arrays, one element per GPU type of ``hardwares``, in
     order: ``step_time`` on it, or ``seconds`` of ``Load.arrays``, times Setups on all of them at once
-    (``kit.estimate.plan_grid``)."""
+    (``kit.planning.plan_grid``)."""
     import numpy as np
 
     out = {}
@@ -268,7 +269,7 @@ class Load:
     through the node's NVMe drives, with how each was counted. ``seconds`` turns it into time on a
     ``Hardware``."""
 
-    work: Work  # one micro-step's kernels and host time (``kit.estimate.kernels``)
+    work: Work  # one micro-step's kernels and host time (``kit.steptime.kernels``)
     micro_steps: int
     sent: int  # bytes one GPU sends (``comm_bytes``)
     intra: int  # of them inside its node and across nodes in rings (``comm_by_scope``)
@@ -456,7 +457,7 @@ def _per(amount, rate):
 
 def step_time(setup: Setup, hw: Hardware | None = None, assume: Assumptions | None = None) -> StepTime:
     """Predicted seconds per optimizer step of ``setup`` on ``hw`` (default: ``hardware(setup)``):
-    ``seconds`` of its ``load``, each part with its formula (``kit.estimate.calibrated.step_time`` prices
+    ``seconds`` of its ``load``, each part with its formula (``kit.steptime.calibrated.step_time`` prices
     the same step with a calibration's measured rates when one is given)."""
     hw = hw or hardware(setup)
     assume = assume or Assumptions()

@@ -4,7 +4,7 @@ memory, the swap files, their buffers and the ``aio`` block."""
 from __future__ import annotations
 
 from kit.estimate import nvme
-from kit.estimate.review.context import Context, Finding, noop, offload_device
+from kit.review.context import Context, Finding, noop, offload_device
 from kit.rules import AIO_ALIGNED_BYTES
 from kit.units import size
 

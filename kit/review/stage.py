@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from kit.ds_keys import STAGE3_KEYS, ZEROPP_OFF
-from kit.estimate.comm import comm_bytes
 from kit.estimate.memory import estimate
-from kit.estimate.review.context import Context, Finding, noop
 from kit.fit import estimate_fit
+from kit.review.context import Context, Finding, noop
 from kit.rules import SHARDED
+from kit.steptime.comm import comm_bytes
 from kit.units import size
 
 #: stage 2 "fits with room to spare" when its estimate is at most this share of the GPU's memory

@@ -15,7 +15,7 @@ expressed row and sets the prediction beside the measurement:
 A reading that is neither (nvidia-smi's memory in use, what PyTorch had allocated when it ran out) is
 shown beside the verdict, never compared: the allocator's cache fills a card whatever the run needs.
 ``throughput.jsonl`` rows (``kind == "step_time"``) are expressed the same way (FSDP1 taken as FSDP2:
-the same bytes in the same calls) and timed by ``kit.estimate.published_steps`` (``Comparison.timings``).
+the same bytes in the same calls) and timed by ``kit.accuracy.published_steps`` (``Comparison.timings``).
 
 How a row maps: DeepSpeed ZeRO stage N -> stage N ("ZeRO disabled": stage 0, DeepSpeed's fp16 optimizer);
 PyTorch DDP -> engine ``ddp``; FSDP2 full shard -> ``fsdp`` (``kit.rules.BASELINES``); the GPU by type and
@@ -40,14 +40,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from kit import models
+from kit.accuracy import published_steps
+from kit.accuracy.published_reasons import feature_reason, fsdp1
+from kit.accuracy.published_steps import Timing
 from kit.ds_keys import ZERO_KEYS
-from kit.estimate import published_steps
 from kit.estimate.memory import estimate
-from kit.estimate.plan import largest_micro_batch
-from kit.estimate.published_reasons import feature_reason, fsdp1
-from kit.estimate.published_steps import Timing
 from kit.fit import estimate_fit
 from kit.paths import PUBLISHED
+from kit.planning.plan import largest_micro_batch
 from kit.schema import ModelSpec, Setup, one_line_error
 from kit.units import GIB, MIB
 
@@ -371,7 +371,7 @@ class Comparison:
     notes: tuple[str, ...] = ()
     values: tuple[Value, ...] = ()
     checks: tuple[Check, ...] = ()
-    #: a step-time row's measured step beside the kit's (``kit.estimate.published_steps``)
+    #: a step-time row's measured step beside the kit's (``kit.accuracy.published_steps``)
     timings: tuple[Timing, ...] = ()
     #: a reading shown beside a fit / OOM verdict, not compared (nvidia-smi's, or allocated at the OOM)
     measured_bytes: int | None = None

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from kit.ds_config import load_ds_config
 from kit.ds_config.reader import read_or_repair
-from kit.estimate.review import batch, buckets, offload, precision, stage, zeropp
-from kit.estimate.review.context import SEVERITIES, Context, Finding
-from kit.estimate.review.refusals import refusal_findings
+from kit.review import batch, buckets, offload, precision, stage, zeropp
+from kit.review.context import SEVERITIES, Context, Finding
+from kit.review.refusals import refusal_findings
 from kit.schema import Cluster, ModelSpec, Setup
 
 #: every check of the settings, in the order the findings of one severity are listed

@@ -17,8 +17,8 @@ from kit.batch import nearest_valid
 from kit.ds_config import deepspeed_refusals, known_keys
 from kit.ds_config.reader import UNMODELLED, resolved_for_deepspeed, unmodelled
 from kit.ds_keys import BATCH_KEYS
-from kit.estimate.review.context import Finding
 from kit.fit import supports
+from kit.review.context import Finding
 from kit.rules import NCCL_ALIGNMENT
 from kit.schema import Cluster, Setup
 

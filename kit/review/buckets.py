@@ -3,7 +3,7 @@ all-gather bucket, and stage 3's prefetch bucket, live-parameter cap and persist
 
 from __future__ import annotations
 
-from kit.estimate.review.context import Context, Finding, noop
+from kit.review.context import Context, Finding, noop
 from kit.rules import BIG_BUFFER_BYTES, DS_REDUCE_BUCKET, STAGE3_GATHER_FORMULA, stage3_gathered
 from kit.units import size
 

@@ -4,8 +4,8 @@ across nodes."""
 from __future__ import annotations
 
 from kit.ds_keys import ZEROPP_KEYS
-from kit.estimate.comm import comm_by_scope
-from kit.estimate.review.context import Context, Finding
+from kit.review.context import Context, Finding
+from kit.steptime.comm import comm_by_scope
 from kit.units import size
 
 #: what each ZeRO++ switch does (the keys and their off values: ``kit.ds_keys.ZEROPP_KEYS``)
@@ -35,7 +35,7 @@ def zeropp(x: Context) -> list[Finding]:
         message = (
             f"{key} {getattr(x.z, field)}: {what}: {'+' if cost >= 0 else '-'}{size(abs(cost))} per GPU; "
             f"per GPU per step across nodes {size(before['inter'])} -> {size(now['inter'])}, inside the "
-            f"node {size(before['intra'])} -> {size(now['intra'])} (kit.estimate.comm.collectives)"
+            f"node {size(before['intra'])} -> {size(now['intra'])} (kit.steptime.comm.collectives)"
         )
         if field != "hpz_partition_size":
             message += "; needs DeepSpeed's CUDA quantizer kernels (no CPU backend)"

@@ -3,16 +3,19 @@ machine's ranks instead of a datasheet's, plus the engine's fixed costs per para
 
 On CPU ranks it predicts CPU runs. It does not carry to a GPU: a CPU's matmul rate, gloo's latency and the
 engine's bookkeeping on a core shared with the compute are not a GPU's. What carries are the shapes and
-the counts (FLOPs, bytes on the wire, collective calls, parameter tensors), which ``kit.estimate.perf``'s
+the counts (FLOPs, bytes on the wire, collective calls, parameter tensors), which ``kit.steptime.perf``'s
 datasheet model prices on the GPU instead.
 """
 
 from __future__ import annotations
 
-from kit.estimate import partition, perf
-from kit.estimate.calibration import Calibration, Link, engine_key
-from kit.estimate.comm import TIMED_AS, collective_calls, collectives, comm_bytes
-from kit.estimate.perf import (
+from kit.estimate import partition
+from kit.rules import element_bytes
+from kit.schema import Setup
+from kit.steptime import perf
+from kit.steptime.calibration import Calibration, Link, engine_key
+from kit.steptime.comm import TIMED_AS, collective_calls, collectives, comm_bytes
+from kit.steptime.perf import (
     Assumptions,
     Hardware,
     Part,
@@ -23,8 +26,6 @@ from kit.estimate.perf import (
     hardware,
     nvme_traffic,
 )  # fmt: skip
-from kit.rules import element_bytes
-from kit.schema import Setup
 
 
 def step_time(

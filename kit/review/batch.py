@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kit.ds_keys import BATCH_KEYS
-from kit.estimate.review.context import Context, Finding
+from kit.review.context import Context, Finding
 from kit.units import size
 
 
