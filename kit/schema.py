@@ -8,7 +8,7 @@ the batch is resolved here, once.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -44,6 +44,17 @@ Precision = Literal["fp32", "fp16", "bf16"]
 Optimizer = Literal["adamw", "adam", "sgd"]
 #: the longest sequence a Setup accepts (tokens per sample)
 MAX_SEQ_LEN = 1_048_576
+
+
+class Dims(NamedTuple):
+    """A transformer's shape with every field known (``ModelSpec.dims``): the defaults written once."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int  #: the heads when the config has no grouped-query attention
+    ffn: int  #: 4 x hidden when the config does not say
+    vocab: int  #: 0 when the model has no token embedding
 
 
 class _Frozen(BaseModel):
@@ -91,6 +102,19 @@ class ModelSpec(_Frozen):
     @property
     def is_transformer(self) -> bool:
         return all(v is not None for v in (self.layers, self.hidden, self.heads))
+
+    @property
+    def dims(self) -> Dims:
+        """The shape the activations and kernels are computed from; a ValueError for a count-only model."""
+        if self.layers is None or self.hidden is None or self.heads is None:
+            raise ValueError(
+                f"model {self.name}: layers, hidden and heads are unknown (a parameter count only), "
+                "so nothing shaped by them can be computed"
+            )
+        return Dims(
+            self.layers, self.hidden, self.heads, self.kv_heads or self.heads, self.ffn or 4 * self.hidden,
+            self.vocab or 0,
+        )  # fmt: skip
 
 
 class Cluster(_Frozen):

@@ -219,6 +219,14 @@ def test_from_count():
     assert models.tensor_numels(models.from_count(1000)) is None
 
 
+def test_dims_fill_the_configs_defaults_once():
+    assert tuple(models.resolve("llama-3-8b").dims) == (32, 4096, 32, 8, 14336, 128256)
+    gpt2 = models.resolve("gpt2")  # no n_inner in GPT-2's config: 4 x hidden
+    assert (gpt2.dims.kv_heads, gpt2.dims.ffn) == (12, 3072)
+    with pytest.raises(ValueError, match="model custom: layers, hidden and heads are unknown"):
+        models.from_count(1000).dims
+
+
 def test_resolve_preset_path_and_folder(tmp_path):
     assert models.resolve("mistral-7b") == models.preset("mistral-7b")
     folder = tmp_path / "my-llama"
