@@ -41,6 +41,7 @@ demo: install
 lint: install
 	$(VENV)/bin/ruff check kit tests
 	$(VENV)/bin/ruff format --check kit tests
+	$(VENV)/bin/mypy
 
 # The README's test command: lint; the unit tests in two processes (pytest-xdist); the tests that launch
 # processes (marked distributed: 2-rank CPU runs, timed process groups) one at a time; then the notebooks,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 from kit.paths import DATA
 from kit.units import GIB
@@ -56,7 +57,11 @@ def _listed() -> dict[str, Gpu]:
     def value(key: str, text: str) -> float | int | str:
         return float(text) if key in numeric else int(text) if key == "sms" else text
 
-    return {r["name"]: Gpu(**{k: value(k, v) for k, v in r.items()}) for r in rows}
+    def row(r: dict[str, str]) -> Gpu:
+        fields: dict[str, Any] = {k: value(k, v) for k, v in r.items()}  # each column's type by its name
+        return Gpu(**fields)
+
+    return {r["name"]: row(r) for r in rows}
 
 
 def catalogue() -> dict[str, Gpu]:
@@ -112,11 +117,12 @@ def define_gpu(spec: str, field: str = "--define-gpu") -> Gpu:
         raise ValueError(f"{field}: {name} needs {', '.join(need)} > 0")
     values.setdefault("fp16_tflops", values.get("bf16_tflops", 0.0))
     fields = {GPU_FIGURES[k][0]: v for k, v in values.items()}
-    defaults = {"bf16_dense_tflops": 0.0, "fp32_tflops": 0.0, "sms": 0, "interconnect_gbps": 64.0,
+    sms = int(fields.pop("sms", 0))
+    defaults = {"bf16_dense_tflops": 0.0, "fp32_tflops": 0.0, "interconnect_gbps": 64.0,
                 "host_link_gbps": 32.0}  # fmt: skip
-    fields = {**defaults, **fields, "sms": int(fields.get("sms", 0))}
+    fields = {**defaults, **fields}
     made = Gpu(name=name, vendor="defined", interconnect="given", host_link="given",
-               source=f"defined on the command line: {spec}", **fields)  # fmt: skip
+               source=f"defined on the command line: {spec}", sms=sms, **fields)  # fmt: skip
     DEFINED_GPUS[name] = made
     return made
 
@@ -165,7 +171,12 @@ DEFAULT_NETWORK = {"infiniband": "ib-ndr-8x400", "efa": "efa-p5-3200", "ethernet
 def _fabrics() -> dict[str, Network]:
     with open(DATA / "networks.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    return {r["name"]: Network(**{**r, "gbits_per_node": float(r["gbits_per_node"])}) for r in rows}
+    return {
+        r["name"]: Network(
+            **{k: v for k, v in r.items() if k != "gbits_per_node"}, gbits_per_node=float(r["gbits_per_node"])
+        )
+        for r in rows
+    }
 
 
 def networks() -> dict[str, Network]:

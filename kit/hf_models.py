@@ -54,7 +54,7 @@ def config(cfg: dict[str, Any]):
     if cfg.get("auto_map"):
         raise ValueError(f"model: {model_type!r} needs remote code (auto_map), which zero-kit does not run")
     known = transformers.CONFIG_MAPPING
-    if model_type not in known:
+    if model_type is None or model_type not in known:
         raise ValueError(
             f"model: model_type {model_type!r} is unknown to transformers {transformers.__version__}; "
             "upgrade transformers or give --params"

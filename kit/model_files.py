@@ -61,6 +61,7 @@ def _load(source: str) -> ModuleType:
         if source.endswith(".py"):
             name = f"zerokit_model_{Path(source).stem}"
             spec = importlib.util.spec_from_file_location(name, source)
+            assert spec is not None and spec.loader is not None  # a .py path: a SourceFileLoader's spec
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
             spec.loader.exec_module(module)
@@ -144,7 +145,8 @@ def where(error: BaseException, source: str | None = None) -> str:
     mine = [
         f for f in frames if source and (f.filename == source or Path(f.filename).stem == Path(source).stem)
     ]
-    frame = (mine or frames or [None])[-1]
+    candidates = mine or frames
+    frame = candidates[-1] if candidates else None
     text = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
     if frame is None:
         return text

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import ValidationError
 
@@ -26,9 +26,17 @@ from kit.schema import ModelSpec, one_line_error
 #: ``model_type`` values understood by :func:`from_hf_config` by arithmetic (``kit.families``)
 FAMILIES = FORMULA
 
+
+class _DitDefaults(TypedDict):
+    patch_size: int
+    in_channels: int
+    learn_sigma: bool
+    class_dropout_prob: float
+
+
 #: DiT settings a ModelSpec does not record; :func:`config_of` and ``kit.workloads.toymodels.DiT``
 #: assume these (those of DiT-XL/2 in facebookresearch/DiT). Sinusoidal timestep features: 256 channels.
-DIT_DEFAULTS = {"patch_size": 2, "in_channels": 4, "learn_sigma": True, "class_dropout_prob": 0.1}
+DIT_DEFAULTS = _DitDefaults(patch_size=2, in_channels=4, learn_sigma=True, class_dropout_prob=0.1)
 DIT_FREQUENCY_CHANNELS = 256
 
 #: from_count's heuristic when the largest layer is unknown: a decoder whose 12·L·h² parameters have
@@ -136,10 +144,11 @@ def from_module(module_or_factory: Any, batch: Callable | None = None, name: str
 
     counts = module_counts(module)  # parameters() yields each tensor once
     fields: dict[str, Any] = {"name": type(module).__name__}
-    if isinstance(getattr(module, "spec", None), ModelSpec):
-        fields = module.spec.model_dump()
-    elif hasattr(getattr(module, "config", None), "to_dict"):
-        config = module.config.to_dict()
+    spec = getattr(module, "spec", None)
+    if isinstance(spec, ModelSpec):
+        fields = spec.model_dump()
+    elif (hf_config := getattr(module, "config", None)) is not None and hasattr(hf_config, "to_dict"):
+        config = hf_config.to_dict()
         if config.get("model_type") in FAMILIES:
             fields = from_hf_config(config).model_dump()
     fields.update(counts)
@@ -306,6 +315,8 @@ def _config_from_shape(spec: ModelSpec) -> dict[str, Any]:
             "tie_word_embeddings": spec.tied_embeddings,
         }
     if spec.family == "dit":
+        # none of them is missing
+        assert spec.max_seq_len is not None and spec.hidden is not None and spec.ffn is not None
         side = math.isqrt(spec.max_seq_len)
         if side * side != spec.max_seq_len:
             raise ValueError(f"model: a DiT's max_seq_len (tokens) must be a square, got {spec.max_seq_len}")

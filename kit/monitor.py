@@ -111,7 +111,8 @@ def heartbeat(
         before = writer.samples if writer.engine == id(engine) else None  # a new engine counts from 0
         if (
             samples_per_s is None
-            and None not in (samples, before)
+            and samples is not None
+            and before is not None
             and samples > before
             and now > writer.samples_at
         ):

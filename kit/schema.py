@@ -444,9 +444,10 @@ class Setup(_Frozen):
 
     def samples_before(self, step: int) -> int:
         """Global samples the steps before ``step`` consume (the data offset of ``step``)."""
-        bounds = [*self.batch_states(), (step, None)]
+        states = self.batch_states()
+        ends = [first for first, _ in states[1:]] + [step]
         total = 0
-        for (first, state), (nxt, _) in zip(bounds, bounds[1:], strict=False):
+        for (first, state), nxt in zip(states, ends, strict=True):
             if first >= step:
                 break
             total += (min(nxt, step) - first) * state.batch.train_batch

@@ -8,6 +8,7 @@ import re
 import shutil
 import socket
 import sys
+import tomllib
 from pathlib import Path
 
 from kit.cli import main
@@ -188,7 +189,10 @@ def test_report_on_this_machine_says_what_it_found():
     )
     assert checks["torch"] == doctor.Check("torch", "ok", f"torch {importlib.metadata.version('torch')}")
     assert torch.__version__ == importlib.metadata.version("torch")
-    (pin,) = [Requirement(r) for r in re.findall(r'"(deepspeed[^"]*)"', PYPROJECT)]
+    extras = tomllib.loads(PYPROJECT)["project"]["optional-dependencies"]
+    (pin,) = [
+        Requirement(r) for group in extras.values() for r in group if Requirement(r).name == "deepspeed"
+    ]
     assert str(pin.specifier) == "<0.20,>=0.19.8" and pin.specifier.contains(deepspeed.__version__)
     assert checks["deepspeed"] == doctor.Check(
         "deepspeed", "ok", f"deepspeed {deepspeed.__version__} (tested: <0.20,>=0.19.8)"

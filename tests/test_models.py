@@ -224,7 +224,7 @@ def test_dims_fill_the_configs_defaults_once():
     gpt2 = models.resolve("gpt2")  # no n_inner in GPT-2's config: 4 x hidden
     assert (gpt2.dims.kv_heads, gpt2.dims.ffn) == (12, 3072)
     with pytest.raises(ValueError, match="model custom: layers, hidden and heads are unknown"):
-        models.from_count(1000).dims
+        _ = models.from_count(1000).dims
 
 
 def test_resolve_preset_path_and_folder(tmp_path):

@@ -780,7 +780,9 @@ def _fields(setups) -> dict[str, set[str]]:
     for s in setups:
         for values in s.model_dump().values():
             for key, value in values.items():
-                out.setdefault(key, set()).add(repr(value))
+                nested = value.items() if isinstance(value, dict) else ()  # the aio block: aio.block_size
+                for name, part in [*((f"{key}.{k}", v) for k, v in nested), (key, value)]:
+                    out.setdefault(name, set()).add(repr(part))
     return out
 
 
@@ -801,10 +803,12 @@ def _changed_by_each_control(controls, setups) -> set[str]:
 
 def test_every_setting_a_panel_offers_has_a_cli_flag(panel, monkeypatch):
     """Issue 40: each field the memory panel's controls set has a flag on `zerokit estimate`, each the
-    comparison panel's on `zerokit run` (the field's name as a flag, or the two aliases below)."""
+    comparison panel's on `zerokit run` (the registry's flag, or the field's name as a flag)."""
     from kit.cli import build_parser
+    from kit.settings import SETTINGS
 
-    aliases = {"hpz_partition_size": "--hpz", "largest_layer_params": "--largest-layer"}
+    aliases = {"largest_layer_params": "--largest-layer", **{s.field: s.option for s in SETTINGS}}
+    aliases["aio"] = "--aio-block-size"  # the block, beside each of its fields
 
     def flags(command: str) -> set[str]:
         sub = next(a for a in build_parser(command)._actions if isinstance(a, argparse._SubParsersAction))

@@ -355,8 +355,8 @@ class Check:
         return self.measured == self.predicted
 
     def to_dict(self) -> dict[str, Any]:
-        keys = ("micro_batch", "largest", "measured", "predicted", "agrees", "predicted_bytes")
-        keys += ("capacity_bytes", "problem", "peak_tensor_bytes")
+        keys: tuple[str, ...] = ("micro_batch", "largest", "measured", "predicted", "agrees")
+        keys += ("predicted_bytes", "capacity_bytes", "problem", "peak_tensor_bytes")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -440,11 +440,11 @@ def compare(row: dict[str, Any]) -> Comparison:
         return Comparison(row, what, setup, notes=tuple(notes), timings=(timed,))
     if what == "memory":
         est = estimate(setup)
-        measured = {_quantity(row): _bytes(row, row["value"], row["unit"])}
-        measured.setdefault("max_reserved", _secondary_reserved(row))
+        readings: dict[str | None, int | None] = {_quantity(row): _bytes(row, row["value"], row["unit"])}
+        readings.setdefault("max_reserved", _secondary_reserved(row))
         values = tuple(
             Value(quantity, nbytes, *_predicted(est, quantity))
-            for quantity, nbytes in measured.items()
+            for quantity, nbytes in readings.items()
             if quantity in QUANTITIES and nbytes is not None
         )
         if not values:
@@ -458,6 +458,7 @@ def compare(row: dict[str, Any]) -> Comparison:
             else setup.replace(batch={"micro_batch": micro_batch})
         )
         est = estimate(at)
+        assert est.peak_tensor_bytes is not None  # the deepspeed formula's estimate has a timeline
         verdict = estimate_fit(est)
         measured, predicted = ("fits" if ok else "OOM" for ok in (fits, verdict.ok))
         checks.append(

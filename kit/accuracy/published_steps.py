@@ -82,6 +82,7 @@ def megatron_flops(setup: Setup, row: dict[str, Any]) -> float:
     """FLOPs per GPU per iteration by Megatron's formula (Narayanan et al. 2021, with recomputation)."""
     m, b = setup.model, setup.batch
     big_b, s, l_, h, v = b.train_batch, b.seq_len, m.layers, m.hidden, row.get("vocab") or m.vocab
+    assert l_ is not None and h is not None and v is not None  # Megatron's rows: GPT shapes with a vocabulary
     return 96 * big_b * s * l_ * h * h * (1 + s / (6 * h) + v / (16 * l_ * h)) / setup.cluster.world_size
 
 

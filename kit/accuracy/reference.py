@@ -138,7 +138,7 @@ def summary(configs: list[Configuration]) -> dict:
     """Per quantity: configurations compared, median |error|, the worst error and its label."""
     out = {}
     for quantity in QUANTITIES:
-        found = [(c, c.error(quantity)) for c in configs if c.error(quantity) is not None]
+        found = [(c, e) for c in configs if (e := c.error(quantity)) is not None]
         if not found:
             continue
         worst, error = max(found, key=lambda item: abs(item[1]))

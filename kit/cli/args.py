@@ -9,10 +9,11 @@ import os
 import sys
 from typing import Any
 
-from kit.checkpointing import POLICIES
-from kit.ds_keys import ZERO_KEYS
-from kit.loss import LOSSES
-from kit.schema import AioSettings, Cluster, ZeroSettings
+from pydantic import BaseModel
+
+from kit import settings
+from kit.schema import Cluster, ZeroSettings
+from kit.settings import BY_FIELD, SETTINGS, Setting
 from kit.units import parse_count
 
 
@@ -20,7 +21,7 @@ class UsageError(ValueError):
     """Invalid input detected by a subcommand: printed as one line, exit 2."""
 
 
-def default(section: type, name: str) -> Any:
+def default(section: type[BaseModel], name: str) -> Any:
     """A Setup field's default (``default(ZeroSettings, "stage")``): the flags restate no number."""
     return section.model_fields[name].default
 
@@ -30,11 +31,12 @@ def add_json(p, what: str = "one JSON object") -> None:
     p.add_argument("--json", action="store_true", help=f"print {what} on stdout")
 
 
-def add_precision(p, *, many: bool = False) -> None:
-    """``--precision`` (``many``: a comma-separated list), the schema's default."""
-    choices = "fp32, fp16, bf16"
-    help = f"comma-separated: {choices}" if many else choices
-    p.add_argument("--precision", default=default(ZeroSettings, "precision"), help=help)
+def add_precision(p) -> None:
+    """``--precision``, a comma-separated list (``zerokit run``'s configurations), the schema's default."""
+    choices = ", ".join(BY_FIELD["precision"].choices)
+    p.add_argument(
+        "--precision", default=default(ZeroSettings, "precision"), help=f"comma-separated: {choices}"
+    )
 
 
 def add_gpu(p, help: str = "a name in data/gpus.csv") -> None:
@@ -42,181 +44,81 @@ def add_gpu(p, help: str = "a name in data/gpus.csv") -> None:
     p.add_argument("--gpu", default=default(Cluster, "gpu"), help=help)
 
 
-def add_checkpointing(p) -> None:
-    """``--activation-checkpointing`` and how (``kit.checkpointing``): ``--checkpoint-every K``,
-    ``--checkpoint-policy {full,selective-op}``; either of the two turns checkpointing on."""
-    p.add_argument("--activation-checkpointing", action="store_true", help="recompute activations per block")
-    p.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=default(ZeroSettings, "checkpoint_every"),
-        metavar="K",
-        help="checkpoint one block in K, the others keep everything (torchtitan's selective 'layer' K)",
-    )
-    p.add_argument(
-        "--checkpoint-policy",
-        choices=POLICIES,
-        default=default(ZeroSettings, "checkpoint_policy"),
-        help="full: a block keeps its input; selective-op: also its matmul and attention outputs "
-        "(torchtitan's 'op')",
-    )
+def add_zero_args(p, *, only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> None:
+    """A flag per ``kit.settings.SETTINGS`` entry (those in ``only`` when given, less ``skip``), a group per
+    section. None has an argparse default: a flag not given reads back as absent (``zero_from_args``), so
+    the schema's default applies and a flag beside a ds_config is told from none."""
+    groups: dict[str, Any] = {}
+    for s in SETTINGS:
+        if (only and s.field not in only) or s.field in skip:
+            continue
+        if s.section not in groups:
+            groups[s.section] = p.add_argument_group(s.section)
+        groups[s.section].add_argument(s.option, *s.aliases, dest=s.dest, default=None, **_flag(s))
 
 
-def checkpointing_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The ZeroSettings checkpointing fields of the flags (``add_checkpointing``)."""
-    every = getattr(args, "checkpoint_every", default(ZeroSettings, "checkpoint_every"))
-    policy = getattr(args, "checkpoint_policy", default(ZeroSettings, "checkpoint_policy"))
-    on = getattr(args, "activation_checkpointing", False) or every != 1 or policy != "full"
-    return {"activation_checkpointing": on, "checkpoint_every": every, "checkpoint_policy": policy}
+def _flag(s: Setting) -> dict[str, Any]:
+    """argparse's keywords for one setting's flag, from its kind in the schema."""
+    if s.field == "stage":  # ZeRO stages and PyTorch's engines, read by engine_stage
+        return {"help": f"{s.help} (default {s.default})"}
+    if s.field == "overlap_comm":
+        return {"choices": ("on", "off"), "help": s.help}
+    if isinstance(s.default, bool):
+        return {
+            "action": argparse.BooleanOptionalAction,
+            "help": f"{s.help} (default {'on' if s.default else 'off'})",
+        }
+    if s.choices:
+        return {"choices": s.choices, "help": f"{s.help} (default {s.default})"}
+    if s.control == "elements":
+        return {"type": count, "metavar": "N", "help": f"{s.help} ({s.default:,})"}
+    if s.control in ("int", "float") or isinstance(s.default, int | float):
+        kind = float if isinstance(s.default, float) else int
+        return {"type": kind, "metavar": "N", "help": f"{s.help} (default {s.default:g})"}
+    return {"metavar": "TEXT", "help": s.help}
 
 
-def add_trainable(p) -> None:
-    """What trains (``kit.trainable``): ``--lora-rank R``, ``--lora-targets q_proj,v_proj`` (or
-    ``all-linear``), ``--freeze-embeddings``, ``--frozen-blocks K``; the loss (``kit.loss``): ``--loss``."""
-    g = p.add_argument_group("what trains (default: every parameter) and its loss")
-    g.add_argument("--lora-rank", type=int, default=0, metavar="R", help="LoRA rank through peft; 0: no LoRA")
-    g.add_argument(
-        "--lora-targets",
-        metavar="MODULES",
-        help="comma-separated peft target_modules, or all-linear (default: peft's for the model type)",
-    )
-    g.add_argument("--freeze-embeddings", action="store_true", help="the input embeddings do not train")
-    g.add_argument(
-        "--frozen-blocks", type=int, default=0, metavar="K", help="the first K blocks do not train"
-    )
-
-    g.add_argument(
-        "--loss",
-        choices=LOSSES,
-        default=default(ZeroSettings, "loss"),
-        help="plain cross-entropy, or chunked: a fused linear cross-entropy (Liger's algorithm)",
-    )
-
-
-def trainable_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The ZeroSettings fields of what trains and how its loss is computed (``add_trainable``)."""
-    return {
-        "lora_rank": getattr(args, "lora_rank", 0),
-        "lora_targets": tuple(items(getattr(args, "lora_targets", None))),
-        "freeze_embeddings": getattr(args, "freeze_embeddings", False),
-        "frozen_blocks": getattr(args, "frozen_blocks", 0),
-        "loss": getattr(args, "loss", default(ZeroSettings, "loss")),
+def zero_from_args(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``{field: value}`` of the ZeRO flags given (``aio.x`` fields among them; ``kit.settings.fields``
+    nests them), less ``skip`` (those a command reads its own way): ``--stage`` also sets the engine,
+    ``--checkpoint-every`` or ``--checkpoint-policy`` away from its default turns checkpointing on."""
+    given = {
+        s.field: getattr(args, s.dest)
+        for s in SETTINGS
+        if s.field not in skip and getattr(args, s.dest, None) is not None
     }
-
-
-#: the zero_optimization knobs counted in elements (buckets, stage 3's fetching), a flag each named after
-#: its ZeroSettings field (``--reduce-bucket-size``): ``kit.ds_keys.ZERO_KEYS`` declares them once
-BUCKET_KEYS = tuple(
-    k for k in ZERO_KEYS if type(k.default) is int and k.field not in ("stage", "hpz_partition_size")
-)
-
-
-def flag(field: str) -> str:
-    """The CLI flag of a ZeroSettings field: ``--reduce-bucket-size``."""
-    return "--" + field.replace("_", "-")
-
-
-def add_bucket_args(p) -> None:
-    """A flag per ``BUCKET_KEYS`` knob (elements, ``7e8`` or ``500M``), DeepSpeed's default when not given
-    (read back by ``buckets_from_args``)."""
-    b = p.add_argument_group("buckets and stage 3's fetching (elements)")
-    for k in BUCKET_KEYS:
-        stages = "stage 3" if k.stages == (3,) else f"stages {k.stages[0]}-{k.stages[-1]}"
-        what = f"zero_optimization.{k.key}, {stages} ({k.default:,})"
-        b.add_argument(flag(k.field), type=count, metavar="N", help=what)
-
-
-def buckets_from_args(args: argparse.Namespace) -> dict[str, int]:
-    """The ZeroSettings fields the bucket flags give (only those given)."""
-    given = {k.field: getattr(args, k.field, None) for k in BUCKET_KEYS}
-    return {field: value for field, value in given.items() if value is not None}
+    if "stage" in given:
+        given["engine"], given["stage"] = engine_stage("stage", given["stage"])
+    if "overlap_comm" in given:
+        given["overlap_comm"] = given["overlap_comm"] == "on"
+    if "lora_targets" in given:
+        given["lora_targets"] = tuple(items(given["lora_targets"]))
+    how = [
+        f
+        for f in ("checkpoint_every", "checkpoint_policy")
+        if given.get(f, BY_FIELD[f].default) != BY_FIELD[f].default
+    ]
+    if how and "activation_checkpointing" not in given:
+        given["activation_checkpointing"] = True
+    return given
 
 
 def add_setup_args(p: argparse.ArgumentParser) -> None:
     """Flags that build a Setup (model, cluster, ZeRO settings, batch), shared by subcommands."""
     add_model_args(p)
     add_cluster_args(p)
-    z = p.add_argument_group("ZeRO")
-    z.add_argument(  # no argparse default: a --stage given beside a --ds-config is told from none
-        "--stage",
-        help="ZeRO stage 0-3, or a PyTorch baseline: ddp, fsdp, fsdp-grad-op "
-        f"(default {default(ZeroSettings, 'stage')})",
-    )
-    add_offload_args(z)
-    add_precision(z)
-    z.add_argument("--optimizer", default=default(ZeroSettings, "optimizer"), help="adamw, adam or sgd")
-    z.add_argument("--momentum", type=float, default=default(ZeroSettings, "momentum"), help="SGD momentum")
-    add_checkpointing(z)
-    add_zeropp_args(z)
-    z.add_argument("--ds-config", help="read ZeRO and batch settings from an existing ds_config.json")
-    add_trainable(p)
-    add_bucket_args(p)
-    add_nvme_args(p)
+    add_zero_args(p)
+    p.add_argument("--ds-config", help="read ZeRO and batch settings from an existing ds_config.json")
     add_batch_args(p)
     add_json(p)
 
 
-def add_offload_args(p, *, many: bool = False) -> None:
-    """``--offload-optimizer`` and ``--offload-param`` (``many``: comma-separated lists)."""
-    lists = "comma-separated: " if many else ""
-    for flag, where in (("optimizer", "nvme: stage 3"), ("param", "stage 3 only")):
-        p.add_argument(
-            f"--offload-{flag}",
-            default=default(ZeroSettings, f"offload_{flag}"),
-            help=f"{lists}none, cpu or nvme ({where})",
-        )
-
-
-#: NVMe offload flag -> ZeroSettings field (``add_nvme_args``); aio fields go under ``aio``
-NVME_FLAGS = {
-    "nvme_buffer_count": "buffer_count",
-    "nvme_buffer_size": "buffer_size",
-    "nvme_max_in_cpu": "max_in_cpu",
-    "nvme_optimizer_buffer_count": "optimizer_buffer_count",
-}
-AIO_FLAGS = {
-    "aio_block_size": "block_size",
-    "aio_queue_depth": "queue_depth",
-    "aio_intra_op_parallelism": "intra_op_parallelism",
-}
-
-
-def add_nvme_args(p: argparse.ArgumentParser) -> None:
-    """ZeRO-Infinity flags (``--offload-* nvme``): ``--nvme-path`` and the swapper / aio knobs, each
-    DeepSpeed's default when not given (read back by ``nvme_from_args``)."""
-    n = p.add_argument_group("NVMe offload (ZeRO-Infinity)")
-    n.add_argument("--nvme-path", help="folder on the NVMe drive for the swap files")
-    knobs = {
-        "--nvme-buffer-count": (int, "offload_param.buffer_count"),
-        "--nvme-buffer-size": (count, "offload_param.buffer_size, elements"),
-        "--nvme-max-in-cpu": (count, "offload_param.max_in_cpu, elements"),
-        "--nvme-optimizer-buffer-count": (int, "offload_optimizer.buffer_count"),
-    }
-    for (flag, (kind, what)), name in zip(knobs.items(), NVME_FLAGS.values(), strict=True):
-        n.add_argument(flag, type=kind, help=f"{what} ({default(ZeroSettings, name):,})")
-    n.add_argument("--no-pin-memory", action="store_true", help="offload into pageable RAM")
-    aio = {
-        "--aio-block-size": ("aio.block_size, bytes", count),
-        "--aio-queue-depth": ("aio.queue_depth", int),
-    }
-    aio["--aio-intra-op-parallelism"] = ("aio.intra_op_parallelism", int)
-    for (flag, (what, kind)), name in zip(aio.items(), AIO_FLAGS.values(), strict=True):
-        aliases = ["--aio-thread-count"] if name == "intra_op_parallelism" else []
-        n.add_argument(flag, *aliases, type=kind, help=f"{what} ({default(AioSettings, name):,})")
-
-
-def nvme_from_args(args: argparse.Namespace) -> dict:
-    """The ZeroSettings fields the NVMe flags give (only those given)."""
-    zero: dict[str, Any] = {}
-    if getattr(args, "nvme_path", None):
-        zero["nvme_path"] = args.nvme_path
-    zero.update({f: getattr(args, a) for a, f in NVME_FLAGS.items() if getattr(args, a, None) is not None})
-    if getattr(args, "no_pin_memory", False):
-        zero["pin_memory"] = False
-    aio = {f: getattr(args, a) for a, f in AIO_FLAGS.items() if getattr(args, a, None) is not None}
-    if aio:
-        zero["aio"] = aio
-    return zero
+def add_offload_args(p) -> None:
+    """``--offload-optimizer`` and ``--offload-param``, comma-separated lists (``zerokit run``'s
+    configurations)."""
+    for field in ("offload_optimizer", "offload_param"):
+        s = BY_FIELD[field]
+        p.add_argument(s.option, default=s.default, help=f"comma-separated: {', '.join(s.choices)}; {s.help}")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -332,87 +234,33 @@ def setup_from_args(args: argparse.Namespace):
         for note in notes:  # how each "auto" was resolved: stderr, so --json stays one object
             print(f"note: {note}", file=sys.stderr)
         return beside_file(setup, args)
-    engine, stage = engine_stage("stage", args.stage or str(default(ZeroSettings, "stage")))
-    zero = {
-        "engine": engine,
-        "stage": stage,
-        "offload_optimizer": args.offload_optimizer,
-        "offload_param": args.offload_param,
-        "precision": args.precision,
-        "optimizer": args.optimizer,
-        "momentum": args.momentum,
-        **checkpointing_from_args(args),
-        **trainable_from_args(args),
-        **buckets_from_args(args),
-        **nvme_from_args(args),
-        **zeropp_from_args(args),
-    }
-    return Setup(model=spec, cluster=cluster, zero=zero, batch=batch)
-
-
-#: the ZeRO flags a ds_config also sets: (flag, argparse name, ZeroSettings field, the file's key)
-FILE_FLAGS = (
-    ("--offload-optimizer", "offload_optimizer", "offload_optimizer", "zero_optimization.offload_optimizer"),
-    ("--offload-param", "offload_param", "offload_param", "zero_optimization.offload_param"),
-    ("--hpz", "hpz", "hpz_partition_size", "zero_optimization.zero_hpz_partition_size"),
-    (
-        "--quantized-weights", "quantized_weights", "quantized_weights",
-        "zero_optimization.zero_quantized_weights",
-    ),
-    (
-        "--quantized-gradients", "quantized_gradients", "quantized_gradients",
-        "zero_optimization.zero_quantized_gradients",
-    ),
-    *((flag(k.field), k.field, k.field, f"zero_optimization.{k.key}") for k in BUCKET_KEYS),
-)  # fmt: skip
+    return Setup(model=spec, cluster=cluster, zero=settings.fields(zero_from_args(args)), batch=batch)
 
 
 def beside_file(setup, args: argparse.Namespace):
     """The Setup of a ds_config with the flags given beside it, as the HF Trainer combines its arguments
-    with the file: ``--activation-checkpointing`` (the Trainer's gradient checkpointing, which no ds_config
-    key turns on) and what trains (LoRA, frozen parts: the script's, not the file's) apply; a ZeRO flag
-    given that says otherwise than the file is a UsageError naming
-    both (``--stage`` whenever given; the others when not at their default, which is taken as not given)."""
-    z = setup.zero
-    if args.stage is not None and engine_stage("--stage", args.stage) != (z.engine, z.stage):
+    with the file: the training script's settings (``Setting.script``: checkpointing, what trains, the
+    loss) apply; a flag for one of the file's keys that says otherwise than the file is a UsageError
+    naming both."""
+    z, given = setup.zero, zero_from_args(args)
+    if "stage" in given and (given["engine"], given["stage"]) != (z.engine, z.stage):
         raise UsageError(
             f"--stage {args.stage}: the ds_config's zero_optimization.stage is {z.stage}; "
             "drop the flag or change the file"
         )
-    for flag, name, field, key in FILE_FLAGS:
-        value = getattr(args, name, None)
-        if value is not None and value != default(ZeroSettings, field) and value != getattr(z, field):
+    script = {}
+    for field, value in given.items():
+        s = BY_FIELD.get(field)
+        if s is None or s.field == "stage":
+            continue
+        if s.script:
+            script[field] = value
+        elif value != s.value(z):
             raise UsageError(
-                f"{flag} {value}: the ds_config's {key} is {getattr(z, field)}; "
-                "drop the flag or change the file"
+                f"{s.option} {settings.text(value)}: the ds_config's {s.ds_key} is "
+                f"{settings.text(s.value(z))}; drop the flag or change the file"
             )
-    flags = checkpointing_from_args(args)
-    if not flags["activation_checkpointing"] or z.activation_checkpointing:
-        flags = {}
-    return setup.replace(zero={**flags, **trainable_from_args(args)})
-
-
-def add_zeropp_args(p) -> None:
-    """The ZeRO++ flags (stage 3): ``--hpz N``, ``--quantized-weights``, ``--quantized-gradients``."""
-    p.add_argument(
-        "--hpz",
-        type=int,
-        default=default(ZeroSettings, "hpz_partition_size"),
-        help="ZeRO++ hpZ: zero_hpz_partition_size (stage 3; divides GPUs per node)",
-    )
-    p.add_argument(
-        "--quantized-weights", action="store_true", help="ZeRO++ qwZ: int8 weight all-gathers (stage 3)"
-    )
-    p.add_argument("--quantized-gradients", action="store_true", help="ZeRO++ qgZ: int4 gradients (stage 3)")
-
-
-def zeropp_from_args(args: argparse.Namespace) -> dict:
-    """ZeroSettings fields of the ZeRO++ flags (--hpz, --quantized-weights, --quantized-gradients)."""
-    return {
-        "hpz_partition_size": getattr(args, "hpz", 1),
-        "quantized_weights": getattr(args, "quantized_weights", False),
-        "quantized_gradients": getattr(args, "quantized_gradients", False),
-    }
+    return setup.replace(zero=settings.fields(script))
 
 
 def print_json(obj: Any) -> None:

@@ -195,10 +195,13 @@ def launch_command(args: argparse.Namespace) -> int:
         "loss": losses.in_your_script(setup.zero),
     }
     if name:
+        # an image needs the hosts (need_hosts), so the deepspeed command was made
+        assert pulled is not None and deepspeed is not None
         docker = commands.docker_command(setup, pulled, deepspeed, args.interface)
         result["commands"]["docker"] = commands.shell_line(docker)
         result["argv"]["docker"] = docker
     if args.docker:
+        assert name and pulled is not None  # --docker names an image (zero-kit:latest by default)
         options = {"interface": args.interface, "hca": args.hca}
         installer = args.efa_installer or image.EFA_INSTALLER
         result["dockerfile"] = image.dockerfile(

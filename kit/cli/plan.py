@@ -340,44 +340,14 @@ def _recommended_json(found, booked, command) -> dict | None:
 def _ds_config_command(args: argparse.Namespace, s) -> list[str]:
     """The ``zerokit launch-cmd`` argv that writes setup ``s``'s ds_config.json (and its launch files) to
     launch/: the model as the user gave it, then each ZeRO field of ``s`` that is not the default."""
-    from kit.cli.args import BUCKET_KEYS, flag
-    from kit.rules import baseline_name
-    from kit.schema import ZeroSettings
+    from kit import settings
 
     c, z, b = s.cluster, s.zero, s.batch
     argv = ["zerokit", "launch-cmd", *_model_flags(args)]
     argv += ["--nodes", str(c.nodes), "--gpus-per-node", str(c.gpus_per_node), "--gpu", c.gpu]
     if args.cpu_ram_gb:
         argv += ["--cpu-ram-gb", f"{args.cpu_ram_gb:g}"]
-    argv += ["--stage", baseline_name(z.engine, z.stage) or str(z.stage)]
-    flags = {
-        "offload_optimizer": "--offload-optimizer",
-        "offload_param": "--offload-param",
-        "precision": "--precision",
-        "optimizer": "--optimizer",
-        "momentum": "--momentum",
-        "hpz_partition_size": "--hpz",
-        "checkpoint_every": "--checkpoint-every",
-        "checkpoint_policy": "--checkpoint-policy",
-        "lora_rank": "--lora-rank",
-        "frozen_blocks": "--frozen-blocks",
-        "loss": "--loss",
-        "nvme_path": "--nvme-path",
-        "buffer_size": "--nvme-buffer-size",
-        **{k.field: flag(k.field) for k in BUCKET_KEYS},
-    }
-    for name, option in flags.items():
-        value = getattr(z, name)
-        if value is not None and value != ZeroSettings.model_fields[name].default:
-            argv += [option, f"{value:g}" if isinstance(value, float) else str(value)]
-    switches = {
-        "activation_checkpointing": "--activation-checkpointing",
-        "quantized_weights": "--quantized-weights",
-        "quantized_gradients": "--quantized-gradients",
-        "freeze_embeddings": "--freeze-embeddings",
-    }
-    argv += [option for name, option in switches.items() if getattr(z, name)]
-    argv += ["--lora-targets", ",".join(z.lora_targets)] if z.lora_targets else []
+    argv += settings.argv(z)
     argv += [
         "--micro-batch",
         str(b.micro_batch),

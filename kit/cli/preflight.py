@@ -181,6 +181,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     )
     setups = {r["config_id"]: Setup.model_validate(r["setup"]) for r in ok}
     for what, rows in table[table.carried_over != ""].groupby("carried_over", sort=False):
+        assert calibration is not None  # carried_over is "" without a calibration
         command = shlex.join(cal.measure_argv(setups[rows.config_id.iloc[0]], calibration))
         print(f"carried over, not measured: {what} ({', '.join(rows.label)}): measure it with {command}")
     return 0

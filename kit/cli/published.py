@@ -107,7 +107,7 @@ def _cells(c) -> list[tuple[str, ...]]:
     from kit.accuracy.published import QUANTITY_TEXT
 
     conf = c.row["confidence"]
-    out = []
+    out: list[tuple[str, ...]] = []
     for v in c.values:
         measured, predicted = _gib(v.measured_bytes), _gib(v.predicted_bytes)
         out.append((c.id, QUANTITY_TEXT[v.quantity], measured, predicted, f"{100 * v.error:+.1f} %", conf))

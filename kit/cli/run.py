@@ -12,32 +12,30 @@ from __future__ import annotations
 import argparse
 import contextlib
 
+from kit import settings
 from kit.cli.args import (
     UsageError,
-    add_bucket_args,
-    add_checkpointing,
     add_hostfile_args,
     add_json,
     add_model_overrides,
-    add_nvme_args,
     add_offload_args,
     add_precision,
     add_seq_len,
-    add_trainable,
-    add_zeropp_args,
-    buckets_from_args,
-    checkpointing_from_args,
+    add_zero_args,
     engine_stage,
     items,
     model_from_args,
     nodes_from_args,
-    nvme_from_args,
     print_json,
     stdout_to_stderr,
-    trainable_from_args,
-    zeropp_from_args,
+    zero_from_args,
 )
+from kit.ds_keys import ZEROPP_OFF
 from kit.units import MB
+
+#: the settings ``run`` sweeps, each a comma-separated list of its own (``--stages``, ``--offload-*``,
+#: ``--precision``); every other setting is one flag applied to each configuration
+SWEPT = ("stage", "offload_optimizer", "offload_param", "precision")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,13 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="0,1,2,3",
         help="comma-separated ZeRO stages 0-3 and PyTorch baselines ddp, fsdp, fsdp-grad-op",
     )
-    add_offload_args(p, many=True)
-    add_nvme_args(p)
-    add_zeropp_args(p.add_argument_group("ZeRO++ (applied to the stage-3 configurations)"))
-    add_precision(p, many=True)
-    add_checkpointing(p)
-    add_trainable(p)
-    add_bucket_args(p)
+    add_offload_args(p)
+    add_precision(p)
+    add_zero_args(p, skip=SWEPT)  # every other setting, on each configuration (ZeRO++ on stage 3's)
     p.add_argument(
         "--ds-config",
         action="append",
@@ -177,6 +171,7 @@ def setups_from_args(args: argparse.Namespace, nodes=None) -> list:
             checked_setup(path, model=spec, cluster=cluster, seq_len=args.seq_len)[0]
             for path in args.ds_config
         ]
+    given = zero_from_args(args, skip=SWEPT)
     stages = items(args.stages)
     for item in stages:
         engine_stage("stages", item)  # the CLI's own line for a bad item
@@ -185,19 +180,14 @@ def setups_from_args(args: argparse.Namespace, nodes=None) -> list:
         offload_optimizer=items(args.offload_optimizer),
         offload_param=items(args.offload_param),
         precision=items(args.precision),
-        zeropp=[zeropp_from_args(args)],  # on the stage-3 configurations
+        zeropp=[{f: given.get(f, off) for f, off in ZEROPP_OFF.items()}],  # on the stage-3 configurations
     )
     if not found.accepted and not found.refused:
         raise UsageError(f"stages: choose at least one of {', '.join(grid.STAGES)}")
     for flag, value in _refused_everywhere(args, found):
         first = next(r for r in found.refused if getattr(r.variant, flag) == value)
         raise UsageError(f"{first.field}: {first.reason} (--{flag.replace('_', '-')} {value})")
-    zero = {
-        **checkpointing_from_args(args),
-        **trainable_from_args(args),
-        **buckets_from_args(args),
-        **nvme_from_args(args),
-    }
+    zero = settings.fields({f: v for f, v in given.items() if f not in ZEROPP_OFF})
     return [
         Setup(model=spec, cluster=cluster, zero={**variant.zero, **zero}, batch=batch)
         for variant in found.accepted

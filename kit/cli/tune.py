@@ -16,20 +16,21 @@ import math
 
 from kit.cli.args import (
     UsageError,
-    add_checkpointing,
     add_gpu,
-    add_precision,
     add_seq_len,
-    checkpointing_from_args,
+    add_zero_args,
     items,
     model_from_args,
     print_json,
     stdout_to_stderr,
     whole,
+    zero_from_args,
 )
 from kit.cli.run import add_launch_args, launch_options
 from kit.units import GIB
 
+#: the settings tune takes as one flag each (it searches stages, offloads and micro batches itself)
+TUNE_SETTINGS = ("precision", "activation_checkpointing", "checkpoint_every", "checkpoint_policy")
 #: the API's argument names, as ``--flags`` in this command's error lines
 FLAGS = {
     "stages": "--stages",
@@ -65,8 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--budget-gib", type=float, help="memory budget per GPU, GiB (default: the --gpu's memory)"
     )
     add_gpu(p, "a name in data/gpus.csv (the default budget)")
-    add_precision(p)
-    add_checkpointing(p)
+    add_zero_args(p, only=TUNE_SETTINGS)
     p.add_argument("--grad-accum", type=int, default=1)
     add_seq_len(p)
     p.add_argument("--out", help="write the best configuration's ds_config.json here")
@@ -108,7 +108,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple:
     if args.warmup < 0:
         raise UsageError(f"warmup: must be a whole number >= 0, got {args.warmup}")
     spec = model_from_args(args)
-    zero = {"precision": args.precision, **checkpointing_from_args(args)}
+    zero = zero_from_args(args)
     setup = Setup(
         model=spec,
         cluster={"nodes": 1, "gpus_per_node": args.nprocs, "gpu": args.gpu},

@@ -152,9 +152,9 @@ def deepspeed_refusals(config: dict, world_size: int) -> tuple[list[Refusal], li
                 KeyError,
             ) as error:
                 line = first_line(error)
-                key = _assertion_key(line, work) or _malformed_key(work)
-                refusals.append(Refusal(key or "ds_config", f"{key or 'ds_config'}: {line}"))
-                if not _repair(work, key):
+                culprit = _assertion_key(line, work) or _malformed_key(work)
+                refusals.append(Refusal(culprit or "ds_config", f"{culprit or 'ds_config'}: {line}"))
+                if not _repair(work, culprit):
                     return refusals, _warnings(logged)
     if parsed is not None:
         refusals += _engine_start_refusals(parsed)
@@ -350,7 +350,7 @@ def _model_class(annotation: Any) -> type | None:
 
 
 def _top_level_keys() -> set[str]:
-    seen: set[str] = set()
+    seen: set[object] = set()
 
     class Keys:
         def __init__(self, d: dict):

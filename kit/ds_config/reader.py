@@ -17,7 +17,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 from kit.ds_keys import BATCH_KEYS, NVME_KEYS, ZERO_KEYS, ZEROPP_KEYS
 from kit.fit import supports
@@ -40,6 +40,15 @@ _UNSUPPORTED = [
     ("data_types", "grad_accum_dtype", None, "a custom gradient accumulation dtype"),
     ("torch_autocast", "enabled", False, "torch autocast"),
 ]
+
+
+class BatchArgs(TypedDict, total=False):
+    """The batch values a caller may give beside a ds_config (``read_ds_config``'s keywords)."""
+
+    seq_len: int | None
+    micro_batch: int | None
+    grad_accum: int | None
+    train_batch: int | None
 
 
 class Unmodelled(NamedTuple):
@@ -476,7 +485,7 @@ def load_ds_config(config: dict | str | Path) -> tuple[str, dict]:
     if not isinstance(data, dict):
         raise ValueError(f"ds_config: {name}: not a JSON object (got a JSON {type(data).__name__})")
     try:
-        known = known_keys("")
+        known = known_keys("") or _FALLBACK_KEYS  # the top level is always checked key by key
     except ImportError:
         known = _FALLBACK_KEYS
     if not any(key in known for key in data):
@@ -489,7 +498,7 @@ def load_ds_config(config: dict | str | Path) -> tuple[str, dict]:
 
 
 def read_or_repair(
-    raw: dict, *, model: ModelSpec, cluster: Cluster, **batch: int | None
+    raw: dict, *, model: ModelSpec, cluster: Cluster, **batch: Unpack[BatchArgs]
 ) -> tuple[Setup | None, list[str], str | None]:
     """``(setup, notes, problem)``: ``read_ds_config``'s Setup and notes; where the kit cannot read the
     config as it is, the Setup of a copy with the refused value taken out (said in the notes), or None,

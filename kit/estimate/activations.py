@@ -73,9 +73,8 @@ def formula(setup: Setup) -> Term:
     """
     m, b, s = setup.model, setup.batch.micro_batch, setup.batch.seq_len
     scale = element_bytes(setup.zero.precision) // 2  # the formulas count 16-bit bytes
-    h, a, layers = m.hidden, m.heads, m.layers
-    kv = (m.kv_heads or a) * (h // a)
-    ffn = m.ffn or 4 * h
+    layers, h, a, kv_heads, ffn, _ = m.dims
+    kv = kv_heads * (h // a)
     sbh, sbf, as2b = s * b * h, s * b * ffn, a * s * s * b
     family = m.family or "gpt2"
     if family in SWIGLU_FAMILIES:
@@ -229,7 +228,7 @@ def kept_by_policy(setup: Setup) -> Term:
 def _head_activations(setup: Setup, scale: int) -> Term:
     """What the model saves outside its blocks (16-bit byte counts times ``scale``)."""
     m, b, s = setup.model, setup.batch.micro_batch, setup.batch.seq_len
-    sbh = s * b * m.hidden
+    sbh = s * b * m.dims.hidden
     if m.family == "dit":
         pixels = b * s * DIT_DEFAULTS["patch_size"] ** 2  # latent pixels per channel in the micro batch
         channels = DIT_DEFAULTS["in_channels"]
@@ -286,8 +285,9 @@ def _subset_saved(setup: Setup) -> Saved:
     m, z = setup.model, setup.zero
     listing = partition.listing(setup)
     b, s, p = setup.batch.micro_batch, setup.batch.seq_len, element_bytes(z.precision)
-    h, a = m.hidden, m.heads
-    kv, f, r = (m.kv_heads or a) * (h // a), m.ffn, z.lora_rank
+    _, h, a, kv_heads, _, _ = m.dims
+    kv, f, r = kv_heads * (h // a), m.ffn, z.lora_rank
+    assert f is not None  # a subset's model has a Llama-style arch (kit.trainable), which gives its ffn
     sbh, sbf = s * b * h, s * b * f
     # an RMSNorm: its fp32 input (the 16-bit one upcast; in fp32 the input itself), the normalised input
     norm_input, normalised = FP32 * sbh, p * sbh
@@ -348,8 +348,9 @@ def chunked_head(setup: Setup, norm: int, trains: bool) -> Term:
     keeps for backward instead of the fp32 log-softmax: the input's (16-bit, b s h) and, when the head
     trains, its weight's (16-bit, v h)."""
     m, b, p = setup.model, setup.batch, element_bytes(setup.zero.precision)
-    sbh = b.micro_batch * b.seq_len * m.hidden
-    grad_input, grad_weight = p * sbh, p * m.vocab * m.hidden * trains
+    h, v = m.dims.hidden, m.dims.vocab  # a language model's: the chunked loss needs its vocab (kit.loss)
+    sbh = b.micro_batch * b.seq_len * h
+    grad_input, grad_weight = p * sbh, p * v * h * trains
     return Term(
         norm + grad_input + grad_weight,
         f"head: final RMSNorm {norm / sbh:g}sbh, chunked loss's saved gradients {p} B x b s h"
@@ -367,7 +368,7 @@ def _subset_formula(setup: Setup) -> Term:
         return Term(sum(saved.blocks), f"{len(saved.blocks)} blocks ({what})") + head
     b, s, p = setup.batch.micro_batch, setup.batch.seq_len, element_bytes(z.precision)
     marked = [checkpointing.is_checkpointed(i, z.checkpoint_every) for i in range(len(saved.blocks))]
-    kept = sum(marked) * p * s * b * setup.model.hidden
+    kept = sum(marked) * p * s * b * setup.model.dims.hidden
     rest = sum(n for n, ckpt in zip(saved.blocks, marked, strict=True) if not ckpt)
     return (
         Term(

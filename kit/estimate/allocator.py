@@ -422,7 +422,8 @@ class Allocator:
             block = self._unmapped_at[addr]
             if block.prev is not None and not block.prev.allocated:
                 block = block.prev
-            reach, run = 0, block
+            reach = 0
+            run: Block | None = block
             while reach < size and run is not None and not run.allocated:
                 reach, run = reach + run.size, run.next
             if reach >= size:

@@ -159,10 +159,11 @@ def _units(setup: Setup) -> tuple[int, int] | None:
     m = setup.model
     if not (m.is_transformer and m.vocab):
         return None
-    embeddings = m.vocab * m.hidden * (1 if m.tied_embeddings else 2)
+    layers, hidden, vocab = m.dims.layers, m.dims.hidden, m.dims.vocab
+    embeddings = vocab * hidden * (1 if m.tied_embeddings else 2)
     if m.family == "gpt2" and m.max_seq_len:
-        embeddings += m.max_seq_len * m.hidden
-    return max(0, m.params - embeddings) // m.layers, embeddings
+        embeddings += m.max_seq_len * hidden
+    return max(0, m.params - embeddings) // layers, embeddings
 
 
 def notes(setup: Setup) -> tuple[str, ...]:

@@ -58,6 +58,7 @@ def input_leaf(setup: Setup) -> Term:
     if not listing or listing.embeddings or not setup.zero.activation_checkpointing:
         return NONE
     b, m, p = setup.batch, setup.model, element_bytes(setup.zero.precision)
+    assert m.hidden is not None  # a subset's model: a formula family's or an HF config naming its hidden size
     n = 2 * p * b.micro_batch * b.seq_len * m.hidden
     return Term(n, f"2 x {p} B x b s h (the embeddings' output, made to need a gradient, and its .grad)")
 
@@ -112,7 +113,7 @@ class Shape:
                     update={"zero": setup.zero.model_copy(update=setup.zero.checkpointing(False))}
                 )
             )
-            per_layer = (full.bytes - head.bytes) // m.layers
+            per_layer = (full.bytes - head.bytes) // m.dims.layers
             recomputed = per_layer - also_saved(setup) if setup.zero.activation_checkpointing else 0
             self.first = Term(per_layer, "one block's saved activations")
         if formulaic:
@@ -121,7 +122,7 @@ class Shape:
                 act.formula + (" - one layer recomputed in backward only" if recomputed else ""),
             )
             self.blocks = Term(act.bytes - head.bytes, f"{act.formula} - the head's {head.bytes:,} B (freed)")
-            s, h, f = b.seq_len, m.hidden, m.ffn or 4 * m.hidden
+            s, h, f = b.seq_len, m.dims.hidden, m.dims.ffn
             mb = b.micro_batch
             gated = 2 if m.family in SWIGLU_FAMILIES else 0  # the product's backward: gate and up b s f
             trains = partition.listing(setup)
@@ -132,14 +133,14 @@ class Shape:
                 f"down-projection's input {'and weight gradients ' if down else 'gradient '}and the "
                 "incoming one" + (", and the SwiGLU product's two input gradients" if gated else ""),
             ) + (_weight_grad_scratch(setup, cpu) if down else NONE)
-            head = m.vocab * h if m.vocab else 0
+            vh = m.vocab * h if m.vocab else 0
             z = setup.zero
             embedding = trains.embeddings if trains else True  # a frozen tied embedding gets no gradient
             lm_head = "lm_head" in trains.head if trains else True
-            if m.tied_embeddings and head and embedding:
-                self.tied = Term(p * head, f"{p} B x v h (the tied embedding's gradient from the head)")
-            elif head and z.engine == "deepspeed" and z.stage == 1 and lm_head:
-                self.tied = Term(p * head, f"{p} B x v h (the head's gradient, in .grad to the boundary)")
+            if m.tied_embeddings and vh and embedding:
+                self.tied = Term(p * vh, f"{p} B x v h (the tied embedding's gradient from the head)")
+            elif vh and z.engine == "deepspeed" and z.stage == 1 and lm_head:
+                self.tied = Term(p * vh, f"{p} B x v h (the head's gradient, in .grad to the boundary)")
             else:
                 self.tied = NONE
         else:
@@ -160,7 +161,7 @@ def _chunk(setup: Setup, cpu: CpuMatmul | None) -> Term:
     the weight gradient's, each with oneDNN's bf16 scratch (``kit.estimate.cpu_matmul``). Its backward
     hands back the gradients it saved: nothing new."""
     m, b, p = setup.model, setup.batch, element_bytes(setup.zero.precision)
-    v, h, tokens = m.vocab, m.hidden, b.micro_batch * (b.seq_len - 1)
+    v, h, tokens = m.dims.vocab, m.dims.hidden, b.micro_batch * (b.seq_len - 1)  # a language model's
     chunk = chunk_tokens(tokens, v, h)
     held = p * (b.micro_batch * b.seq_len + tokens) * h
     logits = p * chunk * v
@@ -217,7 +218,7 @@ def _late_hook(setup: Setup, act: Term, saved, p: int) -> Late | None:
     if (last.trains | last.adapted) & {"gate", "up", "down", "norm2"}:
         return None
     m, b = setup.model, setup.batch
-    sbh = b.micro_batch * b.seq_len * m.hidden
+    sbh = b.micro_batch * b.seq_len * m.dims.hidden
     ckpt = z.activation_checkpointing and checkpointing.is_checkpointed(
         len(listing.blocks) - 1, z.checkpoint_every
     )
@@ -243,7 +244,7 @@ def _weight_grad_scratch(setup: Setup, cpu: CpuMatmul | None) -> Term:
     m, b = setup.model, setup.batch
     if cpu is None or setup.zero.precision != "bf16":
         return NONE
-    tokens, f, h = b.micro_batch * b.seq_len, m.ffn or 4 * m.hidden, m.hidden
+    tokens, f, h = b.micro_batch * b.seq_len, m.dims.ffn, m.dims.hidden
     rows, cols, how = (
         (f, h, "x^T (f x b s) by b s x h") if m.family == "gpt2" else (h, f, "g^T (h x b s) by b s x f")
     )

@@ -58,7 +58,7 @@ def partitions(setup: Setup) -> list[tuple[int, int]]:
 
 @lru_cache(maxsize=512)
 def _partitions(model: ModelSpec, n: int) -> tuple[tuple[int, int], ...]:
-    return tuple((t, -(-t // n)) for t in partition.numels(Setup(model=model)))
+    return tuple((t, -(-t // n)) for t in partition.numels(Setup(model=model, batch={})))
 
 
 def sub_groups(setup: Setup) -> list[list[tuple[int, int]]]:

@@ -62,7 +62,8 @@ def _flush_sizes(numels: tuple[int, ...], part: int, rank: int, bucket_size: int
     ``(content, owners, allocated)``."""
     ends = itertools.accumulate(numels)  # each tensor's end in the flat buffer
     largest: list = [None, None]  # before, after
-    content, owners, ours, allocated = 0, [], False, False
+    owners: list[int] = []
+    content, ours, allocated = 0, False, False
     for t, stop in zip(reversed(numels), reversed(list(ends)), strict=True):
         if content + t > bucket_size:
             flush = (t, content, len(owners))

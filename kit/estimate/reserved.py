@@ -125,7 +125,7 @@ def blocks(model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...], tuple[in
     """The model's tensors as ``(before, block, after, count)``: what precedes its repeated block (the
     embeddings), one block's tensors, what follows (the final norm, an untied head) and how many blocks;
     a model without ``layers`` copies of one block is one block of every tensor."""
-    numels = partition.numels(Setup(model=model))
+    numels = partition.numels(Setup(model=model, batch={}))
     layers = model.layers or 1
     n = len(numels)
     for size in range(1, n // layers + 1):

@@ -145,12 +145,12 @@ def trace(spec: ModelSpec, micro_batch: int, seq_len: int, precision: str, subse
 class _SavedByBlock:
     """Counts what autograd saves (unique storages, parameters excluded) and which block saved it."""
 
-    def __init__(self, model):
+    def __init__(self, model) -> None:
         import torch
 
         self.params = {p.untyped_storage()._cdata for p in model.parameters()}
         lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-        self.blocks = list(max(lists, key=len)) if lists else []
+        self.blocks = [*max(lists, key=len)] if lists else []
         self.seen: set[int] = set()
         self.inputs: dict[int, int] = {}
         self.freed_inputs = 0
@@ -174,7 +174,7 @@ class _SavedByBlock:
     def track(self, storage) -> None:
         key = storage._cdata
         if key not in self.refs:
-            self.refs[key] = weakref.ref(storage, lambda _, key=key: self.freed(key))
+            self.refs[key] = weakref.ref(storage, lambda _: self.freed(key))
 
     def freed(self, key: int) -> None:
         self.refs.pop(key, None)
@@ -233,7 +233,7 @@ class _LiveBytes:
     """Peak bytes of live storages created within (parameters and gradients excluded): a dispatch mode
     that adds each new output storage and a weakref finalizer that subtracts it when it is freed."""
 
-    def __init__(self, model):
+    def __init__(self, model) -> None:
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -258,7 +258,7 @@ class _LiveBytes:
         if key in self.live or key in self.exclude:
             return
         nbytes = storage.nbytes()
-        self.live[key] = (nbytes, weakref.ref(storage, lambda _, key=key: self.drop(key)))
+        self.live[key] = (nbytes, weakref.ref(storage, lambda _: self.drop(key)))
         self.current += nbytes
         if self.current > self.peak:
             self.peak = self.current

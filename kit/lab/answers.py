@@ -8,8 +8,13 @@ see: what the tables cannot (the step time's own limits: ``kit.steptime.perf``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kit.schema import Setup
 from kit.units import GIB
+
+if TYPE_CHECKING:
+    from kit.estimate.result import Estimate
 
 #: the offload choices ``offload`` weighs, from the fastest to the leanest on the GPU
 OFFLOADS: tuple[tuple[str, dict], ...] = (
@@ -29,7 +34,7 @@ def _change(seconds: float, base: float) -> str:
     return "the same" if abs(change) < 0.005 else f"{change:+.0%}".replace("%", " %")
 
 
-def _timed(setup: Setup) -> tuple[object, float | None]:
+def _timed(setup: Setup) -> tuple[Estimate, float | None]:
     """The estimate of ``setup`` and its step time in seconds (None where the GPU cannot run it)."""
     from kit.estimate import estimate
     from kit.steptime import calibrated
@@ -56,7 +61,7 @@ def offload(setup: Setup) -> str:
             setup.replace(zero={"offload_optimizer": "none", "offload_param": "none", **zero})
         )
         rows.append((name, e, seconds, estimate_fit(e)))
-    fitting = [r for r in rows if r[3].ok and r[2] is not None]
+    fitting = [(n, e, t, fit) for n, e, t, fit in rows if fit.ok and t is not None]
     if not fitting:
         name, e, _, verdict = min(rows, key=lambda r: r[1].per_gpu_bytes)
         short = {"gpu": f"{verdict.capacity / GIB:.1f} GiB usable", "cpu": "short of CPU RAM per node"}
@@ -104,7 +109,7 @@ def zeropp(setup: Setup) -> str:
         e, seconds = _timed(s)
         rows.append((name, e, seconds, comm_by_scope(s)["inter"], estimate_fit(e).ok))
     base = rows[0]
-    fitting = [r for r in rows if r[4] and r[2] is not None]
+    fitting = [(n, e, t, i, fits) for n, e, t, i, fits in rows if fits and t is not None]
     lines = []
     for name, e, seconds, inter, fits in rows:
         time = (

@@ -85,7 +85,7 @@ def advice(results: Results) -> str:
 def _choice(table: pd.DataFrame) -> str:
     """Which configuration to book for the room a GPU has: walking from the fastest down, each one that
     holds fewer bytes than every faster one (the front of speed against bytes held)."""
-    front = []
+    front: list[pd.Series] = []
     for _, row in table.sort_values("samples/s", ascending=False, kind="stable").iterrows():
         if not front or row["held MB"] < front[-1]["held MB"]:
             front.append(row)

@@ -17,16 +17,20 @@ from typing import Any
 
 import ipywidgets as w
 
-from kit import checkpointing, trainable
-from kit.ds_keys import EXAMPLE_NVME_PATH
+from kit import settings
+from kit.ds_keys import ZEROPP_OFF
 from kit.fit import estimate_fit
 from kit.gpus import gpu_names
 from kit.lab import ui
 from kit.rules import offload_problem
 from kit.schema import MAX_SEQ_LEN, ModelSpec, Setup
+from kit.settings import SETTINGS
 from kit.units import GIB, parse_count
 
-#: the swap folder the memory panel offers for NVMe offload (it estimates; nothing is written)
+#: each panel control's setting (a composite's first)
+BY_NAME = {s.name: s for s in reversed(SETTINGS)}
+#: the settings whose enabling the panel decides itself (the offloads' reasons, the swap folder's)
+OWN_RULES = ("loss", "offload_optimizer", "offload_param", "nvme_path")
 
 
 class MemoryPanel:
@@ -76,20 +80,13 @@ class MemoryPanel:
         self.gpus_per_node = w.BoundedIntText(
             value=base.cluster.gpus_per_node, min=1, max=64, description="GPUs per node"
         )
-        self.stage = ui.toggle([0, 1, 2, 3], z.stage, "ZeRO stage")
-        self.offload_optimizer = ui.toggle(["none", "cpu", "nvme"], z.offload_optimizer, "offload optimizer")
-        self.offload_param = ui.toggle(["none", "cpu", "nvme"], z.offload_param, "offload params")
-        # ZeRO-Infinity: the swap folder NVMe offload writes to (one for both offloads)
-        self.nvme_path = w.Text(value=z.nvme_path or EXAMPLE_NVME_PATH, description="NVMe path")
+        #: a control per ZeRO setting (``kit.settings``), by its name, each also an attribute (``self.stage``,
+        #: ``self.hpz``, ``self.reduce_bucket``): the main ones in the form, the rest under "More settings"
+        self.controls: dict[str, w.ValueWidget] = {}
+        for s in SETTINGS:
+            if s.name not in self.controls:
+                self.controls[s.name] = ui.control(s, z)
         self.offload_reason = w.HTML()
-        # ZeRO++ (stage 3): hpZ's in-node secondary partition, qwZ int8 weights, qgZ int4 gradients
-        self.hpz = w.BoundedIntText(value=z.hpz_partition_size, min=1, max=64, description="hpZ size")
-        self.quantized_weights = w.Checkbox(value=z.quantized_weights, description="qwZ int8 weights")
-        self.quantized_gradients = w.Checkbox(value=z.quantized_gradients, description="qgZ int4 gradients")
-        self.precision = ui.toggle(["fp32", "fp16", "bf16"], z.precision, "precision")
-        self.optimizer = w.Dropdown(
-            options=["adamw", "adam", "sgd"], value=z.optimizer, description="optimizer"
-        )
         self.micro_batch = w.BoundedIntText(value=b.micro_batch, min=1, max=65536, description="micro batch")
         self.batch_by = ui.toggle(
             [("grad accum", "grad_accum"), ("global batch", "train_batch")],
@@ -101,13 +98,6 @@ class MemoryPanel:
             value=b.train_batch, min=1, max=1 << 30, description="global batch"
         )
         self.seq_len = w.BoundedIntText(value=b.seq_len, min=1, max=MAX_SEQ_LEN, description="seq len")
-        self.checkpointing = ui.checkpointing(z)
-        self.trainable = ui.trainable(z)
-        self.loss = ui.loss(z)
-        self.reduce_bucket = ui.bucket_slider("reduce bucket", z.reduce_bucket_size)
-        self.allgather_bucket = ui.bucket_slider("allgather bucket", z.allgather_bucket_size)
-        self.prefetch_bucket = ui.bucket_slider("s3 prefetch", z.prefetch_bucket_size)
-        self.max_live_parameters = ui.bucket_slider("s3 max live", z.max_live_parameters)
         self.config_file = w.Text(value="ds_config.json", description="write to")
         self.write_button = ui.button("Write ds_config.json", "save")
         self.command_button = ui.button("Show launch command", "terminal")
@@ -123,6 +113,10 @@ class MemoryPanel:
         for control in self._inputs():
             ui.cell(control)
             control.observe(self.update, names="value")
+        more = [c for name, c in self.controls.items() if not BY_NAME[name].main]
+        self.more = w.Accordion([w.VBox([ui.row(*more[i : i + 2]) for i in range(0, len(more), 2)])])
+        self.more.set_title(0, "More settings: stage 3's fetching, overlap, NVMe swapping, aio")
+        self.more.selected_index = None
         ui.cell(self.config_file)
         self.own_gpu.layout.width = ui.FIGURES
         self.write_button.on_click(lambda _: self._report(self._write_clicked))
@@ -156,6 +150,7 @@ class MemoryPanel:
                 ui.section("Buckets (elements)"),
                 ui.row(self.reduce_bucket, self.allgather_bucket),
                 ui.row(self.prefetch_bucket, self.max_live_parameters),
+                self.more,
                 self.verdict,
                 w.HBox([self.plot, self.summary], layout=w.Layout(align_items="flex-start")),
                 self.timeline_plot,
@@ -169,6 +164,13 @@ class MemoryPanel:
         for name in ("stage", "offload_optimizer", "offload_param", "micro_batch", "verdict", "summary"):
             getattr(self, name).add_class(f"zk-{name.replace('_', '-')}")
         self.update()
+
+    def __getattr__(self, name: str) -> w.ValueWidget:
+        """A setting's control by its name (``panel.stage``, ``panel.hpz``): ``self.controls[name]``."""
+        controls = self.__dict__.get("controls", {})
+        if name in controls:
+            return controls[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def update(self, change: dict | None = None) -> None:
         """Rebuild the Setup from the controls and re-estimate (every control calls this on change)."""
@@ -233,30 +235,14 @@ class MemoryPanel:
             "nodes": self.nodes.value,
             "gpus_per_node": self.gpus_per_node.value,
         }
-        zero = {
-            **base.zero.model_dump(),
-            "stage": self.stage.value,
-            "offload_optimizer": self.offload_optimizer.value,
-            "offload_param": self.offload_param.value,
-            # the path box counts only when something goes to NVMe (else the Setup keeps its own)
-            "nvme_path": (self.nvme_path.value.strip() or None)
-            if "nvme" in (self.offload_optimizer.value, self.offload_param.value)
-            else base.zero.nvme_path,
-            "precision": self.precision.value,
-            "optimizer": self.optimizer.value,
-            **dict(zip(checkpointing.FIELDS, self.checkpointing.value, strict=True)),
-            **dict(zip(trainable.FIELDS, self.trainable.value, strict=True)),
-            "loss": self.loss.value,
-            "hpz_partition_size": self.hpz.value,
-            "quantized_weights": self.quantized_weights.value,
-            "quantized_gradients": self.quantized_gradients.value,
-            "reduce_bucket_size": round(self.reduce_bucket.value),
-            "allgather_bucket_size": round(self.allgather_bucket.value),
-            "prefetch_bucket_size": round(self.prefetch_bucket.value),
-            "max_live_parameters": round(self.max_live_parameters.value),
-        }
+        zero = base.zero.model_dump()
+        for name, control in self.controls.items():
+            zero.update(ui.setting_values(BY_NAME[name], control))
+        if "nvme" not in (self.offload_optimizer.value, self.offload_param.value):
+            zero["nvme_path"] = base.zero.nvme_path  # the path box counts only when something goes to NVMe
         if self.optimizer.value != "sgd":
             zero["momentum"] = 0.0
+        zero = settings.fields(zero)
         fixed = self.batch_by.value
         batch = {
             "micro_batch": self.micro_batch.value,
@@ -308,8 +294,9 @@ class MemoryPanel:
                     reasons.append(": ".join(problem))
                 elif control.value == "nvme" and stage != 3:
                     control.value = "cpu"  # stages 1-2 have no NVMe swapper
-                    reasons.append(": ".join(offload_problem(stage, **{**asked, field: "nvme"})))
-            self.nvme_path.disabled = "nvme" not in (self.offload_optimizer.value, self.offload_param.value)
+                    reasons.append(": ".join(offload_problem(stage, **{**asked, field: "nvme"}) or ()))
+            offloads = (self.offload_optimizer.value, self.offload_param.value)
+            self.nvme_path.disabled = "nvme" not in offloads
             self.offload_reason.value = "".join(
                 f"<div style='margin-left:{ui.DESCRIPTION_WIDTH};color:#666'><i>{html.escape(r)}</i></div>"
                 for r in reasons
@@ -320,16 +307,13 @@ class MemoryPanel:
             self.params.disabled = self.largest_layer.disabled = source != "count"
             self.grad_accum.disabled = self.batch_by.value != "grad_accum"
             self.train_batch.disabled = self.batch_by.value != "train_batch"
-            self.prefetch_bucket.disabled = self.max_live_parameters.disabled = stage != 3
-            for control, off in (
-                (self.hpz, 1),
-                (self.quantized_weights, False),
-                (self.quantized_gradients, False),
-            ):
-                control.disabled = stage != 3  # ZeRO++ is stage 3 only (kit.rules.zeropp_problem)
-                if stage != 3:
-                    control.value = off
-            self.allgather_bucket.disabled = stage not in (1, 2)
+            for name, control in self.controls.items():
+                s = BY_NAME[name]
+                if s.group or s.field in OWN_RULES:
+                    continue  # what trains and the loss: their own choices; the offloads: above
+                control.disabled = not settings.applies(s, stage, offloads, self.optimizer.value)
+                if control.disabled and s.field in ZEROPP_OFF:
+                    control.value = ZEROPP_OFF[s.field]  # ZeRO++ is stage 3 only (kit.rules.zeropp_problem)
 
     def _render(self) -> None:
         from kit.lab.plots import estimated_memory, peak_timeline
@@ -340,7 +324,7 @@ class MemoryPanel:
             self.summary.value = self.formulas.value = ""
             self.plot.layout.display = self.timeline_plot.layout.display = "none"
             return
-        est, setup = self.estimate, self.setup
+        est, setup = self.estimate, self._valid_setup()
         c, b = setup.cluster, setup.batch
         self.verdict.value = verdict_html(est)
         ram = c.cpu_ram_per_node_bytes
@@ -397,26 +381,12 @@ class MemoryPanel:
             self.own_gpu,
             self.nodes,
             self.gpus_per_node,
-            self.stage,
-            self.offload_optimizer,
-            self.offload_param,
-            self.hpz,
-            self.quantized_weights,
-            self.quantized_gradients,
-            self.precision,
-            self.optimizer,
             self.micro_batch,
             self.batch_by,
             self.grad_accum,
             self.train_batch,
             self.seq_len,
-            self.checkpointing,
-            self.trainable,
-            self.loss,
-            self.reduce_bucket,
-            self.allgather_bucket,
-            self.prefetch_bucket,
-            self.max_live_parameters,
+            *self.controls.values(),
         ]
 
     def _valid_setup(self) -> Setup:
@@ -426,9 +396,9 @@ class MemoryPanel:
 
     def _write_clicked(self) -> str:
         path = self.write_config(self.config_file.value)
-        est, gpu = self.estimate, self.setup.cluster.gpu
+        est, setup = self.estimate, self._valid_setup()
         if estimate_fit(est).ok:
-            return f"wrote {path} ({self.setup.label}: fits the {gpu})"
+            return f"wrote {path} ({setup.label}: fits the {setup.cluster.gpu})"
         return f"wrote {path}, but warning: {html.unescape(ui.strip_tags(verdict_html(est)))}"
 
     def _show_command(self) -> str:

@@ -262,7 +262,7 @@ class PlanPanel:
         if b.recommended is not None:
             out.append((f"Alternatives to the booking ({b.goal} first)", b.alternatives, _ALTERNATIVES))
         out.append(("Cheapest and fastest per GPU type", booking.picks(self.plan, **self.limits), _PICKS))
-        if self.fixes is not None and not self.fixes.empty:
+        if self.fixes is not None and not self.fixes.empty and self.start is not None:
             c = self.start.cluster
             title = (
                 f"{self.start.label} on {c.nodes}x{c.gpus_per_node} {c.gpu} does not fit; what makes it fit"

@@ -314,7 +314,7 @@ def predicted_vs_measured(table, title: str = "", band: float = 0.25) -> Figure:
     times = rows.filter(["measured_s", "measured_min_s", "measured_max_s", "predicted_s"])
     low, high = times.min().min() / 1.4, times.max().max() * 1.4
     errors = rows.predicted_s / rows.measured_s - 1
-    ms = [low * 1e3, high * 1e3]
+    ms = (low * 1e3, high * 1e3)
     ax.fill_between(ms, [v * (1 - band) for v in ms], [v * (1 + band) for v in ms], color="0.92",
                     label=f"within {band:.0%}")  # fmt: skip
     ax.plot(ms, ms, color="black", lw=1, label="predicted = measured")
@@ -450,9 +450,9 @@ def peak_timeline(
         ax.axhline(room / unit, color="black", linestyle="--", linewidth=1.2, label=label)
         tops.append(room / unit)
     ax.set_xticks(range(len(phases)), phases)
-    for label in ax.get_xticklabels():
-        if label.get_text() == timeline.peak_phase:
-            label.set_fontweight("bold")
+    for tick in ax.get_xticklabels():
+        if tick.get_text() == timeline.peak_phase:
+            tick.set_fontweight("bold")
     ax.set_ylabel(f"{name} on the GPU" if overhead else f"{name} live on the GPU")
     peak = timeline.peak_phase
     what = "per GPU" if overhead else "of tensors"

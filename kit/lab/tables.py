@@ -83,7 +83,7 @@ def checkpointing_policies(setup: Setup) -> pd.DataFrame:
     from kit.steptime import perf
 
     plain = perf.flops_per_token(setup.replace(zero=setup.zero.checkpointing(False)))[0]
-    rows = {}
+    rows: dict[str, dict[str, object]] = {}
     for label, value in checkpointing.CHOICES:
         s = setup.replace(zero=dict(zip(checkpointing.FIELDS, value, strict=True)))
         try:
@@ -110,7 +110,7 @@ def trainable_subsets(setup: Setup) -> pd.DataFrame:
     from kit.fit import estimate_fit
     from kit.steptime import calibrated
 
-    rows = {}
+    rows: dict[str, dict[str, object]] = {}
     for label, value in trainable.CHOICES:
         try:
             s = setup.replace(zero=dict(zip(trainable.FIELDS, value, strict=True)))

@@ -408,8 +408,8 @@ def steps_figure(report, band: float = 0.25) -> Figure:
     ax.axvline(0, color="black", lw=1, zorder=1)
     labels = []
     for y, ((c, _), error) in enumerate(zip(timed, errors, strict=True)):
-        family = next((g for g in GPU_COLORS if g in c.setup.cluster.gpu), None)
-        ax.barh([y], [error], color=GPU_COLORS.get(family, "0.5"), height=0.6, zorder=2, gid=c.id)
+        color = next((v for g, v in GPU_COLORS.items() if g in c.setup.cluster.gpu), "0.5")
+        ax.barh([y], [error], color=color, height=0.6, zorder=2, gid=c.id)
         side = 1 if error >= 0 else -1
         ax.annotate(f"{error:+.0f} %", (error, y), xytext=(4 * side, 0), textcoords="offset points",
                     ha="left" if side > 0 else "right", va="center", fontsize=8)  # fmt: skip

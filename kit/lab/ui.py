@@ -167,6 +167,51 @@ def loss(zero, model=None) -> w.Dropdown:
     return w.Dropdown(options=options, value=zero.loss, description="loss", disabled=len(options) < 2)
 
 
+def control(setting, zero, model=None) -> w.ValueWidget:
+    """The panels' control of one ``kit.settings.Setting`` (a composite's for its group), set to ``zero``'s
+    value; its ``value`` is what ``setting_values`` reads back."""
+    from kit.ds_keys import EXAMPLE_NVME_PATH
+
+    s, value = setting, setting.value(zero)
+    if s.group == "checkpointing":
+        return checkpointing(zero)
+    if s.group == "trainable":
+        return trainable(zero, model)
+    if s.field == "loss":
+        return loss(zero, model)
+    if s.field == "overlap_comm":
+        options = [("DeepSpeed's default", None), ("on", True), ("off", False)]
+        return w.Dropdown(options=options, value=value, description=s.label)
+    if s.control == "toggle":
+        return toggle(list(s.choices), value, s.label)
+    if s.control == "dropdown":
+        return w.Dropdown(options=list(s.choices), value=value, description=s.label)
+    if s.control == "checkbox":
+        return w.Checkbox(value=value, description=s.label)
+    if s.control == "elements":
+        return bucket_slider(s.label, value)
+    if s.control == "text":
+        return w.Text(value=value or EXAMPLE_NVME_PATH, description=s.label)
+    low, high = s.bounds
+    if s.control == "float":  # the schema's bound is exclusive (momentum < 1)
+        return w.BoundedFloatText(value=value, min=low, max=0.999, step=0.01, description=s.label)
+    return w.BoundedIntText(value=value, min=low, max=high or 1 << 30, description=s.label)
+
+
+def setting_values(setting, widget: w.ValueWidget) -> dict:
+    """``{field: value}`` a control gives (``control``): a composite's several fields, a slider's count
+    rounded, an empty text None."""
+    from kit import settings
+
+    if setting.group:
+        return dict(zip((s.field for s in settings.group(setting.group)), widget.value, strict=True))
+    if setting.control == "elements":
+        return {setting.field: round(widget.value)}
+    if setting.control == "text":
+        return {setting.field: widget.value.strip() or None}
+    return {setting.field: widget.value}
+
+
 def button(description: str, icon: str, **options) -> w.Button:
     """A button as wide as its label (ipywidgets' fixed width cuts long labels off)."""
     return w.Button(

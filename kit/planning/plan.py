@@ -426,7 +426,7 @@ def make_it_fit(
 def _single_changes(setup: Setup, max_nodes: int) -> list[tuple[str, dict]]:
     """(what, Setup.replace changes) for each one-knob change that could lower memory per GPU."""
     z, b, c = setup.zero, setup.batch, setup.cluster
-    out = []
+    out: list[tuple[str, dict]] = []
     if not z.activation_checkpointing:
         out.append(("activation checkpointing on", {"zero": {"activation_checkpointing": True}}))
     for d in batch_math.decompositions(b.train_batch, setup.dp):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from numpy.typing import NDArray
 
 from kit import batch as batch_math
 from kit.estimate import memory
@@ -81,6 +82,7 @@ def evaluate(
                 else:
                     # checkpointing and a decomposition of the same global batch: valid where plain is
                     candidate = plain.model_copy(update={"zero": zero_ckpt, "batch": batch})
+                    assert held is not None  # computed above when not whole
                     key = (d.micro_batch, ckpt)
                     if key not in saved:
                         saved[key] = memory.batch_activations(candidate)
@@ -97,14 +99,16 @@ def evaluate(
                         ]
                     )
                 z = candidate.zero
-                values = (nodes, per, nodes * per, z.engine, z.stage, z.offload_optimizer, z.offload_param)
+                values: tuple[object, ...] = (nodes, per, nodes * per, z.engine, z.stage)
+                values += (z.offload_optimizer, z.offload_param)
                 values += (z.zeropp_label, ckpt, d.micro_batch, d.grad_accum, per_gpu, cpu, disk)
                 values += (need.intra, need.inter + need.rail, candidate.tokens_per_step)
-                for key, value in zip(_PER_SETUP, values, strict=True):
-                    rows[key].append(value)
+                for column, value in zip(_PER_SETUP, values, strict=True):
+                    rows[column].append(value)
                 labels.append(f"{nodes}x{per} {candidate.label}")
     if not labels:
         return pd.DataFrame()
+    step: float | NDArray[np.float64]  # perf.seconds' floats are arrays of (setup, GPU type) here
     if calibration is None:
         parts = perf.seconds(perf.Load.arrays(loads), stacked, assume)
         step = sum(parts[name] for name in perf.STEP_PARTS)
@@ -135,7 +139,7 @@ def _table(rows, times, labels, names, precision, ram, headroom) -> pd.DataFrame
     """The per-setup columns repeated for each GPU type beside the per-GPU ones, in ``Plan.table``'s order."""
     count, strings = len(names), ("engine", "offload_optimizer", "offload_param", "zeropp")
     each = {key: np.repeat(np.asarray(values), count) for key, values in rows.items() if key not in strings}
-    each |= {key: [value for value in rows[key] for _ in range(count)] for key in strings}
+    texts = {key: [value for value in rows[key] for _ in range(count)] for key in strings}
     per_gpu, cpu = np.asarray(rows["per_gpu"]), np.asarray(rows["cpu"])
     verdict = np.stack([fits(name, precision, per_gpu, cpu, ram, headroom) for name in names], axis=1)
     capacity = np.array([gpu(name).memory_bytes for name in names], dtype=float) / GIB
@@ -146,11 +150,11 @@ def _table(rows, times, labels, names, precision, ram, headroom) -> pd.DataFrame
             "nodes": each["nodes"],
             "gpus_per_node": each["gpus_per_node"],
             "gpus": each["gpus"],
-            "engine": each["engine"],
+            "engine": texts["engine"],
             "stage": each["stage"],
-            "offload_optimizer": each["offload_optimizer"],
-            "offload_param": each["offload_param"],
-            "zeropp": each["zeropp"],
+            "offload_optimizer": texts["offload_optimizer"],
+            "offload_param": texts["offload_param"],
+            "zeropp": texts["zeropp"],
             "checkpointing": each["checkpointing"],
             "micro_batch": each["micro_batch"],
             "grad_accum": each["grad_accum"],

@@ -124,10 +124,10 @@ def wrap(model, setup: Setup) -> TorchEngine:
 
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if z.precision == "bf16" else None)
-        options = {"mesh": mesh, "mp_policy": policy, "reshard_after_forward": z.stage == 3}
+        reshard = z.stage == 3
         for block in blocks(model):  # then the root holds what is left (embeddings, head)
-            fully_shard(block, **options)
-        module = fully_shard(model, **options)
+            fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        module = fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         for unit in module.modules():
             if hasattr(unit, "set_custom_all_gather"):
                 unit.set_custom_all_gather(_CountedAllGather())

@@ -30,9 +30,15 @@ import os
 import statistics
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from kit.scaleout.commtest import TIMED
 from kit.steptime.calibration import TAG
+
+if TYPE_CHECKING:
+    import torch
+
+    from kit.schema import Setup
 
 
 def seconds(fn, device, repeat: int, warmup: int = 1) -> tuple[float, float]:
@@ -72,7 +78,7 @@ def busy(cpu_s: float, wall_s: float) -> float:
 class Bare:
     """The spec's model without an engine: one forward + backward of a micro batch, timed."""
 
-    def __init__(self, setup, device, dtype):
+    def __init__(self, setup: Setup, device: torch.device, dtype: torch.dtype) -> None:
         from kit import workloads
 
         self.setup, self.device, self.dtype = setup, device, dtype
@@ -117,7 +123,7 @@ def adam(numel: int, device, repeat: int) -> dict:
     step's busy share)."""
     import torch
 
-    out = {"numel": numel}
+    out: dict[str, float] = {"numel": numel}
     for where in {device.type: device, "cpu": torch.device("cpu")}.values():
         p = torch.nn.Parameter(torch.zeros(numel, device=where))
         p.grad = torch.ones_like(p)

@@ -354,7 +354,7 @@ class Checkpointing:
 
         from kit.checkpointing import OpPolicy
 
-        def run(*args, **kwargs):
+        def run(*args: Any, **kwargs: Any) -> Any:
             # keyword arguments (Hugging Face layers get masks and rotary tables so) ride in a partial:
             # they are alive for the whole step anyway; the positional inputs are what is kept
             for observer in self.observers:
@@ -406,7 +406,7 @@ def _outputs(rule, recompute: bool = False):
     from torch.utils._pytree import tree_leaves
 
     class Outputs(TorchDispatchMode):
-        def __init__(self):
+        def __init__(self) -> None:
             super().__init__()
             self.tensors: list = []
             self.storages: list = []

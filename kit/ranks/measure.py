@@ -43,7 +43,7 @@ def timed() -> Iterator[dict[str, float]]:
     machine take does not count, time waiting on the other ranks neither)."""
     from deepspeed.accelerator import get_accelerator
 
-    result = {}
+    result: dict[str, float] = {}
     get_accelerator().synchronize()
     start, cpu = time.perf_counter(), time.process_time()
     yield result

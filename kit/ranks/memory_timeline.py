@@ -49,7 +49,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 #: the phases of a step, in order
 PHASES = ("forward", "backward", "optimizer")
@@ -211,7 +211,7 @@ def lone_mm_scratch(m: int, k: int, n: int, transposed_a: bool) -> int:
 
 
 def replay(
-    result, known: dict[int, int], host: set[int], lost: list[tuple[int, int, int]] = ()
+    result, known: dict[int, int], host: set[int], lost: Sequence[tuple[int, int, int]] = ()
 ) -> dict[str, int]:
     """Peak live device-tensor bytes per phase from a profiler result (see the module's doc); ``lost``:
     frees the profiler did not record (``LostFrees.frees``), put back where they happened."""
@@ -452,8 +452,7 @@ def _live_before(nodes, events, known: dict[int, int], host: set[int]) -> dict[i
                 extents[ptr] = max(extents.get(ptr, 0), _extent(t))
     for ptr, extent in extents.items():
         freed = first_free.get(ptr)
-        exact = freed is not None and freed[0] < first_alloc.get(ptr, never)
-        live[ptr] = freed[1] if exact else extent
+        live[ptr] = freed[1] if freed is not None and freed[0] < first_alloc.get(ptr, never) else extent
     return live
 
 

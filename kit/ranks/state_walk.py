@@ -19,8 +19,12 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from kit.components import HELD
+
+if TYPE_CHECKING:
+    import torch
 
 #: (pattern on the path where a storage is first found, component); first match wins.
 RULES = [
@@ -70,7 +74,7 @@ def locations(engine, setup) -> tuple[dict[int, int], set[int]]:
     return device, host
 
 
-def storages(engine) -> list[tuple[str, object, int]]:
+def storages(engine) -> list[tuple[str, torch.Tensor, int]]:
     """(path, tensor, storage bytes) for every distinct non-scalar storage the engine holds.
 
     Depth first, by an explicit stack: a recursive closure would be a reference cycle holding every tensor
@@ -78,7 +82,7 @@ def storages(engine) -> list[tuple[str, object, int]]:
     then counted a gradient bucket DeepSpeed had long dropped)."""
     import torch
 
-    seen: dict[tuple[int, str], tuple[str, object, int]] = {}
+    seen: dict[tuple[int, str], tuple[str, torch.Tensor, int]] = {}
     visited: set[int] = set()
     stack: list[tuple[object, str, int]] = [(engine.optimizer, "optimizer", 0), (engine.module, "module", 0)]
     while stack:

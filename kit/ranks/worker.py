@@ -31,6 +31,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 
 from kit import model_files, monitor
 from kit.records import PROBES, append_record, emit
@@ -203,7 +204,7 @@ def measure_step(spec, setup, run, step: int, rank: int, world: int, probes, hel
     def watch(micro: int):
         return counter.watch(run.model, run.checkpointing) if micro == 0 else contextlib.nullcontext()
 
-    hooks = {"around_micro_step": watch} if watching else {}
+    hooks: dict[str, Callable] = {"around_micro_step": watch} if watching else {}
     if reading:
         hooks["after_backward"] = read_states
     memory = None

@@ -60,7 +60,9 @@ class Context:
         """A smaller value for a zero_optimization bucket ``key``: HF's ``"auto"`` for the model's hidden
         size (``kit.ds_keys.hf_auto``), else the largest layer; and how it was chosen."""
         if self.hidden:
-            formula = zero_key(key).hf_auto[0]
+            entry = zero_key(key)
+            assert entry is not None and entry.hf_auto is not None, key  # the callers pass keys HF sizes
+            formula = entry.hf_auto[0]
             return hf_auto(key, self.hidden), f'{formula}, HF\'s "auto" for hidden {self.hidden}'
         return self.setup.model.largest_layer_params, "the largest layer"
 

@@ -118,7 +118,8 @@ def nvme_offload(x: Context) -> list[Finding]:
 
     found: list[Finding] = []
     z, g = x.z, x.setup.cluster.gpus_per_node
-    aio = x.raw.get("aio") if isinstance(x.raw.get("aio"), dict) else {}
+    raw_aio = x.raw.get("aio")
+    aio = raw_aio if isinstance(raw_aio, dict) else {}
     if not z.nvme:
         if aio:
             found.append(noop("aio", "only NVMe offload reads it (no offload device is 'nvme')"))

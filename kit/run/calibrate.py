@@ -58,6 +58,8 @@ def holdout(base: Setup, nprocs: int = 2) -> list[Setup]:
     if nprocs != 2:
         return [on.replace(zero={"stage": s}) for s in (1, 2, 3)]
     m = base.model
+    # override needs a spec read from a config (arch), whose shape from_hf_config fills in
+    assert m.layers is not None and m.hidden is not None and m.ffn is not None, m.name
     deep = override(m, {"layers": 2 * m.layers})
     wide = override(m, {"hidden": 2 * m.hidden, "ffn": 2 * m.ffn})
     return [

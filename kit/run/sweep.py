@@ -68,16 +68,19 @@ def later_fields() -> dict[str, dict[str, object]]:
     """Every Setup field not in ``FIRST_FIELDS``, with its unset value (its default, as JSON): a Setup
     that leaves them unset hashes as before they existed, so older sweeps still resume. TypeError for a
     later field without a default (older records could not say its value)."""
-    from pydantic import TypeAdapter
+    from pydantic import BaseModel, TypeAdapter
 
     later: dict[str, dict[str, object]] = {}
     for section, info in Setup.model_fields.items():
-        for key, field in info.annotation.model_fields.items():
+        section_model = info.annotation  # every section of a Setup is a model
+        assert isinstance(section_model, type) and issubclass(section_model, BaseModel)
+        for key, field in section_model.model_fields.items():
             if key in FIRST_FIELDS[section]:
                 continue
             if field.is_required():
                 raise TypeError(f"{section}.{key}: a field added to Setup needs a default (older sweeps)")
             default = field.get_default(call_default_factory=True)
+            assert field.annotation is not None  # a model's fields have their annotations
             unset = TypeAdapter(field.annotation).dump_python(default, mode="json")
             later.setdefault(section, {})[key] = unset
     return later

@@ -192,7 +192,7 @@ def tune(
     ]
     # a checkpointing the engine cannot run (the op policy at DeepSpeed's stage 3) is estimated, not run
     unrunnable = {id(c): checkpointing.engine_problem(c.setup.zero) for c in kept}
-    pruned += [(c.label, c.estimated_bytes, unrunnable[id(c)]) for c in kept if unrunnable[id(c)]]
+    pruned += [(c.label, c.estimated_bytes, problem) for c in kept if (problem := unrunnable[id(c)])]
     kept = [c for c in kept if not unrunnable[id(c)]]
     if not kept and any(unrunnable.values()):
         raise ValueError(next(problem for problem in unrunnable.values() if problem))
@@ -212,6 +212,7 @@ def tune(
         label = table.loc[table["rank"] == 1, "label"].iloc[0]
         best = next(c.setup for c in kept if c.label == label)
     label = calibration.label_for(*(c.setup for c in found)) if calibration else "uncalibrated"
+    assert results.path is not None  # run_sweep loads its records file
     return Tuned(best, table, pruned, results.path, budget_bytes, results, label)
 
 
@@ -227,7 +228,7 @@ def _table(
     rows = []
     for c in found:
         s = c.setup
-        row = {
+        row: dict[str, str | float] = {
             "label": c.label,
             "stage": s.zero.stage,
             "offload": c.offload,
@@ -237,18 +238,17 @@ def _table(
         row["estimated_gib"] = round(c.estimated_bytes / GIB, 4)
         row["samples_per_s"], row["status"] = float("nan"), "pruned"
         row["measured_s"] = row["measured_min_s"] = row["measured_max_s"] = row["error"] = float("nan")
-        row["predicted_s"] = (
-            calibrated.step_time(s, calibration=calibration).step_s if calibration else float("nan")
-        )
+        predicted = calibrated.step_time(s, calibration=calibration).step_s if calibration else float("nan")
+        row["predicted_s"] = predicted
         if id(c) in ran:
             cid = config_id(s)
             row["status"] = summary.loc[cid, "status"] if cid in summary.index else "missing"
             if row["status"] == "ok":
                 row["samples_per_s"] = float(summary.loc[cid, "samples_per_s"])
-                row["measured_s"] = float(summary.loc[cid, "step_time_s"])
+                row["measured_s"] = measured = float(summary.loc[cid, "step_time_s"])
                 row["measured_min_s"] = float(summary.loc[cid, "step_time_min_s"])
                 row["measured_max_s"] = float(summary.loc[cid, "step_time_max_s"])
-                row["error"] = error(row["predicted_s"], row["measured_s"])
+                row["error"] = error(predicted, measured)
         rows.append(row)
     table = pd.DataFrame(rows)
     ok = table["status"] == "ok"

@@ -104,7 +104,8 @@ def parse_output(text: str, world_size: int, rc: int = 0) -> CommtestResult:
     such as pdsh's ``node1: `` before a tag is fine)."""
     from kit.run.launcher import TIMEOUT_RC
 
-    ranks, timings = [], []
+    ranks: list[dict] = []
+    timings: list[dict] = []
     for line in text.splitlines():
         for tag, found in ((RANK_TAG, ranks), (BW_TAG, timings)):
             at = line.find(tag + " ")

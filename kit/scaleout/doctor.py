@@ -19,7 +19,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypedDict
 
 from kit.rules import DEFAULT_MASTER_PORT
 from kit.scaleout.hostfile import is_local
@@ -177,7 +177,14 @@ def tested_range(package: str):
     return found[0] if found else None
 
 
-def parse_topology(text: str) -> dict[str, int | list[str]]:
+class Topology(TypedDict):
+    """``parse_topology``'s summary: the GPU count and the link type of each GPU pair."""
+
+    gpus: int
+    links: list[str]
+
+
+def parse_topology(text: str) -> Topology:
     """Summarise ``nvidia-smi topo -m``: GPU count and the link type of each GPU pair (NV#, PIX, SYS...)."""
     lines = [line for line in text.splitlines() if line.strip()]
     header = next((line.split() for line in lines if line.split()[:1] == ["GPU0"]), [])

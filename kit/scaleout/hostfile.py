@@ -7,6 +7,7 @@ in ``slots``); this module is stricter where DeepSpeed would fail later or silen
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from dataclasses import dataclass
@@ -57,7 +58,7 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
     return hosts
 
 
-def read_hostfile(path: str | Path) -> list[Host]:
+def read_hostfile(path: str | os.PathLike[str]) -> list[Host]:
     path = Path(path)
     return parse_hostfile(path.read_text(), source=str(path))
 

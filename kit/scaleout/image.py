@@ -51,7 +51,7 @@ def dockerfile(
     """The training image for ``setup.cluster.interconnect``; build it from the kit's source folder."""
     net = network(setup, interface, hca)
     kind = net.name
-    steps = [
+    steps: list[tuple[str | None, str | None]] = [
         ("every node runs this one image: build once, push, pull on each node", None),
         ("the CUDA base image (driver libraries come from the host via the NVIDIA container toolkit)",
          f"FROM {base_image}"),

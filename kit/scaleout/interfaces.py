@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +72,10 @@ def parse_ip_addr(text: str) -> list[Interface]:
 
 def parse_ibstat(text: str) -> list[IbPort]:
     """The ports of ``ibstat`` output (``CA 'mlx5_0'`` blocks with ``Port N:`` sections)."""
-    ports, ca, port, fields = [], None, None, {}
+    ports: list[IbPort] = []
+    ca: str | None = None
+    port: int | None = None
+    fields: dict[str, str] = {}
 
     def close():
         if ca is not None and port is not None:
@@ -114,7 +118,7 @@ def ipoib_guid(interface: Interface) -> str | None:
     return "".join(parts[-8:]).lower() if interface.link_type == "infiniband" and len(parts) == 20 else None
 
 
-def choose(interfaces: list[Interface], ib_ports: list[IbPort], efa_domains: list[str] = ()) -> Choice:
+def choose(interfaces: list[Interface], ib_ports: list[IbPort], efa_domains: Sequence[str] = ()) -> Choice:
     """The interface for NCCL's bootstrap (``NCCL_SOCKET_IFNAME``) and this node's address (see the
     module docstring for the rules)."""
     real = [i for i in interfaces if i.up and i.ipv4 and not VIRTUAL.match(i.name)]

@@ -99,12 +99,12 @@ def calibrated(
     comm = Part(seconds, "; ".join(why) if why else "one rank: no communication")
     hidden = assume.overlap if z.overlap and cal.accelerator != "cpu" else 0.0
     exposed = Part(comm.seconds * (1 - hidden), f"{1 - hidden:g} x communication")
-    part = partition.partition_numel(setup)
+    numel = partition.partition_numel(setup)
     if z.offload_optimizer == "none":
         x, shared = cal.stretch(g, "adam")
         optimizer = Part(
-            part * cal.adam_s_per_param * x,
-            f"P ({part:,}) x {cal.adam_s_per_param * 1e9:.3g} ns Adam {shared}",
+            numel * cal.adam_s_per_param * x,
+            f"P ({numel:,}) x {cal.adam_s_per_param * 1e9:.3g} ns Adam {shared}",
         )
     else:
         optimizer = Part(0.0, "on the host (offload)")

@@ -172,6 +172,7 @@ class Calibration:
             return 1.0, "x 1 (no shared cores)"
         if share is None:
             return s, f"x {s:g} (shared cores; busy share not measured: all of it stretched)"
+        assert self.busy is not None  # a measured share comes from it (busy_share)
         ran = self.busy["compute"]
         b = min(1.0, share / ran)
         factor = 1 - b + b * s

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import lru_cache
+from typing import Any
 
 from kit import models
 from kit.estimate import partition
@@ -83,7 +84,7 @@ STAGE3_HOOK_US = 230.0
 #: the hook and the copy into the contiguous bucket, whose partitions it copies out once reduced;
 #: stage 3 a fetch and a release in forward and in backward and a gradient hook; FSDP a copy-in and a
 #: copy-out per unit's parameter; DDP's and DeepSpeed stage 0's hooks run in C++ or not per tensor
-HOOK_EVENTS = {"deepspeed": {0: 0, 1: 1, 2: 2, 3: 5}, "fsdp": 2, "ddp": 0}
+HOOK_EVENTS: dict[str, int | dict[int, int]] = {"deepspeed": {0: 0, 1: 1, 2: 2, 3: 5}, "fsdp": 2, "ddp": 0}
 #: ops an optimizer step dispatches per parameter tensor, with optimizer offload its gradients' copies to
 #: the host in backward too, by (stage, offloaded): counted with a TorchDispatchMode over whole steps of
 #: DeepSpeed 0.19.8 engines (torch AdamW, foreach as on CUDA; ``tests/test_kernels.py`` recounts them).
@@ -91,7 +92,7 @@ HOOK_EVENTS = {"deepspeed": {0: 0, 1: 1, 2: 2, 3: 5}, "fsdp": 2, "ddp": 0}
 #: inf / nan with two ``.item()`` syncs, unscales, clips and copies it; stages 1-2 norm and check every
 #: gradient of the partition; stage 3 steps flat sub groups; offload copies each gradient out. PyTorch's
 #: DDP and FSDP step foreach: about one op per tensor
-STEP_OPS_PER_TENSOR = {
+STEP_OPS_PER_TENSOR: dict[str, int | dict[tuple[int, bool], int]] = {
     "deepspeed": {(0, False): 35, (1, False): 22, (2, False): 22, (3, False): 10, (1, True): 24,
                   (2, True): 24, (3, True): 19},
     "fsdp": 2,
@@ -133,11 +134,11 @@ class Work:
     formula: str
 
     @staticmethod
-    def arrays(works: list[Work]):
+    def arrays(works: list[Work]) -> Work:
         """One Work whose numbers are numpy arrays with a setup axis first (``perf.Load.arrays``)."""
         import numpy as np
 
-        out = {}
+        out: dict[str, Any] = {}  # arrays where the fields say float: the vectorised twin of a Work
         for f in fields(Work):
             values = [getattr(w, f.name) for w in works]
             out[f.name] = "" if f.name == "formula" else np.array(values, dtype=float)[:, None]
@@ -161,18 +162,20 @@ def _gemm(m: int, n: int, k: int, p: int, batch: int = 1) -> tuple[float, float,
     return 2.0 * m * n * k * batch, float(p * batch * (m * k + k * n + m * n)), float(tiles)
 
 
-def _train(m: int, n: int, k: int, p: int, batch: int = 1, again: float = 0.0, grad: float = 1.0) -> list:
+def _train(
+    m: int, n: int, k: int, p: int, batch: int = 1, again: float = 0.0, grad: float = 1.0
+) -> list[tuple[float, ...]]:
     """A linear's forward (m x k by k x n), input gradient and weight gradient (the share ``grad`` of it
     whose weights train), and the share ``again`` of its forward that checkpointing recomputes."""
     forward = _gemm(m, n, k, p, batch)
     weight = tuple(grad * x for x in _gemm(k, n, m, p, batch))
-    out = [forward, _gemm(m, k, n, p, batch), weight]
+    out: list[tuple[float, ...]] = [forward, _gemm(m, k, n, p, batch), weight]
     return out + ([tuple(again * x for x in forward)] if again else [])
 
 
-def _pad(entries: list, size: int) -> tuple[tuple[float, ...], ...]:
+def _pad(entries: list[tuple[float, ...]], size: int) -> tuple[tuple[float, ...], ...]:
     entries = entries + [(0.0, 0.0, 0.0)] * (size - len(entries))
-    return tuple(tuple(e[i] for e in entries) for i in range(3))  # type: ignore[return-value]
+    return tuple(tuple(e[i] for e in entries) for i in range(3))
 
 
 def work(setup: Setup) -> Work:
@@ -239,11 +242,12 @@ def _work(
             0, zeros, zeros, zeros, 0.0, 0.0, 0.0, flops, nbytes, tiles, 0.0, hooks,
             f"6 P x {tokens:,} tokens{again_text}, one matmul",
         )  # fmt: skip
-    h, a, layers = m.hidden, m.heads, m.layers
-    kv = (m.kv_heads or a) * (h // a)
+    dims = m.dims
+    h, a, layers = dims.hidden, dims.heads, dims.layers
+    kv = dims.kv_heads * (h // a)
     style = _style(m)
     gated = style == "swiglu"
-    f = m.ffn or 4 * h
+    f = dims.ffn
     eager = attention(m) == "eager"
     block = []
     linears = ((h + 2 * kv, h), (h, h), ((2 if gated else 1) * f, h), (h, f))
@@ -282,7 +286,7 @@ def _work(
     )
     return Work(
         layers, flops, nbytes, tiles, flash, float(memory), block_host, rest_flops, rest_bytes, rest_tiles,
-        float(LOSS_BYTES_PER_LOGIT * tokens * (m.vocab or 0)), rest_ops * HOST_US_PER_OP * 1e-6,
+        float(LOSS_BYTES_PER_LOGIT * tokens * dims.vocab), rest_ops * HOST_US_PER_OP * 1e-6,
         formula,
     )  # fmt: skip
 

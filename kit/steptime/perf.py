@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
+from typing import Any
 
 from kit.estimate import partition
 from kit.estimate.activations import recomputed, recomputed_share
@@ -133,7 +134,7 @@ def stack(hardwares: list[Hardware]) -> Hardware:
     (``kit.planning.plan_grid``)."""
     import numpy as np
 
-    out = {}
+    out: dict[str, Any] = {}  # arrays where the fields say float: one element per GPU type
     for f in fields(Hardware):
         values = [getattr(h, f.name) for h in hardwares]
         out[f.name] = "; ".join(values) if f.type == "str" else np.array(values, dtype=float)
@@ -233,6 +234,7 @@ def flops_per_token(setup: Setup) -> tuple[float, str]:
     attention = full // 2 if causal else full
     trained = partition.trainable_params(setup)
     scores = f"{'6' if causal else '12'} L h s ({m.layers} x {m.hidden} x {s}{', causal' if causal else ''})"
+    flops: float
     if trained == m.params:
         flops, formula = 6 * m.params + attention, "6 Psi"
     else:  # frozen weights get no weight gradient: 2 Psi forward, 2 Psi input gradients, 2 Psi_t
@@ -296,7 +298,10 @@ class Load:
         import numpy as np
 
         numbers = [f.name for f in fields(Load) if f.name not in ("formulas", "work")]
-        columns = {name: np.array([getattr(x, name) for x in loads])[:, None] for name in numbers}
+        # arrays where the fields say int, bool or float: the vectorised twin of a Load
+        columns: dict[str, Any] = {
+            name: np.array([getattr(x, name) for x in loads])[:, None] for name in numbers
+        }
         return Load(work=Work.arrays([x.work for x in loads]), **columns, formulas={})
 
 
@@ -334,11 +339,11 @@ def load(setup: Setup) -> Load:
     c, z, k = setup.cluster, setup.zero, setup.batch.grad_accum
     micro = kernels.work(setup)
     parts = collectives(setup)
-    sent, formulas = comm_bytes(setup, parts)
+    sent, sent_formula = comm_bytes(setup, parts)
     calls = sum(n for _, n, _ in collective_calls(setup))
     latency = (CALL_US + HOP_US * (setup.dp - 1) + NIC_HOP_US * (c.nodes - 1)) * 1e-6
     hideable, window, how = overlapped(setup)
-    formulas = {"flops": micro.formula, "sent": formulas, "overlap": how}
+    formulas = {"flops": micro.formula, "sent": sent_formula, "overlap": how}
     formulas["latency"] = (
         f"{calls:,} calls x ({CALL_US:g} + {HOP_US:g} x (N-1) + {NIC_HOP_US:g} x (nodes-1)) us"
     )

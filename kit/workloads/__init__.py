@@ -52,7 +52,10 @@ def blocks(model) -> list:
     import torch
 
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    return list(max(lists, key=len)) if lists else []
+    if not lists:
+        return []
+    longest = max(lists, key=len)  # not inside list(): mypy would infer max from that context, reject len
+    return list(longest)
 
 
 def generator(seed: int, index: int):
@@ -162,8 +165,10 @@ class Toy:
 
         from kit import models
 
+        vocab = self.spec.vocab
         if self.spec.family == "gpt2":
-            stream = tokens(indices, seq_len, self.spec.vocab, seed)
+            assert vocab is not None  # set for every gpt2 spec (models.config_of needs it to build the model)
+            stream = tokens(indices, seq_len, vocab, seed)
             inputs, targets = stream[:, :-1], stream[:, 1:]
             if lengths is not None:
                 longest = max(lengths)
@@ -174,6 +179,7 @@ class Toy:
         if lengths is not None:
             raise ValueError("batch.max_tokens: variable-length data is built for the toy GPT only")
         cfg = models.config_of(self.spec)
+        assert vocab is not None  # config_of checked the shape
         channels, side = cfg["in_channels"], cfg["input_size"]
         out_channels = 2 * channels if cfg["learn_sigma"] else channels
         xs, ts, ys = [], [], []
@@ -181,7 +187,7 @@ class Toy:
             g = generator(seed, i)
             xs.append(torch.randn(channels, side, side, generator=g))
             ts.append(torch.randint(0, 1000, (), generator=g))
-            ys.append(torch.randint(0, self.spec.vocab, (), generator=g))
+            ys.append(torch.randint(0, vocab, (), generator=g))
         x = torch.stack(xs)
         target = 0.5 * x.repeat(1, out_channels // channels, 1, 1)
         return (x, torch.stack(ts), torch.stack(ys), target), {}
@@ -267,10 +273,12 @@ class ModelFile:
     def micro_batch(self, indices: list[int], seq_len: int, seed: int = 0):
         import torch
 
+        source = self.spec.source
+        assert source is not None  # for_model gives a ModelFile only to a spec with a source
         state = torch.random.get_rng_state()
         torch.manual_seed(seed * 1_000_003 + indices[0])
         try:
-            return model_files.make_batch(self.spec.source, len(indices)), {}
+            return model_files.make_batch(source, len(indices)), {}
         finally:
             torch.random.set_rng_state(state)
 

@@ -10,6 +10,7 @@ when given a target, so an engine step is ``engine(*inputs, target).backward()``
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -115,10 +116,13 @@ class GPTBody(nn.Module):
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.wte = Embedding(spec.vocab, spec.hidden, std=0.02)
-        self.wpe = Embedding(spec.max_seq_len, spec.hidden, std=0.01)
-        self.h = nn.ModuleList(GPTBlock(spec.hidden, spec.heads, spec.ffn) for _ in range(spec.layers))
-        self.ln_f = nn.LayerNorm(spec.hidden)
+        # GPT checked the shape (models.config_of): these are set, so dims' defaults do not apply
+        assert spec.vocab is not None and spec.ffn is not None and spec.max_seq_len is not None
+        d = spec.dims
+        self.wte = Embedding(d.vocab, d.hidden, std=0.02)
+        self.wpe = Embedding(spec.max_seq_len, d.hidden, std=0.01)
+        self.h = nn.ModuleList(GPTBlock(d.hidden, d.heads, d.ffn) for _ in range(d.layers))
+        self.ln_f = nn.LayerNorm(d.hidden)
 
 
 class GPT(nn.Module):
@@ -134,7 +138,8 @@ class GPT(nn.Module):
         models.config_of(spec)  # a complete shape, or a clear error
         self.spec = spec
         self.transformer = GPTBody(spec)
-        self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        d = spec.dims  # vocab is set: GPTBody checked it
+        self.lm_head = nn.Linear(d.hidden, d.vocab, bias=False)
         if spec.tied_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
 
@@ -174,7 +179,8 @@ class TimestepEmbedder(nn.Module):
         freqs = torch.exp(-math.log(10_000) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
         args = t.float()[:, None] * freqs[None]
         features = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-        return self.mlp(features.to(self.mlp[0].weight.dtype))
+        first = cast(nn.Linear, self.mlp[0])  # nn.Sequential's indexing is typed as any Module
+        return self.mlp(features.to(first.weight.dtype))
 
 
 class DiTAttention(nn.Module):
@@ -245,16 +251,19 @@ class DiT(nn.Module):
         if spec.family != "dit":
             raise ValueError(f"model: DiT needs a dit-family spec, got family {spec.family!r}")
         cfg = models.config_of(spec)
+        # config_of checked the shape: these are set, so dims' defaults do not apply
+        assert spec.vocab is not None and spec.ffn is not None
+        d = spec.dims
         self.spec = spec
         self.patch, self.channels = cfg["patch_size"], cfg["in_channels"]
         self.out_channels = 2 * self.channels if cfg["learn_sigma"] else self.channels
         self.side = cfg["input_size"] // self.patch
-        self.x_embedder = PatchEmbed(self.patch, self.channels, spec.hidden)
-        self.t_embedder = TimestepEmbedder(spec.hidden)
-        self.y_embedder = nn.Embedding(spec.vocab + int(cfg["class_dropout_prob"] > 0), spec.hidden)
-        self.register_buffer("pos_embed", sincos_2d(spec.hidden, self.side), persistent=False)
-        self.blocks = nn.ModuleList(DiTBlock(spec.hidden, spec.heads, spec.ffn) for _ in range(spec.layers))
-        self.final_layer = FinalLayer(spec.hidden, self.patch, self.out_channels)
+        self.x_embedder = PatchEmbed(self.patch, self.channels, d.hidden)
+        self.t_embedder = TimestepEmbedder(d.hidden)
+        self.y_embedder = nn.Embedding(d.vocab + int(cfg["class_dropout_prob"] > 0), d.hidden)
+        self.register_buffer("pos_embed", sincos_2d(d.hidden, self.side), persistent=False)
+        self.blocks = nn.ModuleList(DiTBlock(d.hidden, d.heads, d.ffn) for _ in range(d.layers))
+        self.final_layer = FinalLayer(d.hidden, self.patch, self.out_channels)
 
     def forward(
         self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None = None
