@@ -15,6 +15,10 @@ from pathlib import Path
 
 #: stdout prefix of the worker's event lines
 EVENT = "ZEROKIT "
+#: output line tags of the commtest worker: one RANK line per rank, one BW line per (collective, size)
+#: from rank 0
+RANK_TAG = "ZEROKIT_COMMTEST_RANK"
+BW_TAG = "ZEROKIT_COMMTEST_BW"
 #: what an instrumented step measures, each a switch of a launch spec (``probes``; the bench times each
 #: alone): a heartbeat per step (``kit.monitor``), the bytes of every collective by scope
 #: (``kit.ranks.comm_scopes``), the saved-tensor hooks (activations), the model-state walk
@@ -23,6 +27,11 @@ PROBES = ("heartbeat", "comm", "activations", "state_walk", "records")
 #: probes a launch takes only when asked: DeepSpeed's comms logger (it synchronizes the device after
 #: every collective), recorded as ``comm_logger_bytes`` beside the ``comm`` probe's ``comm_bytes``
 OPTIONAL_PROBES = ("comm_logger",)
+
+
+def unknown_probes(chosen) -> list[str]:
+    """The names among ``chosen`` that are no probe (``PROBES``, ``OPTIONAL_PROBES``), sorted."""
+    return sorted(set(chosen) - {*PROBES, *OPTIONAL_PROBES})
 
 
 def append_record(path: str | os.PathLike, record: dict) -> None:

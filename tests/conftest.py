@@ -143,18 +143,17 @@ def replay_launches(monkeypatch, two_rank_sweep) -> list[list[str]]:
     labels it was asked to run."""
     launched: list[list[str]] = []
 
-    def launch(base, pending, folder, bar, *, nprocs, on_event, **_) -> list[dict]:
+    def launch(base, pending, folder, bar, *, nprocs, on_event, **_) -> list:
         assert nprocs == NPROCS and base["seed"] == 0 and base["instrument"], "not what the shared sweep ran"
-        launched.append([c["label"] for c in pending])
+        launched.append([c.label for c in pending])
         run_id = time.strftime("%Y%m%dT%H%M%S") + f".{time.time_ns() % 1_000_000_000:09d}"
         for config in pending:
-            setup = Setup.model_validate(config["setup"])
-            records = two_rank_sweep.of([setup], warmup=base["warmup"], steps=base["steps"])
-            assert records, f"{config['label']}: not in the shared sweep; add it to TWO_RANK_SETUPS"
-            _emit(on_event, {"event": "start", "config_id": config["config_id"], "label": config["label"]})
+            records = two_rank_sweep.of([config.setup], warmup=base["warmup"], steps=base["steps"])
+            assert records, f"{config.label}: not in the shared sweep; add it to TWO_RANK_SETUPS"
+            _emit(on_event, {"event": "start", "config_id": config.config_id, "label": config.label})
             for record in records:
                 append_record(base["records"], {**record, "sweep": base["sweep"], "run_id": run_id})
-            _emit(on_event, {"event": "done", "config_id": config["config_id"], "label": config["label"]})
+            _emit(on_event, {"event": "done", "config_id": config.config_id, "label": config.label})
             bar.update(1)
         return []
 
@@ -214,17 +213,17 @@ def replay_local_nodes(monkeypatch, local_nodes_run) -> list[tuple]:
     ``replay_launches`` does on one node); returns, per launch, its ``Nodes`` and the labels asked for."""
     launched: list[tuple] = []
 
-    def launch(base, pending, folder, bar, *, nprocs, nodes, on_event, **_) -> list[dict]:
+    def launch(base, pending, folder, bar, *, nprocs, nodes, on_event, **_) -> list:
         assert nodes is not None and (nodes.count, nprocs) == (2, 2), "not what the local-node session ran"
-        launched.append((nodes, [c["label"] for c in pending]))
+        launched.append((nodes, [c.label for c in pending]))
         steps = tuple(range(base["warmup"], base["warmup"] + base["steps"]))
         for config in pending:
-            records = local_nodes_run.of([Setup.model_validate(config["setup"])], steps=steps)
-            assert records, f"{config['label']}: not in the local-node session; add it to LOCAL_NODE_SETUPS"
-            _emit(on_event, {"event": "start", "config_id": config["config_id"], "label": config["label"]})
+            records = local_nodes_run.of([config.setup], steps=steps)
+            assert records, f"{config.label}: not in the local-node session; add it to LOCAL_NODE_SETUPS"
+            _emit(on_event, {"event": "start", "config_id": config.config_id, "label": config.label})
             for record in records:
                 append_record(base["records"], {**record, "sweep": base["sweep"]})
-            _emit(on_event, {"event": "done", "config_id": config["config_id"], "label": config["label"]})
+            _emit(on_event, {"event": "done", "config_id": config.config_id, "label": config.label})
             bar.update(1)
         return []
 

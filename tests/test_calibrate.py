@@ -494,7 +494,7 @@ def test_measure_times_the_collectives_on_the_ranks_the_cli_does_unless_told(mon
     launched = []
 
     def launch(spec, nprocs, timeout_s):
-        launched.append((nprocs, spec.get("collectives_only", False)))
+        launched.append((nprocs, spec.collectives_only))
         return lines
 
     monkeypatch.setattr(cal, "_launch", launch)

@@ -8,10 +8,12 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+from kit.records import RANK_TAG
 from kit.rules import bus_factor
 from kit.run.launcher import TIMEOUT_RC
 from kit.scaleout import commtest
 from kit.scaleout.commtest import CommtestResult, parse_output, run_commtest
+from kit.specs import TIMED
 from tests.conftest import COMMTEST_SIZES
 
 
@@ -46,7 +48,7 @@ def test_worker_args_validation():
 
 def test_missing_ranks_after_a_timeout_are_named():
     line = json.dumps({"rank": 0, "backend": "gloo", "checks": [{"op": "barrier", "ok": True, "detail": ""}]})
-    result = parse_output(f"node1: {commtest.RANK_TAG} {line}\nsome launcher noise", 3, TIMEOUT_RC)
+    result = parse_output(f"node1: {RANK_TAG} {line}\nsome launcher noise", 3, TIMEOUT_RC)
     assert not result.ok
     assert result.error.startswith("ranks [1, 2] of 3 did not report (timed out)")
     assert result.ranks == [{"rank": 0, "backend": "gloo"}]  # pdsh's host prefix is skipped
@@ -86,7 +88,7 @@ def test_bandwidth_rows_and_plot(commtest_two_nodes):
     good = shared_result(commtest_two_nodes)
     df = good.bandwidth()
     assert sorted(zip(df["op"], df["size_bytes"], strict=True)) == sorted(
-        (op, s) for op in commtest.TIMED for s in COMMTEST_SIZES
+        (op, s) for op in TIMED for s in COMMTEST_SIZES
     )
     assert (df["algbw_gbps"] == df["size_bytes"] / df["time_s"] / 1e9).all()  # nccl-tests' algbw
     assert (df["time_s"] < 300).all()  # each timed call finished within the launch's limit
@@ -97,7 +99,7 @@ def test_bandwidth_rows_and_plot(commtest_two_nodes):
     ]
     fig = good.plot()
     lines = fig.axes[0].get_lines()
-    assert [line.get_label() for line in lines] == list(commtest.TIMED)
+    assert [line.get_label() for line in lines] == list(TIMED)
     assert all(list(line.get_xdata()) == list(COMMTEST_SIZES) for line in lines)
     # the CLI's JSON is the result's to_dict (and the per-node report), value for value
     assert json.loads(json.dumps(good.to_dict())) == {

@@ -1,6 +1,7 @@
 """Planning: every setup with its time and cost, the Pareto front, make-it-fit, the smallest cluster per ZeRO
 variant, the largest micro batch, a global batch's choices."""
 
+import json
 import re
 
 import pandas as pd
@@ -246,3 +247,36 @@ def test_readable_units_and_records_without_missing_markers(llama7b):
     records = plan.records(clusters)
     assert records[0]["gpus"] is None and records[0]["per_gpu_gib"] is None  # JSON null, not "<NA>"
     assert all(isinstance(r["gpus"], int) for r in records if r["verdict"] == "fits")
+
+
+def test_the_cli_and_the_plan_panel_book_from_one_report(monkeypatch, capsys):
+    """Issue 40: `zerokit plan` and the plan panel both call ``kit.planning.report.report`` and only show
+    it: the same inputs give the same booking, alternatives and make-it-fit rows in both."""
+    from kit.cli import main
+    from kit.lab.plan_panel import plan_panel
+    from kit.planning import report as reports
+
+    made = []
+    real = reports.report
+
+    def spy(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(reports, "report", spy)
+    argv = ["plan", "--model", "llama-2-7b", "--stage", "0", "--micro-batch", "8", "--seq-len", "4096"]
+    argv += ["--train-batch", "256", "--gpus", "H100-SXM-80GB", "--max-nodes", "4", "--tokens", "2e12"]
+    assert main([*argv, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    start = Setup(
+        model=models.preset("llama-2-7b"), zero={"stage": 0}, batch={"micro_batch": 8, "seq_len": 4096}
+    )
+    panel = plan_panel(start, train_batch=256, max_nodes=4, tokens=2e12)
+    panel.gpus.value = ("H100-SXM-80GB",)
+    assert len(made) == 3  # the CLI's, the panel's first (every GPU type), the panel's for the H100 alone
+    cli, drawn = made[0], panel.report
+    assert drawn.plan is made[2].plan and drawn.booking.recommended.label == printed["recommended"]["label"]
+    assert cli.booking.alternatives.label.tolist() == drawn.booking.alternatives.label.tolist()
+    assert [r["label"] for r in printed["alternatives"]] == drawn.booking.alternatives.label.tolist()
+    assert cli.fixes is not None and cli.fixes.change.tolist() == drawn.fixes.change.tolist() != []
+    assert [kind for kind, _, _ in drawn.tables()] == ["alternatives", "picks", "fixes"]

@@ -22,6 +22,7 @@ from kit.records import PROBES, load_records
 from kit.run.results import Results
 from kit.run.sweep import config_id, on_ranks, run_sweep
 from kit.schema import Setup
+from kit.specs import SweepConfig, SweepSpec
 from tests.conftest import NPROCS, STEPS, SWEEP, TIMEOUT_S, WARMUP
 
 pytestmark = pytest.mark.distributed
@@ -284,10 +285,43 @@ def test_probes_outside_the_list_are_refused_before_launch(tmp_path):
 
 
 def test_probe_cycle_defaults_to_every_probe_and_bare_runs_keep_the_heartbeat():
-    probe_cycle = worker.probe_cycle
-    assert probe_cycle({}) == [frozenset(PROBES)] and "comm_logger" not in PROBES
-    assert probe_cycle({"instrument": False}) == [frozenset({"heartbeat"})]
-    assert probe_cycle({"probes": [[], ["comm", "records"]]}) == [frozenset(), frozenset({"comm", "records"})]
+    def probe_cycle(**given):
+        spec = SweepSpec(
+            sweep="t", run_id="r", records="r.jsonl", steps=1, warmup=0, seed=0, configs=(), **given
+        )
+        return worker.probe_cycle(spec)
+
+    assert probe_cycle() == [frozenset(PROBES)] and "comm_logger" not in PROBES
+    assert probe_cycle(instrument=False) == [frozenset({"heartbeat"})]
+    assert probe_cycle(probes=[[], ["comm", "records"]]) == [frozenset(), frozenset({"comm", "records"})]
+
+
+def test_a_launch_spec_that_does_not_validate_is_one_line_naming_the_file_and_field(tmp_path):
+    """Issue 40: what the parent hands the ranks is typed (kit.specs); a rank reading a wrong spec stops
+    before the process group with the file and the field, not a KeyError inside a configuration."""
+    good = SweepSpec(
+        sweep="t", run_id="r", records=str(tmp_path / "records.jsonl"), steps=2, warmup=1, seed=0,
+        configs=(SweepConfig(config_id=cid(BASE), label=BASE.label, setup=BASE),),
+    )  # fmt: skip
+    path = good.write(tmp_path / "launch.json")
+    assert SweepSpec.read(path) == good
+    data = json.loads(path.read_text())
+    for change, line in (
+        ({"steps": 0}, "steps: Input should be greater than or equal to 1"),
+        (
+            {"probes": [["heartbeat", "gpu_temperature"]]},
+            "probes: Value error, unknown probe 'gpu_temperature'",
+        ),
+        (
+            {"configs": [{**data["configs"][0], "fault": "explode"}]},
+            "configs.0.fault: Input should be 'raise'",
+        ),
+        ({"seeds": 3}, "seeds: Extra inputs are not permitted"),
+    ):
+        path.write_text(json.dumps({**data, **change}))
+        with pytest.raises(ValueError) as error:
+            SweepSpec.read(path)
+        assert str(error.value).startswith(f"{path}: {line}") and "\n" not in str(error.value), error.value
 
 
 def test_throughput_follows_from_step_time(sweep):

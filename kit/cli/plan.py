@@ -93,7 +93,8 @@ TEXT_COLUMNS = {"label", "why", "change", "variant", "gpu", "pick", "offload_par
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from kit.planning import booking, plan
+    from kit.planning import plan
+    from kit.planning.report import report
 
     setup = setup_from_args(args)
     given = bool(args.ds_config or args.micro_batch or args.grad_accum)  # a setting of the user's own
@@ -108,8 +109,12 @@ def run_plan(args: argparse.Namespace) -> int:
     headroom = plan.DEFAULT_HEADROOM if args.headroom is None else args.headroom
     prices = _prices(args.price, items(args.gpus))
     calibration = _calibration(args)
-    found = plan.search(
+    within = {"max_hours": args.max_hours, "budget": args.budget}
+    planned = report(
         setup,
+        goal=args.goal,
+        **within,
+        start=setup if given else None,
         train_batch=train_batch,
         gpus=items(args.gpus) or None,
         max_nodes=args.max_nodes,
@@ -121,19 +126,15 @@ def run_plan(args: argparse.Namespace) -> int:
         fabric=args.network,
         calibration=calibration,
     )
-    within = {"max_hours": args.max_hours, "budget": args.budget}
-    booked = booking.recommend(found, args.goal, **within)
+    found, booked, fix = planned.plan, planned.booking, planned.fixes
     r = booked.recommended
     command = (
         _ds_config_command(args, found.setup(r.name)) if r is not None and r.engine == "deepspeed" else None
     )
-    fix = (
-        plan.make_it_fit(setup, headroom=headroom, assumptions=assume, fabric=args.network) if given else None
-    )
     sized = setup if given else setup.replace(batch={"micro_batch": 1, "grad_accum": 1})
-    planned = list(dict.fromkeys(found.table.gpu))
-    if setup.cluster.gpu not in planned:  # --gpus leaves it out: the recommended type's, or the first planned
-        sized = sized.replace(cluster={"gpu": r.gpu if r is not None else planned[0]})
+    gpus = list(dict.fromkeys(found.table.gpu))
+    if setup.cluster.gpu not in gpus:  # --gpus leaves it out: the recommended type's, or the first planned
+        sized = sized.replace(cluster={"gpu": r.gpu if r is not None else gpus[0]})
     every = args.json or args.all  # the tables only they show
     clusters = plan.smallest_cluster(sized, max_nodes=args.max_nodes) if every else None
     batches = plan.batch_options(setup, setup.batch.train_batch) if given and every else None
@@ -155,7 +156,7 @@ def run_plan(args: argparse.Namespace) -> int:
                 "make_it_fit": plan.records(fix) if fix is not None else [],
                 "smallest_cluster": plan.records(clusters),
                 "batch_options": plan.records(batches) if batches is not None else [],
-                "nvme_slowdown": plan.records(_nvme_best(found, **within)),
+                "nvme_slowdown": plan.records(planned.nvme()),
             }
         )
         return 0
@@ -163,7 +164,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if given:
         lines += _your_setting(setup, found, fix, prices, calibration, args)
     if args.all:
-        lines += _every_table(found, booked, top, fitting, clusters, batches, sized, setup)
+        lines += _every_table(planned, top, fitting, clusters, batches, sized, setup)
     else:
         tables = "Pareto front, cheapest and fastest per GPU, cheapest setups, NVMe, smallest cluster"
         lines += ["", f"--all: every table ({tables}{', decompositions' if given else ''})"]
@@ -280,18 +281,17 @@ def _your_setting(setup, found, fix, prices, calibration, args) -> list[str]:
     return lines + ([f"  ({len(fix) - len(shown)} more with --all)"] if len(shown) < len(fix) else [])
 
 
-def _every_table(found, booked, top, fitting, clusters, batches, sized, setup) -> list[str]:
+def _every_table(planned, top, fitting, clusters, batches, sized, setup) -> list[str]:
     """``--all``: the Pareto front, the picks per GPU, the cheapest setups, NVMe offload, the smallest
     cluster per variant and the decompositions, the first four within the same limits."""
     from kit.planning import booking
 
-    limits = {"max_hours": booked.max_hours, "budget": booked.budget}
-    picks = booking.picks(found, **limits)
-    lines = ["", "Pareto front, wall-clock time vs cost (fastest first):", _table(found.pareto(**limits))]
-    lines += ["", "Cheapest and fastest per GPU type:", _table(picks, ["pick", *PLAN_COLUMNS])]
+    pareto = planned.plan.pareto(**planned.limits)
+    lines = ["", "Pareto front, wall-clock time vs cost (fastest first):", _table(pareto)]
+    lines += ["", "Cheapest and fastest per GPU type:", _table(planned.picks(), ["pick", *PLAN_COLUMNS])]
     lines += ["", f"Cheapest fitting setups, the best batch of each ({len(top)} of {len(fitting):,}):"]
     lines.append(_table(top))
-    nvme = _nvme_best(found, **limits)
+    nvme = planned.nvme()
     if not nvme.empty:
         lines += [
             "",
@@ -370,20 +370,6 @@ def _model_flags(args: argparse.Namespace) -> list[str]:
     for item in args.set:
         out += ["--set", item]
     return out
-
-
-def _nvme_best(found, max_hours: float | None = None, budget: float | None = None):
-    """Per GPU type and NVMe variant, the fastest fitting setup (within the limits) with its slowdown vs
-    CPU offload."""
-    from kit.planning import plan
-
-    slow = plan.nvme_slowdown(found, max_hours, budget)
-    slow = slow[slow.fits].round({"nvme_gib_per_node": 1, "slowdown": 2})
-    return (
-        slow.sort_values("step_s")
-        .drop_duplicates(["gpu", "offload_param"])
-        .sort_values(["gpu", "offload_param"])
-    )
 
 
 def _table(frame, columns: list[str] = PLAN_COLUMNS) -> str:

@@ -117,6 +117,7 @@ class MemoryPanel:
         self.more = w.Accordion([w.VBox([ui.row(*more[i : i + 2]) for i in range(0, len(more), 2)])])
         self.more.set_title(0, "More settings: stage 3's fetching, overlap, NVMe swapping, aio")
         self.more.selected_index = None
+        self.more.add_class("zk-more")
         ui.cell(self.config_file)
         self.own_gpu.layout.width = ui.FIGURES
         self.write_button.on_click(lambda _: self._report(self._write_clicked))

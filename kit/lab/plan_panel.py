@@ -1,7 +1,7 @@
 """The planning panel: GPU types, cluster sizes, global batch, run length, limits (hours, budget), goal,
 headroom, the performance model's assumptions and a calibration file in; the booking for the goal, a
 time-vs-cost plot, the alternatives, the cheapest and fastest per GPU type and what makes the starting
-setup fit out (``kit.planning.plan`` and ``kit.planning.booking``, as ``zerokit plan``)."""
+setup fit out: ``kit.planning.report``, the report ``zerokit plan`` prints."""
 
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ _FIXES = (
     ["{:,.1f}", "{:,.3g}", "{:,.0f}", "{}"],
     ["per_gpu_gib", "step_s", "tokens_per_s", "change"],
 )
+#: each of the report's tables (``Report.tables``' kinds) and its layout
+LAYOUTS = {"alternatives": _ALTERNATIVES, "picks": _PICKS, "fixes": _FIXES}
 
 
 class PlanPanel:
@@ -42,7 +44,8 @@ class PlanPanel:
     the limits on a time-vs-cost plot, the alternatives, the cheapest and fastest per GPU type, and
     what makes the starting setup fit at the panel's global batch (``kit.planning.plan``).
 
-    State after every change: ``plan`` (``kit.planning.plan.Plan`` or None), ``booking``
+    State after every change: ``report`` (``kit.planning.report.Report``, which holds the rest), ``plan``
+    (``kit.planning.plan.Plan`` or None), ``booking``
     (``kit.planning.booking.Booking``), ``figure`` (the plot), ``fixes`` (the make-it-fit table of the
     starting setup at the panel's global batch), ``start`` (that setup; None when its micro batch cannot
     make the global batch) and ``error`` (one line, or None).
@@ -67,6 +70,7 @@ class PlanPanel:
         self.booking: Any = None
         self.fixes: Any = None
         self.start: Setup | None = None
+        self.report: Any = None
         self.error: str | None = None
         self._calibration = None if isinstance(calibration, str | os.PathLike) else calibration
         names = gpu_names()
@@ -138,7 +142,7 @@ class PlanPanel:
     def update(self, change: dict | None = None) -> None:
         """Search again with the controls' values and redraw (controls call this on change)."""
         from kit.lab import plots
-        from kit.planning import booking, plan
+        from kit.planning.report import report
         from kit.steptime.perf import with_assumptions
 
         try:
@@ -155,10 +159,10 @@ class PlanPanel:
                 "calibration": self._loaded(),
             }
             if self._searched is None or self._searched[0] != search:  # the goal and limits only filter
-                self._searched = (search, plan.search(self.base, **search))
-                self.start, self.fixes = self._fixes(assume)
-            self.plan = self._searched[1]
-            self.booking = booking.recommend(self.plan, self.goal.value, **self.limits)
+                self._searched = (search, report(self.base, start=self._start(), **search))
+            self.report = self._searched[1].rebooked(self.goal.value, **self.limits)
+            self.plan, self.booking = self.report.plan, self.report.booking
+            self.start, self.fixes = self.report.start, self.report.fixes
         except ui.ERRORS as error:
             self.plan, self.booking, self.error = None, None, ui.one_line(error)
             self.verdict.value = ui.colored(self.error)
@@ -187,16 +191,13 @@ class PlanPanel:
             out.append(f"<span style='font-size:12px'>{html.escape(booking.NOTE)}</span>")
         return out
 
-    def _fixes(self, assume) -> tuple[Setup | None, Any]:
-        """The starting setup at the panel's global batch and what makes it fit (None, None when its micro
-        batch cannot make that global batch: the plan does not need it)."""
-        from kit.planning import plan
-
+    def _start(self) -> Setup | None:
+        """The starting setup at the panel's global batch (None when its micro batch cannot make that
+        global batch: the plan does not need it)."""
         try:
-            start = self.base.replace(batch={"train_batch": self.train_batch.value})
+            return self.base.replace(batch={"train_batch": self.train_batch.value})
         except ValueError:
-            return None, None
-        return start, plan.make_it_fit(start, headroom=self.headroom.value, assumptions=assume)
+            return None
 
     def _tokens(self) -> float:
         """The run's length from the tokens box ("2T", "140B", "1e12")."""
@@ -255,20 +256,7 @@ class PlanPanel:
 
     def _tables(self) -> list[tuple[str, Any, tuple]]:
         """(title, rows, layout) of each table under the plot, all within the same limits."""
-        from kit.planning import booking
-
-        b = self.booking
-        out = []
-        if b.recommended is not None:
-            out.append((f"Alternatives to the booking ({b.goal} first)", b.alternatives, _ALTERNATIVES))
-        out.append(("Cheapest and fastest per GPU type", booking.picks(self.plan, **self.limits), _PICKS))
-        if self.fixes is not None and not self.fixes.empty and self.start is not None:
-            c = self.start.cluster
-            title = (
-                f"{self.start.label} on {c.nodes}x{c.gpus_per_node} {c.gpu} does not fit; what makes it fit"
-            )
-            out.append((title, self.fixes, _FIXES))
-        return [(title, frame, layout) for title, frame, layout in out if len(frame)]
+        return [(title, frame, LAYOUTS[kind]) for kind, title, frame in self.report.tables()]
 
     def _inputs(self) -> list[w.ValueWidget]:
         return [

@@ -32,7 +32,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from kit.scaleout.commtest import TIMED
+from kit.specs import TIMED, CalibrateSpec, EngineConfig
 from kit.steptime.calibration import TAG
 
 if TYPE_CHECKING:
@@ -105,14 +105,14 @@ class Bare:
         self.workload.loss(self.model(*args, **kwargs)).backward()
 
 
-def compute(spec: dict, bare: Bare) -> dict:
+def compute(spec: CalibrateSpec, bare: Bare) -> dict:
     """Forward + backward without an engine at each micro batch of ``micro_batches``, in turn for
     ``repeat`` rounds: seconds per round (a changing load on a shared machine falls on a round's
     micro batches alike, so their ratio holds), and each time's busy share."""
     seq = bare.setup.batch.seq_len
     _barrier()
-    rounds = [[bare.seconds(mb) for mb in spec["micro_batches"]] for _ in range(spec["repeat"])]
-    return {"micro_batches": spec["micro_batches"], "tokens": [mb * seq for mb in spec["micro_batches"]]} | {
+    rounds = [[bare.seconds(mb) for mb in spec.micro_batches] for _ in range(spec.repeat)]
+    return {"micro_batches": spec.micro_batches, "tokens": [mb * seq for mb in spec.micro_batches]} | {
         "rounds_s": [[t for t, _ in r] for r in rounds],
         "rounds_busy": [[b for _, b in r] for r in rounds],
     }
@@ -153,7 +153,7 @@ def copies(nbytes: int, device, repeat: int) -> dict:
     return {"bytes": nbytes, "to_host_s": down, "to_device_s": up, "busy": share}
 
 
-def collectives(sizes: list[int], device, iters: int, repeat: int) -> list[dict]:
+def collectives(sizes: tuple[int, ...], device, iters: int, repeat: int) -> list[dict]:
     """Seconds per call of commtest's collectives over message sizes (the full buffer, as nccl-tests),
     and the busy share of the whole timing (its warm-up call and barrier are the same kind of wait):
     the median of ``repeat`` rounds over every op and size in turn (a load spike on a shared machine
@@ -180,7 +180,7 @@ def collectives(sizes: list[int], device, iters: int, repeat: int) -> list[dict]
     ]
 
 
-def engine_steps(config: dict, spec: dict, rank: int, world: int, bare: Bare) -> dict:
+def engine_steps(config: EngineConfig, spec: CalibrateSpec, rank: int, world: int, bare: Bare) -> dict:
     """Each micro-step's seconds of ``config``'s engine over the timed steps (after ``warmup`` steps),
     and after each step the same micro batch's forward + backward without the engine (``bare_s``): the
     engine's own cost is the difference of two times measured under the same load; beside each time its
@@ -188,10 +188,9 @@ def engine_steps(config: dict, spec: dict, rank: int, world: int, bare: Bare) ->
     from deepspeed.accelerator import get_accelerator
 
     from kit.ranks import engine
-    from kit.schema import Setup
 
-    setup = Setup.model_validate(config["setup"])
-    run = engine.build_engine(setup, spec["seed"])
+    setup = config.setup
+    run = engine.build_engine(setup, spec.seed)
     marks: list[tuple[float, float]] = []
 
     @contextlib.contextmanager
@@ -202,17 +201,15 @@ def engine_steps(config: dict, spec: dict, rank: int, world: int, bare: Bare) ->
             marks.append((time.perf_counter(), time.process_time()))
 
     try:
-        for step in range(spec["warmup"]):
-            engine.train_step(run.engine, run.workload, setup, step, rank, world, seed=spec["seed"])
+        for step in range(spec.warmup):
+            engine.train_step(run.engine, run.workload, setup, step, rank, world, seed=spec.seed)
         steps, cpus, reference = [], [], []
-        for step in range(spec["warmup"], spec["warmup"] + spec["steps"]):
+        for step in range(spec.warmup, spec.warmup + spec.steps):
             _barrier()
             marks.clear()
             get_accelerator().synchronize()
             start = (time.perf_counter(), time.process_time())
-            engine.train_step(
-                run.engine, run.workload, setup, step, rank, world, seed=spec["seed"], phase=phase
-            )
+            engine.train_step(run.engine, run.workload, setup, step, rank, world, seed=spec.seed, phase=phase)
             ends = [start, *marks]
             steps.append([b[0] - a[0] for a, b in zip(ends, ends[1:], strict=False)])
             cpus.append([b[1] - a[1] for a, b in zip(ends, ends[1:], strict=False)])
@@ -221,8 +218,8 @@ def engine_steps(config: dict, spec: dict, rank: int, world: int, bare: Bare) ->
         engine.teardown(run.engine)
         del run
     return {
-        "key": config["key"],
-        "setup": config["setup"],
+        "key": config.key,
+        "setup": config.setup.model_dump(mode="json"),
         "micro_steps_s": steps,
         "micro_steps_cpu_s": cpus,
         "bare_s": [t for t, _ in reference],
@@ -243,14 +240,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from kit.ranks import engine
     from kit.ranks.commtest_worker import emit
-    from kit.schema import Setup
 
-    spec, rank, world = engine.join(argv, "Measure this machine for the step-time model (zerokit calibrate).")
+    spec, rank, world = engine.join(
+        argv, "Measure this machine for the step-time model (zerokit calibrate).", CalibrateSpec
+    )
     cuda = get_accelerator().device_name() == "cuda"
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)  # before any collective: NCCL runs on this rank's own GPU
-    setup = Setup.model_validate(spec["setup"])
+    setup = spec.setup
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.zero.precision, torch.float32)
 
     def report(kind: str, value) -> None:
@@ -268,14 +266,14 @@ def main(argv: list[str] | None = None) -> int:
             "deepspeed": deepspeed.__version__,
         },
     )
-    only = spec.get("collectives_only", False)  # the launch on other rank counts
+    only = spec.collectives_only  # the launch on other rank counts
     if not only:
         bare = Bare(setup, device, dtype)
         report("compute", compute(spec, bare))
-        report("adam", adam(spec["adam_numel"], device, spec["repeat"]))
-        report("copy", copies(spec["copy_bytes"], device, spec["repeat"]))
-    report("collective", collectives(spec["sizes"], device, spec["iters"], spec["repeat"]))
-    for config in () if only else spec["engines"]:
+        report("adam", adam(spec.adam_numel, device, spec.repeat))
+        report("copy", copies(spec.copy_bytes, device, spec.repeat))
+    report("collective", collectives(spec.sizes, device, spec.iters, spec.repeat))
+    for config in () if only else spec.engines:
         report("engine", engine_steps(config, spec, rank, world, bare))
         _barrier()
     # every rank leaves gloo together: a rank exiting while a peer's gloo thread still holds its socket

@@ -19,6 +19,8 @@ import json
 import os
 import sys
 
+from kit.specs import RoundtripConfig, RoundtripSpec
+
 
 def live_fp32(engine) -> dict:
     """Every parameter's full fp32 master weight (``safe_get_full_fp32_param``: a collective in stage 3)."""
@@ -53,17 +55,16 @@ def compare_consolidated(ckpt_dir: str, tag: str, live: dict) -> dict:
     }
 
 
-def roundtrip(spec: dict, config: dict, rank: int, world: int) -> dict | None:
+def roundtrip(spec: RoundtripSpec, config: RoundtripConfig, rank: int, world: int) -> dict | None:
     """One configuration's save / consolidate / resume; the report on rank 0, None elsewhere."""
     import deepspeed.comm as dist
 
     from kit.ranks import engine as eng
     from kit.scaleout.checkpoints import checkpoint_layout
-    from kit.schema import Setup
 
-    setup = Setup.model_validate(config["setup"])
-    ckpt_dir = os.path.join(spec["dir"], config["name"])
-    steps, k, seed = spec["steps"], spec["save_step"], spec["seed"]
+    setup = config.setup
+    ckpt_dir = os.path.join(spec.dir, config.name)
+    steps, k, seed = spec.steps, spec.save_step, spec.seed
     tag = f"global_step{k}"
 
     built = eng.build_engine(setup, seed)
@@ -98,7 +99,7 @@ def roundtrip(spec: dict, config: dict, rank: int, world: int) -> dict | None:
     if rank != 0:
         return None
     return {
-        "name": config["name"],
+        "name": config.name,
         "label": setup.label,
         "setup": setup.model_dump(),
         "stage": setup.zero.stage,
@@ -119,11 +120,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from kit.ranks import engine
 
-    spec, rank, world = engine.join(argv, "Checkpoint round trip on this rank.")
-    for config in spec["configs"]:
+    spec, rank, world = engine.join(argv, "Checkpoint round trip on this rank.", RoundtripSpec)
+    for config in spec.configs:
         report = roundtrip(spec, config, rank, world)
         if report is not None:
-            with open(spec["out"], "a") as f:
+            with open(spec.out, "a") as f:
                 f.write(json.dumps(report) + "\n")
         dist.barrier()
     return 0

@@ -23,7 +23,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from kit.scaleout.commtest import BW_TAG, RANK_TAG, TIMED
+from kit.records import BW_TAG, RANK_TAG
+from kit.specs import TIMED
 
 
 def identity(backend: str, device: torch.device) -> dict:

@@ -17,10 +17,14 @@ import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kit import trainable
 from kit.schema import Setup
+from kit.specs import Spec
+
+#: a launch spec model (``kit.specs``)
+S = TypeVar("S", bound=Spec)
 
 
 @dataclass
@@ -126,11 +130,11 @@ def preload(setups: list[Setup]) -> None:
     gc.freeze()
 
 
-def join(argv: list[str] | None, description: str) -> tuple[dict, int, int]:
+def join(argv: list[str] | None, description: str, kind: type[S]) -> tuple[S, int, int]:
     """A per-rank script's start: parse ``--spec FILE`` (and the deepspeed launcher's ``--local_rank``),
-    read the spec, join the process group. Returns ``(spec, rank, world_size)``."""
+    read the spec as a ``kind`` (``kit.specs``: a spec that does not validate is one line naming the file
+    and the field, before the process group), join the process group. Returns ``(spec, rank, world_size)``."""
     import argparse
-    import json
 
     import deepspeed.comm as dist
 
@@ -138,8 +142,7 @@ def join(argv: list[str] | None, description: str) -> tuple[dict, int, int]:
     parser.add_argument("--spec", required=True, help="spec JSON written by the kit")
     parser.add_argument("--local_rank", type=int, help="set by the deepspeed launcher (LOCAL_RANK is used)")
     args = parser.parse_args(argv)
-    with open(args.spec) as f:
-        spec = json.load(f)
+    spec = kind.read(args.spec)
     init_distributed()
     return spec, dist.get_rank(), dist.get_world_size()
 

@@ -6,14 +6,11 @@ By hand (``kit.run.sweep`` writes the spec and runs exactly this)::
         deepspeed --num_gpus 2 --module kit.ranks.worker --spec runs/demo/launch-<run_id>.json
 
 (drop ``DS_ACCELERATOR=cpu`` on a CUDA machine; ``torchrun --nproc_per_node 2 -m kit.ranks.worker --spec ...``
-works too). The spec is JSON: ``sweep``, ``run_id``, ``records`` (path of records.jsonl), ``steps``,
-``warmup``, ``seed``, ``instrument`` (false: time the bare loop only, with heartbeats), ``memory_timeline``
-(on the CPU accelerator, profile each measured step for its peak device-tensor bytes per phase, ``kit.ranks.
-memory_timeline``; always measured on a GPU) and ``configs``, a list of
-``{config_id, label, setup}``; the bench's ``probes`` (``probe_cycle``) switches measurements per
-step. Per configuration each rank builds the engine, warms up, measures
-``steps`` steps (appending one record per step to records.jsonl, flushed per line), tears the engine
-down and meets the others at a barrier. A configuration that raises becomes a record with status
+works too). The spec is ``kit.specs.SweepSpec`` (its fields and what each means are there; a spec that
+does not validate stops every rank with one line naming the file and the field); the bench's ``probes``
+(``probe_cycle``) switches measurements per step. Per configuration each rank builds the engine, warms
+up, measures ``steps`` steps (appending one record per step to records.jsonl, flushed per line), tears
+the engine down and meets the others at a barrier. A configuration that raises becomes a record with status
 ``error`` (``oom`` for out-of-memory) and the next configuration runs. Rank 0 prints one
 ``ZEROKIT {...}`` line per event on stdout, which the runner parses for progress and its watchdog.
 
@@ -36,6 +33,7 @@ from collections.abc import Callable
 from kit import model_files, monitor
 from kit.records import PROBES, append_record, emit
 from kit.rules import wire_bytes
+from kit.specs import SweepConfig, SweepSpec
 from kit.steptime.comm import comm_bytes
 
 
@@ -43,10 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     import deepspeed.comm as dist
 
     from kit.ranks import engine
-    from kit.schema import Setup
 
-    spec, rank, world = engine.join(argv, "Run a zero-kit launch spec on this rank.")
-    setups = [Setup.model_validate(c["setup"]) for c in spec["configs"]]
+    spec, rank, world = engine.join(argv, "Run a zero-kit launch spec on this rank.", SweepSpec)
+    setups = [c.setup for c in spec.configs]
     if any(s.zero.nvme for s in setups):
         # NVMe offload's async_io op, JIT-built the first time (minutes): during the launch's startup
         # allowance, not inside a configuration's watchdog
@@ -54,39 +51,38 @@ def main(argv: list[str] | None = None) -> int:
 
         AsyncIOBuilder().load(verbose=False)
     engine.preload(setups)
-    for config in spec["configs"]:
+    for config in spec.configs:
         if rank == 0:
-            emit({"event": "start", "config_id": config["config_id"], "label": config["label"]})
+            emit({"event": "start", "config_id": config.config_id, "label": config.label})
         status = run_config(spec, config, rank, world)
         dist.barrier()
         if rank == 0:
-            emit({"event": "done", "config_id": config["config_id"], "status": status})
+            emit({"event": "done", "config_id": config.config_id, "status": status})
     return 0
 
 
-def probe_cycle(spec: dict) -> list[frozenset[str]]:
+def probe_cycle(spec: SweepSpec) -> list[frozenset[str]]:
     """The ``PROBES`` each measured step takes: measured step ``k`` takes ``cycle[k % len(cycle)]``. The
     spec's ``probes`` (a list of lists: the bench's hook), else every probe (only the heartbeat when the
     spec's ``instrument`` is false)."""
-    if spec.get("probes"):
-        return [frozenset(chosen) for chosen in spec["probes"]]
-    return [frozenset(PROBES if spec.get("instrument", True) else ("heartbeat",))]
+    if spec.probes:
+        return [frozenset(chosen) for chosen in spec.probes]
+    return [frozenset(PROBES if spec.instrument else ("heartbeat",))]
 
 
-def run_config(spec: dict, config: dict, rank: int, world: int) -> str:
+def run_config(spec: SweepSpec, config: SweepConfig, rank: int, world: int) -> str:
     """Run one configuration, turning an exception into an ``error``/``oom`` record; returns its status."""
     import torch
 
     from kit.ranks import comm_scopes, engine
-    from kit.schema import Setup
 
     started = time.perf_counter()
-    setup = Setup.model_validate(config["setup"])
+    setup = config.setup
     base = _base_record(spec, config, setup, rank, world)
     built: list = []  # the engine, so that it is torn down even after an exception
     try:
         _beat(spec, base)
-        _inject(config.get("fault"), rank, world)
+        _inject(config.fault, rank, world)
         measure_config(spec, setup, base, rank, world, built, started)
         _beat(spec, base, status="finished")
         return "ok"
@@ -95,7 +91,7 @@ def run_config(spec: dict, config: dict, rank: int, world: int) -> str:
         # the kit's one-line errors already say where; anything else gets its (user's) last frame
         mine = isinstance(error, ValueError) and str(error).startswith("model: ")
         text = str(error) if mine else model_files.where(error, setup.model.source)
-        append_record(spec["records"], {**base, "status": "oom" if oom else "error", "error": text})
+        append_record(spec.records, {**base, "status": "oom" if oom else "error", "error": text})
         _beat(spec, base, status="failed", error=text.splitlines()[0] if text else None)
         if rank == 0:
             print(traceback.format_exc(), file=sys.stderr, flush=True)
@@ -106,8 +102,10 @@ def run_config(spec: dict, config: dict, rank: int, world: int) -> str:
             engine.teardown(built.pop())
 
 
-def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: list, started: float) -> None:
-    """Build the engine (kept in ``built``), warm up, then measure and record ``spec["steps"]`` steps.
+def measure_config(
+    spec: SweepSpec, setup, base: dict, rank: int, world: int, built: list, started: float
+) -> None:
+    """Build the engine (kept in ``built``), warm up, then measure and record ``spec.steps`` steps.
 
     Each step takes the probes ``probe_cycle`` gives it (``PROBES``: what is measured beside step time,
     throughput and loss; without any it is the bare loop benchmarks compare to). Every record carries
@@ -126,7 +124,7 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
     measure.reset_peaks()
     if setup.zero.nvme:
         nvme_files.clear(setup.zero.nvme_path, rank)  # the swap files measured below are this config's
-    run = engine.build_engine(setup, spec["seed"], comms_logger="comm_logger" in used)
+    run = engine.build_engine(setup, spec.seed, comms_logger="comm_logger" in used)
     eng = run.engine
     built.append(eng)
     # communication split by node: rank // gpus_per_node, the launcher's contiguous placement
@@ -142,12 +140,12 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
         for _, state in setup.batch_states()
     }
     base["start_s"] = time.perf_counter() - started
-    for step in range(spec["warmup"]):
-        loss = engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec["seed"])
+    for step in range(spec.warmup):
+        loss = engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec.seed)
         if "heartbeat" in used:
             _beat(spec, base, eng, step=step, loss=loss)  # samples/s from the engine's sample count
     held: dict = {}  # what is measured once per configuration (measure_step), cleared where a batch differs
-    for k, step in enumerate(range(spec["warmup"], spec["warmup"] + spec["steps"])):
+    for k, step in enumerate(range(spec.warmup, spec.warmup + spec.steps)):
         probes = cycle[k % len(cycle)]
         if scopes is not None:
             scopes.install() if "comm" in probes else comm_scopes.uninstall()
@@ -166,14 +164,16 @@ def measure_config(spec: dict, setup, base: dict, rank: int, world: int, built: 
             record["comm_logger_bytes"] = measure.logged_comm_bytes()
         if "records" in probes:
             _predicted(record, setup.at_step(step), rank, predictions, probes)
-        append_record(spec["records"], {**record, "status": "ok", "error": None})
+        append_record(spec.records, {**record, "status": "ok", "error": None})
         if "heartbeat" in probes:
             _beat(spec, base, eng, step=step, samples_per_s=record["samples_per_s"], loss=record["loss"])
         if rank == 0:
             emit({"event": "step", **_progress(record)})
 
 
-def measure_step(spec, setup, run, step: int, rank: int, world: int, probes, held: dict, scopes) -> dict:
+def measure_step(
+    spec: SweepSpec, setup, run, step: int, rank: int, world: int, probes, held: dict, scopes
+) -> dict:
     """Run step ``step`` under ``probes``; its record's measured fields (the base and estimates aside).
 
     ``held`` keeps what is measured once per configuration (the caller clears it where a step's batch
@@ -208,14 +208,14 @@ def measure_step(spec, setup, run, step: int, rank: int, world: int, probes, hel
     if reading:
         hooks["after_backward"] = read_states
     memory = None
-    if {"records", "state_walk"} <= probes and (spec.get("memory_timeline", False) or not measure.on_cpu()):
+    if {"records", "state_walk"} <= probes and (spec.memory_timeline or not measure.on_cpu()):
         # on CPU the replay starts from the walk's storages; a GPU's allocator needs none
         places = state_walk.locations(eng, now) if measure.on_cpu() else ()
         memory = memory_timeline.StepMemory(*places)
         hooks["phase"] = memory.phase
     recording = memory.recording() if memory else contextlib.nullcontext()
     with recording, _host_steps(memory, eng, setup), measure.timed() as t:
-        loss = engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec["seed"], **hooks)
+        loss = engine.train_step(eng, run.workload, setup, step, rank, world, seed=spec.seed, **hooks)
     if reading:  # again after the optimizer update, which creates the optimizer states in the first step
         held.update(_most(held, state_walk.model_state_bytes(eng, now)))
     if watching:
@@ -224,7 +224,7 @@ def measure_step(spec, setup, run, step: int, rank: int, world: int, probes, hel
     b = now.batch
     sizes = {"train_batch": b.train_batch, "micro_batch": b.micro_batch, "tokens": now.tokens_per_step}
     if b.max_tokens:  # variable-length data: what this step really held, and its scaled learning rate
-        sizes = workloads.packed_sizes(b, step, world, spec["seed"])
+        sizes = workloads.packed_sizes(b, step, world, spec.seed)
         sizes["lr"] = eng.optimizer.param_groups[0]["lr"]
     record = {
         **sizes,
@@ -312,17 +312,17 @@ def _host_steps(memory, eng, setup):
     return memory_timeline.host_optimizer(memory, eng)
 
 
-def _base_record(spec: dict, config: dict, setup, rank: int, world: int) -> dict:
+def _base_record(spec: SweepSpec, config: SweepConfig, setup, rank: int, world: int) -> dict:
     import deepspeed
     import torch
     from deepspeed.accelerator import get_accelerator
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else get_accelerator().device_name()
     return {
-        "sweep": spec["sweep"],
-        "run_id": spec["run_id"],
-        "config_id": config["config_id"],
-        "label": config["label"],
+        "sweep": spec.sweep,
+        "run_id": spec.run_id,
+        "config_id": config.config_id,
+        "label": config.label,
         "setup": setup.model_dump(),
         "rank": rank,
         "world_size": world,
@@ -339,10 +339,10 @@ def _base_record(spec: dict, config: dict, setup, rank: int, world: int) -> dict
     }
 
 
-def _beat(spec: dict, base: dict, engine=None, **values) -> None:
+def _beat(spec: SweepSpec, base: dict, engine=None, **values) -> None:
     """A heartbeat of this rank in the sweep folder (``kit.monitor``; ``zerokit monitor runs/<sweep>``)."""
     keys = ("sweep", "run_id", "config_id", "label")
-    monitor.heartbeat(engine, os.path.dirname(spec["records"]), **{k: base[k] for k in keys}, **values)
+    monitor.heartbeat(engine, os.path.dirname(spec.records), **{k: base[k] for k in keys}, **values)
 
 
 def _progress(record: dict) -> dict:

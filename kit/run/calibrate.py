@@ -34,6 +34,7 @@ from kit.models import override, preset_names, toy_spec
 from kit.rules import bus_factor
 from kit.run.results import Results
 from kit.schema import Setup
+from kit.specs import CalibrateSpec, EngineConfig
 from kit.steptime import calibrated, perf
 from kit.steptime.calibration import TAG, Calibration, EngineCost, Link, engine_key, model_text
 
@@ -216,23 +217,21 @@ def measure(
     if bad:
         raise ValueError(f"comm-ranks: each must be >= 2 ranks, other than nprocs ({nprocs}), got {bad[0]}")
     base = base.replace(cluster={"nodes": 1, "gpus_per_node": nprocs}, batch={"grad_accum": 2})
-    configs = [{"key": key, "setup": engine_setup(base, key).model_dump(mode="json")} for key in engines]
-    spec = {
-        "setup": base.model_dump(mode="json"),
-        "engines": configs,
-        "micro_batches": [base.batch.micro_batch, 2 * base.batch.micro_batch],
-        "adam_numel": max(base.model.params, 1 << 22),
-        "copy_bytes": 64 << 20,
-        "sizes": list(sizes) if nprocs > 1 else [],
-        "iters": iters,
-        "repeat": repeat,
-        "steps": steps,
-        "warmup": warmup,
-        "seed": 0,
-    }
+    spec = CalibrateSpec(
+        setup=base,
+        engines=tuple(EngineConfig(key=key, setup=engine_setup(base, key)) for key in engines),
+        micro_batches=(base.batch.micro_batch, 2 * base.batch.micro_batch),
+        adam_numel=max(base.model.params, 1 << 22),
+        copy_bytes=64 << 20,
+        sizes=tuple(sizes) if nprocs > 1 else (),
+        iters=iters,
+        repeat=repeat,
+        steps=steps,
+        warmup=warmup,
+    )
     start = time.monotonic()
     cal = fit(_launch(spec, nprocs, timeout_s), base)
-    only = {**spec, "collectives_only": True, "sizes": list(sizes)}
+    only = spec.model_copy(update={"collectives_only": True, "sizes": tuple(sizes)})
     rows = {str(n): _launch(only, n, timeout_s)["collective"] for n in sorted(set(comm_ranks))}
     return replace(
         cal,
@@ -242,14 +241,12 @@ def measure(
     )
 
 
-def _launch(spec: dict, nprocs: int, timeout_s: float) -> dict:
+def _launch(spec: CalibrateSpec, nprocs: int, timeout_s: float) -> dict:
     """The worker's measurements (``_parse``) from one launch of ``spec`` on ``nprocs`` ranks."""
     from kit.run.launcher import launch_argv, run_launch, worker_env
 
     with tempfile.TemporaryDirectory(prefix="zerokit-calibrate-") as folder:
-        path = os.path.join(folder, "spec.json")
-        with open(path, "w") as f:
-            json.dump(spec, f)
+        path = str(spec.write(os.path.join(folder, "spec.json")))
         rc, output = run_launch(launch_argv(WORKER, ["--spec", path], nprocs), worker_env(nprocs), timeout_s)
     lines = _parse(output)
     if rc != 0 or "done" not in lines:

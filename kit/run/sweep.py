@@ -16,13 +16,15 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import typing
 from collections.abc import Callable
 from pathlib import Path
 
-from kit.records import OPTIONAL_PROBES, PROBES, append_record, load_records, parse_event
+from kit.records import OPTIONAL_PROBES, PROBES, append_record, load_records, parse_event, unknown_probes
 from kit.run import launcher
 from kit.run.results import Results
 from kit.schema import Setup
+from kit.specs import Fault, SweepConfig, SweepSpec
 
 #: bucket sizes (elements) for runs of the toy models: DeepSpeed's 5e8-element defaults would make
 #: stage 3 allocate a 1 GB bf16 reduce bucket per rank for a model of 0.14M parameters
@@ -30,7 +32,7 @@ TOY_ZERO = {"reduce_bucket_size": 500_000, "allgather_bucket_size": 500_000, "pr
 #: a torch extension build lock older than this (s) was left by a killed build (async_io builds in minutes)
 STALE_BUILD_LOCK_S = 1800.0
 #: test-only faults the worker understands (see kit/ranks/worker.py)
-FAULTS = ("raise", "hang", "die", "die-last")
+FAULTS = typing.get_args(Fault)
 
 
 def toy_setup(nprocs: int = 2) -> Setup:
@@ -225,10 +227,11 @@ def run_sweep(
         raise ValueError(f"steps: must be >= 1 (got {steps}) and warmup >= 0 (got {warmup})")
     faults = faults or {}
     for chosen in probes or []:
-        if not set(chosen) <= {*PROBES, *OPTIONAL_PROBES}:
+        if unknown_probes(chosen):
             names = ", ".join((*PROBES, *OPTIONAL_PROBES))
             raise ValueError(f"probes: each step takes some of {names}, got {sorted(chosen)}")
-    configs, seen = [], set()
+    configs: list[SweepConfig] = []
+    seen: set[str] = set()
     for i, setup in enumerate(setups):
         setup = on_ranks(setup, nprocs, nodes.count if nodes else 1)
         try:
@@ -240,14 +243,12 @@ def run_sweep(
             raise ValueError(f"faults: choose one of {', '.join(FAULTS)}, got {faults[i]!r}")
         if cid not in seen:
             seen.add(cid)
-            configs.append({"config_id": cid, "label": setup.label, "setup": setup.model_dump(mode="json")})
-            if faults.get(i):
-                configs[-1]["fault"] = faults[i]
+            configs.append(SweepConfig(config_id=cid, label=setup.label, setup=setup, fault=faults.get(i)))
     folder = Path(runs_dir) / sweep
     folder.mkdir(parents=True, exist_ok=True)
     records = folder / "records.jsonl"
     done = measured_ids(records, warmup + steps - 1)
-    pending = [c for c in configs if c["config_id"] not in done]
+    pending = [c for c in configs if c.config_id not in done]
     bar = _bar(len(configs), len(configs) - len(pending), sweep, progress)
     if on_event is not None:
         reused = len(configs) - len(pending)
@@ -255,10 +256,8 @@ def run_sweep(
             {"event": "sweep", "total": len(configs), "reused": reused, "records": str(records.resolve())}
         )
     base = {"sweep": sweep, "records": str(records.resolve()), "steps": steps, "warmup": warmup, "seed": seed}
-    base["instrument"] = instrument
-    base["memory_timeline"] = memory_timeline
-    if probes:
-        base["probes"] = [sorted(chosen) for chosen in probes]
+    base |= {"instrument": instrument, "memory_timeline": memory_timeline}
+    base["probes"] = tuple(tuple(sorted(chosen)) for chosen in probes or ())
     limits = {
         "nprocs": nprocs,
         "timeout_s": timeout_s,
@@ -287,13 +286,12 @@ def measured_ids(records: Path, last_step: int) -> set[str]:
 
 def _launch(
     base, pending, folder, bar, *, nprocs, timeout_s, startup_s, launcher_name, cancel, on_event, nodes=None
-) -> list[dict]:
+) -> list[SweepConfig]:
     """One launch over ``pending``; returns the configurations still to run (empty when all ran)."""
     run_id = time.strftime("%Y%m%dT%H%M%S") + f".{time.time_ns() % 1_000_000_000:09d}"
-    spec = {**base, "run_id": run_id, "configs": pending}
-    records = Path(spec["records"])
-    spec_path = folder / f"launch-{run_id}.json"
-    spec_path.write_text(json.dumps(spec, indent=1))
+    spec = SweepSpec(**base, run_id=run_id, configs=tuple(pending))
+    records = Path(spec.records)
+    spec_path = spec.write(folder / f"launch-{run_id}.json")
     state = {"current": None, "finished": [], "deadline": time.monotonic() + startup_s + timeout_s}
 
     def on_line(line: str) -> None:
@@ -326,10 +324,10 @@ def _launch(
         )
         rc, output = done.rc, done.output
         where = "" if done.failed_node is None else f"{nodes.where(done.failed_node)}: "
-    left = [c for c in pending if c["config_id"] not in state["finished"]]
+    left = [c for c in pending if c.config_id not in state["finished"]]
     if not left:
         return []
-    failed = next((c for c in left if c["config_id"] == state["current"]), left[0])
+    failed = next((c for c in left if c.config_id == state["current"]), left[0])
     if rc == launcher.CANCEL_RC:
         _append_failure(records, spec, failed, "cancelled", "stopped by the user; the ranks were killed")
         bar.update(1)
@@ -352,11 +350,12 @@ def _launch(
     return [c for c in left if c is not failed]
 
 
-def _append_failure(records: Path, spec: dict, config: dict, status: str, error: str) -> None:
+def _append_failure(records: Path, spec: SweepSpec, config: SweepConfig, status: str, error: str) -> None:
     """A record the parent writes for a configuration the ranks could not report on."""
-    record = {"sweep": spec["sweep"], "run_id": spec["run_id"], "config_id": config["config_id"]}
-    record.update(label=config["label"], setup=config["setup"], rank=None, step=None, time=time.time())
-    record.update(status=status, error=error)
+    record: dict[str, typing.Any] = {"sweep": spec.sweep, "run_id": spec.run_id}
+    record |= {"config_id": config.config_id}
+    record |= {"label": config.label, "setup": config.setup.model_dump(mode="json"), "rank": None}
+    record |= {"step": None, "time": time.time(), "status": status, "error": error}
     append_record(str(records), record)
 
 

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from kit.schema import Setup
+from kit.specs import RoundtripConfig, RoundtripSpec
 
 #: the per-rank script, run as a module (``--module``) so that kit/ itself is not put on sys.path
 WORKER = "kit.ranks.checkpoint_worker"
@@ -87,10 +88,11 @@ def run_roundtrip(
     root.mkdir(parents=True, exist_ok=True)
     out = root / "roundtrip.jsonl"
     out.unlink(missing_ok=True)
-    configs = [{"name": f"stage{s.zero.stage}-{i}", "setup": s.model_dump()} for i, s in enumerate(setups)]
-    spec = {"dir": str(root), "out": str(out), "steps": steps, "save_step": save_step, "seed": seed}
-    spec_path = root / "roundtrip-spec.json"
-    spec_path.write_text(json.dumps({**spec, "configs": configs}))
+    configs = tuple(RoundtripConfig(name=f"stage{s.zero.stage}-{i}", setup=s) for i, s in enumerate(setups))
+    spec = RoundtripSpec(
+        dir=str(root), out=str(out), steps=steps, save_step=save_step, seed=seed, configs=configs
+    )
+    spec_path = spec.write(root / "roundtrip-spec.json")
     argv = launch_argv(WORKER, ["--spec", str(spec_path)], nprocs)
     rc, output = run_launch(argv, worker_env(nprocs), timeout_s, on_line)
     reports = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []

@@ -14,16 +14,13 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from kit.records import BW_TAG, RANK_TAG
 from kit.rules import bus_factor
 
 #: the per-rank script, run as a module (``-m``) so that kit/ itself is not put on sys.path
 WORKER = "kit.ranks.commtest_worker"
 #: 8 KiB to 32 MiB in steps of 4x: small enough for CPU ranks, large enough to show the bandwidth knee.
 DEFAULT_SIZES = tuple(1 << k for k in range(13, 26, 2))
-#: output line tags of the worker: one RANK line per rank, one BW line per (collective, size) from rank 0.
-RANK_TAG = "ZEROKIT_COMMTEST_RANK"
-BW_TAG = "ZEROKIT_COMMTEST_BW"
-TIMED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
 
 @dataclass(frozen=True)

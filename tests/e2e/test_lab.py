@@ -68,6 +68,10 @@ LAYOUT_PROBLEMS = """
   for (const b of panel.querySelectorAll('button')) {
     if (b.scrollWidth > b.clientWidth + 1) bad.push('button label cut off: ' + b.textContent);
   }
+  for (const l of panel.querySelectorAll('.widget-label')) {
+    const shown = l.offsetParent !== null;
+    if (shown && l.scrollWidth > l.clientWidth + 1) bad.push('label cut off: ' + l.textContent);
+  }
   return bad;
 }
 """
@@ -139,6 +143,12 @@ def memory_panel(page) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     panel.scroll_into_view_if_needed()
     panel.screenshot(path=str(SCREENSHOTS / "memory_panel.png"))
+    # every other setting (kit.settings) under "More settings": opened, nothing cut or overlapping
+    more = panel.locator(".zk-more")
+    more.locator(".jupyter-widget-Collapse-header, .p-Collapse-header").first.click()
+    wait_for(lambda: more.locator(".widget-hslider").first.is_visible(), 10, "More settings open")
+    assert page.evaluate(LAYOUT_PROBLEMS, ".zk-memory-panel") == []
+    more.screenshot(path=str(SCREENSHOTS / "memory_more_settings.png"))
 
 
 def comparison_panel(page, lab) -> None:
