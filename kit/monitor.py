@@ -6,7 +6,7 @@ Writing. Each rank, of a kit sweep or of any user's own training loop, calls one
 
 which appends one JSON line to ``FOLDER/heartbeats/<node>-rank<R>.jsonl``: one file per rank, so ranks on
 different nodes never write the same file (a folder on a filesystem shared by the nodes gives one view of
-the whole job), one ``O_APPEND`` write per line (``kit.records.append_record``), so a killed rank loses
+the whole job), one ``O_APPEND`` write per line (``kit.records.append_line``), so a killed rank loses
 nothing it wrote. A line holds ``time`` (Unix seconds), ``node`` (the hostname), ``rank``, ``local_rank``,
 ``world_size`` (from the engine, else the launcher's ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``), ``pid``,
 ``status`` (``running``, ``finished``, ``failed``), ``step``, ``samples_per_s``, ``loss``, the memory
@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.records import append_record, load_records
+from kit.records import append_line, load_lines
 from kit.units import first_line
 
 #: a rank whose last heartbeat is older than this (seconds) is stale ...
@@ -135,7 +135,7 @@ def heartbeat(
     try:
         if not writer.written_at:
             path.parent.mkdir(parents=True, exist_ok=True)
-        append_record(path, line)
+        append_line(path, line)
     except OSError as error:
         if not writer.warned:
             writer.warned = True
@@ -289,7 +289,7 @@ def read(
         )
     lines: dict[tuple[str, int], list[dict]] = {}
     for path in files:
-        for line in load_records(path):
+        for line in load_lines(path):
             if isinstance(line, dict) and isinstance(line.get("time"), int | float) and "rank" in line:
                 line["memory_bytes"] = _memory_now(line)
                 lines.setdefault((str(line.get("node")), line["rank"]), []).append(line)

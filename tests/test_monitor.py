@@ -23,7 +23,7 @@ import pytest
 
 from kit import monitor
 from kit.cli import main
-from kit.records import append_record
+from kit.records import append_line
 
 REPO = Path(__file__).resolve().parent.parent
 LOOP = REPO / "tests" / "fixtures" / "heartbeat_loop.py"
@@ -57,7 +57,7 @@ def beat(folder: Path, node: str, rank: int, t: float, **fields) -> None:
     }  # fmt: skip
     path = monitor.heartbeat_path(folder, node, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    append_record(path, {**line, **fields})
+    append_line(path, {**line, **fields})
 
 
 def lines(path: Path) -> list[dict]:

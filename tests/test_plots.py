@@ -25,7 +25,7 @@ def record(cid: str, label: str, step: int, rank: int = 0, run_id: str = "r1", *
     """A step record of config ``cid`` whose numbers are derived from (config, step, rank)."""
     n = int(cid[-1])
     base = {"sweep": "s", "run_id": run_id, "config_id": cid, "label": label, "setup": {}, "rank": rank}
-    base.update(world_size=2, device="cpu", step=step, status="ok", error=None)
+    base.update(world_size=2, device="cpu", step=step, time=1e9 + step, status="ok", error=None)
     base.update(step_time_s=0.1 * n + 0.01 * step, loss=5.0 - 0.1 * step * n, tflops=0.001 * n)
     base.update(samples_per_s=100.0 * n + step, tokens_per_s=6400.0 * n, peak_allocated_bytes=None)
     base.update(peak_rss_bytes=10**8 * n)
@@ -44,7 +44,8 @@ def results(tmp_path) -> Results:
             for rank in (0, 1):
                 append_record(str(path), record(cid, label, step, rank))
     failure = {"sweep": "s", "run_id": "r1", "config_id": "c3", "label": "z2 bf16 mb9", "setup": {}}
-    append_record(str(path), failure | {"rank": None, "step": None, "status": "timeout", "error": "hung"})
+    failure |= {"rank": None, "step": None, "time": 1e9, "status": "timeout", "error": "hung"}
+    append_record(str(path), failure)
     with open(path, "a") as f:
         f.write('{"sweep": "s", "config_')  # a line torn by a killed process
     return Results.load(tmp_path)

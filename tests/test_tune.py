@@ -110,7 +110,7 @@ def fake_results(path, rows) -> Results:
     records = []
     for setup, value in rows:
         base = {"sweep": "t", "run_id": "r1", "config_id": config_id(setup), "label": setup.label}
-        base.update(setup=setup.model_dump(mode="json"), rank=0, error=None)
+        base.update(setup=setup.model_dump(mode="json"), rank=0, time=1e9, error=None)
         if isinstance(value, str):
             records.append({**base, "step": None, "status": value, "error": "boom"})
             continue

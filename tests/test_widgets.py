@@ -433,7 +433,8 @@ def finished_sweep(panel: ComparisonPanel, folder, warmup: int = WARMUP) -> None
         for step in range(warmup, warmup + panel.steps.value):
             for rank in (0, 1):
                 record = {"sweep": panel.sweep.value, "run_id": "r1", "config_id": config_id(setup)}
-                record.update(label=setup.label, setup={}, rank=rank, world_size=2, step=step, status="ok")
+                record.update(label=setup.label, setup={}, rank=rank, world_size=2, step=step, time=1e9)
+                record["status"] = "ok"
                 record.update(error=None, step_time_s=0.01234 * n, samples_per_s=4 / 0.01234 / n, loss=5.5)
                 record.update(
                     tokens_per_s=1.0, tflops=1e-4, peak_allocated_bytes=None, peak_rss_bytes=2**29 * n

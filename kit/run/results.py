@@ -36,8 +36,13 @@ class Results:
 
     def __init__(self, records: list[dict], path: Path | None = None):
         self.path = path
+        #: the records of each configuration's latest launch, as written (``kit.records.Record``s)
         self.records = _latest_attempts(records)
+        #: each configuration's place, first seen first (the ``order`` column of ``df``)
+        self.order = {cid: i for i, cid in enumerate(dict.fromkeys(r["config_id"] for r in self.records))}
         self.df = pd.json_normalize(self.records, sep="_") if self.records else pd.DataFrame()
+        if self.records:
+            self.df["order"] = self.df["config_id"].map(self.order)
 
     @classmethod
     def load(cls, path: str | Path) -> Results:
@@ -117,7 +122,7 @@ class Results:
                     last[key] = r
         rows = [
             [cid, r["label"], rank, r["step"], where, c, measured[c], estimated[c]]
-            for (cid, rank), r in sorted(last.items(), key=lambda kv: (kv[1]["order"], kv[0][1]))
+            for (cid, rank), r in sorted(last.items(), key=lambda kv: (self.order[kv[0][0]], kv[0][1]))
             for where, (m, e) in PLACES.items()
             for measured, estimated in [(r.get(m) or {}, r.get(e) or {})]
             for c in components
@@ -208,13 +213,6 @@ def worst_status(statuses, config_id: str = "") -> str:
 def _latest_attempts(records: list[dict]) -> list[dict]:
     """Keep, per configuration, the records of its latest launch (``run_id``), in first-seen order."""
     latest: dict[str, str] = {}
-    order: dict[str, int] = {}
     for r in records:
-        cid = r["config_id"]
-        order.setdefault(cid, len(order))
-        latest[cid] = max(latest.get(cid, ""), r.get("run_id") or "")
-    return [
-        {**r, "order": order[r["config_id"]]}
-        for r in records
-        if (r.get("run_id") or "") == latest[r["config_id"]]
-    ]
+        latest[r["config_id"]] = max(latest.get(r["config_id"], ""), r.get("run_id") or "")
+    return [r for r in records if (r.get("run_id") or "") == latest[r["config_id"]]]
