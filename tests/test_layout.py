@@ -39,19 +39,10 @@ ROOMS = {
         "kit.accuracy",
         "kit.run",
         "kit.scaleout",
-    },
-    "kit.cli": {
-        "kit",
-        "kit.estimate",
-        "kit.steptime",
-        "kit.planning",
-        "kit.review",
-        "kit.accuracy",
-        "kit.run",
-        "kit.scaleout",
-        "kit.lab",
-    },
+    },  # fmt: skip
 }
+#: the CLI shows everything the notebooks' panels do
+ROOMS["kit.cli"] = ROOMS["kit.lab"] | {"kit.lab"}
 
 
 #: packages inside a room, part of it: the core's ds_config (writer, reader, parser)

@@ -164,6 +164,10 @@ def test_the_memory_panel_disables_what_the_stage_does_not_read(monkeypatch):
     assert not panel.aio_block_size.disabled and not panel.buffer_count.disabled and panel.setup is not None
     panel.buffer_count.value = 7
     assert panel.setup.zero.buffer_count == 7
+    # a setting whose default is "DeepSpeed's" (None) shows it as a word, never an empty dropdown
+    assert panel.overlap_comm.value == "default" and panel.setup.zero.overlap_comm is None
+    panel.overlap_comm.value = "off"
+    assert panel.setup.zero.overlap_comm is False
 
 
 def test_the_comparison_panel_offers_what_the_registry_says():

@@ -545,9 +545,7 @@ def replay(
     would raise there. A zero-byte Alloc takes no memory (PyTorch hands out no block). ValueError for a
     Free of a key not live or an Alloc of a live one."""
     allocator = Allocator(
-        expandable_segments=expandable_segments,
-        capacity=capacity,
-        max_split_size=max_split_size,
+        expandable_segments=expandable_segments, capacity=capacity, max_split_size=max_split_size
     )
     live: dict[Hashable, Block | None] = {}
     phases: dict[str, tuple[int, int]] = {}

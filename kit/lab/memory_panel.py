@@ -114,7 +114,7 @@ class MemoryPanel:
             ui.cell(control)
             control.observe(self.update, names="value")
         more = [c for name, c in self.controls.items() if not BY_NAME[name].main]
-        self.more = w.Accordion([w.VBox([ui.row(*more[i : i + 2]) for i in range(0, len(more), 2)])])
+        self.more = w.Accordion([w.VBox(ui.rows(more))])
         self.more.set_title(0, "More settings: stage 3's fetching, overlap, NVMe swapping, aio")
         self.more.selected_index = None
         self.more.add_class("zk-more")

@@ -179,9 +179,10 @@ def control(setting, zero, model=None) -> w.ValueWidget:
         return trainable(zero, model)
     if s.field == "loss":
         return loss(zero, model)
-    if s.field == "overlap_comm":
-        options = [("DeepSpeed's default", None), ("on", True), ("off", False)]
-        return w.Dropdown(options=options, value=value, description=s.label)
+    if s.field == "overlap_comm":  # None would show an empty dropdown: its choices are words
+        options = [("default", "default"), ("on", "on"), ("off", "off")]  # DeepSpeed's: stage 3 only
+        shown = "default" if value is None else "on" if value else "off"
+        return w.Dropdown(options=options, value=shown, description=s.label)
     if s.control == "toggle":
         return toggle(list(s.choices), value, s.label)
     if s.control == "dropdown":
@@ -209,6 +210,8 @@ def setting_values(setting, widget: w.ValueWidget) -> dict:
         return {setting.field: round(widget.value)}
     if setting.control == "text":
         return {setting.field: widget.value.strip() or None}
+    if setting.field == "overlap_comm":
+        return {setting.field: None if widget.value == "default" else widget.value == "on"}
     return {setting.field: widget.value}
 
 
@@ -242,6 +245,21 @@ def cell(control: w.Widget) -> w.Widget:
     elif not isinstance(control, w.ToggleButtons):
         control.layout.width = CELL
     return control
+
+
+def rows(controls: list[w.Widget], width: int = 700) -> list[w.HBox]:
+    """``controls`` in rows of at most ``width`` px, in order (a slider is ``SLIDER`` wide, others
+    ``CELL``), so no row wraps inside a narrower box."""
+    out: list[list[w.Widget]] = []
+    used = width
+    for control in controls:
+        wide = int((SLIDER if isinstance(control, w.FloatLogSlider) else CELL).removesuffix("px"))
+        if used + wide > width:
+            out.append([])
+            used = 0
+        out[-1].append(control)
+        used += wide
+    return [row(*line) for line in out]
 
 
 def row(*controls: w.Widget) -> w.HBox:

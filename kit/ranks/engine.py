@@ -142,7 +142,10 @@ def join(argv: list[str] | None, description: str, kind: type[S]) -> tuple[S, in
     parser.add_argument("--spec", required=True, help="spec JSON written by the kit")
     parser.add_argument("--local_rank", type=int, help="set by the deepspeed launcher (LOCAL_RANK is used)")
     args = parser.parse_args(argv)
-    spec = kind.read(args.spec)
+    try:
+        spec = kind.read(args.spec)
+    except ValueError as error:  # one line on stderr, not a traceback from every rank
+        raise SystemExit(f"zerokit: launch spec {error}") from None
     init_distributed()
     return spec, dist.get_rank(), dist.get_world_size()
 

@@ -68,6 +68,16 @@ LAYOUT_PROBLEMS = """
   for (const b of panel.querySelectorAll('button')) {
     if (b.scrollWidth > b.clientWidth + 1) bad.push('button label cut off: ' + b.textContent);
   }
+  for (const s of panel.querySelectorAll('select:not([multiple])')) {  // a dropdown's chosen text
+    if (s.offsetParent === null || s.selectedIndex < 0) continue;
+    const probe = document.createElement('span');
+    const font = getComputedStyle(s).font;
+    probe.style.cssText = 'position:absolute;visibility:hidden;white-space:pre;font:' + font;
+    probe.textContent = s.options[s.selectedIndex].text;
+    document.body.appendChild(probe);
+    if (probe.offsetWidth > s.clientWidth - 20) bad.push('choice cut off: ' + probe.textContent);
+    probe.remove();
+  }
   for (const l of panel.querySelectorAll('.widget-label')) {
     const shown = l.offsetParent !== null;
     if (shown && l.scrollWidth > l.clientWidth + 1) bad.push('label cut off: ' + l.textContent);
