@@ -173,7 +173,15 @@ def test_the_memory_panel_disables_what_the_stage_does_not_read(monkeypatch):
 def test_the_comparison_panel_offers_what_the_registry_says():
     from kit.lab.comparison_panel import comparison_panel
 
+    from kit.lab.comparison_panel import APPLIED
+
     panel = comparison_panel(stages=(2, 3), nprocs=2)
     offered = {s.comparison for s in SETTINGS if s.comparison}
     assert all(hasattr(panel, name) for name in offered)
     assert {"stages", "precision", "reduce_bucket", "trainable", "loss", "hpz"} <= offered
+    # what it sets on every configuration is made from the registry, as the memory panel's controls are
+    for name, s in APPLIED.items():
+        assert getattr(panel, name).description == ("trains" if s.group == "trainable" else s.label), name
+    panel.reduce_bucket.value = 1e6
+    panel.precision.value = "fp32"
+    assert {(z.reduce_bucket_size, z.precision) for z in (s.zero for s in panel.setups)} == {(10**6, "fp32")}

@@ -22,7 +22,7 @@ from typing import Any
 
 import ipywidgets as w
 
-from kit import checkpointing, grid, trainable
+from kit import grid
 from kit.ds_keys import ZEROPP_OFF
 from kit.lab import ui
 from kit.lab.monitor_panel import MonitorPanel
@@ -31,6 +31,7 @@ from kit.run import launcher
 from kit.run import sweep as sweeps
 from kit.run.sweep import toy_setup
 from kit.schema import Setup
+from kit.settings import SETTINGS
 from kit.units import MIB
 
 #: the warm-up steps a comparison run starts with (not measured): ``run_sweep``'s default
@@ -41,6 +42,12 @@ BRIEF_FORMATS = {
     "estimate MB": "{:,.3f}", "peak RSS MiB": "{:,.0f}", "wire MB/step": "{:,.3f}",
     "estimate wire MB": "{:,.3f}",
 }  # fmt: skip
+#: the comparison panel's controls that set one value on every configuration (by their name there), each
+#: a ``kit.settings`` setting; the panel's other settings make variants (stages, offloads, ZeRO++)
+APPLIED = {
+    name: next(s for s in SETTINGS if s.comparison == name)  # a composite control by its first field
+    for name in ("precision", "checkpointing", "trainable", "loss", "reduce_bucket", "prefetch_bucket")
+}
 
 
 class ComparisonPanel:
@@ -109,12 +116,10 @@ class ComparisonPanel:
         self.quantized_gradients = w.Checkbox(value=z.quantized_gradients, description="+ qgZ (int4 grads)")
         self.grad_accum = w.BoundedIntText(value=b.grad_accum, min=1, max=1024, description="grad accum")
         self.batch_schedule = w.Text(value="", description="batch by step", placeholder="e.g. 2=16,4=32")
-        self.precision = ui.toggle(["fp32", "fp16", "bf16"], z.precision, "precision")
-        self.checkpointing = ui.checkpointing(z)
-        self.trainable = ui.trainable(z, m)  # what this panel's model takes (kit.trainable, kit.loss)
-        self.loss = ui.loss(z, m)
-        self.reduce_bucket = ui.bucket_slider("reduce bucket", z.reduce_bucket_size)
-        self.prefetch_bucket = ui.bucket_slider("s3 prefetch", z.prefetch_bucket_size)
+        # the settings every configuration takes, one control each, made as the memory panel's
+        # (kit.settings; what trains and the loss offer what this panel's model takes)
+        (self.precision, self.checkpointing, self.trainable, self.loss, self.reduce_bucket,
+         self.prefetch_bucket) = (ui.control(s, z, m) for s in APPLIED.values())  # fmt: skip
         self.layers = w.BoundedIntText(value=m.layers or 1, min=1, max=256, description="layers")
         self.hidden = w.BoundedIntText(value=m.hidden or 8, min=8, max=16384, step=8, description="hidden")
         self.heads = w.BoundedIntText(value=m.heads or 1, min=1, max=256, description="heads")
@@ -426,12 +431,9 @@ class ComparisonPanel:
             model=spec,
             cluster={"nodes": max(1, len(self.node_names)), "gpus_per_node": self.nprocs.value},
             zero={
-                "precision": self.precision.value,
-                **dict(zip(checkpointing.FIELDS, self.checkpointing.value, strict=True)),
-                **dict(zip(trainable.FIELDS, self.trainable.value, strict=True)),
-                "loss": self.loss.value,
-                "reduce_bucket_size": round(self.reduce_bucket.value),
-                "prefetch_bucket_size": round(self.prefetch_bucket.value),
+                field: value
+                for name, s in APPLIED.items()
+                for field, value in ui.setting_values(s, getattr(self, name)).items()
             },
             batch={"grad_accum": self.grad_accum.value, "seq_len": self.seq_len.value},
         )
