@@ -171,9 +171,7 @@ def test_the_memory_panel_disables_what_the_stage_does_not_read(monkeypatch):
 
 
 def test_the_comparison_panel_offers_what_the_registry_says():
-    from kit.lab.comparison_panel import comparison_panel
-
-    from kit.lab.comparison_panel import APPLIED
+    from kit.lab.comparison_panel import APPLIED, comparison_panel
 
     panel = comparison_panel(stages=(2, 3), nprocs=2)
     offered = {s.comparison for s in SETTINGS if s.comparison}
