@@ -108,6 +108,14 @@ def _owner(field: str) -> tuple[type[BaseModel], str]:
     return (AioSettings, name) if section == "aio" else (ZeroSettings, field)
 
 
+def _part(group: str, section: str, field: str, label: str, help: str) -> Setting:
+    """One field of a composite control (``group``: checkpointing, what trains): the training script's,
+    in the memory panel's form, offered by both panels."""
+    return Setting(field, label, help, section, "composite", None, group=group, main=True, comparison=group)
+
+
+#: the section of zero_optimization's counts in elements (``_buckets``)
+BUCKETS = "buckets (elements)"
 #: the panels' names of the bucket sliders
 WIDGETS = {
     "reduce_bucket_size": "reduce_bucket",
@@ -139,7 +147,7 @@ def _buckets() -> tuple[Setting, ...]:
     main = ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters")
     return tuple(
         Setting(
-            k.field, text[k.field][0], f"zero_optimization.{k.key}: {text[k.field][1]}", "buckets (elements)",
+            k.field, text[k.field][0], f"zero_optimization.{k.key}: {text[k.field][1]}", BUCKETS,
             "elements", f"zero_optimization.{k.key}", k.stages, main=k.field in main,
             widget=WIDGETS.get(k.field, ""), comparison=text[k.field][2],
         )
@@ -212,40 +220,24 @@ SETTINGS: tuple[Setting, ...] = (
         _Z,
         "float",
         "optimizer.params.momentum",
-    ),  # fmt: skip
-    Setting(
-        "activation_checkpointing",
-        "checkpointing",
-        "recompute activations per block",
-        _Z,
-        "composite",
-        None,
-        group="checkpointing",
-        main=True,
-        comparison="checkpointing",
     ),
-    Setting(
+    _part(
+        "checkpointing", _Z, "activation_checkpointing", "checkpointing", "recompute activations per block"
+    ),
+    _part(
+        "checkpointing",
+        _Z,
         "checkpoint_every",
         "checkpoint every",
         "checkpoint one block in N, the others keep everything (torchtitan's selective 'layer' N)",
-        _Z,
-        "composite",
-        None,
-        group="checkpointing",
-        main=True,
-        comparison="checkpointing",
     ),
-    Setting(
+    _part(
+        "checkpointing",
+        _Z,
         "checkpoint_policy",
         "checkpoint policy",
-        "full: a block keeps its input; selective-op: also its "
-        "matmul and attention outputs (torchtitan's 'op')",
-        _Z,
-        "composite",
-        None,
-        group="checkpointing",
-        main=True,
-        comparison="checkpointing",
+        "full: a block keeps its input; selective-op: also its matmul and attention outputs "
+        "(torchtitan's 'op')",
     ),
     Setting(
         "overlap_comm",
@@ -274,7 +266,7 @@ SETTINGS: tuple[Setting, ...] = (
         "checkbox",
         None,
         STAGE3,
-    ),  # fmt: skip
+    ),
     Setting(
         "hpz_partition_size",
         "hpZ size",
@@ -310,50 +302,16 @@ SETTINGS: tuple[Setting, ...] = (
         main=True,
         comparison="quantized_gradients",
     ),
-    Setting(
-        "lora_rank",
-        "LoRA rank",
-        "LoRA rank through peft; 0: no LoRA",
+    _part("trainable", _T, "lora_rank", "LoRA rank", "LoRA rank through peft; 0: no LoRA"),
+    _part(
+        "trainable",
         _T,
-        "composite",
-        None,
-        group="trainable",
-        main=True,
-        comparison="trainable",
-    ),  # fmt: skip
-    Setting(
         "lora_targets",
         "LoRA targets",
         "comma-separated peft target_modules, or all-linear (default: peft's for the model type)",
-        _T,
-        "composite",
-        None,
-        group="trainable",
-        main=True,
-        comparison="trainable",
     ),
-    Setting(
-        "freeze_embeddings",
-        "frozen embeddings",
-        "the input embeddings do not train",
-        _T,
-        "composite",
-        None,
-        group="trainable",
-        main=True,
-        comparison="trainable",
-    ),  # fmt: skip
-    Setting(
-        "frozen_blocks",
-        "frozen blocks",
-        "the first N blocks do not train",
-        _T,
-        "composite",
-        None,
-        group="trainable",
-        main=True,
-        comparison="trainable",
-    ),  # fmt: skip
+    _part("trainable", _T, "freeze_embeddings", "frozen embeddings", "the input embeddings do not train"),
+    _part("trainable", _T, "frozen_blocks", "frozen blocks", "the first N blocks do not train"),
     Setting(
         "loss",
         "loss",
@@ -374,7 +332,7 @@ SETTINGS: tuple[Setting, ...] = (
         "zero_optimization.offload_param.buffer_count",
         STAGE3,
         flag="--nvme-buffer-count",
-    ),  # fmt: skip
+    ),
     Setting(
         "buffer_size",
         "param buffer size",
@@ -413,7 +371,7 @@ SETTINGS: tuple[Setting, ...] = (
         "checkbox",
         "zero_optimization.offload_*.pin_memory",
         ZERO,
-    ),  # fmt: skip
+    ),
     Setting(
         "aio.block_size",
         "aio block",
@@ -422,7 +380,7 @@ SETTINGS: tuple[Setting, ...] = (
         "elements",
         "aio.block_size",
         STAGE3,
-    ),  # fmt: skip
+    ),
     Setting("aio.queue_depth", "aio queue depth", "aio.queue_depth", _N, "int", "aio.queue_depth", STAGE3),
     Setting(
         "aio.intra_op_parallelism",
@@ -442,7 +400,7 @@ SETTINGS: tuple[Setting, ...] = (
         "checkbox",
         "aio.single_submit",
         STAGE3,
-    ),  # fmt: skip
+    ),
     Setting(
         "aio.overlap_events",
         "aio overlap events",
@@ -451,7 +409,7 @@ SETTINGS: tuple[Setting, ...] = (
         "checkbox",
         "aio.overlap_events",
         STAGE3,
-    ),  # fmt: skip
+    ),
 )
 BY_FIELD = {s.field: s for s in SETTINGS}
 #: the ZeroSettings fields no Setting declares: ``engine`` (``--stage ddp`` and the stage toggle's

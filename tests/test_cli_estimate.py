@@ -429,11 +429,9 @@ def test_bucket_flags_set_each_zero_optimization_knob_and_travel_to_launch_cmd(c
     from kit.cli import build_parser
     from kit.cli.args import setup_from_args
     from kit.cli.plan import _ds_config_command
-    from kit.ds_keys import ZERO_KEYS
+    from kit.settings import BUCKETS, SETTINGS
 
-    BUCKET_KEYS = [
-        k for k in ZERO_KEYS if type(k.default) is int and k.field not in ("stage", "hpz_partition_size")
-    ]
+    BUCKET_KEYS = [s for s in SETTINGS if s.section == BUCKETS]  # the counts in elements
 
     base = ("estimate", "--model", "llama-2-7b", "--stage", "3", "--json")
     flags = [(f"--{k.field.replace('_', '-')}", k.default + 1) for k in BUCKET_KEYS]

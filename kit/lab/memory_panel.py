@@ -29,7 +29,8 @@ from kit.units import GIB, parse_count
 
 #: each panel control's setting (a composite's first)
 BY_NAME = {s.name: s for s in reversed(SETTINGS)}
-#: the settings whose enabling the panel decides itself (the offloads' reasons, the swap folder's)
+#: the settings whose enabling the panel decides itself (the offloads' reasons, the swap folder's, the
+#: loss's choices for the model)
 OWN_RULES = ("loss", "offload_optimizer", "offload_param", "nvme_path")
 
 
