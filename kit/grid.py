@@ -25,18 +25,17 @@ from dataclasses import asdict, dataclass, field, replace
 
 from pydantic import ValidationError
 
-from kit.ds_keys import EXAMPLE_NVME_PATH, ZEROPP_OFF
-from kit.rules import BASELINES, baseline_name, hpz_cluster_problem
+from kit.ds_keys import EXAMPLE_NVME_PATH
+from kit.rules import BASELINES, Offload, baseline_name, hpz_cluster_problem
 from kit.schema import Cluster, ZeroSettings, one_line_error
+from kit.settings import ZEROPP_OFF
 
 #: what a user picks as "stage": a ZeRO stage or a PyTorch baseline (``kit.rules.BASELINES``)
 STAGES = ("0", "1", "2", "3", *BASELINES)
-#: where offloaded states go
-OFFLOADS = ("none", "cpu", "nvme")
 #: how much a ``variants`` point offloads: nothing, the optimizer states, the optimizer states and the
 #: parameters (stage 3), or the most the stage can (``all`` at stage 3, ``optimizer`` at stages 1-2)
 OFFLOAD_LEVELS = ("none", "optimizer", "all", "most")
-#: the ZeroSettings fields of ZeRO++ (``kit.ds_keys.ZEROPP_OFF`` holds their off values)
+#: the ZeroSettings fields of ZeRO++ (``kit.settings.ZEROPP_OFF`` holds their off values)
 ZEROPP_FIELDS = tuple(ZEROPP_OFF)
 
 
@@ -46,8 +45,8 @@ class Variant:
 
     engine: str = "deepspeed"
     stage: int = 2
-    offload_optimizer: str = "none"
-    offload_param: str = "none"
+    offload_optimizer: str = Offload.NONE
+    offload_param: str = Offload.NONE
     precision: str | None = None  # None: the Setup's own
     hpz_partition_size: int = 1
     quantized_weights: bool = False
@@ -127,7 +126,7 @@ def problem(variant: Variant, cluster: Cluster | None = None) -> tuple[str, str]
     so the grid refuses exactly what ``ZeroSettings`` refuses, with the same words.
     """
     zero = variant.zero  # without a precision, the schema's default is checked
-    if "nvme" in (variant.offload_optimizer, variant.offload_param):
+    if Offload.NVME in (variant.offload_optimizer, variant.offload_param):
         zero["nvme_path"] = EXAMPLE_NVME_PATH  # a check of the combination only
     try:
         ZeroSettings(**zero)
@@ -142,8 +141,8 @@ def problem(variant: Variant, cluster: Cluster | None = None) -> tuple[str, str]
 def grid(
     stages: Iterable[str | int] = STAGES,
     *,
-    offload_optimizer: Sequence[str] = ("none",),
-    offload_param: Sequence[str] = ("none",),
+    offload_optimizer: Sequence[str] = (Offload.NONE,),
+    offload_param: Sequence[str] = (Offload.NONE,),
     precision: Sequence[str | None] = (None,),
     zeropp: Sequence[dict] = (ZEROPP_OFF,),
     cluster: Cluster | None = None,
@@ -163,7 +162,7 @@ def variants(
     stages: Iterable[str | int] = STAGES,
     *,
     offload: Sequence[str] = ("none",),
-    to: str = "cpu",
+    to: str = Offload.CPU,
     zeropp: Sequence[dict] = (),
     precision: str | None = None,
     cluster: Cluster | None = None,
@@ -175,7 +174,7 @@ def variants(
     for level in offload:
         if level not in OFFLOAD_LEVELS:
             raise ValueError(f"offload: choose from {', '.join(OFFLOAD_LEVELS)}, got {level!r}")
-    if to not in OFFLOADS[1:]:
+    if to not in (Offload.CPU, Offload.NVME):
         raise ValueError(f"to: choose cpu or nvme, got {to!r}")
     out = Grid()
     for choice in stages:
@@ -195,8 +194,8 @@ def _offloaded(plain: Variant, level: str, to: str) -> Variant:
     if level == "most":
         full = _offloaded(plain, "all", to)
         return full if problem(full) is None else _offloaded(plain, "optimizer", to)
-    here = to if problem(replace(plain, offload_optimizer=to)) is None else "cpu"
-    return replace(plain, offload_optimizer=here, offload_param=here if level == "all" else "none")
+    here = to if problem(replace(plain, offload_optimizer=to)) is None else Offload.CPU
+    return replace(plain, offload_optimizer=here, offload_param=here if level == "all" else Offload.NONE)
 
 
 def _takes_zeropp(v: Variant) -> bool:

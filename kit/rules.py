@@ -2,14 +2,17 @@
 
 Defaults are counts of elements, not bytes (``deepspeed/runtime/zero/config.py``). The byte widths and
 optimizer states are those of DeepSpeed's ZeRO optimizers (``stage_1_and_2.py``, ``stage3.py``) and of
-``torch.optim``; ``offload_problem`` is the stage rule DeepSpeed applies to ``offload_*``;
+``torch.optim``; ``Offload`` names where ``offload_*`` puts states, ``offload_problem`` is the stage rule
+DeepSpeed applies to it;
 ``BUS_FACTORS`` (ring factors) turn a collective's buffer, and ``wire_factor`` what DeepSpeed's comms logger
 records, into bytes a rank puts on the wire.
 """
 
 from __future__ import annotations
 
-from kit.components import MODEL_STATES
+from enum import StrEnum
+
+from kit.components import MODEL_STATES, Component
 from kit.units import GIB
 
 #: zero_optimization defaults (DeepSpeedZeroConfig)
@@ -28,6 +31,17 @@ DS_SUB_GROUP_SIZE = 1_000_000_000
 NCCL_ALIGNMENT = 2
 #: DeepSpeed's and torchrun's default rendezvous port
 DEFAULT_MASTER_PORT = 29500
+
+
+class Offload(StrEnum):
+    """Where an ``offload_*`` block puts its states: DeepSpeed's ``OffloadDeviceEnum``
+    (``deepspeed/runtime/zero/offload_config.py``). Members are the strings a ds_config, the CLI and the
+    records hold; ``ZeroSettings`` fields hold the members."""
+
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
+
 
 #: NVMe offload (ZeRO-Infinity) defaults: ``deepspeed/runtime/zero/offload_config.py`` (offload_param
 #: buffer_count 5, buffer_size 1e8 elements, max_in_cpu 1e9 elements; offload_optimizer buffer_count 4)
@@ -53,7 +67,12 @@ OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd": 0}
 
 
 #: the model states each stage partitions across data-parallel ranks (ZeRO paper, section 5)
-SHARDED = {0: (), 1: ("optimizer_states",), 2: ("gradients", "optimizer_states"), 3: MODEL_STATES}
+SHARDED = {
+    0: (),
+    1: (Component.OPTIMIZER_STATES,),
+    2: (Component.GRADIENTS, Component.OPTIMIZER_STATES),
+    3: MODEL_STATES,
+}
 
 
 #: bytes of one 16-bit (fp16 / bf16) parameter or gradient element
@@ -82,17 +101,17 @@ def offload_problem(stage: int, offload_optimizer: str, offload_param: str) -> t
     NVMe: only stage 3 swaps optimizer states to files (``stage3.py`` ``_configure_tensor_swapping``);
     stages 1-2 accept ``device: nvme`` but keep the states in CPU RAM (``stage_1_and_2.py`` has no swapper).
     """
-    if offload_optimizer == "nvme" and stage != 3:
+    if offload_optimizer == Offload.NVME and stage != 3:
         return "offload_optimizer", (
             f"'nvme' needs ZeRO stage 3 (got stage {stage}): stages 1-2 have no NVMe swapper and keep the "
             "states in CPU RAM; use 'cpu'"
         )
-    if offload_optimizer != "none" and stage == 0:
+    if offload_optimizer != Offload.NONE and stage == 0:
         return (
             "offload_optimizer",
             "needs ZeRO stage 1, 2 or 3 (stage 0 keeps the whole optimizer on each GPU)",
         )
-    if offload_param != "none" and stage != 3:
+    if offload_param != Offload.NONE and stage != 3:
         return "offload_param", (
             f"needs ZeRO stage 3: only stage 3 partitions the parameters (got stage {stage}); "
             "use offload_optimizer for stages 1-2"
@@ -174,7 +193,7 @@ def baseline_problem(
     if baseline_name(engine, stage) is None:
         stages = " or ".join(str(s) for e, s in BASELINES.values() if e == engine)
         return "stage", f"engine {engine!r} stands for ZeRO stage {stages}, got stage {stage}"
-    if offload_optimizer != "none" or offload_param != "none":
+    if offload_optimizer != Offload.NONE or offload_param != Offload.NONE:
         return "offload_optimizer", f"engine {engine!r}: offload is DeepSpeed's; use engine 'deepspeed'"
     if precision == "fp16":
         return "precision", f"engine {engine!r}: fp32 or bf16 (fp16 needs a loss scaler), got 'fp16'"

@@ -16,7 +16,7 @@ from kit import batch as batch_math
 from kit import checkpointing, trainable
 from kit import loss as losses
 from kit.checkpointing import Policy
-from kit.ds_keys import EXAMPLE_NVME_PATH, ZEROPP_OFF
+from kit.ds_keys import EXAMPLE_NVME_PATH
 from kit.loss import Loss
 from kit.rules import (
     AIO_BLOCK_SIZE,
@@ -32,6 +32,7 @@ from kit.rules import (
     NVME_OPTIMIZER_BUFFER_COUNT,
     NVME_PARAM_BUFFER_COUNT,
     NVME_PARAM_BUFFER_SIZE,
+    Offload,
     baseline_name,
     baseline_problem,
     hpz_cluster_problem,
@@ -39,7 +40,6 @@ from kit.rules import (
     zeropp_problem,
 )
 
-Offload = Literal["none", "cpu", "nvme"]
 Precision = Literal["fp32", "fp16", "bf16"]
 Optimizer = Literal["adamw", "adam", "sgd"]
 #: the longest sequence a Setup accepts (tokens per sample)
@@ -169,8 +169,8 @@ class ZeroSettings(_Frozen):
     """
 
     stage: Literal[0, 1, 2, 3] = 2
-    offload_optimizer: Offload = "none"
-    offload_param: Offload = "none"
+    offload_optimizer: Offload = Offload.NONE
+    offload_param: Offload = Offload.NONE
     precision: Precision = "bf16"
     optimizer: Optimizer = "adamw"
     momentum: float = Field(0.0, ge=0.0, lt=1.0, description="SGD momentum; > 0 keeps one state per param")
@@ -284,8 +284,10 @@ class ZeroSettings(_Frozen):
 
     @property
     def zeropp(self) -> bool:
-        """Whether any of ZeRO++'s hpZ, qwZ, qgZ is on (a field away from its ``ZEROPP_OFF`` value)."""
-        return any(getattr(self, field) != off for field, off in ZEROPP_OFF.items())
+        """Whether any of ZeRO++'s hpZ, qwZ, qgZ is on: a field away from its default, DeepSpeed's off value
+        (``kit.settings.ZEROPP_OFF``, the registry's, is checked against these fields)."""
+        fields = ("hpz_partition_size", "quantized_weights", "quantized_gradients")
+        return any(getattr(self, f) != type(self).model_fields[f].default for f in fields)
 
     @property
     def zeropp_label(self) -> str:
@@ -295,9 +297,14 @@ class ZeroSettings(_Frozen):
         return " ".join(parts + [name for name, used in on if used])
 
     @property
+    def offloaded(self) -> bool:
+        """Whether anything is offloaded (optimizer states or parameters, to CPU or NVMe)."""
+        return (self.offload_optimizer, self.offload_param) != (Offload.NONE, Offload.NONE)
+
+    @property
     def nvme(self) -> bool:
         """Whether anything is offloaded to NVMe (ZeRO-Infinity)."""
-        return "nvme" in (self.offload_optimizer, self.offload_param)
+        return Offload.NVME in (self.offload_optimizer, self.offload_param)
 
     def checkpointing(self, on: bool) -> dict[str, Any]:
         """The checkpointing fields with it turned on (keeping these settings' policy) or off, for
@@ -458,10 +465,10 @@ class Setup(_Frozen):
         """Short human name, e.g. ``z3 +opt-off +param-off bf16 mb4``."""
         z = self.zero
         parts = [baseline_name(z.engine, z.stage) or f"z{z.stage}"]
-        if z.offload_optimizer != "none":
-            parts.append("opt-off" if z.offload_optimizer == "cpu" else "opt-nvme")
-        if z.offload_param != "none":
-            parts.append("param-off" if z.offload_param == "cpu" else "param-nvme")
+        if z.offload_optimizer is not Offload.NONE:
+            parts.append("opt-off" if z.offload_optimizer is Offload.CPU else "opt-nvme")
+        if z.offload_param is not Offload.NONE:
+            parts.append("param-off" if z.offload_param is Offload.CPU else "param-nvme")
         parts += z.zeropp_label.split()
         parts += [z.precision, f"mb{self.batch.micro_batch}"]
         if self.batch.grad_accum > 1:

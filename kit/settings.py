@@ -11,18 +11,30 @@ section holds those ``main`` leaves out) and the comparison panel's (``compariso
 ``tests/test_settings.py`` walks the registry against the CLI parsers, both panels and the ds_config
 writer and reader.
 
+The ds_config's view of the same entries (``ZERO_KEYS``, ``ZEROPP_KEYS``, ``NVME_KEYS``, ``STAGE3_KEYS``,
+``hf_auto``) is what the writer (``kit.ds_config.writer``), the reader (``kit.ds_config.reader``) and the
+review (``kit.review``) walk: a setting's key, the other spelling DeepSpeed accepts and HF Trainer's
+``"auto"`` rule live on its entry. ``tests/test_ds_keys.py`` checks the keys, spellings and defaults
+against DeepSpeed's own config classes (the schema's defaults are DeepSpeed's, but for the stage) and the
+``"auto"`` rules against transformers' ``HfTrainerDeepSpeedConfig``.
+
 What it cannot see: the batch (``Batch``: micro batch, accumulation, sequence length) and the cluster
-are not ZeRO settings and keep their own flags and controls; how a setting is estimated is the estimate's.
+are not ZeRO settings and keep their own flags and controls (their ds_config keys: ``kit.ds_keys``); how a
+setting is estimated is the estimate's.
 """
 
 from __future__ import annotations
 
+import enum
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from kit.ds_keys import STAGE3_UNMODELLED
+from kit.rules import Offload
 from kit.schema import AioSettings, ZeroSettings
 
 Control = Literal["toggle", "dropdown", "checkbox", "int", "float", "elements", "text", "composite"]
@@ -55,6 +67,10 @@ class Setting:
     main: bool = False
     #: the comparison panel's control for it (``stages`` there for ``stage``), "" when it is not offered
     comparison: str = ""
+    #: the other spelling DeepSpeed accepts for its key (a pydantic alias: ``x`` for ``stage3_x``), or ""
+    ds_alias: str = ""
+    #: HF Trainer's ``"auto"``: (formula text, rule from the model's hidden size), None without one
+    hf_auto: tuple[str, Callable[[int], int]] | None = None
 
     @property
     def option(self) -> str:
@@ -76,15 +92,31 @@ class Setting:
         return self.ds_key is None
 
     @property
+    def key(self) -> str:
+        """Its key inside its ds_config block (``stage3_prefetch_bucket_size``), "" for the script's."""
+        return (self.ds_key or "").rpartition(".")[2]
+
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        return (self.key, self.ds_alias) if self.ds_alias else (self.key,)
+
+    @property
+    def off(self) -> Any:
+        """The value that leaves a ZeRO++ feature off (DeepSpeed's default), None for any other setting."""
+        return self.default if self.section == ZEROPP else None
+
+    @property
     def default(self) -> Any:
         section, name = _owner(self.field)
         return section.model_fields[name].default
 
     @property
     def choices(self) -> tuple[Any, ...]:
-        """The values a Literal field takes, () for any other."""
+        """The values a Literal or an enum field takes (an enum's as its values), () for any other."""
         section, name = _owner(self.field)
         annotation = typing.get_type_hints(section)[name]
+        if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+            return tuple(member.value for member in annotation)
         return typing.get_args(annotation) if typing.get_origin(annotation) is Literal else ()
 
     @property
@@ -124,40 +156,50 @@ WIDGETS = {
 }
 
 
-def _buckets() -> tuple[Setting, ...]:
-    """zero_optimization's counts in elements, from ``kit.ds_keys.ZERO_KEYS`` (key, stages, default)."""
-    from kit.ds_keys import ZERO_KEYS
+def _bucket(field: str, key: str, label: str, what: str, stages: tuple[int, ...], **more: Any) -> Setting:
+    """One of zero_optimization's counts in elements (``key``: its ds_config spelling)."""
+    widget = WIDGETS.get(field, "")
+    return Setting(
+        field, label, f"zero_optimization.{key}: {what}", BUCKETS, "elements", f"zero_optimization.{key}",
+        stages, widget=widget, **more,
+    )  # fmt: skip
 
-    text = {
-        "reduce_bucket_size": ("reduce bucket", "gradients reduced per bucket", "reduce_bucket"),
-        "allgather_bucket_size": ("allgather bucket", "stages 1-2: parameters gathered per bucket", ""),
-        "prefetch_bucket_size": (
-            "s3 prefetch",
-            "stage 3: parameters fetched ahead of use",
-            "prefetch_bucket",
+
+def _buckets() -> tuple[Setting, ...]:
+    s3 = "stage 3: "
+    return (
+        _bucket(
+            "reduce_bucket_size", "reduce_bucket_size", "reduce bucket", "gradients reduced per bucket",
+            ZERO, main=True, comparison="reduce_bucket", hf_auto=("hidden^2", lambda h: h * h),
         ),
-        "max_live_parameters": ("s3 max live", "stage 3: gathered parameters held at once", ""),
-        "max_reuse_distance": (
-            "s3 reuse distance",
-            "stage 3: keep a gathered parameter reused this soon",
-            "",
+        _bucket(
+            "allgather_bucket_size", "allgather_bucket_size", "allgather bucket",
+            "stages 1-2: parameters gathered per bucket", (1, 2), main=True,
         ),
-        "param_persistence_threshold": ("s3 persistence", "stage 3: parameters this small stay whole", ""),
-    }
-    main = ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters")
-    return tuple(
-        Setting(
-            k.field, text[k.field][0], f"zero_optimization.{k.key}: {text[k.field][1]}", BUCKETS,
-            "elements", f"zero_optimization.{k.key}", k.stages, main=k.field in main,
-            widget=WIDGETS.get(k.field, ""), comparison=text[k.field][2],
-        )
-        for k in ZERO_KEYS
-        if k.field in text
+        _bucket(
+            "prefetch_bucket_size", "stage3_prefetch_bucket_size", "s3 prefetch",
+            s3 + "parameters fetched ahead of use", STAGE3, main=True, comparison="prefetch_bucket",
+            ds_alias="prefetch_bucket_size", hf_auto=("0.9 hidden^2", lambda h: int(0.9 * h * h)),
+        ),
+        _bucket(
+            "max_live_parameters", "stage3_max_live_parameters", "s3 max live",
+            s3 + "gathered parameters held at once", STAGE3, main=True, ds_alias="max_live_parameters",
+        ),
+        _bucket(
+            "max_reuse_distance", "stage3_max_reuse_distance", "s3 reuse distance",
+            s3 + "keep a gathered parameter reused this soon", STAGE3, ds_alias="max_reuse_distance",
+        ),
+        _bucket(
+            "param_persistence_threshold", "stage3_param_persistence_threshold", "s3 persistence",
+            s3 + "parameters this small stay whole", STAGE3, ds_alias="param_persistence_threshold",
+            hf_auto=("10 hidden", lambda h: 10 * h),
+        ),
     )  # fmt: skip
 
 
 NVME = "NVMe offload (ZeRO-Infinity)"
-_Z, _PP, _T, _N = "ZeRO", "ZeRO++ (stage 3)", "what trains and its loss", NVME
+ZEROPP = "ZeRO++ (stage 3)"
+_Z, _PP, _T, _N = "ZeRO", ZEROPP, "what trains and its loss", NVME
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "stage",
@@ -412,6 +454,40 @@ SETTINGS: tuple[Setting, ...] = (
     ),
 )
 BY_FIELD = {s.field: s for s in SETTINGS}
+
+#: ``zero_optimization``'s own keys (not the offload blocks'), in the order the writer writes them
+ZERO_KEYS = tuple(
+    s for s in SETTINGS if s.ds_key and s.ds_key.count(".") == 1 and s.ds_key[:17] == "zero_optimization"
+)
+#: ZeRO++'s keys (the ones with an off value) and the ZeroSettings fields that turn it off (what a change
+#: to stages 0-2, DDP or FSDP must also set)
+ZEROPP_KEYS = tuple(s for s in ZERO_KEYS if s.off is not None)
+ZEROPP_OFF = {s.field: s.off for s in ZEROPP_KEYS}
+#: NVMe offload's keys per offload block, beside ``device``, ``pin_memory`` and ``nvme_path``
+NVME_KEYS = {
+    kind: tuple(
+        s for s in SETTINGS if (s.ds_key or "").startswith(f"zero_optimization.{kind}.") and s.section == NVME
+    )
+    for kind in ("offload_param", "offload_optimizer")
+}
+#: every zero_optimization key only stage 3 reads; the stage 1-2 optimizer and stage 0 never look at them
+STAGE3_KEYS = tuple(x for s in ZERO_KEYS if s.stages == STAGE3 for x in s.spellings) + STAGE3_UNMODELLED
+
+
+def zero_key(spelling: str) -> Setting | None:
+    """The ``ZERO_KEYS`` entry a zero_optimization key (either spelling) belongs to, or None."""
+    return next((s for s in ZERO_KEYS if spelling in s.spellings), None)
+
+
+def hf_auto(key: str, hidden: int) -> int:
+    """What HF Trainer writes for ``"auto"`` in zero_optimization ``key`` for a model of ``hidden`` size
+    (``HfTrainerDeepSpeedConfig.trainer_config_finalize``); KeyError for a key it does not size."""
+    entry = zero_key(key)
+    if entry is None or entry.hf_auto is None:
+        raise KeyError(key)
+    return entry.hf_auto[1](hidden)
+
+
 #: the ZeroSettings fields no Setting declares: ``engine`` (``--stage ddp`` and the stage toggle's
 #: baselines set it) and ``aio`` (its fields are settings of their own)
 NOT_SETTINGS = ("engine", "aio")
@@ -424,9 +500,9 @@ def applies(s: Setting, stage: int, offloads: tuple[str, str], optimizer: str) -
     if stage not in s.stages:
         return False
     if s.section == NVME:
-        return "nvme" in offloads
+        return Offload.NVME in offloads
     if s.field == "pin_memory":
-        return offloads != ("none", "none")
+        return offloads != (Offload.NONE, Offload.NONE)
     return s.field != "momentum" or optimizer == "sgd"
 
 

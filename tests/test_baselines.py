@@ -21,9 +21,10 @@ from kit.ds_config import to_ds_config
 from kit.estimate import baselines
 from kit.models import preset, toy_spec
 from kit.rules import BASELINES, baseline_name
-from kit.run.sweep import TOY_ZERO, check, config_id
+from kit.run.sweep import check, config_id
 from kit.schema import Setup
 from kit.steptime.comm import comm_bytes
+from kit.toys import TOY_ZERO
 
 NPROCS = 2
 TOY = Setup(

@@ -9,10 +9,11 @@ from kit import models
 from kit.cli import main
 from kit.run import calibrate as cal
 from kit.run.results import Results
-from kit.run.sweep import TOY_ZERO, config_id
+from kit.run.sweep import config_id
 from kit.schema import Setup
 from kit.steptime import calibrated, perf
 from kit.steptime.comm import TIMED_AS, collective_calls, collectives
+from kit.toys import TOY_ZERO
 
 
 def records(setups_and_times: list[tuple[Setup, list[float]]], device: str) -> Results:
@@ -89,6 +90,50 @@ def test_calibrate_cli_measures_this_machine(capsys, tmp_path):
     errors = [abs(c["error"]) for c in data["configs"]]
     assert data["median_abs_error"] == pytest.approx(sum(errors) / 2)
     assert main(["calibrate", str(tmp_path / "none")]) == 2
+
+
+def test_the_report_is_what_zerokit_calibrate_prints(capsys, tmp_path):
+    """``report``: CPU records predicted on this machine at the bus bandwidth ``bus`` gives for ``nprocs``
+    ranks; with a calibration file no machine is measured, and what it carried over comes with the command
+    that measures it; ``zerokit calibrate --json`` prints ``to_dict``."""
+    from kit.records import append_record
+    from tests.test_perf import calibration, toy
+
+    setups = [toy(stage=2), toy(stage=3, precision="bf16")]
+    for row in records([(setups[0], [0.5, 0.4, 0.4]), (setups[1], [0.7, 0.6])], "cpu").records:
+        append_record(str(tmp_path / "records.jsonl"), row)
+    asked = []
+
+    def bus(nprocs: int) -> float:
+        asked.append(nprocs)
+        return 2.5
+
+    found = cal.report(str(tmp_path), bus, nprocs=1)
+    assert asked == [1] and found.machine is not None and found.machine.bus_gbps == 2.5
+    assert sorted(found.machine.tflops) == ["bf16", "fp32"] and found.label == "uncalibrated"
+    hardware = found.machine.hardware("bf16")
+    assert found.table.predicted_s.iloc[1] == perf.step_time(setups[1], hardware, cal.MEASURED).step_s
+    assert found.carried_over == []
+    summary = found.to_dict()
+    assert summary["machine"]["bus_gbps"] == 2.5 and summary["calibration"] == "uncalibrated"
+    assert summary["max_abs_error"] == pytest.approx(found.table.error.abs().max())
+
+    path = tmp_path / "c.json"
+    calibration().save(path)
+    found = cal.report(
+        str(tmp_path), lambda n: pytest.fail("a calibration file measures nothing"), 2, str(path)
+    )
+    bf16 = "precision bf16 (the calibration measured fp32)"
+    assert found.machine is None and found.label.startswith("calibrated on cpu (2 ranks, gloo")
+    assert found.carried_over == [
+        (bf16, [setups[1].label], ["zerokit", "calibrate", "--measure", "--precision", "bf16"])
+    ]
+    assert main(["calibrate", str(tmp_path), "--calibration", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(found.to_dict()))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "records.jsonl").write_text("")
+    with pytest.raises(ValueError, match=r"^sweep: \S+empty has no measured configuration to compare with$"):
+        cal.report(str(tmp_path / "empty"), lambda n: 1.0)
 
 
 #: the busy shares ``worker_lines`` measures: per collective (its middle size) and per engine
@@ -257,7 +302,7 @@ def test_the_command_that_measures_what_was_carried_over_measures_it():
     """``measure_argv``: for a model, precision or engine the calibration did not measure, the
     ``zerokit calibrate --measure`` whose calibration has none of it left to carry over."""
     from kit.cli import build_parser
-    from kit.cli.preflight import measure_base
+    from kit.cli.calibrate import measure_base
     from kit.run.calibrate import measure_argv
     from kit.steptime.calibration import model_text
     from tests.test_perf import calibration, toy

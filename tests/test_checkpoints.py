@@ -13,9 +13,9 @@ from kit import models
 from kit.cli import main
 from kit.estimate.checkpoint_size import checkpoint_bytes
 from kit.models import toy_spec
-from kit.run.sweep import toy_setup
 from kit.scaleout.checkpoints import checkpoint_layout, consolidate, run_roundtrip, unique_numel
 from kit.schema import Setup
+from kit.toys import toy_setup
 
 SPEC = toy_spec()  # 136,960 parameters in 28 tensors (lm_head tied to wte)
 BASE = toy_setup(2)  # what `zerokit checkpoint roundtrip` runs: the toy GPT, micro batch 2, small buckets

@@ -425,7 +425,7 @@ def test_the_fits_line_says_a_gpu_lacks_the_precision_as_the_memory_panel_does(c
 
 def test_bucket_flags_set_each_zero_optimization_knob_and_travel_to_launch_cmd(capsys):
     """Issue 40: the bucket and stage-3 fetching knobs the panels offer are flags too, one per
-    ``kit.ds_keys.ZERO_KEYS`` entry counted in elements, and ``plan``'s launch-cmd line repeats them."""
+    ``kit.settings.ZERO_KEYS`` entry counted in elements, and ``plan``'s launch-cmd line repeats them."""
     from kit.cli import build_parser
     from kit.cli.args import setup_from_args
     from kit.cli.plan import _ds_config_command

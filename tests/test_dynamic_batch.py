@@ -10,8 +10,8 @@ from kit.batch import ramp, resolve, schedule
 from kit.cli import main
 from kit.estimate import estimate
 from kit.models import preset, toy_spec
-from kit.run.sweep import TOY_ZERO
 from kit.schema import one_line_error
+from kit.toys import TOY_ZERO
 
 
 def toy(**batch) -> Setup:

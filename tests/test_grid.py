@@ -7,7 +7,7 @@ import pytest
 
 from kit import grid
 from kit.ds_config import deepspeed_refusals, to_ds_config
-from kit.rules import baseline_problem, hpz_cluster_problem, offload_problem, zeropp_problem
+from kit.rules import Offload, baseline_problem, hpz_cluster_problem, offload_problem, zeropp_problem
 from kit.schema import Cluster, ModelSpec, Setup
 
 MODEL = ModelSpec(name="t", params=10**9, largest_layer_params=10**8, layers=32, hidden=4096, heads=32)
@@ -21,8 +21,8 @@ ZEROPP = [
 PRECISIONS = ("fp32", "fp16", "bf16")
 #: every stage choice x offload x offload x precision, ZeRO++ on stage 3
 FULL = grid.grid(
-    offload_optimizer=grid.OFFLOADS,
-    offload_param=grid.OFFLOADS,
+    offload_optimizer=tuple(Offload),
+    offload_param=tuple(Offload),
     precision=PRECISIONS,
     zeropp=ZEROPP,
     cluster=CLUSTER,
@@ -40,7 +40,7 @@ def expected_problem(v: grid.Variant) -> tuple[str, str] | None:
 
 
 def setup_of(v: grid.Variant) -> Setup:
-    nvme = {"nvme_path": "/local_nvme"} if "nvme" in (v.offload_optimizer, v.offload_param) else {}
+    nvme = {"nvme_path": "/local_nvme"} if Offload.NVME in (v.offload_optimizer, v.offload_param) else {}
     return Setup(model=MODEL, cluster=CLUSTER, zero={**v.zero, **nvme}, batch={"micro_batch": 2})
 
 

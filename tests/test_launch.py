@@ -503,8 +503,8 @@ def test_hf_trainer_config_is_filled_by_transformers_to_the_setup(launch_folder,
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
 
     from kit.ds_config import read_ds_config, to_ds_config
-    from kit.ds_keys import hf_auto
     from kit.scaleout.launchers import hf_trainer_ds_config
+    from kit.settings import hf_auto
 
     out_dir, result = launch_folder("hf-trainer", *TWO_BY_TWO, "--hosts", "n1,n2", "--grad-accum", "3")
     ds = parse_args(shlex.split((out_dir / "launch.sh").read_text().splitlines()[-1])[1:])
@@ -676,3 +676,105 @@ def test_launch_cmd_for_rejects_an_unknown_launcher(zerokit):
         "zerokit launch-cmd: for: choose one of deepspeed, torchrun, slurm, accelerate, hf-trainer, "
         "lightning, got 'horovod'\n"
     )
+
+
+# --- the library call behind launch-cmd and the memory panel's command (kit.scaleout.bundle)
+
+
+def test_bundle_is_what_launch_cmd_prints(zerokit, tmp_path):
+    """``bundle(setup, LaunchRequest(...))`` for a 2-node setup: the commands as argument lists and shell
+    lines, and ``to_dict`` the very object ``zerokit launch-cmd --json`` prints for the same request."""
+    from kit.scaleout.bundle import LaunchRequest, bundle
+
+    flags = ("--hosts", "n1,n2", "--interconnect", "efa", "--script-args", "--steps 10", "--docker")
+    rc, out, err = zerokit("launch-cmd", *TWO_BY_TWO, *flags, "--json")
+    assert (rc, err) == (0, "")
+    printed = json.loads(out)
+    setup = Setup.model_validate(printed["setup"])
+    request = LaunchRequest(script_args=("--steps", "10"), hosts=("n1", "n2"), docker=True)
+    made = bundle(setup, request)
+    assert json.loads(json.dumps(made.to_dict(), default=str)) == printed
+    assert made.deepspeed == [
+        *("deepspeed", "--hostfile", "hostfile", "--master_addr", "n1", "--master_port", "29500"),
+        *("train.py", "--steps", "10", "--deepspeed_config", "ds_config.json"),
+    ]
+    assert [argv[argv.index("--node_rank") + 1] for argv in made.torchrun] == ["0", "1"]
+    assert made.shell_lines()["docker"].startswith("docker run --rm --gpus=all ")
+    assert made.docker is not None and made.docker[-len(made.deepspeed) :] == made.deepspeed
+    assert [h.line for h in made.hosts] == ["n1 slots=2", "n2 slots=2"] and made.master_addr == "n1"
+    assert made.network.name == "efa" and "FI_PROVIDER=efa\n" in made.env_file
+    assert made.registry == printed["registry"] and made.dockerfile == printed["dockerfile"]
+    assert made.write() == {}  # no out: nothing written
+
+
+def test_bundle_writes_its_folder_and_names_the_hostfile_copy(tmp_path):
+    from kit.scaleout.bundle import LaunchRequest, bundle
+
+    path = write_hostfile(make_hosts(["gpu-a", "gpu-b"], 8), tmp_path / "my hosts")
+    here = bundle(TWO_NODES, LaunchRequest(hostfile=str(path)))
+    assert here.deepspeed is not None and here.deepspeed[:3] == ["deepspeed", "--hostfile", str(path)]
+    out = tmp_path / "launch"
+    there = bundle(TWO_NODES, LaunchRequest(hostfile=str(path), out=str(out), docker=True))
+    assert there.deepspeed is not None and there.deepspeed[:3] == ["deepspeed", "--hostfile", "hostfile"]
+    written = there.write()
+    assert list(written) == [*there.launcher_files, "Dockerfile", "run_container.sh"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(written)
+    assert (out / "hostfile").read_text().endswith("\ngpu-a slots=8\ngpu-b slots=8\n")
+    assert (out / "run_container.sh").stat().st_mode & 0o111 and not (
+        out / "Dockerfile"
+    ).stat().st_mode & 0o111
+    assert there.to_dict(written)["files"] == {name: str(out / name) for name in written}
+
+
+@pytest.mark.parametrize(
+    "setup, request_fields, message",
+    [
+        (ONE_NODE, {"launcher": "ssh"}, "launcher: choose one of pdsh, openmpi, slurm, got 'ssh'"),
+        (
+            ONE_NODE,
+            {"target": "horovod"},
+            "for: choose one of deepspeed, torchrun, slurm, accelerate, hf-trainer, lightning, got 'horovod'",
+        ),
+        (TWO_NODES, {}, "hostfile: a 2-node launch needs --hostfile FILE or --hosts h1,h2,..."),
+        (
+            TWO_NODES,
+            {"hosts": ("a", "b"), "hostfile": "h"},
+            "hostfile: give --hostfile FILE or --hosts NAMES",
+        ),
+        (TWO_NODES, {"hosts": ("a", "b"), "master_addr": "c"}, "master_addr: 'c' is not a host"),
+        (
+            ONE_NODE,
+            {"efa_installer": "1.0"},
+            "efa-installer: the AWS EFA installer is for --interconnect efa",
+        ),
+        (
+            ONE_NODE,
+            {"registry": "r.io"},
+            "registry: --registry and --base-image describe the image of --docker",
+        ),
+        (TWO_NODES, {"hosts_later": True, "out": "x"}, "out: a 2-node deepspeed folder names its hosts"),
+    ],
+)
+def test_bundle_refuses_a_bad_request_in_one_line_naming_the_field(setup, request_fields, message):
+    from kit.scaleout.bundle import LaunchRequest, bundle
+
+    with pytest.raises(ValueError) as error:
+        bundle(setup, LaunchRequest(**request_fields))
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_bundle_without_hosts_yet_is_the_memory_panels_command():
+    """``hosts_later``: a multi-node command that names ``hostfile`` before it is written (the memory
+    panel's), and no launch folder, whose files would name hosts nobody gave."""
+    from kit.scaleout.bundle import LaunchRequest, bundle
+
+    made = bundle(TWO_NODES, LaunchRequest(script="p.py", hosts_later=True, master_addr="$MASTER_ADDR"))
+    assert made.shell_lines()["deepspeed"] == (
+        'deepspeed --hostfile hostfile --master_addr "$MASTER_ADDR" --master_port 29500 p.py '
+        "--deepspeed_config ds_config.json"
+    )
+    assert made.hosts == () and made.launcher_files == {} and len(made.torchrun) == 2
+    slurm = bundle(TWO_NODES, LaunchRequest(target="slurm"))  # SLURM names its nodes: no hosts needed
+    assert (slurm.deepspeed, slurm.torchrun) == (None, []) and "sbatch.sh" in slurm.launcher_files
+    one = bundle(ONE_NODE, LaunchRequest(ds_config="/c/ds.json", hosts_later=True))
+    assert one.deepspeed == ["deepspeed", "--num_gpus", "8", "train.py", "--deepspeed_config", "/c/ds.json"]

@@ -45,8 +45,8 @@ ROOMS = {
 ROOMS["kit.cli"] = ROOMS["kit.lab"] | {"kit.lab"}
 
 
-#: packages inside a room, part of it: the core's ds_config (writer, reader, parser)
-NESTED = {"kit.ds_config": "kit"}
+#: packages inside a room, part of it: the core's ds_config (writer, reader, parser), the lab's teach (topics)
+NESTED = {"kit.ds_config": "kit", "kit.lab.teach": "kit.lab"}
 
 
 def module_name(path: Path) -> str:

@@ -14,13 +14,14 @@ from kit.cli import main
 from kit.ds_config import read_ds_config, to_ds_config, validate_ds_config
 from kit.ds_keys import EXAMPLE_NVME_PATH
 from kit.estimate import infinity, nvme
-from kit.lab import teach
+from kit.lab.teach import offloading
 from kit.models import resolve, toy_spec
 from kit.planning import plan
 from kit.ranks import nvme_files
-from kit.run.sweep import LATER_FIELDS, TOY_ZERO, async_io_problem, check, config_id, run_sweep
+from kit.run.sweep import LATER_FIELDS, async_io_problem, check, config_id, run_sweep
 from kit.schema import Setup, ZeroSettings
 from kit.steptime import perf
+from kit.toys import TOY_ZERO
 
 LLAMA = resolve("llama-2-7b")
 NVME = {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme", "nvme_path": "/local_nvme"}
@@ -248,7 +249,7 @@ def test_plan_lists_nvme_setups_with_their_slowdown():
 
 
 def test_infinity_table_reproduces_the_papers_figure_2a():
-    t = teach.infinity_table().round(2)
+    t = offloading.infinity_table().round(2)
     assert list(t["params (T)"]) == [0.10, 0.50, 1.01, 10.05, 101.47]
     assert list(t["model states (TiB)"]) == [1.83, 9.16, 18.31, 182.81, 1845.70]
     assert list(t["model-state working mem per GPU (GiB)"])[1:] == [6.25, 9.77, 64.00, 400.00]
@@ -264,7 +265,7 @@ def test_infinity_bandwidth_matches_the_papers_claims():
     assert infinity.efficiency(pg, 70) > 0.5 > infinity.efficiency(pg, 60)
     assert infinity.bandwidth_for(0.9, infinity.intensity("optimizer_states", batch=2)) < 1500
     assert infinity.efficiency(infinity.intensity("activation_checkpoints", hidden=2048), 2) > 0.5
-    t = teach.infinity_bandwidth()
+    t = offloading.infinity_bandwidth()
     assert set(t.tier) == {"params_grads", "optimizer_states", "activation_checkpoints"}
 
 

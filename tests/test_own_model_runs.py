@@ -12,8 +12,9 @@ import pytest
 from kit import models
 from kit.estimate import rank_states
 from kit.paths import EXAMPLES
-from kit.run.sweep import TOY_ZERO, config_id, on_ranks
+from kit.run.sweep import config_id, on_ranks
 from kit.schema import Setup
+from kit.toys import TOY_ZERO
 
 NPROCS, STEPS, WARMUP = 2, 2, 1
 SMALL = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 256}

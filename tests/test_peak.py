@@ -11,8 +11,9 @@ from kit import models
 from kit.components import HELD
 from kit.paths import EXAMPLES
 from kit.ranks.memory_timeline import PHASES, StepMemory
-from kit.run.sweep import TOY_ZERO, config_id, on_ranks, run_sweep, toy_setup
+from kit.run.sweep import config_id, on_ranks, run_sweep
 from kit.schema import Setup
+from kit.toys import TOY_ZERO, toy_setup
 
 pytestmark = [pytest.mark.distributed, pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -516,11 +517,11 @@ def test_peak_timeline_plot_stacks_the_prediction_beside_the_measurement(toys):
 
 
 def test_peak_tables_read_rank_0s_last_step(toys):
-    from kit.lab import teach
+    from kit.lab.teach import peak
     from kit.units import MIB
 
     last = {r["label"]: r for r in toys.records if r["rank"] == 0 and r["step"] == 1}
-    table = teach.peak_table(toys)
+    table = peak.peak_table(toys)
     assert len(table) == len(SETUPS) * len(PHASES)
     assert list(dict.fromkeys(table["configuration"])) == [s.label for s in SETUPS]
     for _, row in table.iterrows():
@@ -530,7 +531,7 @@ def test_peak_tables_read_rank_0s_last_step(toys):
         assert (row["peak"] != "") == (
             row["phase"] == max(r["estimate"]["phases"], key=r["estimate"]["phases"].get)
         )
-    terms = teach.peak_terms(toys, "forward")
+    terms = peak.peak_terms(toys, "forward")
     z3 = last["z3 bf16 mb2"]["estimate"]["phases"]["forward"]
     assert terms.loc["total", "z3 bf16 mb2"] == round(z3 / MIB, 3)
     assert "reduce_bucket_size" in terms.loc["buffers formula", "z3 bf16 mb2"]
@@ -539,14 +540,14 @@ def test_peak_tables_read_rank_0s_last_step(toys):
 def test_configurations_sharing_a_label_are_named_by_the_setting_that_differs(toys):
     import copy
 
-    from kit.lab import teach
+    from kit.lab.teach import peak
     from kit.run.results import Results
 
     (z3,) = [r for r in toys.records if r["label"] == "z3 bf16 mb2" and r["rank"] == 0 and r["step"] == 1]
     small = copy.deepcopy(z3)
     small["config_id"] += "-small"
     small["setup"]["zero"]["reduce_bucket_size"] = 20_000
-    names = set(teach.peak_table(Results([z3, small]))["configuration"])
+    names = set(peak.peak_table(Results([z3, small]))["configuration"])
     bucket = z3["setup"]["zero"]["reduce_bucket_size"]
     assert names == {f"z3 bf16 mb2 reduce_bucket_size={bucket:,}", "z3 bf16 mb2 reduce_bucket_size=20,000"}
 

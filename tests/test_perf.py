@@ -165,7 +165,7 @@ def calibration(**changes):
 
 
 def toy(**zero) -> Setup:
-    from kit.run.sweep import TOY_ZERO
+    from kit.toys import TOY_ZERO
 
     return Setup(
         model=models.toy_spec(),

@@ -4,7 +4,7 @@ import pytest
 
 from kit import models
 from kit.components import MEASURED, MODEL_STATES
-from kit.lab import teach
+from kit.lab.teach import batches, roundtrip, shards, sweeps
 from kit.schema import Setup
 
 #: ZeRO paper (arXiv 1910.02054) Table 1, GB per device for 7.5B parameters
@@ -20,8 +20,20 @@ def llama7b():
     return Setup(model=models.preset("llama-2-7b"), batch={"micro_batch": 1, "seq_len": 2048})
 
 
+def test_the_package_names_each_topic_and_re_exports_nothing():
+    """A notebook imports a topic (``from kit.lab.teach import shards``); the package only lists them."""
+    import pkgutil
+
+    from kit.lab import teach
+
+    topics = {m.name for m in pkgutil.iter_modules(teach.__path__)}
+    assert topics == {"shards", "sweeps", "batches", "zero_plus_plus", "offloading", "roundtrip", "peak"}
+    assert all(f"- ``{t}``:" in (teach.__doc__ or "") for t in topics)
+    assert {name for name in vars(teach) if not name.startswith("__")} <= topics
+
+
 def test_rank_table_two_nodes_of_four():
-    table = teach.rank_table(2, 4)
+    table = shards.rank_table(2, 4)
     assert table["rank"].tolist() == list(range(8))
     assert table["node_rank"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
     assert table["local_rank"].tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
@@ -30,7 +42,7 @@ def test_rank_table_two_nodes_of_four():
 
 def test_rank_table_rejects_zero_nodes():
     with pytest.raises(ValueError, match=r"^nodes: must be a whole number >= 1, got 0$"):
-        teach.rank_table(0, 4)
+        shards.rank_table(0, 4)
 
 
 @pytest.mark.parametrize(
@@ -44,7 +56,7 @@ def test_rank_table_rejects_zero_nodes():
     ],
 )
 def test_bytes_per_param(precision, optimizer, momentum, optimizer_bytes, total):
-    table = teach.bytes_per_param(precision, optimizer, momentum)
+    table = shards.bytes_per_param(precision, optimizer, momentum)
     by = table.groupby("component")["bytes_per_param"].sum()
     assert by["optimizer_states"] == optimizer_bytes
     assert by["total"] == total
@@ -53,12 +65,12 @@ def test_bytes_per_param(precision, optimizer, momentum, optimizer_bytes, total)
 
 def test_bytes_per_param_rejects_unknown_precision():
     with pytest.raises(ValueError, match=r"^precision: choose fp32, fp16 or bf16, got 'int8'$"):
-        teach.bytes_per_param("int8")
+        shards.bytes_per_param("int8")
 
 
 @pytest.mark.parametrize(("stage", "per_param"), [(0, 16), (1, 4 + 12 / 4), (2, 2 + 14 / 4), (3, 16 / 4)])
 def test_shards_held_add_up_to_the_paper_formula(stage, per_param):
-    held = teach.shards_held(stage, 4)
+    held = shards.shards_held(stage, 4)
     widths = {"parameters": 2, "gradients": 2, "optimizer_states": 12}
     for rank in range(4):
         total = sum(widths[s] * len(held.loc[rank, s]) / 4 for s in MODEL_STATES)
@@ -71,7 +83,7 @@ def test_shards_held_add_up_to_the_paper_formula(stage, per_param):
 def test_shard_figure_draws_held_shards():
     import matplotlib.pyplot as plt
 
-    fig = teach.shard_figure(ranks=2, stages=(0, 3))
+    fig = shards.shard_figure(ranks=2, stages=(0, 3))
     top, bottom = fig.axes[:2]
     white = (1.0, 1.0, 1.0, 1.0)
     # 3 states x 2 shards x 2 ranks cells per panel; stage 0 fills all 12, stage 3 half of them
@@ -83,7 +95,7 @@ def test_shard_figure_draws_held_shards():
 
 
 def test_zero_paper_table_reproduces_table_1():
-    table = teach.zero_paper_table()
+    table = shards.zero_paper_table()
     assert list(table.columns) == [1, 4, 16, 64, 256, 1024]
     for row, values in PAPER_TABLE_1.items():
         digits = [0, 1, 1, 1, 1, 1] if row != "P_os+g+p (ZeRO-3)" else [0, 0, 1, 2, 2, 2]
@@ -207,7 +219,7 @@ def test_sweep_table_medians_per_configuration():
         for step, t in ((2, 1.0), (3, 3.0), (4, 2.0))
     ]
     records.append(_record(small, "s", 1, 2, step_time_s=9.0, measured_buffers=0))  # rank 1: not shown
-    table = teach.sweep_table(
+    table = sweeps.sweep_table(
         Results(records), ("zero.reduce_bucket_size",), ("step_time_s", "measured_buffers")
     )
     assert table.to_dict("records") == [
@@ -225,7 +237,7 @@ def test_sweep_table_medians_per_configuration():
         },
     ]
     with pytest.raises(ValueError, match=r"^settings/metrics: no column setup_zero_nope"):
-        teach.sweep_table(Results(records), ("zero.nope",))
+        sweeps.sweep_table(Results(records), ("zero.nope",))
 
 
 def test_estimates_table_shows_each_estimate_and_the_settings_asked_for(llama7b):
@@ -236,7 +248,7 @@ def test_estimates_table_shows_each_estimate_and_the_settings_asked_for(llama7b)
     )
     offloaded = llama7b.replace(zero={"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"})
     estimates = [estimate(s) for s in (small, large, offloaded)]
-    table = teach.estimates_table(estimates, ("zero.reduce_bucket_size",))
+    table = sweeps.estimates_table(estimates, ("zero.reduce_bucket_size",))
     assert table["label"].tolist() == [small.label, large.label, offloaded.label]
     assert table["zero.reduce_bucket_size"].tolist() == [
         5_000_000,
@@ -255,15 +267,15 @@ def test_estimates_table_shows_each_estimate_and_the_settings_asked_for(llama7b)
 
 
 def test_batch_splits_keep_the_global_batch_then_double_it_by_accumulation():
-    splits = teach.batch_splits(_toy(stage=2), micro_batch=4)
+    splits = batches.batch_splits(_toy(stage=2), micro_batch=4)
     pairs = [(s.batch.micro_batch, s.batch.grad_accum, s.batch.train_batch) for s in splits]
     assert pairs == [(4, 1, 8), (2, 2, 8), (1, 4, 8), (4, 2, 16)]  # 2 ranks
-    assert [(s.batch.micro_batch, s.batch.grad_accum) for s in teach.batch_splits(_toy(), 1)] == [
+    assert [(s.batch.micro_batch, s.batch.grad_accum) for s in batches.batch_splits(_toy(), 1)] == [
         (1, 1),
         (1, 2),
     ]
     with pytest.raises(ValueError, match=r"^micro_batch: must be a whole number >= 1, got 0$"):
-        teach.batch_splits(_toy(), 0)
+        batches.batch_splits(_toy(), 0)
 
 
 def test_round_trip_tables_read_the_reports():
@@ -274,10 +286,10 @@ def test_round_trip_tables_read_the_reports():
         {"label": "z3 bf16 mb2", "name": "stage3-1", "client_state": state, "resume_equal": False,
          "consolidated": {"equal": True}, "losses": [5.5, 4.5, 3.5, 2.5], "resumed_losses": [3.5, 2.6]},
     ]  # fmt: skip
-    table = teach.roundtrip_table(reports)
+    table = roundtrip.roundtrip_table(reports)
     assert table["resumed = uninterrupted"].tolist() == [True, False]
     assert table["client_state"].tolist() == [{"global_step": 2}] * 2
-    losses = teach.resume_losses(reports, save_step=2)
+    losses = roundtrip.resume_losses(reports, save_step=2)
     assert list(losses.columns) == [
         "z2 bf16 mb2",
         "z3 bf16 mb2",
@@ -291,7 +303,7 @@ def test_round_trip_tables_read_the_reports():
 def test_checkpoint_size_table_adds_up_each_stage(llama7b):
     from kit.estimate.checkpoint_size import checkpoint_bytes
 
-    table = teach.checkpoint_size_table(llama7b)
+    table = roundtrip.checkpoint_size_table(llama7b)
     assert table[["stage", "file"]].values.tolist() == [
         [s, k] for s in range(4) for k in ("model_states", "optim_states")
     ]
@@ -305,7 +317,7 @@ def test_checkpoint_size_table_adds_up_each_stage(llama7b):
 
 def test_the_notebook_profile_is_small_under_smoke_and_real_otherwise(monkeypatch):
     from kit.lab.notebook import profile
-    from kit.run.sweep import TOY_ZERO
+    from kit.toys import TOY_ZERO
 
     monkeypatch.setenv("ZEROKIT_SMOKE", "1")
     small = profile("02")
@@ -326,7 +338,7 @@ def test_the_notebook_profile_is_small_under_smoke_and_real_otherwise(monkeypatc
 
 
 def test_bucket_grid_crosses_every_reduce_bucket_with_every_prefetch():
-    grid = teach.bucket_grid(_toy(stage=2), (10_000, 1_000_000), (0, 50_000))
+    grid = sweeps.bucket_grid(_toy(stage=2), (10_000, 1_000_000), (0, 50_000))
     assert [(s.zero.stage, s.zero.reduce_bucket_size, s.zero.prefetch_bucket_size) for s in grid] == [
         (3, 10_000, 0), (3, 10_000, 50_000), (3, 1_000_000, 0), (3, 1_000_000, 50_000),
     ]  # fmt: skip
@@ -337,7 +349,7 @@ def test_schedule_table_shows_each_batch_of_a_ramp_with_its_estimate():
     from kit.estimate import estimate
 
     ramped = _toy(stage=2).replace(batch={"micro_batch": 2, "grad_accum": 1, "schedule": ramp(4, 16, 3, 4)})
-    table = teach.schedule_table(ramped)
+    table = batches.schedule_table(ramped)
     states = ramped.batch_states()
     assert table["from step"].tolist() == [step for step, _ in states] and len(states) > 1
     assert table["train_batch"].tolist() == [s.batch.train_batch for _, s in states]

@@ -17,7 +17,8 @@ from kit.estimate import estimate
 from kit.records import load_records
 from kit.run import tune as tuning
 from kit.run.results import Results
-from kit.run.sweep import config_id, toy_setup
+from kit.run.sweep import config_id
+from kit.toys import toy_setup
 
 NPROCS = 2
 

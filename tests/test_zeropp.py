@@ -13,15 +13,16 @@ from kit.cli import main
 from kit.ds_config import read_ds_config, to_ds_config, validate_ds_config
 from kit.estimate import estimate, partition, rank_states
 from kit.lab.memory_panel import memory_panel
-from kit.lab.teach import zeropp_table
+from kit.lab.teach.zero_plus_plus import zeropp_table
 from kit.planning import plan
 from kit.review import explain_ds_config
 from kit.rules import DS_PERSISTENCE_THRESHOLD
 from kit.run import launcher, sweep
-from kit.run.local_nodes import hpz_toy_setups, run_setups_on_local_nodes
+from kit.run.local_nodes import run_setups_on_local_nodes
 from kit.schema import Setup, one_line_error
 from kit.steptime import perf
 from kit.steptime.comm import collectives, comm_by_scope, comm_bytes
+from kit.toys import TOY_ZERO, hpz_toy_setups
 
 LLAMA = models.preset("llama-2-7b")
 TWO_NODES = {"nodes": 2, "gpus_per_node": 8}
@@ -197,7 +198,7 @@ def test_collectives_per_gpu_split_intra_inter():
 
 def test_cpu_runs_refuse_quantized_weights_and_gradients(monkeypatch):
     toy = Setup(
-        model=models.toy_spec(), cluster={"nodes": 1, "gpus_per_node": 2}, zero={**sweep.TOY_ZERO, "stage": 3}
+        model=models.toy_spec(), cluster={"nodes": 1, "gpus_per_node": 2}, zero={**TOY_ZERO, "stage": 3}
     )
     monkeypatch.setattr(launcher, "ranks_accelerator", lambda: "cpu")
     for field in ("quantized_weights", "quantized_gradients"):

@@ -43,12 +43,13 @@ from kit import models
 from kit.accuracy import published_steps
 from kit.accuracy.published_reasons import feature_reason, fsdp1
 from kit.accuracy.published_steps import Timing
-from kit.ds_keys import ZERO_KEYS
 from kit.estimate.memory import estimate
 from kit.fit import estimate_fit
 from kit.paths import PUBLISHED
 from kit.planning.plan import largest_micro_batch
+from kit.rules import Offload
 from kit.schema import ModelSpec, Setup, one_line_error
+from kit.settings import ZERO_KEYS
 from kit.units import GIB, MIB
 
 TABLES = ("memory", "throughput")
@@ -207,9 +208,9 @@ def _optimizer(text: str | None) -> str:
     return "sgd" if "sgd" in t else "adamw" if "adamw" in t else "adam" if "adam" in t else "adamw"
 
 
-def _offload(text: str | None) -> str:
+def _offload(text: str | None) -> Offload:
     t = (text or "none").lower()
-    return "cpu" if t.startswith("cpu") else "nvme" if t.startswith("nvme") else "none"
+    return Offload.CPU if t.startswith("cpu") else Offload.NVME if t.startswith("nvme") else Offload.NONE
 
 
 def _checkpointing(text: str | None, notes: list[str]) -> dict[str, Any]:
@@ -232,7 +233,7 @@ def _checkpointing(text: str | None, notes: list[str]) -> dict[str, Any]:
 
 def _buckets(text: str | None) -> dict[str, Any]:
     """ZeroSettings fields a row's ``buckets`` text sets, read by DeepSpeed's key names
-    (``kit.ds_keys.ZERO_KEYS``): ``key=number`` or ``key number``, ``key=true|false``, or a bare key (on)."""
+    (``kit.settings.ZERO_KEYS``): ``key=number`` or ``key number``, ``key=true|false``, or a bare key (on)."""
     out: dict[str, Any] = {}
     for k in ZERO_KEYS:
         if k.field == "stage":  # the row's own zero_stage says it

@@ -20,6 +20,7 @@ from pathlib import Path
 from kit import gpus
 from kit.paths import REFERENCE
 from kit.records import load_records
+from kit.rules import Offload
 from kit.schema import Setup
 
 #: quantities compared, as ``zerokit published`` names them
@@ -110,7 +111,7 @@ def _configuration(records: list[dict]) -> Configuration:
     why = None
     if gpu is None:
         why = f"step time: {last['device']!r} is not in data/gpus.csv"
-    elif setup.zero.offload_optimizer != "none":
+    elif setup.zero.offload_optimizer is not Offload.NONE:
         why = (
             "step time: the runner steps torch's AdamW on the host (torch_adam, no JIT build), the estimate "
             "DeepSpeed's CPU Adam"

@@ -21,15 +21,15 @@ from kit.schema import one_line_error
 
 #: the command groups (modules of this package), in the order ``zerokit --help`` lists them
 GROUPS = (
-    "estimate", "plan", "explain", "run", "tune", "demo", "launch", "preflight", "checkpoint", "monitor",
-    "published",
+    "estimate", "plan", "explain", "run", "tune", "demo", "launch", "preflight", "calibrate", "checkpoint",
+    "monitor", "published",
 )  # fmt: skip
 #: the group that registers each command, so that a command imports only its own group (``zerokit
 #: estimate`` starts in a fraction of ``import torch``, tests/bench/bench_estimate.py)
 COMMANDS = {
     "estimate": "estimate", "plan": "plan", "explain": "explain", "run": "run", "tune": "tune",
     "demo": "demo", "hostfile": "launch", "launch-cmd": "launch", "doctor": "preflight",
-    "commtest": "preflight", "calibrate": "preflight", "checkpoint": "checkpoint", "monitor": "monitor",
+    "commtest": "preflight", "calibrate": "calibrate", "checkpoint": "checkpoint", "monitor": "monitor",
     "published": "published",
 }  # fmt: skip
 

@@ -80,8 +80,8 @@ def size_command(args: argparse.Namespace) -> int:
 
 
 def roundtrip_command(args: argparse.Namespace) -> int:
-    from kit.run.sweep import toy_setup
     from kit.scaleout.checkpoints import run_roundtrip
+    from kit.toys import toy_setup
 
     bad = [s for s in args.stages if s not in (0, 1, 2, 3)]
     if bad:

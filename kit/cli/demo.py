@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace, out: Path):
-    from kit.run.sweep import run_sweep, toy_setup
+    from kit.run.sweep import run_sweep
+    from kit.toys import toy_setup
 
     base = toy_setup(args.nprocs)
     setups = [base.replace(zero={"stage": stage}) for stage in (0, 1, 2, 3)]

@@ -1,4 +1,5 @@
-"""``zerokit hostfile`` and ``zerokit launch-cmd``: parse, call ``kit.scaleout``, print.
+"""``zerokit hostfile`` and ``zerokit launch-cmd``: parse, call ``kit.scaleout`` (``launch-cmd``: its
+``bundle``), print.
 
 zerokit hostfile --hosts node1,node2 --slots 8 --out hostfile
 zerokit hostfile --check hostfile --master-addr node1
@@ -11,14 +12,12 @@ from __future__ import annotations
 import argparse
 import shlex
 import textwrap
-from pathlib import Path
 
-from kit import checkpointing, trainable
-from kit import loss as losses
 from kit.cli.args import UsageError, add_json, add_setup_args, print_json, setup_from_args
 from kit.rules import DEFAULT_MASTER_PORT
-from kit.scaleout import commands, image, launchers, network
 from kit.scaleout import hostfile as hf
+from kit.scaleout import image, launchers
+from kit.scaleout.bundle import DEFAULT_IMAGE, LaunchRequest, bundle
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--out", help="write the launcher's files here (ds_config.json, README.md, its scripts)")
     d = p.add_argument_group("one image for every node")
     d.add_argument("--docker", action="store_true", help="also write a Dockerfile and run_container.sh")
-    d.add_argument("--image", help="image name (default zero-kit:latest with --docker)")
+    d.add_argument("--image", help=f"image name (default {DEFAULT_IMAGE} with --docker)")
     d.add_argument("--registry", help="registry host to push to and pull from (ECR hosts log in with aws)")
     d.add_argument("--base-image", default=image.BASE_IMAGE, help="the CUDA base image (default %(default)s)")
     d.add_argument(
@@ -100,120 +99,29 @@ def hostfile_command(args: argparse.Namespace) -> int:
 
 
 def launch_command(args: argparse.Namespace) -> int:
-    from kit.ds_config import to_ds_config
-
     setup = setup_from_args(args)
     if args.interconnect:
         setup = setup.replace(cluster={"interconnect": args.interconnect})
-    if args.launcher not in commands.LAUNCHERS:
-        raise UsageError(f"launcher: choose one of {', '.join(commands.LAUNCHERS)}, got {args.launcher!r}")
-    if args.target not in launchers.LAUNCHER_FILES:
-        raise UsageError(f"for: choose one of {', '.join(launchers.LAUNCHER_FILES)}, got {args.target!r}")
-    out = Path(args.out) if args.out else None
-    # SLURM names its nodes itself and Lightning starts per node: their files need no hosts
-    need_hosts = args.target in launchers.NEED_HOSTS or args.docker or bool(args.image)
-    hosts, hostfile_path = _hosts(args, setup, out, need_hosts)
-    master = args.master_addr or (hosts[0].host if hosts else "127.0.0.1")
-    if hosts:
-        hf.check_master(hosts, master)
-    script_args = shlex.split(args.script_args)
-    net = network.network(setup, args.interface, args.hca)
-    if args.efa_installer and net.name != "efa":
-        raise UsageError(
-            f"efa-installer: the AWS EFA installer is for --interconnect efa, but the cluster's is {net.name}"
-        )
-    if (args.registry or args.base_image != image.BASE_IMAGE) and not args.docker:
-        raise UsageError("registry: --registry and --base-image describe the image of --docker; add --docker")
-    name = args.image or ("zero-kit:latest" if args.docker else None)
-    pulled = image.reference(name, args.registry) if name else None
-    reachable = bool(hosts) or setup.cluster.nodes == 1
-    deepspeed = (
-        commands.deepspeed_command(
-            setup,
-            args.script,
-            script_args,
-            hostfile=hostfile_path,
-            master_addr=master,
-            master_port=args.master_port,
-            launcher=args.launcher,
-        )
-        if reachable
-        else None
-    )
-    torchrun = [
-        commands.torchrun_command(
-            setup, args.script, script_args, master_addr=master, master_port=args.master_port, node_rank=rank
-        )
-        for rank in range(setup.cluster.nodes if reachable else 0)
-    ]
-    sbatch = commands.sbatch_script(
-        setup, args.script, script_args, master_port=args.master_port, interface=args.interface
-    )
-    env_file = network.deepspeed_env(setup, args.interface, args.hca)
-    ds_config = to_ds_config(setup)
-    launch = launchers.Launch(
+    request = LaunchRequest(
         script=args.script,
-        script_args=tuple(script_args),
-        hosts=tuple(hosts),
-        hostfile=hostfile_path or "hostfile",
-        master_addr=master,
-        master_port=args.master_port,
+        script_args=tuple(shlex.split(args.script_args)),
+        target=args.target,
         launcher=args.launcher,
+        hosts=tuple(_names(args.hosts or "")),
+        hostfile=args.hostfile,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
         interface=args.interface,
         hca=args.hca,
+        out=args.out,
+        docker=args.docker,
+        image=args.image,
+        registry=args.registry,
+        base_image=args.base_image,
+        efa_installer=args.efa_installer,
     )
-    launcher_files = launchers.launcher_files(setup, args.target, launch)
-    files = {}
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        for file_name, f in launcher_files.items():
-            files[file_name] = _write(out / file_name, f.text, executable=f.executable)
-    result = {
-        "for": args.target,
-        "label": setup.label,
-        "setup": setup.model_dump(),
-        "ds_config": ds_config,
-        "commands": {
-            "deepspeed": commands.shell_line(deepspeed) if deepspeed else None,
-            "torchrun": [commands.shell_line(c) for c in torchrun],
-        },
-        "argv": {"deepspeed": deepspeed, "torchrun": torchrun},
-        "master_addr": master,
-        "hosts": [h.line for h in hosts],
-        "network": {
-            "name": net.name,
-            "env": {k: {"value": s.value, "reason": s.reason} for k, s in net.env.items()},
-            "docker": [{"flag": s.value, "reason": s.reason} for s in net.docker],
-            "warning": net.warning,
-        },
-        "deepspeed_env": env_file,
-        "sbatch": sbatch,
-        "launcher_files": {file_name: f.text for file_name, f in launcher_files.items()},
-        "files": files,
-        "checkpointing": checkpointing.in_your_script(setup.zero),
-        "trainable": trainable.in_your_script(setup.zero),
-        "loss": losses.in_your_script(setup.zero),
-    }
-    if name:
-        # an image needs the hosts (need_hosts), so the deepspeed command was made
-        assert pulled is not None and deepspeed is not None
-        docker = commands.docker_command(setup, pulled, deepspeed, args.interface)
-        result["commands"]["docker"] = commands.shell_line(docker)
-        result["argv"]["docker"] = docker
-    if args.docker:
-        assert name and pulled is not None  # --docker names an image (zero-kit:latest by default)
-        options = {"interface": args.interface, "hca": args.hca}
-        installer = args.efa_installer or image.EFA_INSTALLER
-        result["dockerfile"] = image.dockerfile(
-            setup, base_image=args.base_image, efa_installer=installer, **options
-        )
-        result["run_container"] = image.run_container_script(setup, pulled, **options)
-        result["registry"] = image.registry_commands(name, args.registry)
-        if out:
-            files["Dockerfile"] = _write(out / "Dockerfile", result["dockerfile"])
-            files["run_container.sh"] = _write(
-                out / "run_container.sh", result["run_container"], executable=True
-            )
+    made = bundle(setup, request)
+    result = made.to_dict(made.write())
     if args.json:
         print_json(result)
     else:
@@ -221,36 +129,8 @@ def launch_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _hosts(
-    args: argparse.Namespace, setup, out: Path | None, required: bool
-) -> tuple[list[hf.Host], str | None]:
-    """The validated hosts for a multi-node setup (``required``: the launcher needs them), and the
-    hostfile path the command should name."""
-    c = setup.cluster
-    if args.hostfile and args.hosts:
-        raise UsageError("hostfile: give --hostfile FILE or --hosts NAMES, not both")
-    if (c.nodes == 1 or not required) and not (args.hostfile or args.hosts):
-        return [], None
-    if not (args.hostfile or args.hosts):
-        raise UsageError(f"hostfile: a {c.nodes}-node launch needs --hostfile FILE or --hosts h1,h2,...")
-    hosts = (
-        hf.read_hostfile(args.hostfile)
-        if args.hostfile
-        else hf.make_hosts(_names(args.hosts), c.gpus_per_node)
-    )
-    hf.check_cluster(hosts, c.nodes, c.gpus_per_node)
-    return hosts, "hostfile" if out or not args.hostfile else args.hostfile
-
-
 def _names(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
-
-
-def _write(path: Path, text: str, executable: bool = False) -> str:
-    path.write_text(text)
-    if executable:
-        path.chmod(0o755)
-    return str(path)
 
 
 def _print_launch(r: dict) -> None:

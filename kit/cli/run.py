@@ -30,7 +30,7 @@ from kit.cli.args import (
     stdout_to_stderr,
     zero_from_args,
 )
-from kit.ds_keys import ZEROPP_OFF
+from kit.components import MODEL_STATES, Component
 from kit.units import MB
 
 #: the settings ``run`` sweeps, each a comma-separated list of its own (``--stages``, ``--offload-*``,
@@ -180,14 +180,15 @@ def setups_from_args(args: argparse.Namespace, nodes=None) -> list:
         offload_optimizer=items(args.offload_optimizer),
         offload_param=items(args.offload_param),
         precision=items(args.precision),
-        zeropp=[{f: given.get(f, off) for f, off in ZEROPP_OFF.items()}],  # on the stage-3 configurations
+        # ZeRO++ on the stage-3 configurations
+        zeropp=[{f: given.get(f, off) for f, off in settings.ZEROPP_OFF.items()}],
     )
     if not found.accepted and not found.refused:
         raise UsageError(f"stages: choose at least one of {', '.join(grid.STAGES)}")
     for flag, value in _refused_everywhere(args, found):
         first = next(r for r in found.refused if getattr(r.variant, flag) == value)
         raise UsageError(f"{first.field}: {first.reason} (--{flag.replace('_', '-')} {value})")
-    zero = settings.fields({f: v for f, v in given.items() if f not in ZEROPP_OFF})
+    zero = settings.fields({f: v for f, v in given.items() if f not in settings.ZEROPP_OFF})
     return [
         Setup(model=spec, cluster=cluster, zero={**variant.zero, **zero}, batch=batch)
         for variant in found.accepted
@@ -248,7 +249,7 @@ def render(results, nodes: list[dict] | None = None) -> str:
             line += f"{row['samples_per_s']:11.1f}{row['step_time_s'] * 1e3:9.1f}{row['loss']:8.3f}  "
             line += "  ".join(
                 f"{row[f'measured_{c}'] / MB:.2f}/{row[f'estimate_{c}'] / MB:.2f}"
-                for c in ("parameters", "gradients", "optimizer_states", "activations")
+                for c in (*MODEL_STATES, Component.ACTIVATIONS)
             )
         else:
             line += f"  {str(row['error']).splitlines()[0]}"

@@ -6,7 +6,8 @@
 - ``kit.ds_config.parser``: the harness around DeepSpeed's own parser (``validate_ds_config``,
   ``deepspeed_refusals``, ``known_keys``), which imports deepspeed when called.
 
-The keys all three use, with DeepSpeed's defaults and off values, are ``kit.ds_keys``'s table.
+The keys all three use, with their other spellings, off values and HF's ``"auto"`` rules, are the settings
+registry's (``kit.settings``) and ``kit.ds_keys``'s (the batch keys).
 """
 
 from kit.ds_config.parser import Refusal, deepspeed_refusals, known_keys, validate_ds_config

@@ -19,7 +19,7 @@ from functools import cache
 from typing import Any, NamedTuple
 
 from kit.ds_keys import BATCH_KEYS
-from kit.rules import NCCL_ALIGNMENT
+from kit.rules import NCCL_ALIGNMENT, Offload
 from kit.units import first_line
 
 #: DeepSpeed config class (pydantic model title) -> the ds_config section it parses.
@@ -171,7 +171,7 @@ def _engine_start_refusals(parsed) -> list[Refusal]:
         key = "zero_optimization.compute_grad_norm"
         if (parsed.gradient_clipping or 0) > 0:
             out.append(Refusal(key, f"{key}: {key}=false requires gradient_clipping=0", "engine"))
-        if z.offload_optimizer is not None and z.offload_optimizer.device != "none":
+        if z.offload_optimizer is not None and z.offload_optimizer.device != Offload.NONE:
             out.append(Refusal(key, f"{key}: {key}=false does not support optimizer offload", "engine"))
     name = (parsed.optimizer_name or "").lower()
     if z.stage > 0 and name == "sgd" and not parsed.zero_allow_untested_optimizer:

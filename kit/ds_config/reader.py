@@ -2,7 +2,7 @@
 
 Reading follows what DeepSpeed itself does with a config (``deepspeed/runtime/config.py``,
 ``deepspeed/runtime/zero/config.py``) and resolves HF Trainer ``"auto"`` values the way
-``transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig`` does (``kit.ds_keys``'s rules). Plain
+``transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig`` does (``kit.settings.hf_auto``). Plain
 functions over dicts: no torch or deepspeed import (``zerokit estimate --ds-config`` stays instant).
 ``load_ds_config``, ``read_or_repair`` and ``resolved_for_deepspeed`` are what the review of a config
 (``kit.review``) builds on. A feature DeepSpeed runs but zero-kit does not model
@@ -19,10 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, TypedDict, Unpack
 
-from kit.ds_keys import BATCH_KEYS, NVME_KEYS, ZERO_KEYS, ZEROPP_KEYS
+from kit.ds_keys import BATCH_KEYS
 from kit.fit import supports
-from kit.rules import offload_problem
+from kit.rules import Offload, offload_problem
 from kit.schema import Cluster, ModelSpec, Setup, one_line_error
+from kit.settings import NVME_KEYS, ZERO_KEYS, ZEROPP_KEYS
 
 #: Settings that change what DeepSpeed allocates in ways zero-kit does not model:
 #: (section, key, value meaning unused, what it is).
@@ -274,7 +275,7 @@ def _reject_unsupported(config: dict) -> None:
     zero = _section(config, "zero_optimization")
     for kind in ("offload_optimizer", "offload_param"):
         offload = _section(zero, kind)
-        if offload.get("device", "none") not in ("none", "cpu", "nvme"):
+        if offload.get("device", Offload.NONE) not in tuple(Offload):
             raise ValueError(
                 f"zero_optimization.{kind}.device: must be 'none', 'cpu' or 'nvme', got {offload['device']!r}"
             )
@@ -343,7 +344,7 @@ def _zero(config: dict, model: ModelSpec, notes: list[str]) -> dict:
     if section.get("cpu_offload_param"):
         zero["offload_param"] = "cpu"
     for kind in ("offload_optimizer", "offload_param"):
-        if _section(section, kind).get("device") in ("cpu", "nvme"):
+        if _section(section, kind).get("device") in (Offload.CPU, Offload.NVME):
             zero[kind] = _section(section, kind)["device"]
     stage = zero.setdefault("stage", 0)  # DeepSpeedZeroConfig's default, not ZeroSettings' 2
     zero.update(_zeropp(section, stage, notes))
@@ -385,7 +386,7 @@ def _nvme(config: dict, stage: int, zero: dict, notes: list[str]) -> dict:
     have no swapper): it is read as ``cpu``, with a note."""
     section = _section(config, "zero_optimization")
     out: dict[str, Any] = {}
-    if zero.get("offload_optimizer") == "nvme" and stage in (1, 2):
+    if zero.get("offload_optimizer") == Offload.NVME and stage in (1, 2):
         notes.append(
             f"zero_optimization.offload_optimizer.device: 'nvme' at stage {stage} keeps the optimizer "
             "states in CPU RAM (stage_1_and_2.py has no NVMe swapper): read as 'cpu'"
@@ -394,9 +395,9 @@ def _nvme(config: dict, stage: int, zero: dict, notes: list[str]) -> dict:
     paths, pins = set(), set()
     for kind, keys in NVME_KEYS.items():
         block = _section(section, kind)
-        if "pin_memory" in block and zero.get(kind, "none") != "none":
+        if "pin_memory" in block and zero.get(kind, Offload.NONE) != Offload.NONE:
             pins.add(bool(block["pin_memory"]))
-        if zero.get(kind) != "nvme":
+        if zero.get(kind) != Offload.NVME:
             continue
         if block.get("nvme_path"):
             paths.add(str(block["nvme_path"]))

@@ -1,7 +1,7 @@
 """Setup -> ``ds_config.json``: the config DeepSpeed's parser accepts for a Setup.
 
 A plain function over dicts (no torch or deepspeed import); every zero_optimization and NVMe key comes
-from ``kit.ds_keys``, the table the reader and the review share.
+from the settings registry (``kit.settings``), which the reader and the review walk too.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kit.ds_keys import NVME_KEYS, ZERO_KEYS
+from kit.rules import Offload
 from kit.schema import Setup, ZeroSettings
+from kit.settings import NVME_KEYS, ZERO_KEYS
 
 #: DeepSpeed's default is 10; every 100 steps keeps short runs quiet and long runs informative.
 STEPS_PER_PRINT = 100
@@ -85,10 +86,10 @@ def _zero_section(z: ZeroSettings) -> dict:
             section[k.key] = value
     for kind in ("offload_optimizer", "offload_param"):
         device = getattr(z, kind)
-        if device == "none":
+        if device is Offload.NONE:
             continue
         block = section[kind] = {"device": device, "pin_memory": z.pin_memory}
-        if device == "nvme":
+        if device is Offload.NVME:
             block["nvme_path"] = z.nvme_path
             block.update({k.key: getattr(z, k.field) for k in NVME_KEYS[kind]})
     return section

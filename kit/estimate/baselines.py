@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from kit.components import HELD
+from kit.components import HELD, Component
 from kit.estimate.result import NONE, Term
 from kit.models import spec_shapes
 from kit.rules import DDP_BUCKET_CAP_MB, FP32, baseline_name, element_bytes, optimizer_states, ring_share
@@ -37,21 +37,26 @@ def states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
     """``{"device": {component: Term}, "host": {...}}`` for rank ``rank`` of a DDP or FSDP Setup."""
     z, psi = setup.zero, setup.model.params
     k = optimizer_states(z.optimizer, z.momentum)
-    device, host = dict.fromkeys(HELD, NONE), dict.fromkeys(HELD, NONE)
+    device: dict[str, Term] = dict.fromkeys(HELD, NONE)
+    host: dict[str, Term] = dict.fromkeys(HELD, NONE)
     opt = f"{k} fp32 optimizer states" if k else "no optimizer state"
     if z.engine == "ddp":
-        device["parameters"] = Term(FP32 * psi, f"4 B x Psi = 4 x {psi:,} (fp32 parameters on every rank)")
-        device["gradients"] = Term(FP32 * psi, "4 B x Psi (fp32 .grad, all-reduced at the boundary)")
-        device["optimizer_states"] = Term(FP32 * k * psi, f"{4 * k} B x Psi ({opt})")
-        device["buffers"] = Term(
+        device[Component.PARAMETERS] = Term(
+            FP32 * psi, f"4 B x Psi = 4 x {psi:,} (fp32 parameters on every rank)"
+        )
+        device[Component.GRADIENTS] = Term(FP32 * psi, "4 B x Psi (fp32 .grad, all-reduced at the boundary)")
+        device[Component.OPTIMIZER_STATES] = Term(FP32 * k * psi, f"{4 * k} B x Psi ({opt})")
+        device[Component.BUFFERS] = Term(
             FP32 * psi,
             f"4 B x Psi (reducer buckets of <= {DDP_BUCKET_CAP_MB} MiB: a flat copy of every gradient)",
         )
         return {"device": device, "host": host}
     padded, local, how = shard_elements(setup, rank)
-    device["parameters"] = Term(FP32 * padded, f"4 B x {padded:,} (fp32 shards: {how})")
-    device["gradients"] = Term(FP32 * padded, f"4 B x {padded:,} (fp32 reduce-scatter output, padded shards)")
-    device["optimizer_states"] = Term(
+    device[Component.PARAMETERS] = Term(FP32 * padded, f"4 B x {padded:,} (fp32 shards: {how})")
+    device[Component.GRADIENTS] = Term(
+        FP32 * padded, f"4 B x {padded:,} (fp32 reduce-scatter output, padded shards)"
+    )
+    device[Component.OPTIMIZER_STATES] = Term(
         FP32 * k * local, f"{4 * k} B x {local:,} ({opt} of rank {rank}'s unpadded shard)"
     )
     return {"device": device, "host": host}

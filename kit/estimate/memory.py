@@ -38,7 +38,7 @@ from typing import Literal
 
 from kit import checkpointing
 from kit import trainable as subset
-from kit.components import HELD
+from kit.components import HELD, Component
 from kit.estimate import baselines, nvme, partition, peak, reserved
 from kit.estimate.activations import activations
 from kit.estimate.cpu_matmul import CpuMatmul
@@ -51,6 +51,7 @@ from kit.rules import (
     QUANTIZED_GRADIENT_BYTES,
     QUANTIZED_WEIGHT_BYTES,
     STAGE3_GATHER_FORMULA,
+    Offload,
     element_bytes,
     master_bytes,
     optimizer_states,
@@ -134,14 +135,14 @@ def gpu_terms(setup: Setup, device: dict[str, Term], act: Term) -> dict[str, Ter
     """The components per GPU: the ``device`` states (``States.device``) with the peaks beyond them
     while the batch trains (``_transient``), the activations ``act`` and the overheads."""
     transient = _transient(setup)
-    terms = {
-        "parameters": device["parameters"],
-        "gradients": device["gradients"] + transient.pop("gradients", None),
-        "optimizer_states": device["optimizer_states"],
-        "activations": act,
-        "buffers": device["buffers"] + transient.pop("buffers", None),
+    terms: dict[str, Term] = {
+        Component.PARAMETERS: device[Component.PARAMETERS],
+        Component.GRADIENTS: device[Component.GRADIENTS] + transient.pop(Component.GRADIENTS, None),
+        Component.OPTIMIZER_STATES: device[Component.OPTIMIZER_STATES],
+        Component.ACTIVATIONS: act,
+        Component.BUFFERS: device[Component.BUFFERS] + transient.pop(Component.BUFFERS, None),
     }
-    terms["overhead"] = gpu_overheads(setup, sum(t.bytes for t in terms.values()))
+    terms[Component.OVERHEAD] = gpu_overheads(setup, sum(t.bytes for t in terms.values()))
     return terms
 
 
@@ -244,15 +245,16 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
     p = element_bytes(setup.zero.precision)
     k = optimizer_states(setup.zero.optimizer, setup.zero.momentum)
     opt = f"for {k} fp32 optimizer states" if k else "(no optimizer state)"
-    device, host = dict.fromkeys(HELD, NONE), dict.fromkeys(HELD, NONE)
+    device: dict[str, Term] = dict.fromkeys(HELD, NONE)
+    host: dict[str, Term] = dict.fromkeys(HELD, NONE)
     # frozen 16-bit weights (kit.trainable) stay module parameters, whole on every rank at stages 0-2
     still = Term(p * frozen, f"{p} B x {frozen:,} frozen parameters") if frozen else NONE
 
     if z.stage == 0:
-        device["parameters"] = Term(p * psi, f"{p} B x Psi = {p} x {psi:,}") + still
-        device["gradients"] = Term(p * psi, f"{p} B x Psi (full gradients, all-reduced)")
+        device[Component.PARAMETERS] = Term(p * psi, f"{p} B x Psi = {p} x {psi:,}") + still
+        device[Component.GRADIENTS] = Term(p * psi, f"{p} B x Psi (full gradients, all-reduced)")
         master = master_bytes(z.precision)
-        device["optimizer_states"] = Term(
+        device[Component.OPTIMIZER_STATES] = Term(
             (master + FP32 * k) * psi, f"({master} fp32 master + {FP32 * k} {opt}) B x Psi"
         )
         return {"device": device, "host": host}
@@ -261,25 +263,29 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
         part = partition.partition_numel(setup)
         flat = part * n
         touched = partition.touched(setup)[rank]
-        where = host if z.offload_optimizer == "cpu" else device
-        device["parameters"] = (
+        where = host if z.offload_optimizer is Offload.CPU else device
+        device[Component.PARAMETERS] = (
             Term(p * flat, f"{p} B x Psi padded to a multiple of 2 x dp = {p} x {flat:,} (bit16_groups_flat)")
             + still
         )
-        where["optimizer_states"] = Term(
+        where[Component.OPTIMIZER_STATES] = Term(
             (FP32 + FP32 * k) * part,
             f"({FP32} fp32 master + {FP32 * k} {opt}) B x P, P = padded Psi / dp = {part:,}",
         )
-        if z.offload_optimizer == "cpu":
+        if z.offload_optimizer is Offload.CPU:
             largest = partition.largest_tensor(setup)
-            host["gradients"] = Term(FP32 * part, f"{FP32} B x P = fp32 gradient partition on CPU ({part:,})")
-            host["buffers"] = Term(
+            host[Component.GRADIENTS] = Term(
+                FP32 * part, f"{FP32} B x P = fp32 gradient partition on CPU ({part:,})"
+            )
+            host[Component.BUFFERS] = Term(
                 p * part + p * largest,
                 f"{p} B x P (16-bit param staging) + {p} B x largest tensor {largest:,} (grad staging)",
             )
-            device["buffers"] = Term(p * largest, f"{p} B x largest tensor {largest:,} (grad staging)")
+            device[Component.BUFFERS] = Term(
+                p * largest, f"{p} B x largest tensor {largest:,} (grad staging)"
+            )
         else:
-            device["gradients"] = Term(
+            device[Component.GRADIENTS] = Term(
                 p * touched,
                 f"{p} B x {touched:,} (every tensor touching rank {rank}'s partition: params_in_partition)",
             )
@@ -290,27 +296,27 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
     held = partition.stage3_params(setup)
     persistent = partition.persistent(setup)
     persist_bytes = p * sum(partition.padded(t, n) for t in persistent)
-    params_where = host if z.offload_param == "cpu" else device
-    params_where["parameters"] = Term(
+    params_where = host if z.offload_param is Offload.CPU else device
+    params_where[Component.PARAMETERS] = Term(
         p * held, f"{p} B x S, S = sum of ceil(numel / dp) over tensors = {held:,}"
     )
     if persist_bytes:
-        device["parameters"] += Term(
+        device[Component.PARAMETERS] += Term(
             persist_bytes, f"{len(persistent)} tensors <= {z.param_persistence_threshold:,} kept whole"
         )
     if z.hpz_partition_size > 1:
         secondary = _hpz_secondary(setup)
-        (device if z.offload_param == "none" else host)["parameters"] += secondary
-    opt_where = host if z.offload_optimizer == "cpu" else device
+        (device if z.offload_param is Offload.NONE else host)[Component.PARAMETERS] += secondary
+    opt_where = host if z.offload_optimizer is Offload.CPU else device
     of = f" over the {psi:,} trainable" if frozen else ""
-    opt_where["optimizer_states"] = Term(
+    opt_where[Component.OPTIMIZER_STATES] = Term(
         (FP32 + FP32 * k) * part, f"({FP32} fp32 master + {FP32 * k} {opt}) B x S{of}"
     )
-    opt_where["gradients"] = Term(p * part, f"{p} B x S{of} (grad_partitions_flat_buffer)")
-    if z.offload_optimizer == "cpu":
-        host["gradients"] += Term(FP32 * part, f"{FP32} B x S{of} (fp32 gradient on CPU)")
+    opt_where[Component.GRADIENTS] = Term(p * part, f"{p} B x S{of} (grad_partitions_flat_buffer)")
+    if z.offload_optimizer is Offload.CPU:
+        host[Component.GRADIENTS] += Term(FP32 * part, f"{FP32} B x S{of} (fp32 gradient on CPU)")
     if z.contiguous_gradients:
-        device["buffers"] = Term(
+        device[Component.BUFFERS] = Term(
             p * z.reduce_bucket_size, f"{p} B x reduce_bucket_size {z.reduce_bucket_size:,} (ipg bucket)"
         )
     if z.nvme:  # ZeRO-Infinity: swap files on the drive, pinned swap buffers in RAM (kit.estimate.nvme)
@@ -351,12 +357,14 @@ def _transient(setup: Setup) -> dict[str, Term]:
             buffers.append(
                 Term(count * p * z.reduce_bucket_size, f"{count} x {p} B x reduce_bucket_size (ipg buffer)")
             )
-        if z.offload_optimizer == "none":
+        if z.offload_optimizer is Offload.NONE:
             buffers.append(Term(FP32 * part, f"{FP32} B x P (fp32 gradient copy during step)"))
         if buffers:
-            out["buffers"] = total(buffers)
+            out[Component.BUFFERS] = total(buffers)
         if z.stage == 1 and setup.batch.grad_accum > 1:
-            out["gradients"] = Term(p * psi, f"{p} B x Psi (stage 1 keeps full gradients across micro-steps)")
+            out[Component.GRADIENTS] = Term(
+                p * psi, f"{p} B x Psi (stage 1 keeps full gradients across micro-steps)"
+            )
     if z.stage == 3:
         largest = setup.model.largest_layer_params
         fetch = stage3_gathered(
@@ -370,7 +378,7 @@ def _transient(setup: Setup) -> dict[str, Term]:
             f"+ {p} B x largest {'trainable tensor' if grad != largest else 'layer'} {grad:,} full "
             "gradient before reduce-scatter",
         )
-        if z.offload_optimizer == "none":
+        if z.offload_optimizer is Offload.NONE:
             # _prepare_fp32_grad_for_sub_group: an fp32 copy of one sub group's gradient partition
             sub = min(partition.partition_numel(setup), DS_SUB_GROUP_SIZE)
             gathered += Term(FP32 * sub, f"{FP32} B x min(S, sub_group_size) (fp32 gradient in step)")
@@ -385,7 +393,7 @@ def _transient(setup: Setup) -> dict[str, Term]:
             gathered += Term(
                 qg, f"qgZ 2 x {QUANTIZED_GRADIENT_BYTES:g} B x largest layer (int4 send + receive)"
             )
-        out["buffers"] = gathered
+        out[Component.BUFFERS] = gathered
     return out
 
 

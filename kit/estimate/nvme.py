@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from kit.components import HELD
+from kit.components import HELD, Component
 from kit.estimate import partition
 from kit.estimate.result import NONE, Term, total
 from kit.rules import (
@@ -34,6 +34,7 @@ from kit.rules import (
     DS_SUB_GROUP_SIZE,
     FP32,
     MIN_AIO_BYTES,
+    Offload,
     element_bytes,
     optimizer_states,
 )
@@ -98,7 +99,7 @@ def _swapped(model: ModelSpec, n: int, threshold: int, p: int, smallest: int) ->
 def problem(setup: Setup) -> tuple[str, str] | None:
     """``(field, reason)`` for what DeepSpeed's swappers would assert on, else None."""
     z = setup.zero
-    if z.offload_param != "nvme":
+    if z.offload_param is not Offload.NVME:
         return None
     swapped = swapped_params(setup)
     if swapped and max(swapped) > z.buffer_size:
@@ -116,11 +117,11 @@ def stage3(setup: Setup, device: dict[str, Term], host: dict[str, Term]) -> dict
     issue = problem(setup)
     if issue:
         raise ValueError(": ".join(issue))
-    nvme = dict.fromkeys(HELD, NONE)
+    nvme: dict[str, Term] = dict.fromkeys(HELD, NONE)
     device, host = dict(device), dict(host)
-    if z.offload_param == "nvme":
+    if z.offload_param is Offload.NVME:
         _params(setup, device, host, nvme)
-    if z.offload_optimizer == "nvme":
+    if z.offload_optimizer is Offload.NVME:
         _optimizer(setup, device, host, nvme)
     return {"device": device, "host": host, "nvme": nvme}
 
@@ -130,7 +131,7 @@ def _params(setup: Setup, device: dict, host: dict, nvme: dict) -> None:
     parts = partitions(setup)
     swapped = swapped_params(setup)
     files = sum(io_aligned(s, p, setup) for s in swapped)
-    nvme["parameters"] = Term(
+    nvme[Component.PARAMETERS] = Term(
         p * files,
         f"{p} B x {files:,}: {len(swapped)} partitions of >= {min_swap_bytes(setup):,} B "
         f"(max(1 MiB, aio.block_size)), each aligned to {AIO_ALIGNED_BYTES * z.aio.intra_op_parallelism} B",
@@ -149,19 +150,19 @@ def _params(setup: Setup, device: dict, host: dict, nvme: dict) -> None:
             kept.append(Term(p * in_cpu, f"{p} B x max_in_cpu {in_cpu:,} (fp16 flat buffer in CPU)"))
         if small:
             kept.append(Term(p * small, f"{p} B x {small:,} (partitions too small to swap)"))
-    host["parameters"] = total(kept)
+    host[Component.PARAMETERS] = total(kept)
     pool = z.buffer_count * io_aligned(z.buffer_size, p, setup)
-    host["buffers"] = host["buffers"] + Term(
+    host[Component.BUFFERS] = host[Component.BUFFERS] + Term(
         p * pool,
         f"{p} B x buffer_count {z.buffer_count} x buffer_size {z.buffer_size:,} (param swap buffers)",
     )
     if in_cpu < size:
         largest = max(sub_groups(setup), key=lambda g: sum(part for _, part in g))
         reuse = sum(io_aligned(t, p, setup) for t, _ in largest)
-        host["buffers"] = host["buffers"] + Term(
+        host[Component.BUFFERS] = host[Component.BUFFERS] + Term(
             p * reuse, f"{p} B x {reuse:,} (reuse buffer: the largest sub group's tensors, whole)"
         )
-    device["parameters"] = _persistent(setup)
+    device[Component.PARAMETERS] = _persistent(setup)
 
 
 def _optimizer(setup: Setup, device: dict, host: dict, nvme: dict) -> None:
@@ -170,15 +171,17 @@ def _optimizer(setup: Setup, device: dict, host: dict, nvme: dict) -> None:
     groups = [sum(part for _, part in g) for g in sub_groups(setup)]
     swapped = [s for s in groups if s * FP32 >= min_swap_bytes(setup)]
     aligned = sum(io_aligned(s, FP32, setup) for s in swapped)
-    nvme["optimizer_states"] = Term(
+    nvme[Component.OPTIMIZER_STATES] = Term(
         (1 + k) * FP32 * aligned,
         f"(1 fp32 master + {k} fp32 states) x 4 B x {aligned:,} ({len(swapped)} sub group partition(s), "
         "aligned)",
     )
     kept = sum(s for s in groups if s * FP32 < min_swap_bytes(setup))
-    host["optimizer_states"] = Term((1 + k) * FP32 * kept, "sub groups too small to swap") if kept else NONE
+    host[Component.OPTIMIZER_STATES] = (
+        Term((1 + k) * FP32 * kept, "sub groups too small to swap") if kept else NONE
+    )
     largest = io_aligned(max(groups), FP32, setup)
-    host["buffers"] = host["buffers"] + Term(
+    host[Component.BUFFERS] = host[Component.BUFFERS] + Term(
         FP32 * z.optimizer_buffer_count * largest,
         f"4 B x buffer_count {z.optimizer_buffer_count} x largest sub group {largest:,} "
         "(optimizer swap buffers)",
@@ -188,16 +191,16 @@ def _optimizer(setup: Setup, device: dict, host: dict, nvme: dict) -> None:
     # a multiple of the alignment is split and its remainder kept in RAM, ``_adjust_for_misaligned_lengths``)
     p, size = element_bytes(z.precision), sum(groups)
     files = _gradient_files(setup.model, setup.dp, min_swap_bytes(setup), io_aligned(1, FP32, setup))
-    nvme["gradients"] = Term(
+    nvme[Component.GRADIENTS] = Term(
         FP32 * files, f"4 B x {files:,} (fp32 gradient partitions of >= {min_swap_bytes(setup):,} B)"
     )
-    host["gradients"] = Term(p * size, f"{p} B x S (grad_partitions_flat_buffer)") + (
+    host[Component.GRADIENTS] = Term(p * size, f"{p} B x S (grad_partitions_flat_buffer)") + (
         Term(FP32 * (size - files), f"4 B x {size - files:,} (fp32 gradients too small to swap)")
         if size - files
         else NONE
     )
-    device["optimizer_states"] = NONE
-    device["gradients"] = NONE
+    device[Component.OPTIMIZER_STATES] = NONE
+    device[Component.GRADIENTS] = NONE
 
 
 @lru_cache(maxsize=512)
@@ -226,5 +229,5 @@ def nvme_bytes_per_node(setup: Setup, per_rank: dict[str, Term]) -> Term:
     g, z = setup.cluster.gpus_per_node, setup.zero
     each = sum(t.bytes for t in per_rank.values())
     pairs = (("parameters", z.offload_param), ("optimizer states and fp32 gradients", z.offload_optimizer))
-    held = [what for what, device in pairs if device == "nvme"]
+    held = [what for what, device in pairs if device is Offload.NVME]
     return Term(g * each, f"{g} ranks x {each:,} B of swap files ({' + '.join(held)})")

@@ -20,11 +20,11 @@ def zero_paper(setup: Setup) -> Estimate:
     z, n, psi = setup.zero, setup.dp, setup.model.params
     p = element_bytes(z.precision)
     k = master_bytes(z.precision) + FP32 * optimizer_states(z.optimizer, z.momentum)
-    terms = dict.fromkeys(COMPONENTS, NOT_IN_PAPER)
+    terms: dict[str, Term] = dict.fromkeys(COMPONENTS, NOT_IN_PAPER)
     for name, b in zip(MODEL_STATES, (p, p, k), strict=True):
         d = n if name in SHARDED[z.stage] else 1
         terms[name] = Term(int(b * psi / d), f"{b} B x Psi / {d} = {b} x {psi:,} / {d}")
-    host = dict.fromkeys(HELD, NONE)
+    host: dict[str, Term] = dict.fromkeys(HELD, NONE)
     note = (
         f"ZeRO paper: ({p} + {p} + K) Psi model states ({z.precision} parameters and gradients), K = {k}, "
         f"stage {z.stage} shards by Nd = {n}"

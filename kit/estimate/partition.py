@@ -17,7 +17,7 @@ from functools import lru_cache
 
 from kit import trainable as subset
 from kit.models import spec_tensors
-from kit.rules import NCCL_ALIGNMENT
+from kit.rules import NCCL_ALIGNMENT, Offload
 from kit.schema import Setup
 
 
@@ -188,7 +188,7 @@ def worst_rank(setup: Setup) -> int:
     """The rank whose stage 1/2 gradient buffer is largest (ranks differ only there, and in FSDP's
     optimizer states, whose largest shards are rank 0's)."""
     z = setup.zero
-    if z.engine != "deepspeed" or z.stage not in (1, 2) or z.offload_optimizer == "cpu":
+    if z.engine != "deepspeed" or z.stage not in (1, 2) or z.offload_optimizer is Offload.CPU:
         return 0
     per_rank = touched(setup)
     return max(range(setup.dp), key=per_rank.__getitem__)

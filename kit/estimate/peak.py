@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
+from kit.components import MEASURED, Component
 from kit.estimate import baselines, micro_step, partition, reductions
 from kit.estimate.cpu_matmul import CpuMatmul
 from kit.estimate.result import NONE, Term
@@ -78,6 +79,7 @@ from kit.models import spec_shapes
 from kit.rules import (
     DS_SUB_GROUP_SIZE,
     FP32,
+    Offload,
     element_bytes,
     fallback_copies,
     optimizer_states,
@@ -87,8 +89,8 @@ from kit.schema import ModelSpec, Setup
 
 #: the phases of a step, in order (``kit.ranks.memory_timeline.PHASES``)
 PHASES = ("forward", "backward", "optimizer")
-#: what each byte of a phase is (the plot's stack)
-CATEGORIES = ("parameters", "gradients", "optimizer_states", "buffers", "activations", "temporaries")
+#: what each byte of a phase is (the plot's stack): the measured components and the step's temporaries
+CATEGORIES = (*MEASURED, "temporaries")
 #: the torch optimizer's implementation: its temporaries
 Implementation = Literal["fused", "foreach", "single"]
 Backend = Literal["nccl", "gloo"]
@@ -150,77 +152,80 @@ def timeline(
     act = activations
     shape = micro_step.Shape(setup, act, (cpu or CpuMatmul()) if backend == "gloo" else None)
     resident = _resident(setup, device)
-    forward = {**resident, "activations": shape.forward, "temporaries": shape.loss + shape.batch}
+    forward = {**resident, Component.ACTIVATIONS: shape.forward, "temporaries": shape.loss + shape.batch}
     moments = {}
     gathered = _gathered(setup)
     held = gathered + _held_bucket(setup)  # what the forward and the loss's backward hold besides
-    forward["buffers"] += held + baselines.unsharded_at_loss(setup)
+    forward[Component.BUFFERS] += held + baselines.unsharded_at_loss(setup)
     forward["temporaries"] += _autocast_copies(setup)
     forwards = {"at the loss": forward}
     copy = _gather_copy(setup) if backend == "gloo" else NONE
     if copy.bytes:  # stage 3 over gloo: the last released tensor's all-gather, everything gathered so far
         forwards["at the last all-gather"] = {
             **resident,
-            "buffers": resident["buffers"] + held,
-            "activations": shape.blocks,
+            Component.BUFFERS: resident[Component.BUFFERS] + held,
+            Component.ACTIVATIONS: shape.blocks,
             "temporaries": shape.batch + copy,
         }
     moments["forward"], forward = _largest(forwards)
     backward_at_loss = {
         **resident,
-        "activations": shape.forward,
+        Component.ACTIVATIONS: shape.forward,
         "temporaries": shape.loss_grads + shape.batch + _autocast_copies(setup),
     }
-    backward_at_loss["buffers"] += held + baselines.unsharded_at_loss(setup, backward=True)
-    bucketed = resident["buffers"] + _bucket(setup)
+    backward_at_loss[Component.BUFFERS] += held + baselines.unsharded_at_loss(setup, backward=True)
+    bucketed = resident[Component.BUFFERS] + _bucket(setup)
     block = {
         **resident,
         # stage 0 without checkpointing: on CPU ranks the last block's backward holds the head's gradients
         # only (measured: the chunked loss's z0), on an H200 it held every later one (GPT-2 XL z0: +0.1 %
         # with them, -1.4 % without), a difference between the two paths not yet explained
-        "gradients": resident["gradients"]
+        Component.GRADIENTS: resident[Component.GRADIENTS]
         + _grads_so_far(
             setup,
             device,
-            resident["gradients"],
+            resident[Component.GRADIENTS],
             first=setup.zero.activation_checkpointing or backend == "nccl",
         ),
-        "buffers": bucketed + gathered,
-        "activations": shape.blocks,
+        Component.BUFFERS: bucketed + gathered,
+        Component.ACTIVATIONS: shape.blocks,
         "temporaries": shape.tied + shape.block_backward + shape.batch + _autocast_copies(setup, head=False),
     }
-    end = {**resident, "buffers": resident["buffers"] + _bucket(setup)}
-    end["gradients"] = _end_gradients(setup, device, resident["gradients"])
+    end = {**resident, Component.BUFFERS: resident[Component.BUFFERS] + _bucket(setup)}
+    end[Component.GRADIENTS] = _end_gradients(setup, device, resident[Component.GRADIENTS])
     end["temporaries"] = _allreduce_copy(setup)
     late = {}
     if shape.late:  # a trainable subset's first gradient hook comes after the last block's MLP
-        hooked = {**block, "buffers": bucketed + gathered}
+        hooked = {**block, Component.BUFFERS: bucketed + gathered}
         late["at the last block's input norm, after the first gradient hook"] = {
             **hooked,
-            "activations": shape.late.at_norm,
+            Component.ACTIVATIONS: shape.late.at_norm,
             "temporaries": shape.late.norm_work + shape.batch,
         }
         late["in the block below's backward, after the first gradient hook"] = {
             **hooked,
-            "activations": shape.late.below,
+            Component.ACTIVATIONS: shape.late.below,
         }
-        block["buffers"] = resident["buffers"] + gathered  # the bucket is not there yet
+        block[Component.BUFFERS] = resident[Component.BUFFERS] + gathered  # the bucket is not there yet
     candidates = {"at the loss's backward": backward_at_loss, "in the last block's backward": block, **late}
-    first = _grads_so_far(setup, device, resident["gradients"])
+    first = _grads_so_far(setup, device, resident[Component.GRADIENTS])
     if first.bytes and shape.first and not setup.zero.activation_checkpointing:
         # stage 0: the first block's backward, its own activations beside every later gradient
         candidates["in the first block's backward"] = {
             **block,
-            "gradients": resident["gradients"] + first,
-            "activations": shape.first,
+            Component.GRADIENTS: resident[Component.GRADIENTS] + first,
+            Component.ACTIVATIONS: shape.first,
         }
     candidates["at its end"] = end
-    candidates.update(reductions.flushes(setup, rank, end, resident["gradients"]))
+    candidates.update(reductions.flushes(setup, rank, end, resident[Component.GRADIENTS]))
     candidates.update(reductions.scatters(setup, block, bucketed, end, gathered, backend))
     moments["backward"], backward = _largest(candidates)
     steps = _optimizer(setup, rank, device, resident, implementation, backend)
     if setup.batch.grad_accum > 1:  # engine.step() of a micro-step before the boundary updates nothing
-        steps["between micro-steps"] = {**resident, "buffers": resident["buffers"] + _held_bucket(setup)}
+        steps["between micro-steps"] = {
+            **resident,
+            Component.BUFFERS: resident[Component.BUFFERS] + _held_bucket(setup),
+        }
     moments["optimizer"], optimizer = _largest(steps)
     for terms in (forward, backward, optimizer):
         terms.update({k: terms.get(k, NONE) for k in CATEGORIES if k not in terms})
@@ -248,16 +253,20 @@ def _resident(setup: Setup, device: dict[str, Term]) -> dict[str, Term]:
     """The states held between steps (and between micro-steps): stages 0-2 free the gradients after the
     step (``zero_grad(set_to_none=True)``), except across micro-steps of gradient accumulation."""
     z = setup.zero
-    out = {k: device[k] for k in ("parameters", "optimizer_states", "buffers")}
+    out: dict[str, Term] = {
+        k: device[k] for k in (Component.PARAMETERS, Component.OPTIMIZER_STATES, Component.BUFFERS)
+    }
     held = z.engine == "deepspeed" and z.stage == 3
     if held or setup.batch.grad_accum > 1:
-        grads = device["gradients"]
+        grads = device[Component.GRADIENTS]
         if z.engine == "deepspeed" and z.stage in (0, 1) and setup.batch.grad_accum > 1:
             p, psi = element_bytes(z.precision), partition.trainable_params(setup)
             grads = Term(p * psi, f"{p} B x Psi (full gradients accumulated across micro-steps)")
-        out["gradients"] = grads if held else Term(grads.bytes, f"{grads.formula}, held across micro-steps")
+        out[Component.GRADIENTS] = (
+            grads if held else Term(grads.bytes, f"{grads.formula}, held across micro-steps")
+        )
     else:
-        out["gradients"] = NONE
+        out[Component.GRADIENTS] = NONE
     return out
 
 
@@ -276,7 +285,7 @@ def _grads_so_far(setup: Setup, device: dict[str, Term], held: Term, first: bool
     if not first:
         head = m.vocab * (not m.tied_embeddings and (listing is None or "lm_head" in listing.head))
         n = (head + 1) * m.hidden
-        return Term(device["gradients"].bytes * n // psi, f"the head's gradients: {n:,} elements")
+        return Term(device[Component.GRADIENTS].bytes * n // psi, f"the head's gradients: {n:,} elements")
     if listing:  # a trainable subset's own first block and embedding (kit.trainable)
         embedding = m.vocab * m.hidden if listing.embeddings else 0
         later = psi - listing.blocks[0].params - embedding
@@ -284,7 +293,7 @@ def _grads_so_far(setup: Setup, device: dict[str, Term], held: Term, first: bool
         embedding = m.vocab * m.hidden
         block = (m.params - embedding * (1 if m.tied_embeddings else 2)) // m.layers
         later = m.params - block - embedding
-    grads = device["gradients"]
+    grads = device[Component.GRADIENTS]
     return Term(
         grads.bytes * later // psi,
         f"{grads.formula} x {later:,} / {psi:,} (all but the first block's and the embedding's)",
@@ -305,7 +314,7 @@ def _allreduce_copy(setup: Setup) -> Term:
 def _end_gradients(setup: Setup, device: dict[str, Term], held: Term) -> Term:
     if setup.zero.engine == "deepspeed" and setup.zero.stage == 3:
         return held
-    return device["gradients"]
+    return device[Component.GRADIENTS]
 
 
 def _bucket(setup: Setup) -> Term:
@@ -315,7 +324,7 @@ def _bucket(setup: Setup) -> Term:
 
     z = setup.zero
     if z.engine != "deepspeed":
-        return baselines.transient(setup).get("buffers", NONE)
+        return baselines.transient(setup).get(Component.BUFFERS, NONE)
     if z.stage not in (1, 2) or not z.contiguous_gradients:
         return NONE
     p, count = element_bytes(z.precision), 2 if z.overlap else 1
@@ -423,19 +432,19 @@ def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[s
         return {
             "during the update": {
                 **base,
-                "gradients": device["gradients"],
+                Component.GRADIENTS: device[Component.GRADIENTS],
                 "temporaries": _temporaries(setup, tensors, implementation),
             }
         }
     if z.stage == 0:
         tensors = list(partition.trainable(setup))
-        grads = device["gradients"]
+        grads = device[Component.GRADIENTS]
         if p != FP32:  # BF16_Optimizer / FP16: an fp32 copy of every gradient
             grads += Term(FP32 * psi, "4 B x Psi (fp32 gradient copies)")
         out = {
             "during the update": {
                 **base,
-                "gradients": grads,
+                Component.GRADIENTS: grads,
                 "temporaries": _temporaries(setup, tensors, implementation),
             }
         }
@@ -445,17 +454,17 @@ def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[s
             # gradients are live together
             out["at the gradients' flattening"] = {
                 **base,
-                "gradients": grads,
+                Component.GRADIENTS: grads,
                 "temporaries": Term(FP32 * psi, "4 B x Psi (FP16_Optimizer's per-tensor fp32 copies)"),
             }
         return out
     if z.stage in (1, 2):
         part = partition.partition_numel(setup)
         out = {}
-        if z.offload_optimizer == "none":
+        if z.offload_optimizer is Offload.NONE:
             out["during the update"] = {
                 **base,
-                "gradients": Term(FP32 * part, f"4 B x P (fp32 gradient partition, P = {part:,})"),
+                Component.GRADIENTS: Term(FP32 * part, f"4 B x P (fp32 gradient partition, P = {part:,})"),
                 "temporaries": _temporaries(setup, [part], implementation),
             }
         else:
@@ -471,16 +480,17 @@ def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[s
     persistent = partition.persistent(setup)
     whole = p * partition.persistent_padded(setup)
     out = {}
-    if z.offload_optimizer == "none":
+    if z.offload_optimizer is Offload.NONE:
         sub = min(partition.partition_numel(setup), DS_SUB_GROUP_SIZE)
         params = Term(
-            base["parameters"].bytes - whole,
-            f"{base['parameters'].formula} - persistent tensors partitioned for the step",
+            base[Component.PARAMETERS].bytes - whole,
+            f"{base[Component.PARAMETERS].formula} - persistent tensors partitioned for the step",
         )
         out["during the update"] = {
             **base,
-            "parameters": params,
-            "gradients": base["gradients"] + Term(FP32 * sub, f"4 B x {sub:,} (a sub group's fp32 gradient)"),
+            Component.PARAMETERS: params,
+            Component.GRADIENTS: base[Component.GRADIENTS]
+            + Term(FP32 * sub, f"4 B x {sub:,} (a sub group's fp32 gradient)"),
             "temporaries": _temporaries(setup, [sub], implementation),
         }
     else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from functools import lru_cache
 
+from kit.components import Component
 from kit.estimate import partition
 from kit.estimate.result import Term
 from kit.rules import element_bytes
@@ -43,11 +44,11 @@ def flushes(setup: Setup, rank: int, end: dict[str, Term], held: Term) -> dict[s
     before, after, last = _flush_sizes(partition.trainable(setup), part, rank, z.reduce_bucket_size)
     # the largest flush: before this rank's partition buffer exists (what is held across micro-steps
     # beside it) or after (the end's gradients)
-    options = [(f, held) for f in (before,) if f] + [(f, end["gradients"]) for f in (after,) if f]
+    options = [(f, held) for f in (before,) if f] + [(f, end[Component.GRADIENTS]) for f in (after,) if f]
     if options:
         (t, content, owners), grads = max(options, key=lambda o: p * _flush_elements(o[0]) + o[1].bytes)
         flat = Term(p * t, f"{p} B x {t:,} (a hook's gradient)") + copy(content, owners)
-        out["at a bucket flush"] = {**end, "gradients": grads, "temporaries": flat}
+        out["at a bucket flush"] = {**end, Component.GRADIENTS: grads, "temporaries": flat}
     content, owners, allocated = last
     last = {"temporaries": copy(content, owners)} | ({} if allocated else {"gradients": held})
     out["at the epilogue's reduction"] = {**end, **last}
@@ -121,7 +122,8 @@ def scatters(
         still = min(gathered.bytes, p * before)
         out["at a gradient reduce-scatter"] = {
             **block,
-            "buffers": bucketed + Term(still, f"{p} B x {still // p:,} gathered (not yet through backward)"),
+            Component.BUFFERS: bucketed
+            + Term(still, f"{p} B x {still // p:,} gathered (not yet through backward)"),
             "temporaries": block["temporaries"] + flat(padded),
         }
     out["at the epilogue's reduce-scatter"] = {**end, "temporaries": flat(last[1])}

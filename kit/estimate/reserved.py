@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from kit import checkpointing
+from kit.components import Component
 from kit.estimate import partition
 from kit.estimate.activations import (
     FORMULA_FAMILIES,
@@ -66,7 +67,7 @@ from kit.estimate.activations import (
 )
 from kit.estimate.allocator import Alloc, EmptyCache, Event, Free, Mark, replay
 from kit.estimate.result import Term
-from kit.rules import DS_SUB_GROUP_SIZE, FP32, element_bytes, fallback_copies, optimizer_states
+from kit.rules import DS_SUB_GROUP_SIZE, FP32, Offload, element_bytes, fallback_copies, optimizer_states
 from kit.schema import ModelSpec, Setup
 from kit.trainable import is_subset
 from kit.units import gib
@@ -112,7 +113,7 @@ def reserved(setup: Setup, device: dict[str, Term], activations: Term) -> Reserv
     PyTorch baselines, parameters offloaded to the host or NVMe, a trainable subset: its gradients are
     not the replay's; the chunked loss: its chunks are not)."""
     z = setup.zero
-    if z.engine != "deepspeed" or z.offload_param != "none" or is_subset(z) or z.loss != "plain":
+    if z.engine != "deepspeed" or z.offload_param is not Offload.NONE or is_subset(z) or z.loss != "plain":
         return None
     events = _Step(setup, device, activations).events()
     plain, grown = replay(events), replay(events, expandable_segments=True)
@@ -159,7 +160,7 @@ class _Step:
         # buffers, the elements live, the trace of released tensors (forward, then backward) and those
         # kept gathered to their backward
         z = self.z
-        self.stage3 = z.engine == "deepspeed" and z.stage == 3 and z.offload_param == "none"
+        self.stage3 = z.engine == "deepspeed" and z.stage == 3 and z.offload_param is Offload.NONE
         self.available: dict[int, int] = {}
         self.flats: list[tuple[set[int], int]] = []
         self.live = 0
@@ -195,7 +196,7 @@ class _Step:
         and partitioned at once, the partitions copied into the flat buffer and freed; the fp32 master
         copy (a third of the optimizer states with Adam: Adam's moments come in the first step)."""
         z, d = self.z, self.device
-        if z.engine == "deepspeed" and z.stage == 3 and d["parameters"].bytes:
+        if z.engine == "deepspeed" and z.stage == 3 and d[Component.PARAMETERS].bytes:
             n, parts = self.setup.dp, []
             for _, t in self.tensors:  # zero.Init: the tensor built whole on the device, then partitioned
                 whole = self.alloc(self.p * t)
@@ -203,18 +204,18 @@ class _Step:
                 self.free(whole)
             self.free(*parts)  # defragment: the partitions copied to the host, freed, the cache emptied,
             self.out.append(EmptyCache())  # then one flat buffer copied back
-            self.alloc(d["parameters"].bytes)
+            self.alloc(d[Component.PARAMETERS].bytes)
         else:
-            self.alloc(d["parameters"].bytes)
+            self.alloc(d[Component.PARAMETERS].bytes)
         self.alloc(self.master)
         if z.engine == "deepspeed" and z.stage == 3:
-            self.alloc(d["gradients"].bytes)  # grad_partitions_flat_buffer
-        self.alloc(d["buffers"].bytes)  # stage 3's ipg bucket, hpZ's secondary partition
+            self.alloc(d[Component.GRADIENTS].bytes)  # grad_partitions_flat_buffer
+        self.alloc(d[Component.BUFFERS].bytes)  # stage 3's ipg bucket, hpZ's secondary partition
 
     @property
     def master(self) -> int:
         """Bytes of the fp32 master partition among the optimizer states (all of them without moments)."""
-        states = self.device["optimizer_states"].bytes
+        states = self.device[Component.OPTIMIZER_STATES].bytes
         k = optimizer_states(self.z.optimizer, self.z.momentum)
         return states // (1 + k) if states else 0
 
@@ -389,8 +390,8 @@ class _Step:
             outputs = self.alloc(p * padded // n, stream)
             self.free(flat, *(held or []), outputs)
         else:
-            if not self.grads and self.device["gradients"].bytes:
-                self.grads.append(self.alloc(self.device["gradients"].bytes))
+            if not self.grads and self.device[Component.GRADIENTS].bytes:
+                self.grads.append(self.alloc(self.device[Component.GRADIENTS].bytes))
             flat = self.alloc(p * sum(self.bucket), stream) if n > 1 else None
             self.free(flat, *(held or []))
         self.bucket = []
@@ -459,13 +460,13 @@ class _Step:
         16-bit gradients. Adam's moments are made in the first step, while the gradient is live."""
         z, d = self.z, self.device
         k = optimizer_states(z.optimizer, z.momentum)
-        moments = d["optimizer_states"].bytes - self.master
-        if z.engine == "deepspeed" and z.offload_optimizer != "none":
+        moments = d[Component.OPTIMIZER_STATES].bytes - self.master
+        if z.engine == "deepspeed" and z.offload_optimizer is not Offload.NONE:
             sub = 0  # the fp32 gradient partitions and the step are on the host (or NVMe)
         elif z.engine == "deepspeed" and z.stage == 3:
             sub = FP32 * min(partition.partition_numel(self.setup), DS_SUB_GROUP_SIZE)
         elif z.engine == "deepspeed" and z.stage in (1, 2):
-            sub = d["optimizer_states"].bytes and FP32 * partition.partition_numel(self.setup)
+            sub = d[Component.OPTIMIZER_STATES].bytes and FP32 * partition.partition_numel(self.setup)
         else:  # stage 0 in 16 bits (FP16_Optimizer): the fp32 gradients' flat copy for the step
             sub = FP32 * self.setup.model.params if self.p != FP32 else 0
         copies = []

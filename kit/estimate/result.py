@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from kit.components import COMPONENTS, HELD
+from kit.components import COMPONENTS, HELD, MODEL_STATES
 from kit.fit import estimate_fit
 from kit.gpus import catalogue
 from kit.schema import Setup
@@ -141,8 +141,7 @@ class Estimate:
 
     @property
     def model_states_bytes(self) -> int:
-        c = self.components
-        return c["parameters"] + c["gradients"] + c["optimizer_states"]
+        return sum(self.components[k] for k in MODEL_STATES)
 
     @property
     def nvme_bytes_per_node(self) -> int:

@@ -4,8 +4,8 @@
   with its factory function of the same name (also ``kit.memory_panel`` ...); ``ui``: what they share
   (controls in columns, HTML tables, figures as PNG);
 - ``plots``: matplotlib figures of sweeps, estimates and heartbeats;
-- ``teach``: the tutorials' tables (ranks, shards, bytes per parameter, the papers' tables, sweeps of
-  batch splits, checkpoint round trips);
+- ``teach``: the tutorials' tables by topic (``shards``, ``sweeps``, ``batches``, ``zero_plus_plus``,
+  ``offloading``, ``roundtrip``, ``peak``);
 - ``engine_report``: DDP, FSDP and ZeRO side by side, and what the sweep says to choose;
 - ``profile``: the notebooks' sizes, small under ``ZEROKIT_SMOKE=1`` (``make test``), real otherwise.
 

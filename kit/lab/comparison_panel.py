@@ -23,15 +23,15 @@ from typing import Any
 import ipywidgets as w
 
 from kit import grid
-from kit.ds_keys import ZEROPP_OFF
+from kit.components import Component
 from kit.lab import ui
 from kit.lab.monitor_panel import MonitorPanel
-from kit.rules import BASELINES
+from kit.rules import BASELINES, Offload
 from kit.run import launcher
 from kit.run import sweep as sweeps
-from kit.run.sweep import toy_setup
 from kit.schema import Setup
-from kit.settings import SETTINGS
+from kit.settings import SETTINGS, ZEROPP_OFF
+from kit.toys import toy_setup
 from kit.units import MIB
 
 #: the warm-up steps a comparison run starts with (not measured): ``run_sweep``'s default
@@ -220,7 +220,12 @@ class ComparisonPanel:
             return (e.peak_tensor_bytes or e.components_bytes) if on_cpu else e.per_gpu_bytes
 
         rows = [
-            [e.setup.label, e.model_states_bytes / MIB, e.components["activations"] / MIB, total(e) / MIB]
+            [
+                e.setup.label,
+                e.model_states_bytes / MIB,
+                e.components[Component.ACTIVATIONS] / MIB,
+                total(e) / MIB,
+            ]
             for e in estimates
         ]
         peak = "peak tensors MiB per rank" if on_cpu else "peak MiB per GPU"
@@ -457,7 +462,7 @@ class ComparisonPanel:
             ).accepted
             for micro in sorted(self.micro_batches.value):
                 for v in found:
-                    nvme = where if "nvme" in (v.offload_optimizer, v.offload_param) else {}
+                    nvme = where if Offload.NVME in (v.offload_optimizer, v.offload_param) else {}
                     setups.append(
                         base.replace(
                             zero={**v.zero, **nvme}, batch={"micro_batch": micro, "schedule": schedule}

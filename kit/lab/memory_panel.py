@@ -18,13 +18,12 @@ from typing import Any
 import ipywidgets as w
 
 from kit import settings
-from kit.ds_keys import ZEROPP_OFF
 from kit.fit import estimate_fit
 from kit.gpus import gpu_names
 from kit.lab import ui
-from kit.rules import offload_problem
+from kit.rules import Offload, offload_problem
 from kit.schema import MAX_SEQ_LEN, ModelSpec, Setup
-from kit.settings import SETTINGS
+from kit.settings import SETTINGS, ZEROPP_OFF
 from kit.units import GIB, parse_count
 
 #: each panel control's setting (a composite's first)
@@ -214,20 +213,15 @@ class MemoryPanel:
         return Path(path).resolve()
 
     def launch_command(self, script: str = "train.py", master_addr: str = "$MASTER_ADDR") -> str:
-        """The paste-able ``deepspeed`` command for ``script`` with this Setup (``kit.scaleout.commands``);
-        several nodes read ``hostfile`` (write it with ``zerokit hostfile``) and meet at ``master_addr``."""
-        from kit.scaleout import commands
+        """The paste-able ``deepspeed`` command for ``script`` with this Setup, as ``zerokit launch-cmd``
+        makes it (``kit.scaleout.bundle``); several nodes read ``hostfile`` (write it with ``zerokit
+        hostfile``) and meet at ``master_addr``."""
+        from kit.scaleout.bundle import LaunchRequest, bundle
 
-        setup = self._valid_setup()
-        nodes = setup.cluster.nodes > 1
-        argv = commands.deepspeed_command(
-            setup,
-            script,
-            ds_config=self.config_file.value,
-            hostfile="hostfile" if nodes else None,
-            master_addr=master_addr if nodes else None,
+        request = LaunchRequest(
+            script=script, hosts_later=True, master_addr=master_addr, ds_config=self.config_file.value
         )
-        return commands.shell_line(argv)
+        return bundle(self._valid_setup(), request).shell_lines()["deepspeed"]
 
     def _build_setup(self, spec: ModelSpec) -> Setup:
         base = self.base
@@ -294,7 +288,7 @@ class MemoryPanel:
                 if problem:
                     control.value = "none"
                     reasons.append(": ".join(problem))
-                elif control.value == "nvme" and stage != 3:
+                elif control.value == Offload.NVME and stage != 3:
                     control.value = "cpu"  # stages 1-2 have no NVMe swapper
                     reasons.append(": ".join(offload_problem(stage, **{**asked, field: "nvme"}) or ()))
             offloads = (self.offload_optimizer.value, self.offload_param.value)

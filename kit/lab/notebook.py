@@ -25,8 +25,8 @@ import tempfile
 from dataclasses import dataclass
 
 from kit.models import toy_spec
-from kit.run.sweep import TOY_ZERO
 from kit.schema import Setup
+from kit.toys import REAL_TOY, SMOKE_TOY, TOY_ZERO
 from kit.units import number
 
 #: a text cell up to this many characters stays on one line (a label); a longer one wraps (formulas,
@@ -37,15 +37,13 @@ MAX_ROWS = 60
 
 #: the environment variable ``make test`` sets
 SMOKE_ENV = "ZEROKIT_SMOKE"
-#: the toy GPT's shape: tiny for CPU ranks, GPT-2 small's on GPUs (``kit.models.toy_spec``'s arguments)
-SMOKE_TOY = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 512, "seq_len": 64}
-REAL_TOY = {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50257, "seq_len": 1024}
 
 
 @dataclass(frozen=True)
 class Profile:
     """How big a notebook's real runs are: ``nprocs`` ranks, ``steps`` measured steps (after the sweep's
-    warm-up), ``micro_batch`` per rank, the toy GPT's ``toy`` shape, and ``runs_dir`` for the records."""
+    warm-up), ``micro_batch`` per rank, the toy GPT's ``toy`` shape (``kit.toys``' ``SMOKE_TOY`` or
+    ``REAL_TOY``), and ``runs_dir`` for the records."""
 
     smoke: bool
     nprocs: int

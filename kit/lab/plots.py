@@ -19,18 +19,18 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-from kit.components import MEASURED
+from kit.components import MEASURED, MODEL_STATES, Component
 from kit.run.results import Results
 from kit.units import GIB, MB, MIB, count_text
 
 #: one colour per memory component, in every figure of the kit
-COLORS = {
-    "parameters": "#4C72B0",
-    "gradients": "#DD8452",
-    "optimizer_states": "#55A868",
-    "buffers": "#8172B3",
-    "activations": "#C44E52",
-    "overhead": "#8C8C8C",
+COLORS: dict[str, str] = {
+    Component.PARAMETERS: "#4C72B0",
+    Component.GRADIENTS: "#DD8452",
+    Component.OPTIMIZER_STATES: "#55A868",
+    Component.BUFFERS: "#8172B3",
+    Component.ACTIVATIONS: "#C44E52",
+    Component.OVERHEAD: "#8C8C8C",
 }
 
 
@@ -56,7 +56,9 @@ def memory(results: Results) -> Figure:
     positions = range(len(table))
     width = 0.38
     for side, offset, hatch in (("estimate", -width / 2, "//"), ("measured", width / 2, None)):
-        series = {part: [v / MB for v in table[f"{side}_{part}"]] for part in MEASURED}
+        series: dict[str, list[float]] = {
+            part: [v / MB for v in table[f"{side}_{part}"]] for part in MEASURED
+        }
         _stack(
             ax, [p + offset for p in positions], series, colors=COLORS, width=width, hatch=hatch,
             edgecolor="white", labelled=side == "measured",
@@ -134,7 +136,7 @@ def estimated_memory(estimates, title: str = "") -> Figure:
 
     fig = Figure(figsize=(max(4.8, 1.0 * len(estimates) + 3.5), 3.8), layout="constrained")
     ax = fig.subplots()
-    series = {c: [e.components[c] / GIB for e in estimates] for c in COLORS}
+    series: dict[str, list[float]] = {c: [e.components[c] / GIB for e in estimates] for c in COLORS}
     labels = [e.setup.label for e in estimates]
     _stack(ax, labels, series, colors=COLORS, width=0.6)
     peaks = [e.per_gpu_bytes / GIB for e in estimates]
@@ -272,8 +274,8 @@ def batch_schedule(results: Results) -> Figure:
         style = {"marker": "os^v"[i % 4], "ms": 9 - 2 * (i % 4), "ls": "-" if i % 2 == 0 else "--"}
         line = batch_ax.step(group["step"], group["train_batch"], where="post", label=label, **style)[0]
         color = line.get_color()
-        held = sum(group[f"measured_{part}"] for part in ("parameters", "gradients", "optimizer_states"))
-        predicted = sum(group[f"estimate_{part}"] for part in ("parameters", "gradients", "optimizer_states"))
+        held = sum(group[f"measured_{part}"] for part in MODEL_STATES)
+        predicted = sum(group[f"estimate_{part}"] for part in MODEL_STATES)
         memory_ax.plot(
             group["step"], held / MB, color=color, marker=style["marker"], label=f"{label}: model states"
         )
@@ -426,7 +428,7 @@ def peak_timeline(
     ax = fig.subplots()
     series = {c: [timeline.phases[p][c].bytes / unit for p in phases] for c in CATEGORIES}
     if overhead:
-        series["overhead"] = [overhead / unit] * len(phases)
+        series[Component.OVERHEAD] = [overhead / unit] * len(phases)
     _stack(ax, x, series, colors=colors, width=width)
     tops = [totals[p] / unit for p in phases]
     for xi, top in zip(x, tops, strict=True):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from kit.components import Component
 from kit.schema import Setup
 from kit.units import GIB
 
@@ -92,7 +93,7 @@ def checkpointing_policies(setup: Setup) -> pd.DataFrame:
             rows[label] = {"why not": str(error)}
             continue
         rows[label] = {
-            "activations GiB": e.components["activations"] / GIB,
+            "activations GiB": e.components[Component.ACTIVATIONS] / GIB,
             "peak / GPU GiB": e.per_gpu_bytes / GIB,
             "fits": "yes" if estimate_fit(e).ok else "no",
             "largest micro batch": plan.largest_micro_batch(s),
@@ -118,11 +119,10 @@ def trainable_subsets(setup: Setup) -> pd.DataFrame:
         except ValueError as error:
             rows[label] = {"why not": str(error)}
             continue
-        c = e.components
         rows[label] = {
             "trainable": f"{partition.trainable_params(s):,}",
-            "model states GiB": (c["parameters"] + c["gradients"] + c["optimizer_states"]) / GIB,
-            "activations GiB": c["activations"] / GIB,
+            "model states GiB": e.model_states_bytes / GIB,
+            "activations GiB": e.components[Component.ACTIVATIONS] / GIB,
             "peak / GPU GiB": e.per_gpu_bytes / GIB,
             "fits": "yes" if estimate_fit(e).ok else "no",
             "step s": calibrated.step_time(s).step_s,
@@ -142,7 +142,7 @@ def loss_choices(setup: Setup) -> pd.DataFrame:
         e = estimate(setup.replace(zero={"loss": value}))
         phases = e.timeline.totals
         rows[label] = {
-            "activations GiB": e.components["activations"] / GIB,
+            "activations GiB": e.components[Component.ACTIVATIONS] / GIB,
             "forward peak GiB": phases["forward"] / GIB,
             "backward peak GiB": phases["backward"] / GIB,
             "peak / GPU GiB": e.per_gpu_bytes / GIB,

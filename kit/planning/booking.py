@@ -147,13 +147,13 @@ def _compare(ratio: float, less: str, more: str, times: str) -> str:
 def variant(row: pd.Series) -> str:
     """A row's ZeRO variant in words: "ZeRO-3 + hpZ8 + qwZ + qgZ", "FSDP grad-op", "ZeRO-2 + CPU
     optimizer"."""
-    from kit.rules import baseline_name
+    from kit.rules import Offload, baseline_name
 
     name = baseline_name(row.engine, int(row.stage))
     parts = [name.upper().replace("-GRAD-OP", " grad-op") if name else f"ZeRO-{int(row.stage)}"]
-    if row.offload_optimizer != "none":
+    if row.offload_optimizer != Offload.NONE:
         parts.append(f"{row.offload_optimizer.upper()} optimizer")
-    if row.offload_param != "none":
+    if row.offload_param != Offload.NONE:
         parts.append(f"{row.offload_param.upper()} parameters")
     parts += [z.replace("hpz", "hpZ").replace("qwz", "qwZ").replace("qgz", "qgZ") for z in row.zeropp.split()]
     if row.checkpointing:

@@ -18,13 +18,15 @@ import pandas as pd
 
 from kit import batch as batch_math
 from kit import grid, trainable
-from kit.ds_keys import EXAMPLE_NVME_PATH, ZEROPP_OFF
+from kit.components import Component
+from kit.ds_keys import EXAMPLE_NVME_PATH
 from kit.estimate import partition
 from kit.fit import estimate_fit
 from kit.gpus import catalogue, gpu, prices
 from kit.planning import plan_grid
-from kit.rules import BASELINES
+from kit.rules import BASELINES, Offload
 from kit.schema import Setup
+from kit.settings import ZEROPP_OFF
 from kit.steptime import perf
 from kit.steptime.calibration import Calibration
 from kit.units import GIB, whole_number
@@ -63,7 +65,7 @@ def _search_variants(precision: str, per_node: int, several: bool) -> tuple[dict
     zeropp = [named["hpZ"], named["ZeRO++ (hpZ + qwZ + qgZ)"]] if several else []
     levels = ("none", "optimizer", "all")
     cpu = grid.variants(ZERO_STAGES, offload=levels, zeropp=zeropp, precision=precision)
-    nvme = grid.variants(("3",), offload=levels[1:], to="nvme", precision=precision)
+    nvme = grid.variants(("3",), offload=levels[1:], to=Offload.NVME, precision=precision)
     baselines = grid.variants(BASELINES, precision=precision)
     return tuple(cpu.zero + nvme.zero + baselines.zero)
 
@@ -72,10 +74,10 @@ def _nvme_fields(setup: Setup, change: dict) -> dict:
     """The NVMe fields a planned variant needs: a swap folder, and a parameter ``buffer_size`` that holds
     the largest tensor, so any partition of it on any cluster (DeepSpeed asserts it;
     ``kit.estimate.nvme.problem``)."""
-    if "nvme" not in (change["offload_optimizer"], change["offload_param"]):
+    if Offload.NVME not in (change["offload_optimizer"], change["offload_param"]):
         return {}
     fields: dict = {"nvme_path": setup.zero.nvme_path or EXAMPLE_NVME_PATH}
-    if change["offload_param"] == "nvme":
+    if change["offload_param"] == Offload.NVME:
         fields["buffer_size"] = max(setup.zero.buffer_size, partition.largest_tensor(setup))
     return fields
 
@@ -86,12 +88,12 @@ def nvme_slowdown(plan: Plan, max_hours: float | None = None, budget: float | No
     With ``max_hours`` or ``budget`` (USD), only the fitting NVMe rows within them (``Plan.fitting``)."""
     t = plan.table
     keys = ["gpu", "nodes", "gpus_per_node", "checkpointing", "micro_batch", "grad_accum"]
-    cpu = t[(t.stage == 3) & (t.offload_optimizer == "cpu") & (t.zeropp == "")]
+    cpu = t[(t.stage == 3) & (t.offload_optimizer == Offload.CPU) & (t.zeropp == "")]
     shown = t if max_hours is None and budget is None else plan.fitting(max_hours, budget)
     rows = []
-    for param in ("none", "nvme"):
-        nv = shown[(shown.offload_optimizer == "nvme") & (shown.offload_param == param)]
-        same = cpu[cpu.offload_param == ("none" if param == "none" else "cpu")]
+    for param in (Offload.NONE, Offload.NVME):
+        nv = shown[(shown.offload_optimizer == Offload.NVME) & (shown.offload_param == param)]
+        same = cpu[cpu.offload_param == (Offload.NONE if param is Offload.NONE else Offload.CPU)]
         merged = nv.merge(
             same[[*keys, "step_s", "per_gpu_gib", "cpu_gib_per_node"]], on=keys, suffixes=("", "_cpu")
         )
@@ -171,7 +173,7 @@ def batch_options(setup: Setup, train_batch: int) -> pd.DataFrame:
                 "micro_batch": d.micro_batch,
                 "grad_accum": d.grad_accum,
                 "train_batch": d.train_batch,
-                "activations_gib": round(est.components["activations"] / GIB, 2),
+                "activations_gib": round(est.components[Component.ACTIVATIONS] / GIB, 2),
                 "per_gpu_gib": round(est.per_gpu_bytes / GIB, 2),
                 "fits": est.fits[setup.cluster.gpu],
             }
@@ -370,7 +372,7 @@ def search(
     for nodes, per in sizes:
         for change in variants or search_variants(setup, nodes):
             sharded = change["stage"] or change.get("engine", "deepspeed") != "deepspeed"
-            if nodes * per == 1 and sharded and change["offload_optimizer"] == "none":
+            if nodes * per == 1 and sharded and change["offload_optimizer"] == Offload.NONE:
                 continue  # one GPU has nothing to partition or replicate: stage 0 alone, or offload
             zero = {"engine": "deepspeed", **ZEROPP_OFF, **change, **_nvme_fields(setup, change)}
             groups.append((nodes, per, zero))
@@ -437,10 +439,10 @@ def _single_changes(setup: Setup, max_nodes: int) -> list[tuple[str, dict]]:
                     {"batch": {"micro_batch": d.micro_batch, "grad_accum": d.grad_accum}},
                 )
             )
-    if z.stage > 0 and z.offload_optimizer == "none":
-        out.append(("offload the optimizer to CPU", {"zero": {"offload_optimizer": "cpu"}}))
-    if z.stage == 3 and z.offload_param == "none":
-        out.append(("offload the parameters to CPU", {"zero": {"offload_param": "cpu"}}))
+    if z.stage > 0 and z.offload_optimizer is Offload.NONE:
+        out.append(("offload the optimizer to CPU", {"zero": {"offload_optimizer": Offload.CPU}}))
+    if z.stage == 3 and z.offload_param is Offload.NONE:
+        out.append(("offload the parameters to CPU", {"zero": {"offload_param": Offload.CPU}}))
     for stage in range(z.stage + 1, 4):
         out.append((f"ZeRO stage {stage}", {"zero": {"stage": stage}}))
     for nodes in range(c.nodes + 1, max_nodes + 1):

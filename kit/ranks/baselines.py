@@ -30,7 +30,7 @@ from deepspeed.accelerator import get_accelerator
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 from torch.distributed.tensor import DTensor
 
-from kit.components import HELD
+from kit.components import HELD, Component
 from kit.ds_config import GRADIENT_CLIPPING, LEARNING_RATE
 from kit.rules import baseline_name
 from kit.schema import Setup
@@ -170,7 +170,7 @@ class _CountedReduceScatter(ReduceScatter):
 def model_state_bytes(engine: TorchEngine, setup: Setup) -> dict[str, dict[str, int]]:
     """What this rank holds right after a boundary backward, by component: the (local shards of the)
     parameters, their gradients, the optimizer's state and DDP's gradient buckets; each storage once."""
-    out = {"device": dict.fromkeys(HELD, 0), "host": dict.fromkeys(HELD, 0)}
+    out: dict[str, dict[str, int]] = {"device": dict.fromkeys(HELD, 0), "host": dict.fromkeys(HELD, 0)}
     on_cpu = get_accelerator().device_name() == "cpu"
     seen: set[tuple[int, str]] = set()
 
@@ -186,11 +186,11 @@ def model_state_bytes(engine: TorchEngine, setup: Setup) -> dict[str, dict[str, 
             out[where][component] += storage.nbytes()
 
     for p in engine.module.parameters():
-        count(p, "parameters")
+        count(p, Component.PARAMETERS)
         if p.grad is not None:
-            count(p.grad, "gradients")
+            count(p.grad, Component.GRADIENTS)
     for state in engine.optimizer.state.values():
         for value in state.values():
-            count(value, "optimizer_states")
-    out["device"]["buffers"] += sum(COUNTER.buckets.values())
+            count(value, Component.OPTIMIZER_STATES)
+    out["device"][Component.BUFFERS] += sum(COUNTER.buckets.values())
     return out

@@ -17,6 +17,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from kit.components import MODEL_STATES, Component
+
 #: DeepSpeed's folder for stage-3 swap files under nvme_path
 STAGE3_FOLDER = "zero_stage_3"
 
@@ -29,15 +31,15 @@ def rank_folders(nvme_path: str | Path, rank: int) -> list[Path]:
 
 def swap_file_bytes(nvme_path: str | Path, rank: int) -> dict[str, int]:
     """``{parameters, gradients, optimizer_states}``: bytes of this rank's swap files, by what they hold."""
-    out = {"parameters": 0, "gradients": 0, "optimizer_states": 0}
+    out: dict[str, int] = dict.fromkeys(MODEL_STATES, 0)
     for folder in rank_folders(nvme_path, rank):
         for f in folder.glob("*.tensor.swp"):
             if folder.parent.name.endswith("params"):
-                kind = "parameters"
+                kind = Component.PARAMETERS
             elif "_gradient_" in f.name:
-                kind = "gradients"
+                kind = Component.GRADIENTS
             else:
-                kind = "optimizer_states"
+                kind = Component.OPTIMIZER_STATES
             out[kind] += f.stat().st_size
     return out
 

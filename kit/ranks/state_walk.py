@@ -21,19 +21,26 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from kit.components import HELD
+from kit.components import HELD, Component
+from kit.rules import Offload
 
 if TYPE_CHECKING:
     import torch
 
 #: (pattern on the path where a storage is first found, component); first match wins.
 RULES = [
-    (r"\.grad$|averaged_gradients|grads_in_partition|grad_partitions_flat_buffer", "gradients"),
-    (r"all_grad_tensors|fp32_groups_gradient|unswapped_gradients", "gradients"),
-    (r"ipg_|temp_grad_buffer|param_buffer_of_bit16|nvme_swapper", "buffers"),
-    (r"\.state\[|single_partition_of_fp32|fp32_partitioned_groups_flat|fp32_groups", "optimizer_states"),
-    (r"param_groups", "optimizer_states"),
-    (r"^module\.|bit16_groups_flat|fp16_partitioned_groups_flat|ds_tensor|ds_secondary_tensor", "parameters"),
+    (r"\.grad$|averaged_gradients|grads_in_partition|grad_partitions_flat_buffer", Component.GRADIENTS),
+    (r"all_grad_tensors|fp32_groups_gradient|unswapped_gradients", Component.GRADIENTS),
+    (r"ipg_|temp_grad_buffer|param_buffer_of_bit16|nvme_swapper", Component.BUFFERS),
+    (
+        r"\.state\[|single_partition_of_fp32|fp32_partitioned_groups_flat|fp32_groups",
+        Component.OPTIMIZER_STATES,
+    ),
+    (r"param_groups", Component.OPTIMIZER_STATES),
+    (
+        r"^module\.|bit16_groups_flat|fp16_partitioned_groups_flat|ds_tensor|ds_secondary_tensor",
+        Component.PARAMETERS,
+    ),
 ]
 #: Structures DeepSpeed puts in CPU RAM when offloading (used when the accelerator itself is the CPU).
 OFFLOADED_WITH_OPTIMIZER = r"\.state\[|single_partition_of_fp32|fp32_partitioned_groups_flat|param_groups|"
@@ -51,7 +58,7 @@ def model_state_bytes(engine, setup) -> dict[str, dict[str, int]]:
         from kit.ranks import baselines
 
         return baselines.model_state_bytes(engine, setup)
-    out = {"device": dict.fromkeys(HELD, 0), "host": dict.fromkeys(HELD, 0)}
+    out: dict[str, dict[str, int]] = {"device": dict.fromkeys(HELD, 0), "host": dict.fromkeys(HELD, 0)}
     for path, tensor, nbytes in storages(engine):
         out[_location(path, tensor, setup)][classify(path)] += nbytes
     return out
@@ -122,7 +129,7 @@ def classify(path: str) -> str:
     for pattern, component in RULES:
         if re.search(pattern, path):
             return component
-    return "buffers"
+    return Component.BUFFERS
 
 
 def _location(path: str, tensor, setup) -> str:
@@ -132,9 +139,9 @@ def _location(path: str, tensor, setup) -> str:
     if get_accelerator().device_name() != "cpu":
         return "host" if tensor.device.type == "cpu" else "device"
     z = setup.zero
-    if z.offload_optimizer != "none" and re.search(OFFLOADED_WITH_OPTIMIZER, path):
+    if z.offload_optimizer is not Offload.NONE and re.search(OFFLOADED_WITH_OPTIMIZER, path):
         return "host"
-    if z.offload_param != "none" and re.search(OFFLOADED_WITH_PARAMS, path):
+    if z.offload_param is not Offload.NONE and re.search(OFFLOADED_WITH_PARAMS, path):
         return "host"
     if z.nvme and re.search(NVME_SWAP_BUFFERS, path):
         return "host"

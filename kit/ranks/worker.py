@@ -31,8 +31,9 @@ import traceback
 from collections.abc import Callable
 
 from kit import model_files, monitor
+from kit.components import Component
 from kit.records import PROBES, append_record, emit
-from kit.rules import wire_bytes
+from kit.rules import Offload, wire_bytes
 from kit.specs import SweepConfig, SweepSpec
 from kit.steptime.comm import comm_bytes
 
@@ -239,7 +240,7 @@ def measure_step(
     if "state_walk" in probes or "activations" in probes:
         record["measured"] = dict(held["device"]) if "state_walk" in probes else {}
         if "activations" in probes:
-            record["measured"]["activations"] = held["activations"]
+            record["measured"][Component.ACTIVATIONS] = held["activations"]
         if memory is not None:
             record["measured"].update(memory.result())
     if "state_walk" in probes:
@@ -261,8 +262,8 @@ def _predicted(record: dict, now, rank: int, predictions: dict, probes) -> None:
     measured = record.get("measured", {})
     if measured:
         record["estimate"] = dict(resident["device"]) if "state_walk" in probes else {}
-        if "activations" in measured:
-            record["estimate"]["activations"] = whole_gpu.components["activations"]
+        if Component.ACTIVATIONS in measured:
+            record["estimate"][Component.ACTIVATIONS] = whole_gpu.components[Component.ACTIVATIONS]
         if "peak_tensor_bytes" in measured:  # the timeline this rank's run follows: torch_adam, its backend
             if "peak" not in predicted:
                 predicted["peak"], predicted["cpu_matmul"] = _peak(now, rank, whole_gpu)
@@ -291,7 +292,7 @@ def _peak(setup, rank: int, whole_gpu) -> tuple[dict, object]:
         rank,
         implementation=implementation,
         backend=backend,
-        activations=whole_gpu.terms["activations"],
+        activations=whole_gpu.terms[Component.ACTIVATIONS],
         cpu=cpu,
     )
     return {"peak_tensor_bytes": line.peak_tensor_bytes, "phases": line.totals}, cpu
@@ -307,7 +308,7 @@ def _host_steps(memory, eng, setup):
     """With optimizer offload the wrapped torch optimizer's step works on host tensors (not counted)."""
     from kit.ranks import memory_timeline
 
-    if memory is None or setup.zero.engine != "deepspeed" or setup.zero.offload_optimizer == "none":
+    if memory is None or setup.zero.engine != "deepspeed" or setup.zero.offload_optimizer is Offload.NONE:
         return contextlib.nullcontext()
     return memory_timeline.host_optimizer(memory, eng)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kit.components import Component
 from kit.ds_keys import BATCH_KEYS
 from kit.review.context import Context, Finding
 from kit.units import size
@@ -12,7 +13,7 @@ def batch(x: Context) -> list[Finding]:
     if not any(k in x.raw for k in BATCH_KEYS):
         return []
     key = "train_batch_size"
-    b, act = x.setup.batch, x.est.components["activations"]
+    b, act = x.setup.batch, x.est.components[Component.ACTIVATIONS]
     return [
         Finding(
             key,

@@ -4,7 +4,7 @@ all-gather bucket, and stage 3's prefetch bucket, live-parameter cap and persist
 from __future__ import annotations
 
 from kit.review.context import Context, Finding, noop
-from kit.rules import BIG_BUFFER_BYTES, DS_REDUCE_BUCKET, STAGE3_GATHER_FORMULA, stage3_gathered
+from kit.rules import BIG_BUFFER_BYTES, DS_REDUCE_BUCKET, STAGE3_GATHER_FORMULA, Offload, stage3_gathered
 from kit.units import size
 
 #: a stage-3 prefetch bucket this many times the largest layer gathers more than it needs
@@ -13,7 +13,7 @@ PREFETCH_LAYERS = 4
 
 def reduce_bucket(x: Context) -> list[Finding]:
     """The gradient bucket: its buffer per GPU, and a smaller size where it is big."""
-    key = x.key("reduce_bucket_size")
+    key = x.setting("reduce_bucket_size")
     if x.stage == 0:
         why = "stage 0 all-reduces gradients in the engine, in buckets of its own (MEMORY_OPT_ALLREDUCE_SIZE)"
         return [noop(key, why)] if key else []
@@ -60,7 +60,7 @@ def reduce_bucket(x: Context) -> list[Finding]:
 
 def overlap(x: Context) -> list[Finding]:
     """overlap_comm: the second gradient buffer it adds at stages 1-2."""
-    key = x.key("overlap_comm")
+    key = x.setting("overlap_comm")
     if not key:
         return []
     if x.stage == 0:
@@ -111,7 +111,7 @@ def overlap(x: Context) -> list[Finding]:
 
 def contiguous(x: Context) -> list[Finding]:
     """contiguous_gradients: the reduce bucket it allocates, or the fragmentation without it."""
-    key = x.key("contiguous_gradients")
+    key = x.setting("contiguous_gradients")
     if not key:
         return []
     if x.stage == 0:
@@ -125,7 +125,7 @@ def contiguous(x: Context) -> list[Finding]:
             f"{size(cost)} per GPU"
         )
         return [Finding(key, "info", message, "keep it; size it with reduce_bucket_size")]
-    forced = x.stage < 3 and x.z.offload_optimizer == "cpu"
+    forced = x.stage < 3 and x.z.offload_optimizer is Offload.CPU
     message = f"{key} false: no contiguous gradient buffer" + (
         "; DeepSpeed turns it on anyway with offload_optimizer (stage_1_and_2.py: contiguous_gradients or "
         "cpu_offload)"
@@ -137,7 +137,7 @@ def contiguous(x: Context) -> list[Finding]:
 
 def allgather(x: Context) -> list[Finding]:
     """allgather_bucket_size: allocates nothing (stage 3 reads the prefetch bucket instead)."""
-    key = x.key("allgather_bucket_size")
+    key = x.setting("allgather_bucket_size")
     if not key:
         return []
     if x.stage == 3:
@@ -163,7 +163,7 @@ def allgather(x: Context) -> list[Finding]:
 
 def prefetch(x: Context) -> list[Finding]:
     """Stage 3's prefetch bucket: what it gathers at once, and a smaller size when it spans many layers."""
-    key = x.key("stage3_prefetch_bucket_size", "prefetch_bucket_size")
+    key = x.setting("prefetch_bucket_size")
     if x.stage != 3:
         return []
     value, largest, p = x.z.prefetch_bucket_size, x.setup.model.largest_layer_params, x.p
@@ -175,7 +175,7 @@ def prefetch(x: Context) -> list[Finding]:
         f"up to {STAGE3_GATHER_FORMULA} = {fetch:,} parameters "
         f"gathered at once: {p} B x {fetch:,} = {size(p * fetch)} per GPU (kit.estimate 'buffers')"
     )
-    better, how = x.smaller("stage3_prefetch_bucket_size")
+    better, how = x.smaller("prefetch_bucket_size")
     if value >= PREFETCH_LAYERS * largest and better < value:
         cost = x.delta(prefetch_bucket_size=better)
         if cost > 0:
@@ -193,7 +193,7 @@ def prefetch(x: Context) -> list[Finding]:
 def max_live(x: Context) -> list[Finding]:
     """Stage 3's max_live_parameters and max_reuse_distance."""
     found = []
-    key = x.key("stage3_max_live_parameters", "max_live_parameters")
+    key = x.setting("max_live_parameters")
     if x.stage == 3 and key:
         cost = x.delta(max_live_parameters=0)
         found.append(
@@ -205,7 +205,7 @@ def max_live(x: Context) -> list[Finding]:
                 "keep it; lower it only if the gathered parameters do not fit",
             )
         )
-    key = x.key("stage3_max_reuse_distance", "max_reuse_distance")
+    key = x.setting("max_reuse_distance")
     if x.stage == 3 and key:
         found.append(
             Finding(
@@ -222,7 +222,7 @@ def max_live(x: Context) -> list[Finding]:
 
 def persistence(x: Context) -> list[Finding]:
     """Stage 3's persistence threshold: the small tensors kept whole on every GPU."""
-    key = x.key("stage3_param_persistence_threshold", "param_persistence_threshold")
+    key = x.setting("param_persistence_threshold")
     if x.stage != 3 or not key:
         return []
     cost = x.delta(param_persistence_threshold=0)

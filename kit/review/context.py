@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kit.ds_keys import hf_auto, zero_key
+from kit.components import Component
 from kit.estimate.memory import estimate
 from kit.gpus import gpu
-from kit.rules import element_bytes
+from kit.rules import Offload, element_bytes
 from kit.schema import Setup
+from kit.settings import BY_FIELD
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -43,10 +44,15 @@ class Context:
         """The zero_optimization key as the file spells it (the first of ``names`` present), or None."""
         return next((f"zero_optimization.{n}" for n in names if n in self.zero), None)
 
+    def setting(self, field: str) -> str | None:
+        """The zero_optimization key of the setting ``field`` (``kit.settings``) as the file spells it (either
+        spelling DeepSpeed accepts), or None when the file leaves it out."""
+        return self.key(*BY_FIELD[field].spellings)
+
     def allocated(self, setup: Setup | None = None) -> int:
         """Bytes per GPU the estimate's components allocate (everything but the overhead allowance)."""
         e = self.est if setup is None else estimate(setup)
-        return e.components_bytes - e.components["overhead"]
+        return e.components_bytes - e.components[Component.OVERHEAD]
 
     def delta(self, **zero: Any) -> int:
         """Bytes per GPU this setup allocates beyond the same setup with ``zero`` changed."""
@@ -56,14 +62,13 @@ class Context:
     def hidden(self) -> int | None:
         return self.setup.model.hidden
 
-    def smaller(self, key: str) -> tuple[int, str]:
-        """A smaller value for a zero_optimization bucket ``key``: HF's ``"auto"`` for the model's hidden
-        size (``kit.ds_keys.hf_auto``), else the largest layer; and how it was chosen."""
+    def smaller(self, field: str) -> tuple[int, str]:
+        """A smaller value for the bucket setting ``field``: HF's ``"auto"`` for the model's hidden size
+        (its ``Setting.hf_auto``), else the largest layer; and how it was chosen."""
         if self.hidden:
-            entry = zero_key(key)
-            assert entry is not None and entry.hf_auto is not None, key  # the callers pass keys HF sizes
-            formula = entry.hf_auto[0]
-            return hf_auto(key, self.hidden), f'{formula}, HF\'s "auto" for hidden {self.hidden}'
+            rule = BY_FIELD[field].hf_auto
+            assert rule is not None, field  # the callers pass settings HF sizes
+            return rule[1](self.hidden), f'{rule[0]}, HF\'s "auto" for hidden {self.hidden}'
         return self.setup.model.largest_layer_params, "the largest layer"
 
     def present(self) -> set[str]:
@@ -80,4 +85,5 @@ def noop(key: str, what: str, suggestion: str = "remove it") -> Finding:
 
 
 def offload_device(section: Any) -> str:
-    return section.get("device", "none") if isinstance(section, dict) else "none"
+    """An offload block's device as the file gives it ("none" without one)."""
+    return section.get("device", Offload.NONE) if isinstance(section, dict) else Offload.NONE

@@ -3,22 +3,23 @@ memory, the swap files, their buffers and the ``aio`` block."""
 
 from __future__ import annotations
 
+from kit.components import Component
 from kit.estimate import nvme
 from kit.review.context import Context, Finding, noop, offload_device
-from kit.rules import AIO_ALIGNED_BYTES
+from kit.rules import AIO_ALIGNED_BYTES, Offload
 from kit.units import size
 
 
 def offload_param(x: Context) -> list[Finding]:
     """offload_param: ignored below stage 3; at stage 3 the parameters' bytes on the host."""
     section = x.zero.get("offload_param")
-    asked = offload_device(section) != "none" or x.zero.get("cpu_offload_param")
+    asked = offload_device(section) != Offload.NONE or x.zero.get("cpu_offload_param")
     key = x.key("offload_param", "cpu_offload_param")
     if not asked or not key:
         return []
     if x.stage < 3:
-        params = x.est.components["parameters"]
-        if x.z.offload_optimizer == "none" and x.stage > 0:
+        params = x.est.components[Component.PARAMETERS]
+        if x.z.offload_optimizer is Offload.NONE and x.stage > 0:
             saving = x.delta(offload_optimizer="cpu")
             instead = f"use offload_optimizer (device cpu) at stage {x.stage}: saves {size(saving)} per GPU"
         else:
@@ -34,7 +35,7 @@ def offload_param(x: Context) -> list[Finding]:
             )
         ]
     saving = x.delta(offload_param="none") * -1
-    host = x.est.host_terms["parameters"]
+    host = x.est.host_terms[Component.PARAMETERS]
     return [
         Finding(
             key,
@@ -50,7 +51,7 @@ def offload_param(x: Context) -> list[Finding]:
 def offload_optimizer(x: Context) -> list[Finding]:
     """offload_optimizer: ignored at stage 0; else what moves to the host and what it saves."""
     section = x.zero.get("offload_optimizer")
-    asked = offload_device(section) != "none" or x.zero.get("cpu_offload")
+    asked = offload_device(section) != Offload.NONE or x.zero.get("cpu_offload")
     key = x.key("offload_optimizer", "cpu_offload")
     if not asked or not key:
         return []
@@ -65,7 +66,7 @@ def offload_optimizer(x: Context) -> list[Finding]:
         ]
     saving = -x.delta(offload_optimizer="none")
     host = sum(t.bytes for t in x.est.host_terms.values())
-    where = "the CPU, their files to NVMe" if x.setup.zero.offload_optimizer == "nvme" else "the CPU"
+    where = "the CPU, their files to NVMe" if x.setup.zero.offload_optimizer is Offload.NVME else "the CPU"
     return [
         Finding(
             key,
@@ -88,14 +89,16 @@ def pin_memory(x: Context) -> list[Finding]:
             continue
         key = f"zero_optimization.{kind}.pin_memory"
         device = offload_device(section)
-        used = device != "none" and (x.stage == 3 if kind == "offload_param" else x.stage > 0)
+        used = device != Offload.NONE and (x.stage == 3 if kind == "offload_param" else x.stage > 0)
         if not used:
-            why = f"device is {device!r}" if device == "none" else f"{kind} is ignored at stage {x.stage}"
+            why = (
+                f"device is {device!r}" if device == Offload.NONE else f"{kind} is ignored at stage {x.stage}"
+            )
             found.append(noop(key, f"nothing is offloaded ({why}), so nothing is pinned", "remove it"))
             continue
         held = x.est.host_terms
-        part = held["parameters"].bytes if kind == "offload_param" else sum(
-            held[c].bytes for c in ("gradients", "optimizer_states", "buffers")
+        part = held[Component.PARAMETERS].bytes if kind == "offload_param" else sum(
+            held[c].bytes for c in (Component.GRADIENTS, Component.OPTIMIZER_STATES, Component.BUFFERS)
         )  # fmt: skip
         found.append(
             Finding(
@@ -128,7 +131,7 @@ def nvme_offload(x: Context) -> list[Finding]:
     disk = x.est.nvme_term
     for kind in ("offload_param", "offload_optimizer"):
         section = x.zero.get(kind)
-        if offload_device(section) != "nvme":
+        if offload_device(section) != Offload.NVME:
             continue
         found.append(
             Finding(
@@ -139,7 +142,7 @@ def nvme_offload(x: Context) -> list[Finding]:
                 "keep it; check its bandwidth with `zerokit calibrate --nvme PATH`",
             )
         )
-    if z.offload_param == "nvme":
+    if z.offload_param is Offload.NVME:
         largest = max(nvme.swapped_params(x.setup), default=0)
         pool = z.buffer_count * nvme.io_aligned(z.buffer_size, x.p, x.setup) * x.p
         found.append(
@@ -152,7 +155,7 @@ def nvme_offload(x: Context) -> list[Finding]:
                 "keep buffer_size just above the largest partition; more buffers prefetch further",
             )
         )
-        held = x.est.host_terms["parameters"]
+        held = x.est.host_terms[Component.PARAMETERS]
         found.append(
             Finding(
                 "zero_optimization.offload_param.max_in_cpu",
@@ -162,8 +165,8 @@ def nvme_offload(x: Context) -> list[Finding]:
                 "lower it when CPU RAM is short (0 keeps every swappable partition on NVMe)",
             )
         )
-    if z.offload_optimizer == "nvme":
-        buffers = per_rank["buffers"]
+    if z.offload_optimizer is Offload.NVME:
+        buffers = per_rank[Component.BUFFERS]
         found.append(
             Finding(
                 "zero_optimization.offload_optimizer.buffer_count",

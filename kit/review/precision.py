@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kit.components import Component
 from kit.fit import supports
 from kit.review.context import Context, Finding
 from kit.rules import FP32, optimizer_states
@@ -54,8 +55,8 @@ def optimizer(x: Context) -> list[Finding]:
     section = x.raw.get("optimizer")
     if not isinstance(section, dict) or "type" not in section:
         return []
-    term = x.est.terms["optimizer_states"]
-    where = x.est.host_terms["optimizer_states"]
+    term = x.est.terms[Component.OPTIMIZER_STATES]
+    where = x.est.host_terms[Component.OPTIMIZER_STATES]
     at = f"{size(where.bytes)} per rank in host memory" if where.bytes else f"{size(term.bytes)} per GPU"
     return [
         Finding(

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from kit.ds_keys import STAGE3_KEYS, ZEROPP_OFF
 from kit.estimate.memory import estimate
 from kit.fit import estimate_fit
 from kit.review.context import Context, Finding, noop
-from kit.rules import SHARDED
+from kit.rules import SHARDED, Offload
+from kit.settings import STAGE3_KEYS, ZEROPP_OFF
 from kit.steptime.comm import comm_bytes
 from kit.units import size
 
@@ -17,7 +17,7 @@ ROOM = 0.8
 def stage(x: Context) -> list[Finding]:
     """What the stage partitions, its bytes and communication; stage 3 where stage 2 fits with room."""
     s, e, n = x.setup, x.est, x.n
-    key = x.key("stage") or "zero_optimization.stage"
+    key = x.setting("stage") or "zero_optimization.stage"
     mem = x.gpu.memory_bytes
     comm, how = comm_bytes(s)
     sharded = (
@@ -26,7 +26,7 @@ def stage(x: Context) -> list[Finding]:
     why = ""
     if x.stage == 3 and n > 1:
         # stage 2 has no NVMe swapper: compare with its CPU offload
-        opt = "cpu" if s.zero.offload_optimizer == "nvme" else s.zero.offload_optimizer
+        opt = Offload.CPU if s.zero.offload_optimizer is Offload.NVME else s.zero.offload_optimizer
         s2 = s.replace(zero={"stage": 2, "offload_param": "none", "offload_optimizer": opt, **ZEROPP_OFF})
         e2 = estimate(s2)
         if estimate_fit(e2, headroom=1 - ROOM).ok:

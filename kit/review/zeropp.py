@@ -3,12 +3,12 @@ across nodes."""
 
 from __future__ import annotations
 
-from kit.ds_keys import ZEROPP_KEYS
 from kit.review.context import Context, Finding
+from kit.settings import ZEROPP_KEYS
 from kit.steptime.comm import comm_by_scope
 from kit.units import size
 
-#: what each ZeRO++ switch does (the keys and their off values: ``kit.ds_keys.ZEROPP_KEYS``)
+#: what each ZeRO++ switch does (the keys and their off values: ``kit.settings.ZEROPP_KEYS``)
 WHAT = {
     "hpz_partition_size": "hpZ: a secondary copy of the parameters partitioned over the node's GPUs; the "
     "backward all-gather reads it inside the node",
@@ -26,7 +26,7 @@ def zeropp(x: Context) -> list[Finding]:
     now = comm_by_scope(x.setup)
     for k in ZEROPP_KEYS:
         field, off, what = k.field, k.off, WHAT[k.field]
-        key = x.key(k.key)
+        key = x.setting(k.field)
         if not key or getattr(x.z, field) == off:
             continue
         without = x.setup.replace(zero={field: off})

@@ -1,4 +1,4 @@
-"""How good is the step-time model? Its predictions beside the step times a sweep measured.
+"""How good is the step-time model? Its predictions beside the step times a sweep measured (``report``).
 
 The hardware figures come from measurements independent of the step times (nothing is fitted to them):
 - GPU records: the GPU's datasheet figures and fabric (``kit.steptime.perf.hardware``) and the default
@@ -24,19 +24,21 @@ import socket
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
 from kit.estimate import partition
-from kit.models import override, preset_names, toy_spec
+from kit.models import override, preset_names
 from kit.rules import bus_factor
 from kit.run.results import Results
 from kit.schema import Setup
 from kit.specs import CalibrateSpec, EngineConfig
 from kit.steptime import calibrated, perf
 from kit.steptime.calibration import TAG, Calibration, EngineCost, Link, engine_key, model_text
+from kit.toys import calibration_toy
 
 #: the per-rank script of ``measure``
 WORKER = "kit.ranks.calibrate_worker"
@@ -47,7 +49,7 @@ CALIBRATION_SIZES = (4096, 65536, 1 << 20, 16 << 20)
 
 
 #: what ``zerokit calibrate --measure`` measures without --model: a toy GPT of 4 blocks of width 256
-DEFAULT_MODEL = override(toy_spec(), {"hidden": 256, "layers": 4, "ffn": 1024})
+DEFAULT_MODEL = calibration_toy()
 
 
 def holdout(base: Setup, nprocs: int = 2) -> list[Setup]:
@@ -542,6 +544,49 @@ def error(predicted_s: float, measured_s: float) -> float:
 def median_abs_error(table: pd.DataFrame) -> float:
     """The calibration's one number: the median of |predicted / measured - 1| over configurations."""
     return float(table.error.abs().median()) if len(table) else float("nan")
+
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    """``report``'s answer: ``calibrate``'s ``table``, the ``machine`` CPU records were predicted on, the
+    calibration's ``label``; per kind of rates it carried over, (kind, labels, argv that measures them)."""
+
+    table: pd.DataFrame
+    machine: CpuMachine | None
+    label: str
+    carried_over: list[tuple[str, list[str], list[str]]]
+
+    def to_dict(self) -> dict:
+        """``zerokit calibrate SWEEP --json``'s object (docs/contracts.md)."""
+        t, machine = self.table, vars(self.machine) if self.machine else None
+        most = float(t.error.abs().max()) if len(t) else None
+        return {"configs": t.to_dict(orient="records"), "median_abs_error": median_abs_error(t),
+                "max_abs_error": most, "machine": machine, "calibration": self.label}  # fmt: skip
+
+
+def report(
+    sweep: str, bus: Callable[[int], float], nprocs: int = 2, calibration: str | None = None
+) -> CalibrationReport:
+    """The step-time model beside what ``sweep`` measured, from the ``calibration`` file or as ``calibrate``:
+    CPU records on ``cpu_machine`` for ``nprocs`` ranks at ``bus(nprocs)`` GB/s (``allreduce_bus_gbps``)."""
+    results = Results.load(sweep)
+    ok = [r for r in results.records if r.get("status") == "ok" and "device" in r]
+    if not ok:
+        raise ValueError(f"sweep: {sweep} has no measured configuration to compare with")
+    cal = Calibration.load(calibration) if calibration else None
+    precisions = tuple(sorted({r["setup"]["zero"]["precision"] for r in ok}))
+    shape = matmul_shape(Setup.model_validate(ok[0]["setup"]))
+    cpu = cal is None and any(r["device"] == "cpu" for r in ok)
+    machine = cpu_machine(nprocs, precisions, shape, bus_gbps=bus(nprocs)) if cpu else None
+    table = calibrate(results, machine, cal)
+    if cal is None:
+        return CalibrationReport(table, machine, "uncalibrated", [])
+    setups = {r["config_id"]: Setup.model_validate(r["setup"]) for r in ok}
+    carried = [
+        (what, list(rows.label), measure_argv(setups[rows.config_id.iloc[0]], cal))
+        for what, rows in table[table.carried_over != ""].groupby("carried_over", sort=False)
+    ]
+    return CalibrationReport(table, machine, cal.label, carried)
 
 
 def median_seconds(fn, repeat: int = 5) -> float:

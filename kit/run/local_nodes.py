@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from kit.components import MODEL_STATES
 from kit.run.launcher import CANCEL_RC, TIMEOUT_RC, free_port, launch_argv, run_launch, worker_env
 from kit.schema import Setup
 
@@ -271,10 +272,6 @@ def run_setups_on_local_nodes(
     return rows
 
 
-#: the model states ``per_node`` sums (what ZeRO partitions)
-MODEL_STATES = ("parameters", "gradients", "optimizer_states")
-
-
 def per_node(records: list[dict], names: Sequence[str] = ()) -> list[dict]:
     """Per configuration and node (``node_rank``, as each rank's launcher placed it), from the ok
     records of each rank's last measured step: its ranks, their model-state bytes measured and
@@ -310,19 +307,3 @@ def per_node(records: list[dict], names: Sequence[str] = ()) -> list[dict]:
         row["estimate_inter_wire_bytes"] = predicted["inter"]
         rows.append(row)
     return rows
-
-
-def hpz_toy_setups() -> dict[str, Setup]:
-    """The toy GPT on 2 simulated nodes x 2 ranks at stage 3, without and with hpZ over each node: its
-    biases and norms kept whole (persistence threshold 1,000), its matrices released and so given
-    secondary partitions, and no prefetch or reuse, so that backward gathers again (from the secondary
-    partition with hpZ). What notebook 09 and ``tests/test_zeropp.py`` run."""
-    from kit.models import toy_spec
-    from kit.run.sweep import TOY_ZERO
-
-    zero = {**TOY_ZERO, "stage": 3, "prefetch_bucket_size": 0, "max_live_parameters": 0}
-    zero |= {"max_reuse_distance": 0, "param_persistence_threshold": 1000}
-    base = Setup(
-        model=toy_spec(), cluster={"nodes": 2, "gpus_per_node": 2}, zero=zero, batch={"micro_batch": 1}
-    )
-    return {"ZeRO-3": base, "hpZ": base.replace(zero={"hpz_partition_size": 2})}

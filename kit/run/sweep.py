@@ -21,31 +21,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kit.records import OPTIONAL_PROBES, PROBES, append_record, load_records, parse_event, unknown_probes
+from kit.rules import Offload
 from kit.run import launcher
 from kit.run.results import Results
 from kit.schema import Setup
 from kit.specs import Fault, SweepConfig, SweepSpec
 
-#: bucket sizes (elements) for runs of the toy models: DeepSpeed's 5e8-element defaults would make
-#: stage 3 allocate a 1 GB bf16 reduce bucket per rank for a model of 0.14M parameters
-TOY_ZERO = {"reduce_bucket_size": 500_000, "allgather_bucket_size": 500_000, "prefetch_bucket_size": 250_000}
 #: a torch extension build lock older than this (s) was left by a killed build (async_io builds in minutes)
 STALE_BUILD_LOCK_S = 1800.0
 #: test-only faults the worker understands (see kit/ranks/worker.py)
 FAULTS = typing.get_args(Fault)
-
-
-def toy_setup(nprocs: int = 2) -> Setup:
-    """The tiny GPT-2 (``kit.models.toy_spec``) on one node of ``nprocs`` ranks, micro batch 2, with the
-    ``TOY_ZERO`` buckets: what the demo, the comparison panel and the checkpoint round trip run."""
-    from kit.models import toy_spec
-
-    return Setup(
-        model=toy_spec(),
-        cluster={"nodes": 1, "gpus_per_node": nprocs},
-        zero=TOY_ZERO,
-        batch={"micro_batch": 2},
-    )
 
 
 #: the fields of each Setup section that the first sweeps were recorded with: a record of history, never
@@ -125,7 +110,7 @@ def check(setup: Setup) -> None:
     estimate.estimate(setup)
     if setup.zero.nvme:
         problem = async_io_problem(
-            "offload_param" if setup.zero.offload_param == "nvme" else "offload_optimizer"
+            "offload_param" if setup.zero.offload_param is Offload.NVME else "offload_optimizer"
         )
         if problem:
             raise ValueError(problem)

@@ -33,6 +33,7 @@ from typing import Any
 import pandas as pd
 
 from kit import checkpointing, grid
+from kit.rules import Offload
 from kit.run.calibrate import error
 from kit.run.results import Results
 from kit.run.sweep import config_id, on_ranks, run_sweep
@@ -40,7 +41,7 @@ from kit.schema import Setup
 from kit.steptime.calibration import Calibration
 from kit.units import GIB
 
-OFFLOADS = ("none", "cpu")
+OFFLOADS = (Offload.NONE, Offload.CPU)
 KEEPS = ("train_batch", "grad_accum")
 COLUMNS = [
     "label", "stage", "offload", "micro_batch", "grad_accum", "train_batch", "estimated_gib",
@@ -135,13 +136,13 @@ def candidates(
             f"micro_batches: with keep='train_batch' each must divide max(micro_batches) x grad_accum = "
             f"{per_gpu}, got {odd}"
         )
-    levels = ["none" if offload == "none" else "most" for offload in offloads]
+    levels = ["none" if offload == Offload.NONE else "most" for offload in offloads]
     found = grid.variants(stages, offload=levels, precision=base.zero.precision)  # stage 0: no "cpu"
     out = []
     for variant, micro in itertools.product(found.accepted, micros):
         accum = per_gpu // micro if keep == "train_batch" else base.batch.grad_accum
         candidate = base.replace(zero=variant.zero, batch={"micro_batch": micro, "grad_accum": accum})
-        offload = "none" if variant.offload_optimizer == "none" else "cpu"
+        offload = Offload.NONE if variant.offload_optimizer == Offload.NONE else Offload.CPU
         out.append(Candidate(candidate, offload, estimate(candidate).per_gpu_bytes))
     return out
 

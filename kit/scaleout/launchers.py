@@ -24,11 +24,12 @@ import shlex
 from dataclasses import dataclass
 
 from kit.ds_config import to_ds_config
-from kit.ds_keys import BATCH_KEYS, ZERO_KEYS, hf_auto
+from kit.ds_keys import BATCH_KEYS
 from kit.rules import DEFAULT_MASTER_PORT
 from kit.scaleout import commands, network
 from kit.scaleout.hostfile import Host, format_hostfile
 from kit.schema import Setup
+from kit.settings import ZERO_KEYS, hf_auto
 
 LAUNCHER_FILES = ("deepspeed", "torchrun", "slurm", "accelerate", "hf-trainer", "lightning")
 #: the launchers whose multi-node files name the hosts (SLURM's come from the job; Lightning's from its
@@ -212,7 +213,7 @@ def _accelerate(setup: Setup, launch: Launch, note: str) -> dict[str, LaunchFile
 def hf_trainer_ds_config(setup: Setup) -> dict:
     """The Setup's ds_config with ``"auto"`` where the HF Trainer fills the value: the batch sizes,
     clipping, the learning rate and the precision switch (from ``hf_trainer_args``), and the buckets
-    whose Setup value is the Trainer's own rule for the model's hidden size (``kit.ds_keys.hf_auto``)."""
+    whose Setup value is the Trainer's own rule for the model's hidden size (``kit.settings.hf_auto``)."""
     config = copy.deepcopy(to_ds_config(setup))
     for key in (*BATCH_KEYS, "gradient_clipping"):
         config[key] = "auto"

@@ -10,7 +10,7 @@ datasheet model prices on the GPU instead.
 from __future__ import annotations
 
 from kit.estimate import partition
-from kit.rules import element_bytes
+from kit.rules import Offload, element_bytes
 from kit.schema import Setup
 from kit.steptime import perf
 from kit.steptime.calibration import Calibration, Link, engine_key
@@ -100,7 +100,7 @@ def calibrated(
     hidden = assume.overlap if z.overlap and cal.accelerator != "cpu" else 0.0
     exposed = Part(comm.seconds * (1 - hidden), f"{1 - hidden:g} x communication")
     numel = partition.partition_numel(setup)
-    if z.offload_optimizer == "none":
+    if z.offload_optimizer is Offload.NONE:
         x, shared = cal.stretch(g, "adam")
         optimizer = Part(
             numel * cal.adam_s_per_param * x,
@@ -134,20 +134,20 @@ def calibrated(
 
 def _calibrated_offload(setup: Setup, cal: Calibration, hw: Hardware | None) -> Part:
     z, k = setup.zero, setup.batch.grad_accum
-    if z.offload_optimizer == "none" and z.offload_param == "none":
+    if not z.offloaded:
         return Part(0.0, "no offload")
     p, part = element_bytes(z.precision), partition.partition_numel(setup)
     down = up = 0
-    if z.offload_optimizer != "none":
+    if z.offload_optimizer is not Offload.NONE:
         down += p * part * (k if z.stage >= 2 else 1)  # gradients to the host
         up += p * part  # updated parameters back
-    if z.offload_param != "none":
+    if z.offload_param is not Offload.NONE:
         up += 2 * k * p * part
     x, shared = cal.stretch(setup.cluster.gpus_per_node, "copy")
     seconds = (down / (cal.to_host_gbps * 1e9) + up / (cal.to_device_gbps * 1e9)) * x
     formula = f"({down:,} B to host / {cal.to_host_gbps:.3g} GB/s + {up:,} B to device / "
     formula += f"{cal.to_device_gbps:.3g} GB/s) {shared}"
-    if z.offload_optimizer != "none":
+    if z.offload_optimizer is not Offload.NONE:
         x, shared = cal.stretch(setup.cluster.gpus_per_node, "adam")
         seconds += part * cal.host_adam_s_per_param * x
         formula += f" + P ({part:,}) x {cal.host_adam_s_per_param * 1e9:.3g} ns host Adam {shared}"

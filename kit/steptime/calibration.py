@@ -33,6 +33,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
+from kit.rules import Offload
+
 #: ``kind`` of a calibration file
 KIND = "zerokit-calibration"
 VERSION = 1
@@ -298,5 +300,5 @@ def engine_key(stage: int, engine: str, offload_optimizer: str, offload_param: s
     ``+offload`` when the optimizer (or the parameters) live on the host."""
     if engine != "deepspeed":
         return engine if engine == "ddp" or stage == 3 else "fsdp-grad-op"
-    offload = offload_optimizer != "none" or offload_param != "none"
+    offload = offload_optimizer != Offload.NONE or offload_param != Offload.NONE
     return f"z{stage}" + ("+offload" if offload else "")

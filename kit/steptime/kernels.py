@@ -36,7 +36,7 @@ from typing import Any
 from kit import models
 from kit.estimate import partition
 from kit.estimate.activations import SWIGLU_FAMILIES, projection_flops, recomputed, recomputed_share
-from kit.rules import element_bytes
+from kit.rules import Offload, element_bytes
 from kit.schema import ModelSpec, Setup
 
 #: output tile of a tensor-core GEMM (cuBLAS's common 128 x 128 CTA tile): the unit of wave quantization
@@ -296,7 +296,7 @@ def step_host(setup: Setup) -> tuple[float, str]:
     z = setup.zero
     ops = STEP_OPS_PER_TENSOR[z.engine]
     if isinstance(ops, dict):
-        ops = ops[(z.stage, z.offload_optimizer != "none")]
+        ops = ops[(z.stage, z.offload_optimizer is not Offload.NONE)]
     listing = partition.listing(setup)  # a trainable subset steps its trainable tensors only
     tensors = sum(t for _, t in listing.tensors) if listing else _tensors(setup.model)
     seconds = tensors * ops * HOST_US_PER_OP * 1e-6

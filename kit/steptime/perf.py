@@ -46,6 +46,7 @@ from kit.estimate.result import Term, total
 from kit.gpus import DEFAULT_NVME, gpu, network, nvme
 from kit.rules import (
     FP32,
+    Offload,
     element_bytes,
     optimizer_states,
 )
@@ -352,18 +353,18 @@ def load(setup: Setup) -> Load:
     p, part = element_bytes(z.precision), partition.partition_numel(setup)
     per_param = ADAM_TRAFFIC_BYTES + (p if z.mixed_precision else 0)
     adam = moved = node = 0
-    if z.offload_optimizer == "none":
+    if z.offload_optimizer is Offload.NONE:
         adam = per_param * part
         formulas["gpu_memory"] = f"{per_param} B x P ({part:,})"
     step_host, formulas["step_host"] = kernels.step_host(setup)
     why = []
-    if z.offload_optimizer != "none":
+    if z.offload_optimizer is not Offload.NONE:
         micro_steps = k if z.stage >= 2 else 1
         moved += p * part * (micro_steps + 1)
         why.append(f"{p} B x P x ({micro_steps} gradient copies + 1 parameter copy)")
         node = per_param * part * c.gpus_per_node
         formulas["host_memory"] = f"{per_param} B x P x {c.gpus_per_node} GPUs per node"
-    if z.offload_param != "none":
+    if z.offload_param is not Offload.NONE:
         moved += 2 * k * p * part
         why.append(f"2 x k={k} x {p} B x P (parameters fetched for forward and backward)")
     if why:
@@ -531,11 +532,11 @@ def nvme_traffic(setup: Setup) -> dict[str, Term]:
     z, k = setup.zero, setup.batch.grad_accum
     p = element_bytes(z.precision)
     read, write = [], []
-    if z.offload_param == "nvme":
+    if z.offload_param is Offload.NVME:
         sp = sum(swap.swapped_params(setup))
         read.append(Term(2 * k * p * sp, f"2 x k={k} x {p} B x S_p"))
         write.append(Term(p * sp, f"{p} B x S_p"))
-    if z.offload_optimizer == "nvme":
+    if z.offload_optimizer is Offload.NVME:
         s = partition.partition_numel(setup)
         states = optimizer_states(z.optimizer, z.momentum)
         both = Term((2 + states) * FP32 * s, f"(1 + {states} + 1 gradient) x 4 B x S")

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from kit import workloads
     from kit.ranks.engine import init_distributed
-    from kit.run.sweep import toy_setup
+    from kit.toys import toy_setup
 
     init_distributed()  # as the kit's ranks: no JIT build of the shared-memory comm op
     seq_len = toy_setup().batch.seq_len

@@ -33,9 +33,10 @@ from kit.run.calibrate import (
     measure,
     median_abs_error,
 )
-from kit.run.sweep import TOY_ZERO, run_sweep
+from kit.run.sweep import run_sweep
 from kit.scaleout.commtest import allreduce_bus_gbps
 from kit.schema import Setup
+from kit.toys import TOY_ZERO
 
 #: calibration + hold-out rounds: the median of 5 drops two rounds the host moved
 ROUNDS = 5

@@ -10,7 +10,8 @@ import statistics
 import tempfile
 import time
 
-from kit.run.sweep import run_sweep, toy_setup
+from kit.run.sweep import run_sweep
+from kit.toys import toy_setup
 
 STEPS = 12
 

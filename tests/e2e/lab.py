@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -230,6 +231,22 @@ def figures_as_text(cells: list[dict]) -> list[str]:
     return bad
 
 
+def stderr_in(cells: list[dict]) -> list[str]:
+    """A cell that writes to stderr (JupyterLab shows it as a red block), with its first line; and a pandas
+    Series printed as text (its ``dtype:`` line) instead of a table."""
+    bad = []
+    for i, cell in enumerate(cells):
+        for out in cell["outputs"]:
+            text = "".join(out.get("text", ""))
+            if out["output_type"] == "stream" and out.get("name") == "stderr" and text.strip():
+                bad.append(f"cell {i}: red stderr: {text.strip().splitlines()[0][:120]}")
+            plain = "".join(out.get("data", {}).get("text/plain", ""))
+            series = re.search(r"^(Name: .*, )?dtype: \w+$", plain, re.MULTILINE)
+            if series and "text/html" not in out.get("data", {}):
+                bad.append(f"cell {i}: a pandas Series printed as text: {plain.splitlines()[0][:80]}")
+    return bad
+
+
 def chatter(cells: list[dict]) -> list[str]:
     """A cell whose output carries one of the known library messages (``CHATTER``)."""
     return [
@@ -244,8 +261,9 @@ def chatter(cells: list[dict]) -> list[str]:
 
 #: what a reader cannot read in the notebook on screen: a control's label or a button's text cut (its
 #: content wider than its box), a table cell ending in "..." (pandas cuts long text so), a table wider than
-#: the notebook (its right-hand columns cut), a progress bar's description broken over lines
-UNREADABLE = """
+#: the notebook (its right-hand columns cut), a float as Python prints it (more than 4 significant digits,
+#: or in e-notation), a progress bar's description broken over lines
+UNREADABLE = r"""
 () => {
   const root = window.jupyterapp.shell.currentWidget.node, bad = [];
   const shown = (e) => e.offsetParent !== null && e.clientWidth > 0;
@@ -256,6 +274,11 @@ UNREADABLE = """
   for (const e of root.querySelectorAll('.jp-OutputArea-output td, .jp-OutputArea-output th')) {
     const text = e.textContent.trim();
     if (text.endsWith('...') || text.endsWith('\u2026')) bad.push('table cell cut: ' + text.slice(-60));
+  }
+  for (const e of root.querySelectorAll('.jp-OutputArea-output td')) {  // a float as Python prints it
+    const text = e.textContent.trim(), digits = text.replace(/^[-+]/, '').replace('.', '').replace(/^0+/, '');
+    if (/^[-+]?\d+\.\d+$/.test(text) && digits.length > 4) bad.push('raw float in a table: ' + text);
+    if (/^[-+]?\d+(\.\d+)?e[-+]\d+$/i.test(text)) bad.push('float in e-notation in a table: ' + text);
   }
   for (const t of root.querySelectorAll('.jp-OutputArea-output table')) {
     const area = t.closest('.jp-OutputArea-output'), right = area.getBoundingClientRect().right;

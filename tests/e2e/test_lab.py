@@ -1,7 +1,8 @@
 """The notebooks as a user meets them: JupyterLab in headless Chromium (``make e2e``).
 
-Every notebook runs all its cells with no error output and no browser console error, shows no figure as
-text, no known library chatter, no cut label, button or table cell and no wrapped progress description.
+Every notebook runs all its cells with no error output, no red stderr and no browser console error, shows
+no figure or pandas Series as text, no known library chatter, no cut label, button or table cell, no raw
+float in a table and no wrapped progress description.
 In 01 the memory panel is clicked (stage, offload, micro batch) and must show what ``kit.estimate`` says,
 its chart too (the screenshot waits for the chart of that setting); its labels sit beside their controls.
 In 02 the comparison panel's Run shows its busy state, then the plots (drawn before the screenshot); a
@@ -38,6 +39,7 @@ from tests.e2e.lab import (
     open_lab,
     processes_naming,
     run_notebook,
+    stderr_in,
 )
 
 pytestmark = pytest.mark.e2e
@@ -107,6 +109,7 @@ def test_notebook_runs_in_jupyterlab(page, lab, name):
     assert errors_in(cells) == []
     assert figures_as_text(cells) == []
     assert chatter(cells) == []
+    assert stderr_in(cells) == []
     page.wait_for_timeout(500)  # widgets render after the kernel goes idle
     assert page.locator(".jp-OutputArea-output:has-text('Error displaying widget')").count() == 0
     assert page.evaluate(UNREADABLE) == []

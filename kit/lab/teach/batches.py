@@ -1,0 +1,37 @@
+"""The global batch: one batch split every way (``batch_splits``) and a batch schedule step by step
+with its estimate (``schedule_table``).
+
+What it cannot see: the measured steps; ``run_sweep`` runs the splits and a schedule, and
+``kit.lab.tables.schedules_side_by_side`` reads a schedule's records back.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from kit.schema import Setup
+from kit.units import whole_number
+
+
+def batch_splits(setup: Setup, micro_batch: int = 4) -> list[Setup]:
+    """One global batch split every way a power of two allows (micro ``micro_batch`` x GAS 1, half of it x
+    GAS 2, ... micro 1), then micro ``micro_batch`` x GAS 2: twice the batch by accumulation alone."""
+    whole_number("micro_batch", micro_batch, 1)
+    splits, micro = [], micro_batch
+    while micro >= 1 and micro_batch % micro == 0:
+        splits.append((micro, micro_batch // micro))
+        micro //= 2
+    splits.append((micro_batch, 2))
+    return [setup.replace(batch={"micro_batch": m, "grad_accum": g}) for m, g in splits]
+
+
+def schedule_table(setup: Setup) -> pd.DataFrame:
+    """A batch schedule step by step: from which step each batch holds (micro batch, grad accum, global
+    batch) and the estimate's MiB per GPU there (``Setup.batch_states``, ``kit.estimate``)."""
+    from kit.estimate import estimate
+
+    rows = []
+    for step, s in setup.batch_states():
+        batch = s.batch.model_dump(exclude={"schedule", "seq_len"})
+        rows.append({"from step": step, **batch, "estimate MiB/GPU": estimate(s).per_gpu_bytes / 2**20})
+    return pd.DataFrame(rows)
