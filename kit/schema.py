@@ -13,7 +13,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kit import batch as batch_math
-from kit import checkpointing, trainable
+from kit import checkpointing, labels, trainable
 from kit import loss as losses
 from kit.checkpointing import Policy
 from kit.ds_keys import EXAMPLE_NVME_PATH
@@ -462,7 +462,7 @@ class Setup(_Frozen):
 
     @property
     def label(self) -> str:
-        """Short human name, e.g. ``z3 +opt-off +param-off bf16 mb4``."""
+        """Short human name, e.g. ``z3 opt-off param-off bf16 mb4``; its tokens' meanings: ``label_parts``."""
         z = self.zero
         parts = [baseline_name(z.engine, z.stage) or f"z{z.stage}"]
         if z.offload_optimizer is not Offload.NONE:
@@ -485,6 +485,11 @@ class Setup(_Frozen):
         if z.loss != "plain":
             parts.append(losses.label(z.loss))
         return " ".join(parts)
+
+    def label_parts(self) -> list[tuple[str, str]]:
+        """The label's tokens, each with what it means (``kit.labels``): ``[("z3", "ZeRO stage 3"), ("mb8",
+        "micro batch 8 per GPU"), ...]``; joined by spaces they are the label."""
+        return labels.parts(self.label)
 
     def replace(self, **changes: Any) -> Setup:
         """A new Setup with some sections changed, e.g. ``s.replace(zero={"stage": 3})``.

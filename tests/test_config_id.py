@@ -69,3 +69,14 @@ def test_a_later_field_without_a_default_is_refused(monkeypatch):
     monkeypatch.setitem(sweep.FIRST_FIELDS, "model", ())  # as if every model field came later
     with pytest.raises(TypeError, match=r"^model\.\w+: a field added to Setup needs a default"):
         sweep.later_fields()
+
+
+def test_the_labels_legend_leaves_ids_and_labels_as_they_were():
+    """Issue 43: a label's parts and their meanings (``Setup.label_parts``) are no field of the Setup:
+    neither the id nor the label a record carries changes."""
+    assert cid(BASE) == "819e332f4c18" and BASE.label == "z2 bf16 mb2"
+    assert BASE.label_parts() == [
+        ("z2", "ZeRO stage 2"), ("bf16", "bf16 mixed precision (an fp32 master copy)"),
+        ("mb2", "micro batch 2 per GPU"),
+    ]  # fmt: skip
+    assert not {"label", "label_parts"} & set(BASE.model_dump())

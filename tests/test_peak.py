@@ -120,6 +120,10 @@ def check_modelled_scratch() -> None:
                 lone_mm_scratch(m, k, n, transposed),
             )
             assert modelled == measured, (threads, m, k, n, transposed, modelled, measured)
+            if not transposed:  # B a transposed view (x @ W^T) books what a plain one does
+                modelled = bf16_mm_scratch(m, k, n, False, cpu, transposed_b=True)
+                measured = lone_mm_scratch(m, k, n, False, transposed_b=True)
+                assert modelled == measured, (threads, m, k, n, "B^T", modelled, measured)
         if threads == 1:  # the toy's last-block weight gradient: 148,608 B besides its 32,768 B output
             assert bf16_mm_scratch(256, 128, 64, True, cpu) == 148_608
 
@@ -154,12 +158,26 @@ def test_a_rank_on_an_isa_not_modelled_measures_the_shape_it_predicts():
     cpu = cpu_matmul()
     for m, k, n, transposed in MM_SHAPES[:3]:
         assert bf16_mm_scratch(m, k, n, transposed, cpu) == lone_mm_scratch(m, k, n, transposed) > 0
-    amx = CpuMatmul(isa="avx512_core_amx", measure=lambda m, k, n, t: 4096 + m)
+    # the chunked loss's logits, x @ W^T: B a transposed view (on AMX it books less than a plain B)
+    logits = bf16_mm_scratch(16, 64, 256, False, cpu, transposed_b=True)
+    assert logits == lone_mm_scratch(16, 64, 256, False, transposed_b=True) > 0
+    amx = CpuMatmul(isa="avx512_core_amx", measure=lambda m, k, n, ta, tb: 4096 + m + 8 * tb)
     assert bf16_mm_scratch(256, 128, 64, True, amx) == 4096 + 256
+    assert bf16_mm_scratch(256, 128, 64, False, amx, transposed_b=True) == 4096 + 256 + 8
     # the record's cpu_matmul gives kit.lab the same bytes, and 0 for a shape the rank never measured
     again = CpuMatmul.from_record(json.loads(json.dumps(amx.record())))
-    assert again == amx and again.measured == {(256, 128, 64, True): 4352}
+    assert again == amx and again.measured == {
+        (256, 128, 64, True, False): 4352,
+        (256, 128, 64, False, True): 4360,
+    }
     assert bf16_mm_scratch(256, 128, 64, True, again) == 4352
+    assert bf16_mm_scratch(256, 128, 64, False, again, transposed_b=True) == 4360
+    assert bf16_mm_scratch(256, 128, 64, False, again) == 0
+    # a record from before B's layout was measured: rows of five, every B plain
+    old = CpuMatmul.from_record(
+        {"isa": "avx512_core_amx", "threads": 1, "measured": [[256, 128, 64, True, 4352]]}
+    )
+    assert old.measured == {(256, 128, 64, True, False): 4352}
     assert bf16_mm_scratch(300, 128, 64, True, again) == 0
     assert bf16_mm_scratch(256, 128, 64, True, CpuMatmul(isa="avx512_core_amx")) == 0
     assert bf16_mm_scratch(16, 16, 16, False, amx) == 0  # torch's own kernel below oneDNN's size

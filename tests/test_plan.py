@@ -271,7 +271,7 @@ def test_the_cli_and_the_plan_panel_book_from_one_report(monkeypatch, capsys):
     start = Setup(
         model=models.preset("llama-2-7b"), zero={"stage": 0}, batch={"micro_batch": 8, "seq_len": 4096}
     )
-    panel = plan_panel(start, train_batch=256, max_nodes=4, tokens=2e12)
+    panel = plan_panel(start, train_batch=256, max_nodes=4, tokens=2e12, max_hours=0)  # as the CLI: no limit
     panel.gpus.value = ("H100-SXM-80GB",)
     assert len(made) == 3  # the CLI's, the panel's first (every GPU type), the panel's for the H100 alone
     cli, drawn = made[0], panel.report

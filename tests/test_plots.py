@@ -324,3 +324,44 @@ def test_predicted_vs_measured_bars_each_point_from_its_fastest_to_its_slowest_s
     assert spans == [pytest.approx([18.0, 25.0]), pytest.approx([30.0, 60.0])]
     assert [segment[0, 1] for segment in bars.get_segments()] == pytest.approx([22.0, 40.0])
     assert ax.get_xlim()[0] <= 18.0 / 1.4 + 1e-9 and ax.get_xlim()[1] >= 60.0 * 1.4 - 1e-9
+
+
+def _texts(fig: Figure) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def test_a_sweep_stopped_before_any_step_draws_no_empty_axes(tmp_path):
+    path = tmp_path / "records.jsonl"
+    stopped = record("c1", "z0 bf16 mb2", 1, rank=None) | {
+        "step": None,
+        "status": "cancelled",
+        "error": "stopped",
+    }
+    append_record(str(path), stopped)
+    results = Results.load(path)
+    for draw in (plots.throughput, plots.memory, plots.comm_volume, plots.loss_curves):
+        fig = draw(results)
+        (ax,) = fig.axes
+        assert any(t.startswith(plots.NOTHING_MEASURED) for t in _texts(fig)), draw.__name__
+        assert list(ax.get_xticks()) == list(ax.get_yticks()) == [], draw.__name__  # no 0..1 ticks
+    # steps measured, then stopped: the loss shows them, the per-configuration bars say none finished
+    append_record(str(path), record("c1", "z0 bf16 mb2", 1))
+    results = Results.load(path)
+    assert _texts(plots.throughput(results)) == [f"{plots.NOTHING_MEASURED} (no configuration finished)"]
+    assert len(plots.loss_curves(results).axes[0].get_lines()) == 1
+
+
+def test_heartbeats_before_the_first_step_say_nothing_was_measured(tmp_path):
+    from kit import monitor
+    from kit.records import append_line
+
+    path = monitor.heartbeat_path(tmp_path, "a", 0)
+    path.parent.mkdir()
+    for t in (1.0, 2.0):  # a rank in its warm-up: memory, no samples/s yet
+        line = {"time": t, "node": "a", "rank": 0, "local_rank": 0, "world_size": 1, "pid": 1}
+        line |= {"status": "running", "step": None, "samples_per_s": None, "rss_bytes": 2**20}
+        append_line(path, line)
+    memory_ax, speed_ax = plots.heartbeats(monitor.read(tmp_path, now=3.0)).axes
+    assert [t.get_text() for t in speed_ax.texts] == [plots.NOTHING_MEASURED]
+    assert list(speed_ax.get_yticks()) == [] and len(speed_ax.get_xticks()) > 0  # the shared x axis stays
+    assert not memory_ax.texts and len(memory_ax.get_yticks()) > 0

@@ -240,6 +240,25 @@ def test_sweep_table_medians_per_configuration():
         sweeps.sweep_table(Results(records), ("zero.nope",))
 
 
+def test_wire_table_shows_mb_per_step_and_a_percentage_of_the_first():
+    from kit.lab.notebook import frame_html
+    from kit.run.results import Results
+
+    z0, z3 = _toy(stage=0), _toy(stage=3)
+    records = [
+        _record(s, cid, 0, step, comm_wire_bytes=wire)
+        for s, cid, wire in ((z0, "a", 2_000_000), (z3, "b", 1_500_000))
+        for step in (2, 3)
+    ]
+    table = sweeps.wire_table(Results(records))
+    assert table.index.name == "setting" and table.index.tolist() == [z0.label, z3.label]
+    assert table.to_dict("list") == {"MB sent per step": [2.0, 1.5], f"% of {z0.label}": [100.0, 75.0]}
+    assert ">75</td>" in frame_html(table)  # a percentage, not a ratio of 0.75
+    silent = [_record(s, cid, 0, 2, comm_wire_bytes=0) for s, cid in ((z0, "a"), (z3, "b"))]
+    with pytest.raises(ValueError, match=r"^results: .* sent no bytes on the wire to compare with$"):
+        sweeps.wire_table(Results(silent))
+
+
 def test_estimates_table_shows_each_estimate_and_the_settings_asked_for(llama7b):
     from kit.estimate import estimate
 
@@ -288,7 +307,7 @@ def test_round_trip_tables_read_the_reports():
     ]  # fmt: skip
     table = roundtrip.roundtrip_table(reports)
     assert table["resumed = uninterrupted"].tolist() == [True, False]
-    assert table["client_state"].tolist() == [{"global_step": 2}] * 2
+    assert table["client state"].tolist() == [{"global_step": 2}] * 2
     losses = roundtrip.resume_losses(reports, save_step=2)
     assert list(losses.columns) == [
         "z2 bf16 mb2",
@@ -302,6 +321,7 @@ def test_round_trip_tables_read_the_reports():
 
 def test_checkpoint_size_table_adds_up_each_stage(llama7b):
     from kit.estimate.checkpoint_size import checkpoint_bytes
+    from kit.lab.notebook import frame_html
 
     table = roundtrip.checkpoint_size_table(llama7b)
     assert table[["stage", "file"]].values.tolist() == [
@@ -309,10 +329,22 @@ def test_checkpoint_size_table_adds_up_each_stage(llama7b):
     ]
     for stage in range(4):
         rows = table[table["stage"] == stage]
-        assert rows["GB all"].sum() * 1e9 == pytest.approx(
-            checkpoint_bytes(llama7b.replace(zero={"stage": stage}))["total_bytes"]
-        )
-        assert (rows["GB all"] == rows["files"] * rows["GB per file"]).all()
+        predicted = checkpoint_bytes(llama7b.replace(zero={"stage": stage}))
+        assert rows["GiB in all"].sum() * 2**30 == pytest.approx(predicted["total_bytes"])
+        files = predicted["model_states"]["files"], predicted["optim_states"]["files"]
+        assert rows["files"].tolist() == list(files)
+    # a size a person reads: MiB below a GiB (a stage-3 model file holds placeholders), a dash for none
+    by = table.set_index(["stage", "file"])["size per file"]
+    assert by[(3, "model_states")].endswith(" MiB") and by[(0, "model_states")].endswith(" GiB")
+    assert by.isna().tolist() == [False, True] + [False] * 6  # stage 0: no optimizer file of its own
+    page = frame_html(table)
+    assert "e-0" not in page and f">{by[(3, 'model_states')]}<" in page
+    totals = roundtrip.per_checkpoint(table)
+    assert list(totals.columns) == ["GiB per checkpoint"] and totals.index.name == "stage"
+    assert totals["GiB per checkpoint"].tolist() == pytest.approx(
+        [checkpoint_bytes(llama7b.replace(zero={"stage": s}))["total_bytes"] / 2**30 for s in range(4)]
+    )
+    assert ">stage</th>" in frame_html(totals) and "dtype" not in frame_html(totals)
 
 
 def test_the_notebook_profile_is_small_under_smoke_and_real_otherwise(monkeypatch):
@@ -414,6 +446,110 @@ def test_the_notebook_tables_of_01_04_and_09(llama7b):
     times = tables.step_time_table([s3, zeropp])
     assert times.loc[zeropp.label, "step s"] == perf.step_time(zeropp).step_s < times.loc[s3.label, "step s"]
     assert times.loc[s3.label, "exposed comm s"] == perf.step_time(s3).exposed_comm.seconds
+
+
+def test_a_record_of_named_values_is_a_one_column_table_not_a_series():
+    from kit.lab.notebook import frame_html, record
+
+    table = record({"largest micro batch": 2, "with checkpointing": 23}, "micro batch", index="choice")
+    assert list(table.columns) == ["micro batch"] and table.index.name == "choice"
+    page = frame_html(table)
+    assert ">choice</th>" in page and ">micro batch</th>" in page and ">23</td>" in page
+    assert "dtype" not in page
+    with pytest.raises(ValueError, match=r"^values: nothing to show under 'x'$"):
+        record({}, "x")
+
+
+def test_largest_micro_batches_without_and_with_checkpointing(llama7b):
+    from kit.planning import plan
+
+    h100 = llama7b.replace(cluster={"gpus_per_node": 8, "gpu": "H100-SXM-80GB"}, zero={"stage": 3})
+    table = batches.largest_micro_batches(h100)
+    assert list(table.columns) == ["largest micro batch that fits"]
+    on = h100.replace(zero={"activation_checkpointing": True})
+    assert table["largest micro batch that fits"].to_dict() == {
+        "without activation checkpointing": plan.largest_micro_batch(h100),
+        "with activation checkpointing": plan.largest_micro_batch(on),
+    }
+    assert plan.largest_micro_batch(on) > plan.largest_micro_batch(h100) > 0
+
+
+def test_a_trace_reads_in_mib_or_gib_with_the_unit_in_each_row():
+    from kit.estimate.trace import Trace
+    from kit.lab import tables
+    from kit.lab.notebook import frame_html
+
+    small = tables.trace_table(Trace(97_030_148, 60_837_892, 99_639_304, blocks=3, seconds=1.1414))
+    values = small["one micro batch"]
+    assert values["saved for backward, MiB"] == 97_030_148 / 2**20
+    assert values["transient: the peak above what is saved, MiB"] == (99_639_304 - 97_030_148) / 2**20
+    assert values["blocks (the largest ModuleList)"] == 3
+    page = frame_html(small)
+    assert ">92.54</td>" in page and ">1.141</td>" in page and "_bytes" not in page
+    large = tables.trace_table(Trace(3 * 2**30, 2**30, 4 * 2**30, blocks=32, seconds=2.0))
+    assert large["one micro batch"]["peak of live tensors, GiB"] == 4
+    with pytest.raises(ValueError, match=r"^trace: this estimate used formulas"):
+        tables.trace_table(None)
+
+
+def test_a_step_times_parts_and_assumptions_read_in_words_and_percentages(llama7b):
+    from kit.lab import tables
+    from kit.lab.notebook import frame_html
+    from kit.steptime import perf
+
+    step = perf.step_time(llama7b.replace(cluster={"gpus_per_node": 8, "gpu": "H100-SXM-80GB"}))
+    parts = tables.step_parts(step)
+    assert "exposed comm" in parts.index and parts.loc["compute", "seconds"] == step.compute.seconds
+    assumed = tables.assumptions(step)["assumed"]
+    assert assumed.to_dict() == {
+        "GEMM efficiency: achieved / peak TFLOP/s, %": 80,
+        "link efficiency: achieved / nominal bandwidth, %": 80,
+        "overlapped communication that hides behind compute, %": 80,
+        "host memory bandwidth for CPU Adam, GB/s": 300,
+    }
+    assert ">80</td>" in frame_html(tables.assumptions(step))
+
+
+def test_tunes_table_shows_the_error_in_percent():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from kit.lab import tables
+
+    table = pd.DataFrame(
+        {
+            "label": ["z3 fp32 mb1 gas4", "z0 fp32 mb4"], "rank": pd.array([1, None], "Int64"),
+            "estimated_gib": [0.7797, 0.7849], "samples_per_s": [30.4, None], "status": ["ok", "pruned"],
+            "predicted_s": [0.2551, 0.05316], "measured_s": [0.3187, None], "error": [-0.1996, None],
+        }
+    )  # fmt: skip
+    shown = tables.tune_table(SimpleNamespace(table=table))
+    assert list(shown.columns) == [
+        "rank", "setting", "estimate GiB", "samples/s", "status", "predicted s", "measured s", "error %"
+    ]  # fmt: skip
+    assert shown["error %"].iloc[0] == pytest.approx(-19.96) and pd.isna(shown["error %"].iloc[1])
+
+
+def test_consolidate_keeps_zero_to_fp32s_bars_and_prints_out(tmp_path, capfd, monkeypatch):
+    """zero_to_fp32's tqdm bars went to stderr: a red block in notebook 06 (issue 43)."""
+    from deepspeed.utils import zero_to_fp32
+    from tqdm import tqdm
+
+    from kit.scaleout import checkpoints
+
+    def chatty(folder, tag=None):  # what zero_to_fp32 does around the merge
+        print(f"Processing zero checkpoint '{folder}'")
+        for _ in zero_to_fp32.tqdm(range(2), desc="Loading checkpoint shards"):
+            pass
+        return {"w": folder}
+
+    (tmp_path / "latest").write_text("global_step2")
+    monkeypatch.setattr(zero_to_fp32, "get_fp32_state_dict_from_zero_checkpoint", chatty)
+    capfd.readouterr()
+    assert checkpoints.consolidate(tmp_path) == {"w": str(tmp_path)}
+    assert capfd.readouterr() == ("", "")
+    assert zero_to_fp32.tqdm is tqdm  # its bars are back for everyone else
 
 
 def test_schedules_side_by_side_reads_rank_0s_steps():

@@ -26,6 +26,7 @@ from kit.scaleout.commtest import run_commtest
 from kit.scaleout.hostfile import make_hosts, write_hostfile
 from kit.schema import Setup
 from kit.specs import TIMED
+from kit.units import number
 
 pytestmark = pytest.mark.distributed
 
@@ -419,6 +420,6 @@ def test_the_comparison_panel_runs_across_a_hostfiles_nodes(replay_local_nodes, 
         html = nodes_html([r])
         assert f">{r['host']}<" in html and f">{', '.join(map(str, r['ranks']))}<" in html
         for key in ("model_states_bytes", "inter_wire_bytes", "estimate_inter_wire_bytes"):
-            assert f">{r[key] / 1e6:,.3f}<" in html, key
+            assert f">{number(r[key] / 1e6)}<" in html, key
     with pytest.raises(ValueError, match="^nprocs: 3 ranks per node need at least 3 slots on every host"):
         ComparisonPanel(CLI_SETUPS[0], nprocs=3, hostfile=hostfile)

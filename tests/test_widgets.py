@@ -2,6 +2,7 @@
 
 import argparse
 import contextlib
+import html
 import json
 import os
 import re
@@ -25,6 +26,7 @@ from kit.paths import MODELS
 from kit.records import append_record, load_records
 from kit.run.sweep import config_id, on_ranks
 from kit.schema import ModelSpec, Setup
+from kit.settings import SETTINGS
 from kit.units import GIB
 
 
@@ -371,7 +373,8 @@ def test_comparison_panel_builds_setups():
     assert {s.cluster.world_size for s in panel.setups} == {2}
     assert [e.components for e in panel.estimates] == [estimate(s).components for s in panel.setups]
     # CPU ranks: the preview's total is the ranks' tensors, without a GPU's CUDA context and NCCL buffers
-    assert "peak tensors MiB per rank" in panel.preview.value and "per GPU" not in panel.preview.value
+    assert "peak tensors MiB per rank" in panel.preview.value
+    assert "peak MiB per GPU" not in panel.preview.value  # (the labels' legend says "micro batch 2 per GPU")
     first = panel.estimates[0]
     assert f"{first.peak_tensor_bytes / 2**20:,.1f}" in panel.preview.value
     assert f"{first.per_gpu_bytes / 2**20:,.1f}" not in panel.preview.value
@@ -464,8 +467,9 @@ def test_the_results_table_is_short_and_formatted(tmp_path):
         "configuration", "status", "step ms", "samples/s", "loss", "model states MB", "estimate MB",
         "peak RSS MiB", "wire MB/step",
     ]  # fmt: skip
+    # loss, MB: at most four significant digits (kit.units.number)
     cells = re.findall(r"<td[^>]*>([^<]*)</td>", table)
-    assert cells[:9] == ["z0 bf16 mb2", "ok", "12.3", "324.1", "5.5000", "3.704", "3.704", "512", "4.000"]
+    assert cells[:9] == ["z0 bf16 mb2", "ok", "12.3", "324.1", "5.5", "3.704", "3.704", "512", "4"]
     assert "white-space:nowrap'>z2 bf16 mb2<" in table  # a label stays on one line
     assert len(panel.results.summary().columns) > 20  # the full frame, one call away
 
@@ -549,7 +553,8 @@ def test_plan_panel_shows_what_the_planner_says():
     start = Setup(
         model=models.preset("llama-2-7b"), zero={"stage": 0}, batch={"micro_batch": 8, "seq_len": 4096}
     )
-    p = plan_panel(start, train_batch=256, max_nodes=4, tokens=2e12)  # the notebook's run length
+    # the notebook's run length, no time limit (on 4 nodes it takes longer than the default two weeks)
+    p = plan_panel(start, train_batch=256, max_nodes=4, tokens=2e12, max_hours=0)
     summary = strip_tags(p.verdict.value)
     assert p.error is None and p.tokens.value == "2T"  # shown as a count, read back by parse_count
     assert f"{len(p.plan.fitting()):,} of {len(p.plan.table):,} setups fit" in summary
@@ -806,7 +811,6 @@ def test_every_setting_a_panel_offers_has_a_cli_flag(panel, monkeypatch):
     """Issue 40: each field the memory panel's controls set has a flag on `zerokit estimate`, each the
     comparison panel's on `zerokit run` (the registry's flag, or the field's name as a flag)."""
     from kit.cli import build_parser
-    from kit.settings import SETTINGS
 
     aliases = {"largest_layer_params": "--largest-layer", **{s.field: s.option for s in SETTINGS}}
     aliases["aio"] = "--aio-block-size"  # the block, beside each of its fields
@@ -832,3 +836,101 @@ def test_every_setting_a_panel_offers_has_a_cli_flag(panel, monkeypatch):
     aliases["gpus_per_node"] = "--nprocs"
     assert missing(fields - model - {"train_batch"}, "run") == []
     assert {"--layers", "--hidden", "--heads"} <= flags("run")
+
+
+# ------------------------------------------------------------------------ what a reader sees (issue 43)
+
+#: the widgets a reader does not act on: they only show
+SHOWN = (w.HTML, w.HTMLMath, w.Label, w.Image, w.IntProgress, w.FloatProgress)
+
+
+def inputs_of(widget: w.Widget) -> list[w.Widget]:
+    """Every control in ``widget``'s tree (boxes, accordions, grids walked) a reader types into, picks or
+    clicks."""
+    found = []
+    if isinstance(widget, w.Button) or (isinstance(widget, w.ValueWidget) and not isinstance(widget, SHOWN)):
+        found.append(widget)
+    for child in getattr(widget, "children", ()):
+        found += inputs_of(child)
+    return found
+
+
+def test_every_control_of_the_four_panels_has_a_tooltip(panel, tmp_path):
+    from kit.lab.monitor_panel import monitor_panel
+    from kit.lab.plan_panel import plan_panel
+
+    panels = {
+        "memory": panel,
+        "comparison": comparison_panel(stages=(2, 3)),
+        "plan": plan_panel(panel.setup, max_nodes=1),
+        "monitor": monitor_panel(tmp_path),
+    }
+    for name, shown in panels.items():
+        controls = inputs_of(shown.widget)
+        assert len(controls) >= (2 if name == "monitor" else 13), name
+        assert [c for c in controls if not (c.tooltip or "").strip()] == [], name
+        for control in controls:  # ipywidgets 8 titles only the input of these, and only without a label
+            if isinstance(control, ui.UNTITLED) and control.description:
+                assert control.description_allow_html, (name, control.description)
+                assert control.description.startswith(f"<span title='{html.escape(control.tooltip)}'>")
+    assert {c.description for c in inputs_of(panel.widget)} >= {"s3 prefetch", "ZeRO stage"}
+    # a ZeRO setting's control carries its help from the registry (kit.settings), a composite each field's
+    assert panel.prefetch_bucket.tooltip == next(s.help for s in SETTINGS if s.name == "prefetch_bucket")
+    assert "checkpoint policy: full: a block keeps its input" in panel.checkpointing.tooltip
+    assert "<span title='" in panel.quantized_weights.description and panel.quantized_weights.value is False
+
+
+def test_the_panels_explain_the_labels_they_show(panel, tmp_path):
+    assert "<code>z2</code> ZeRO stage 2" in panel.summary.value  # beside the summary's setting
+    panel.stage.value = 3
+    panel.offload_optimizer.value = "cpu"
+    assert "<code>opt-off</code> optimizer states offloaded to the CPU" in panel.summary.value
+    comparison = comparison_panel(stages=(0, 2), nprocs=2, runs_dir=tmp_path, sweep="legend")
+    assert "<code>z0</code> ZeRO stage 0" in comparison.preview.value  # under the estimates' table
+    finished_sweep(comparison, tmp_path)
+    comparison.run()
+    _, legend = comparison.table.value.split("</table>")
+    assert "<code>mb2</code> micro batch 2 per GPU" in legend and "z3" not in legend
+
+
+def test_a_run_stopped_before_any_step_says_nothing_was_measured(tmp_path):
+    from kit.run.results import Results
+
+    comparison = comparison_panel(stages=(0,), nprocs=2, runs_dir=tmp_path, sweep="none")
+    path = tmp_path / "none" / "records.jsonl"
+    path.parent.mkdir()
+    stopped = {"sweep": "none", "run_id": "r1", "config_id": "c1", "label": "z0 bf16 mb2", "setup": {}}
+    stopped |= {"rank": None, "step": None, "time": 1e9, "status": "cancelled", "error": "stopped"}
+    append_record(str(path), stopped)
+    comparison.results = Results.load(path)
+    comparison._show_results()
+    (shown,) = comparison.plots.children  # one line, no empty axes
+    assert isinstance(shown, w.HTML) and "nothing measured yet" in shown.value
+    assert "cancelled" in comparison.table.value
+
+
+def test_a_refused_batch_clears_the_earlier_written_message(panel, tmp_path):
+    panel.config_file.value = str(tmp_path / "ds_config.json")
+    panel.write_button.click()
+    assert "fits the H100-SXM-80GB" in panel.message.value and ui.GREEN in panel.message.value
+    panel.batch_by.value = "train_batch"
+    panel.micro_batch.value = 3  # global batch 8 on 8 GPUs: no micro batch of 3 makes it
+    assert panel.error and ui.RED in panel.verdict.value
+    assert panel.message.value == ""  # no green "wrote ... fits" under the refusal
+    panel.micro_batch.value = 1
+    assert panel.error is None and panel.message.value == ""
+
+
+def test_the_plan_panel_books_within_two_weeks_by_default():
+    from kit.lab.plan_panel import MAX_HOURS, plan_panel
+
+    p = plan_panel()  # the default model, GPU types and run length
+    assert MAX_HOURS == 336 and p.max_hours.value == MAX_HOURS and p.limits["max_hours"] == MAX_HOURS
+    assert p.error is None and p.booking.recommended.hours <= MAX_HOURS
+    assert f"within {MAX_HOURS:,} h" in ui.strip_tags(p.verdict.value)
+    assert "two weeks" in p.max_hours.tooltip
+    fastest = p.plan.fitting().hours.min()
+    p.max_hours.value = fastest / 2  # a limit the search cannot meet: said in one line, nothing booked
+    verdict = ui.strip_tags(p.verdict.value)
+    assert p.booking.recommended is None and verdict.startswith("none of ") and "\n" not in verdict
+    assert f"the fastest that fits takes {fastest:,.1f} h" in verdict

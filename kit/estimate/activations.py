@@ -257,13 +257,16 @@ def _head_activations(setup: Setup, scale: int) -> Term:
 
 class Saved(NamedTuple):
     """What a trainable subset's step saves (``_subset_saved``): bytes per block as it trains without
-    checkpointing, the most one checkpointed block saves when it is recomputed, the head's, and what the
-    last block's input norm keeps for its backward (its fp32 input, its normalised input)."""
+    checkpointing, the most one checkpointed block saves when it is recomputed, the head's, what the
+    last block's input norm keeps for its backward (its fp32 input, its normalised input), and whether
+    the head saves the decoder's output (``lm_head``'s input: when it trains, or under stage 3's
+    ``zero.Init``)."""
 
     blocks: tuple[int, ...]
     recomputed: int
     head: int
     last_norm: int
+    output_saved: bool
 
 
 def _subset_saved(setup: Setup) -> Saved:
@@ -335,11 +338,12 @@ def _subset_saved(setup: Setup) -> Saved:
         default=0,
     )
     head = norm_input * grad + normalised * ("norm" in listing.head)
+    output_saved = "lm_head" in listing.head or every_linear
     if z.loss == "chunked":
         head = chunked_head(setup, head, "lm_head" in listing.head).bytes
     else:
-        head += p * sbh * ("lm_head" in listing.head or every_linear) + FP32 * s * b * (m.vocab or 0)
-    return Saved(tuple(blocks), recomputed, head, last_norm)
+        head += p * sbh * output_saved + FP32 * s * b * (m.vocab or 0)
+    return Saved(tuple(blocks), recomputed, head, last_norm, output_saved)
 
 
 def chunked_head(setup: Setup, norm: int, trains: bool) -> Term:

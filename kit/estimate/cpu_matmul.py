@@ -9,7 +9,8 @@ is ``brg_matmul:avx512_core_bf16`` (``src/cpu/x64/matmul/brgemm_matmul_utils.cpp
 oneDNN's 128-byte alignment (``memory_tracking.hpp``):
 
 - the brgemm batch: 16 elements of 40 B;
-- B copied to the VNNI layout: 2 B x rnd_up(N_blk, 64) x rnd_up(K_blk, 32) (always, for bf16);
+- B copied to the VNNI layout: 2 B x rnd_up(N_blk, 64) x rnd_up(K_blk, 32) (always, for bf16: a
+  transposed view, ``x @ weight.t()``'s, books the same);
 - the fp32 accumulator: 4 B x N_blk x M_blk (bf16 output; ``is_buffer_c_required`` runs before the K
   chunks are set, so it is always booked), M x N_blk when K is split over threads;
 - A copied when it is a transposed view (a weight gradient's x^T, of two or more rows and columns):
@@ -18,7 +19,9 @@ oneDNN's 128-byte alignment (``memory_tracking.hpp``):
 fp32 goes to MKL's sgemm, which allocates none. Other ISAs block differently (AMX's
 ``compute_blocking_heuristic_amx`` books a 4 KiB tile workspace per thread and pads K to 32, AVX2 has no
 bf16 brgemm): there the rank measures the shape instead (``CpuMatmul.measure``: one lone ``mm`` under
-the profiler, ``kit.ranks.memory_timeline.lone_mm_scratch``), and without a rank the scratch is 0.
+the profiler, ``kit.ranks.memory_timeline.lone_mm_scratch``), B's layout included (on AMX a transposed B
+books less than a plain one: 7,168 B against 38,912 B for 16 x 64 by 64 x 256 on one thread), and without
+a rank the scratch is 0.
 """
 
 from __future__ import annotations
@@ -34,44 +37,56 @@ BATCH_ELEMENT_BYTES, BATCH_ELEMENTS = 40, 16
 ONEDNN_MIN_MACS = 16 * 16 * 16
 #: the ISA whose blocking is modelled
 AVX512_BF16 = "avx512_core_bf16"
+#: a measured mm's shape: (m, k, n, transposed_a, transposed_b)
+Shape = tuple[int, int, int, bool, bool]
 
 
 @dataclass(frozen=True)
 class CpuMatmul:
     """How the CPU ranks' matmuls run: oneDNN's ISA and its threads (a rank's ``torch.get_num_threads``);
-    on a rank, ``measure(m, k, n, transposed_a)`` measures the scratch of a shape the model does not cover."""
+    on a rank, ``measure(m, k, n, transposed_a, transposed_b)`` measures the scratch of a shape the model
+    does not cover."""
 
     isa: str = AVX512_BF16
     threads: int = 1
-    measure: Callable[[int, int, int, bool], int] | None = field(default=None, compare=False, repr=False)
-    #: the shapes measured so far: (m, k, n, transposed_a) -> bytes
-    measured: dict[tuple[int, int, int, bool], int] = field(default_factory=dict, compare=False, repr=False)
+    measure: Callable[[int, int, int, bool, bool], int] | None = field(
+        default=None, compare=False, repr=False
+    )
+    #: the shapes measured so far: (m, k, n, transposed_a, transposed_b) -> bytes
+    measured: dict[Shape, int] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def modelled(self) -> bool:
         return self.isa == AVX512_BF16
 
     def record(self) -> dict:
-        """The record's ``cpu_matmul``: ``{"isa", "threads", "measured": [[m, k, n, transposed_a, bytes],
-        ...]}``."""
+        """The record's ``cpu_matmul``: ``{"isa", "threads", "measured": [[m, k, n, transposed_a,
+        transposed_b, bytes], ...]}``."""
         shapes = [[*shape, n] for shape, n in self.measured.items()]
         return {"isa": self.isa, "threads": self.threads, "measured": shapes}
 
     @classmethod
     def from_record(cls, data: dict) -> CpuMatmul:
-        """The rank's matmuls again from its record (``record()``): the shapes it measured, no more."""
-        measured = {(m, k, n, bool(t)): b for m, k, n, t, b in data.get("measured", [])}
+        """The rank's matmuls again from its record (``record()``): the shapes it measured, no more (a
+        record from before ``transposed_b`` has rows of five, every B plain)."""
+        measured: dict[Shape, int] = {}
+        for row in data.get("measured", []):
+            m, k, n, a, *b, nbytes = row
+            measured[(m, k, n, bool(a), bool(b and b[0]))] = nbytes
         return cls(data["isa"], data["threads"], measured=measured)
 
 
-def bf16_mm_scratch(m: int, k: int, n: int, transposed_a: bool, cpu: CpuMatmul) -> int:
+def bf16_mm_scratch(
+    m: int, k: int, n: int, transposed_a: bool, cpu: CpuMatmul, *, transposed_b: bool = False
+) -> int:
     """Bytes of the scratchpad a bf16 ``mm`` of an m x k by a k x n matrix allocates (``transposed_a``:
-    the first is a transposed view): modelled on AVX-512 bf16, measured on a rank of another ISA; 0 below
-    oneDNN's size or with neither."""
+    the first is a transposed view; ``transposed_b``: the second is, as in ``x @ weight.t()``): modelled
+    on AVX-512 bf16 (where a transposed B books what a plain one does), measured on a rank of another ISA;
+    0 below oneDNN's size or with neither."""
     if m * k * n <= ONEDNN_MIN_MACS:
         return 0
     if not cpu.modelled:
-        shape = (m, k, n, transposed_a)
+        shape = (m, k, n, transposed_a, transposed_b)
         if shape not in cpu.measured and cpu.measure is not None:
             cpu.measured[shape] = cpu.measure(*shape)
         return cpu.measured.get(shape, 0)

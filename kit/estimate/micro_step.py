@@ -102,6 +102,14 @@ class Shape:
         if formulaic and subset.is_subset(setup.zero):
             saved = _subset_saved(setup)
             head = Term(saved.head, "")
+            if logits and setup.zero.loss == "plain" and not saved.output_saved:
+                # Hugging Face's ``*ForCausalLM.forward`` keeps ``hidden_states`` (and ``outputs``) while its
+                # ``loss_function`` runs: the decoder's output lives to the loss although no one saves it
+                self.loss += Term(
+                    p * tokens * m.dims.hidden,
+                    f"the decoder's output {p} B x b s h (the model's forward holds it; the frozen head "
+                    "saves none)",
+                )
             recomputed = saved.recomputed if setup.zero.activation_checkpointing else 0
             self.late = _late_hook(setup, act, saved, p)
             self.first = Term(saved.blocks[0], "the first block's saved activations")
@@ -157,9 +165,19 @@ def _chunk(setup: Setup, cpu: CpuMatmul | None) -> Term:
     while the loss runs), its shifted copy the loss is given (b (s-1) h) and one chunk at a time: its
     logits (16-bit, ``chunk_tokens`` x v) on a GPU (Liger's Triton kernel turns them into their gradient in
     registers); on CPU ranks (``cpu``: the plain-PyTorch version, ``kit.workloads.chunked_loss``) the
-    largest of its three steps: the logits' matmul and their fp32 softmax, the input gradient's matmul and
-    the weight gradient's, each with oneDNN's bf16 scratch (``kit.estimate.cpu_matmul``). Its backward
-    hands back the gradients it saved: nothing new."""
+    largest of its steps, each holding the chunk's 16-bit logits or logit gradient (c x v) and what the step
+    adds, a matmul's oneDNN bf16 scratch (``kit.estimate.cpu_matmul``) living only while the matmul runs:
+
+    - the logits' matmul ``x @ weight.t()`` (B a transposed view): its scratch;
+    - their fp32 upcast, and the gradient's 16-bit downcast from it: the fp32 softmax (4 B x c x v);
+    - the input's gradient ``grad @ weight``: its output (c x h, copied into the saved gradient) and scratch;
+    - the weight's, when the head trains: ``addmm_`` of the gradient's transpose by the input into the saved
+      gradient, scratch only.
+
+    Measured on the shrunk Llama (c = 16 of 62 tokens, v = 256, h = 64; AMX, one thread): the logits'
+    matmul 8,192 + 7,168 B, the upcast 8,192 + 16,384 B, the input's gradient 8,192 + 2,048 + 37,888 B
+    (the largest), the weight's 8,192 + 25,728 B. Its backward hands back the gradients it saved: nothing
+    new."""
     m, b, p = setup.model, setup.batch, element_bytes(setup.zero.precision)
     v, h, tokens = m.dims.vocab, m.dims.hidden, b.micro_batch * (b.seq_len - 1)  # a language model's
     chunk = chunk_tokens(tokens, v, h)
@@ -169,17 +187,20 @@ def _chunk(setup: Setup, cpu: CpuMatmul | None) -> Term:
         work, how = logits, "a chunk's logits (Liger's Triton kernel)"
     else:
 
-        def scratch(rows: int, inner: int, cols: int, transposed: bool) -> int:
-            return bf16_mm_scratch(rows, inner, cols, transposed, cpu) if p == 2 else 0
+        def scratch(rows: int, inner: int, cols: int, transposed_a: bool, transposed_b: bool = False) -> int:
+            if p != 2:
+                return 0
+            return bf16_mm_scratch(rows, inner, cols, transposed_a, cpu, transposed_b=transposed_b)
 
         listing = partition.listing(setup)
         head_trains = listing is None or "lm_head" in listing.head
         work = max(
-            logits + FP32 * chunk * v + scratch(chunk, h, v, False),  # logits, their fp32 softmax
-            logits + scratch(chunk, v, h, False),  # the input's gradient: the 16-bit logit gradient x W
-            logits + scratch(v, chunk, h, True) * head_trains,  # the weight's: its transpose x the input
+            logits + scratch(chunk, h, v, False, True),  # the logits: x @ W^T, W^T a transposed view
+            logits + FP32 * chunk * v,  # their fp32 upcast (the softmax), later the gradient's downcast
+            logits + p * chunk * h + scratch(chunk, v, h, False),  # the input's gradient: its output, x W
+            logits + scratch(v, chunk, h, True) * head_trains,  # the weight's: addmm_ of its transpose
         )
-        how = "a chunk's logits, fp32 softmax and matmuls (CPU ranks' plain PyTorch, oneDNN scratch)"
+        how = "a chunk's logits and the largest of its steps (CPU ranks' plain PyTorch, oneDNN scratch)"
     return Term(
         held + work,
         f"chunked loss: the decoder's output and its shifted copy {p} B x b (2s-1) h + {how}, "

@@ -38,15 +38,42 @@ from kit.units import MIB
 WARMUP = inspect.signature(sweeps.run_sweep).parameters["warmup"].default
 #: how ``results_html`` formats the columns of ``Results.brief()``
 BRIEF_FORMATS = {
-    "step ms": "{:,.1f}", "samples/s": "{:,.1f}", "loss": "{:.4f}", "model states MB": "{:,.3f}",
-    "estimate MB": "{:,.3f}", "peak RSS MiB": "{:,.0f}", "wire MB/step": "{:,.3f}",
-    "estimate wire MB": "{:,.3f}",
+    "step ms": "{:,.1f}", "samples/s": "{:,.1f}", "loss": ui.NUMBER, "model states MB": ui.NUMBER,
+    "estimate MB": ui.NUMBER, "peak RSS MiB": "{:,.0f}", "wire MB/step": ui.NUMBER,
+    "estimate wire MB": ui.NUMBER,
 }  # fmt: skip
 #: the comparison panel's controls that set one value on every configuration (by their name there), each
 #: a ``kit.settings`` setting; the panel's other settings make variants (stages, offloads, ZeRO++)
 APPLIED = {
     name: next(s for s in SETTINGS if s.comparison == name)  # a composite control by its first field
     for name in ("precision", "checkpointing", "trainable", "loss", "reduce_bucket", "prefetch_bucket")
+}
+#: the tooltips of the controls that are not ``kit.settings``' (those carry their setting's help)
+TIPS = {
+    "stages": "the engines to compare: ZeRO stages 0-3 and PyTorch's DDP and FSDP (ctrl-click: several)",
+    "micro_batches": "micro batches per rank to try, each a configuration of its own (several: ctrl-click)",
+    "offload_optimizer": "also run each stage 1-3 with its optimizer states offloaded",
+    "offload_param": "also run stage 3 with its parameters offloaded too",
+    "offload_to": "where the offload variants put their states: CPU RAM, or NVMe files (stage 3)",
+    "nvme_path": "a folder on an NVMe drive for the swap files (with offload to nvme)",
+    "hpz": "ZeRO++ hpZ: > 1 adds a stage 3 variant gathering parameters within groups of this many ranks",
+    "quantized_weights": "ZeRO++ qwZ: add a stage 3 variant that all-gathers weights in int8",
+    "quantized_gradients": "ZeRO++ qgZ: add a stage 3 variant that reduces gradients in int4",
+    "grad_accum": "micro batches each rank runs before the optimizer steps",
+    "batch_schedule": "a batch schedule: from step S the global batch is B, as S=B pairs (2=16,4=32)",
+    "layers": "the toy GPT's transformer blocks",
+    "hidden": "the toy GPT's hidden size (a multiple of 8 and of the heads)",
+    "heads": "the toy GPT's attention heads (divide the hidden size)",
+    "vocab": "the toy GPT's vocabulary size",
+    "seq_len": "tokens per sample",
+    "nprocs": "ranks the launch starts: a process per GPU, or CPU processes where there is no GPU",
+    "steps": "measured steps per configuration, after the warm-up",
+    "warmup": "steps run first and not measured (allocator and kernels settle)",
+    "sweep": "the sweep's name: its records go to runs dir/sweep; a finished name is reused, not rerun",
+    "runs_dir": "the folder that holds every sweep's records",
+    "memory_timeline": "also measure each phase's peak (the profiler: slow on CPU), plotted by the estimate",
+    "run_button": "run every configuration in one launch (in the background; the kernel stays free)",
+    "stop_button": "kill the running launch; the records so far are kept",
 }
 
 
@@ -143,6 +170,7 @@ class ComparisonPanel:
             [], layout=w.Layout(grid_template_columns="repeat(auto-fill, minmax(440px, 1fr))", grid_gap="6px")
         )
         self.table = w.HTML()
+        ui.tips(self, TIPS)
         for control in self._inputs():
             ui.cell(control)
             control.observe(self.update, names="value")
@@ -179,18 +207,8 @@ class ComparisonPanel:
             ]
         )
         self.widget.add_class("zk-comparison-panel")
-        for name in (
-            "run_button",
-            "stop_button",
-            "message",
-            "plots",
-            "table",
-            "sweep",
-            "runs_dir",
-            "stages",
-            "steps",
-            "memory_timeline",
-        ):
+        for name in ("run_button", "stop_button", "message", "plots", "table", "sweep", "runs_dir", "stages",
+                     "steps", "memory_timeline"):  # fmt: skip
             getattr(self, name).add_class(f"zk-{name.replace('_', '-')}")
         self._set_busy(False)
         self.update()
@@ -230,8 +248,9 @@ class ComparisonPanel:
         ]
         peak = "peak tensors MiB per rank" if on_cpu else "peak MiB per GPU"
         header = ["configuration", "model states MiB", "activations MiB", peak]
-        self.preview.value = "<div style='color:#666'>estimate before running:</div>" + ui.table_html(
-            header, rows, ["{}", "{:,.1f}", "{:,.1f}", "{:,.1f}"]
+        table = ui.table_html(header, rows, ["{}", "{:,.1f}", "{:,.1f}", "{:,.1f}"])
+        self.preview.value = (
+            f"<div style='color:#666'>estimate before running:</div>{table}{ui.legend_html(setups)}"
         )
 
     def run(self):
@@ -366,17 +385,14 @@ class ComparisonPanel:
         from kit.lab import plots
 
         results = self.results
-        images = []
-        if not results.steps().empty:
-            for draw in (plots.throughput, plots.memory, plots.comm_volume, plots.loss_curves):
-                image = w.Image(value=ui.figure_png(draw(results)), format="png")
-                image.layout.max_width = "100%"
-                images.append(image)
-        for record in peak_records(results):
-            image = w.Image(value=ui.figure_png(peak_plot(record)), format="png")
-            image.layout.max_width = "100%"
-            images.append(image)
-        self.plots.children = images
+        draws = (plots.throughput, plots.memory, plots.comm_volume, plots.loss_curves)
+        figures = [] if results.steps().empty else [draw(results) for draw in draws]
+        figures += [peak_plot(record) for record in peak_records(results)]
+        images: list[w.Widget] = [
+            w.Image(value=ui.figure_png(f), format="png", layout=w.Layout(max_width="100%")) for f in figures
+        ]
+        # no axes without a measured step (a run stopped in its warm-up): they would hold only ticks
+        self.plots.children = images or [w.HTML(f"<i style='color:#666'>{plots.NOTHING_MEASURED}</i>")]
         self.table.value = results_html(results)
         if self.node_names:
             from kit.run.local_nodes import per_node
@@ -472,32 +488,12 @@ class ComparisonPanel:
 
     def _inputs(self) -> list[w.ValueWidget]:
         return [
-            self.stages,
-            self.offload_optimizer,
-            self.offload_param,
-            self.offload_to,
-            self.nvme_path,
-            self.hpz,
-            self.quantized_weights,
-            self.quantized_gradients,
-            self.micro_batches,
-            self.grad_accum,
-            self.batch_schedule,
-            self.precision,
-            self.checkpointing,
-            self.trainable,
-            self.loss,
-            self.reduce_bucket,
-            self.prefetch_bucket,
-            self.layers,
-            self.hidden,
-            self.heads,
-            self.vocab,
-            self.seq_len,
-            self.nprocs,
-            self.steps,
-            self.warmup,
-        ]
+            self.stages, self.offload_optimizer, self.offload_param, self.offload_to, self.nvme_path,
+            self.hpz, self.quantized_weights, self.quantized_gradients, self.micro_batches, self.grad_accum,
+            self.batch_schedule, self.precision, self.checkpointing, self.trainable, self.loss,
+            self.reduce_bucket, self.prefetch_bucket, self.layers, self.hidden, self.heads, self.vocab,
+            self.seq_len, self.nprocs, self.steps, self.warmup,
+        ]  # fmt: skip
 
 
 def comparison_panel(setup: Setup | None = None, **options: Any) -> ComparisonPanel:
@@ -507,11 +503,13 @@ def comparison_panel(setup: Setup | None = None, **options: Any) -> ComparisonPa
 
 
 def results_html(results) -> str:
-    """A sweep's few comparable columns (``Results.brief()``), formatted with units; every column of every
-    configuration stays one call away: ``results.summary()``."""
+    """A sweep's few comparable columns (``Results.brief()``), formatted with units, and what its labels'
+    tokens mean (``ui.legend_html``); every column of every configuration stays one call away:
+    ``results.summary()``."""
     brief = results.brief()
     formats = [BRIEF_FORMATS.get(c, "{}") for c in brief.columns]
-    return ui.table_html(list(brief.columns), brief.values.tolist(), formats)
+    table = ui.table_html(list(brief.columns), brief.values.tolist(), formats)
+    return table + ui.legend_html(brief["configuration"])
 
 
 def nodes_html(rows: list[dict]) -> str:
@@ -534,7 +532,7 @@ def nodes_html(rows: list[dict]) -> str:
         ]  # fmt: skip
         for r in rows
     ]
-    formats = ["{}", "{}", "{}", "{}"] + ["{:,.3f}"] * 6
+    formats = ["{}", "{}", "{}", "{}"] + [ui.NUMBER] * 6
     caption = "per node (MB each rank sent per step, averaged over the node's ranks):"
     caption = f"<div style='color:#666;margin-top:6px'>{caption}</div>"
     return caption + ui.table_html(header, table, formats)

@@ -31,6 +31,29 @@ BY_NAME = {s.name: s for s in reversed(SETTINGS)}
 #: the settings whose enabling the panel decides itself (the offloads' reasons, the swap folder's, the
 #: loss's choices for the model)
 OWN_RULES = ("loss", "offload_optimizer", "offload_param", "nvme_path")
+#: the tooltips of the controls that are not ZeRO settings (those carry their setting's help: ``ui.control``)
+TIPS = {
+    "model_source": "where the model comes from: a preset, a Hugging Face config.json or model file, or a "
+    "bare parameter count",
+    "preset": "a model the kit knows by name (data/models)",
+    "config_path": "path to a Hugging Face config.json, or a Python file that builds the model",
+    "params": "total parameters, e.g. 7e9, 7B or 350M (with 'parameter count')",
+    "largest_layer": "parameters of the largest layer (stage 3 gathers it whole); empty: derived",
+    "gpu": "the GPU type (data/gpus.csv): its memory is what the setting must fit",
+    "own_gpu": "a GPU not in the list, by its figures: NAME:memory_gib=..,memory_gbps=..,bf16_tflops=..",
+    "nodes": "machines in the cluster",
+    "gpus_per_node": "GPUs in each machine; every GPU is a data-parallel rank",
+    "micro_batch": "samples each GPU processes per forward and backward",
+    "batch_by": "which stays fixed when the micro batch or the GPUs change: the accumulation steps or the "
+    "global batch",
+    "grad_accum": "micro batches each GPU runs before the optimizer steps",
+    "train_batch": "samples per optimizer step over all GPUs: micro batch x GPUs x grad accum",
+    "seq_len": "tokens per sample (at most the model's context)",
+    "config_file": "where 'Write ds_config.json' writes the DeepSpeed config",
+    "write_button": "write this setting as a DeepSpeed config file (with a warning when it does not fit)",
+    "command_button": "show the deepspeed command that launches a training script with this setting",
+    "command": "the launch command; copy it into a shell on the first node",
+}
 
 
 class MemoryPanel:
@@ -110,6 +133,7 @@ class MemoryPanel:
         self.timeline_plot = w.Image(format="png")
         self.command = w.Textarea(layout=w.Layout(width="100%", height="5em", display="none"), disabled=True)
 
+        ui.tips(self, TIPS)
         for control in self._inputs():
             ui.cell(control)
             control.observe(self.update, names="value")
@@ -326,7 +350,7 @@ class MemoryPanel:
         ram = c.cpu_ram_per_node_bytes
         others = [name for name, ok in est.fits.items() if ok and name != c.gpu]
         facts = [
-            ("setting", f"<b>{html.escape(setup.label)}</b>"),
+            ("setting", f"<b>{html.escape(setup.label)}</b>{ui.legend_html([setup])}"),
             ("cluster", f"{c.nodes} x {c.gpus_per_node} {html.escape(c.gpu)}"),
             (
                 "per GPU",

@@ -14,6 +14,12 @@ import ipywidgets as w
 from kit import monitor
 from kit.lab import ui
 
+#: the tooltips of the panel's controls
+TIPS = {
+    "refresh_button": "read the heartbeat files again and redraw",
+    "auto": "refresh by itself from a background timer until unticked",
+}
+
 
 class MonitorPanel:
     """Every rank of a running job, from the heartbeats its ranks append to ``folder`` (``kit.monitor``: a
@@ -52,6 +58,7 @@ class MonitorPanel:
         self.nodes = w.HTML()
         self.ranks = w.HTML()
         self.plot = w.Image(format="png", layout=w.Layout(max_width="100%", display="none"))
+        ui.tips(self, TIPS)
         self.refresh_button.on_click(lambda _: self.refresh())
         self.auto.observe(lambda change: self.start() if change["new"] else self.stop(), names="value")
         self.widget = w.VBox(
@@ -124,7 +131,7 @@ class MonitorPanel:
                 ]
                 for r in snap.ranks
             ],
-            ["{}", "{}", "{}", "{:,.1f}", "{}", "{:,.1f}", "{:.4f}", "{:,.1f}", "{:,.1f}", "{:.0f}", "{}"],
+            ["{}", "{}", "{}", "{:,.1f}", "{}", "{:,.1f}", ui.NUMBER, "{:,.1f}", "{:,.1f}", "{:.0f}", "{}"],
         )  # fmt: skip
         if snap.history_frame()["seconds"].nunique() > 1:  # one instant would draw an axis of 0.002 s
             self.plot.value = ui.figure_png(plots.heartbeats(snap))

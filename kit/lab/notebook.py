@@ -14,7 +14,8 @@ with the estimate, only the model, the ranks and the steps are few.
 
 ``readable()`` (``profile`` calls it) makes every table a notebook shows readable: floats formatted
 (``kit.units.number``), text in full (never cut with "..."), short labels on one line and long text
-wrapped (``frame_html``).
+wrapped (``frame_html``). ``record()`` shows a few named values (what a pandas Series would print as text,
+with its ``dtype:`` line) as such a table.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from __future__ import annotations
 import html
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kit.models import toy_spec
 from kit.schema import Setup
@@ -91,6 +94,17 @@ def readable() -> None:
     shell = get_ipython()
     if shell is not None:
         shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, frame_html)
+
+
+def record(values: Mapping[Any, object], column: str, index: str | None = None):
+    """Named values as a one-column table (a DataFrame ``frame_html`` draws), never a Series printed as
+    text: one row per name of ``values`` (in words, with its unit where the rows differ in unit), ``column``
+    the header (with the unit where every row has the same), ``index`` the names' header."""
+    import pandas as pd
+
+    if not values:
+        raise ValueError(f"values: nothing to show under {column!r}")
+    return pd.DataFrame({column: list(values.values())}, index=pd.Index(list(values), name=index))
 
 
 def frame_html(frame) -> str:

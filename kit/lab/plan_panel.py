@@ -36,6 +36,24 @@ _FIXES = (
 )
 #: each of the report's tables (``Report.tables``' kinds) and its layout
 LAYOUTS = {"alternatives": _ALTERNATIVES, "picks": _PICKS, "fixes": _FIXES}
+#: the run's time limit the panel starts with: two weeks (none would book whatever is cheapest, years long)
+MAX_HOURS = 14 * 24
+#: the tooltips of the panel's controls
+TIPS = {
+    "gpus": "the GPU types to plan on (ctrl-click: several); their prices: data/prices.csv",
+    "max_nodes": "the most nodes a booking may take, each of the starting setup's GPUs per node",
+    "train_batch": "samples per optimizer step over all GPUs, kept by every setup the search tries",
+    "tokens": "the run's length in tokens (2T, 140B, 1e12); default: 20 per parameter",
+    "max_hours": f"the longest run to book, in hours (default {MAX_HOURS} h, two weeks); 0: no limit",
+    "budget": "the most the run may cost, in USD; 0: no limit",
+    "goal": "book the cheapest setup within the time limit, or the fastest within the budget",
+    "calibration": "a calibration.json from zerokit calibrate: measured speeds used instead of datasheets'",
+    "headroom": "GPU memory kept free beyond the estimate (0.1: a setup must fit in 90 %)",
+    "efficiency": "the share of the GPU's peak TFLOP/s a large matmul reaches (cuBLAS: 0.75-0.9)",
+    "overlap": "the share of overlapped communication that really hides behind compute",
+    "own_gpu": "a GPU not in the list, by its figures: NAME:memory_gib=..,memory_gbps=..,bf16_tflops=..",
+    "own_price": "your GPU's price per GPU-hour, in USD",
+}
 
 
 class PlanPanel:
@@ -58,6 +76,7 @@ class PlanPanel:
         train_batch: int | None = None,
         max_nodes: int = 64,
         tokens: float | None = None,
+        max_hours: float = MAX_HOURS,
         calibration: Any = None,
     ):
         from kit.planning import plan
@@ -81,7 +100,7 @@ class PlanPanel:
         )
         run = tokens or plan.TOKENS_PER_PARAM * self.base.model.params
         self.tokens = w.Text(value=count_text(run), description="tokens", placeholder="2T, 140B")
-        self.max_hours = w.BoundedFloatText(value=0, min=0, max=1e9, description="max hours")
+        self.max_hours = w.BoundedFloatText(value=max_hours, min=0, max=1e9, description="max hours")
         self.budget = w.BoundedFloatText(value=0, min=0, max=1e12, description="budget, USD")
         self.goal = ui.toggle(("cheapest", "fastest"), "cheapest", "goal", "80px")
         self.calibration = w.Text(
@@ -104,6 +123,7 @@ class PlanPanel:
         self.verdict = w.HTML()
         self.plot = w.Output()
         self.table = w.Output()
+        ui.tips(self, TIPS)
         for control in self._inputs():
             ui.cell(control)
             control.observe(self.update, names="value")
@@ -119,7 +139,10 @@ class PlanPanel:
                     w.VBox([self.max_nodes, self.train_batch, self.tokens]),
                     w.VBox([self.max_hours, self.budget, self.calibration]),
                 ),
-                w.HTML("<span style='color:#666;font-size:12px'>max hours, budget: 0 = no limit</span>"),
+                w.HTML(
+                    "<span style='color:#666;font-size:12px'>max hours: two weeks unless changed; max hours, "
+                    "budget: 0 = no limit</span>"
+                ),
                 ui.row(self.goal, self.headroom, self.efficiency, self.overlap),
                 ui.row(self.own_gpu, self.own_price),
                 w.HTML(
@@ -267,6 +290,7 @@ class PlanPanel:
 
 
 def plan_panel(setup: Setup | None = None, **options: Any) -> PlanPanel:
-    """The planning panel (options: train_batch, max_nodes, tokens, calibration: a
-    ``kit.steptime.calibration.Calibration`` or a file path); display ``.widget``."""
+    """The planning panel (options: train_batch, max_nodes, tokens, max_hours: ``MAX_HOURS`` unless
+    given, 0 for none; calibration: a ``kit.steptime.calibration.Calibration`` or a file path); display
+    ``.widget``."""
     return PlanPanel(setup, **options)

@@ -23,6 +23,10 @@ from kit.components import MEASURED, MODEL_STATES, Component
 from kit.run.results import Results
 from kit.units import GIB, MB, MIB, count_text
 
+#: what a figure of a sweep or a job says where no step has been measured (a run stopped in its warm-up)
+NOTHING_MEASURED = "nothing measured yet"
+
+
 #: one colour per memory component, in every figure of the kit
 COLORS: dict[str, str] = {
     Component.PARAMETERS: "#4C72B0",
@@ -37,6 +41,8 @@ COLORS: dict[str, str] = {
 def throughput(results: Results) -> Figure:
     """Median samples/s of each configuration (global batch / step time, over the measured steps)."""
     table = _ok(results)
+    if table.empty:
+        return nothing("Throughput per configuration", "no configuration finished")
     fig = Figure(figsize=(max(5, 0.9 * len(table) + 2), 3.5), layout="constrained")
     ax = fig.subplots()
     bars = ax.bar(table["label"], table["samples_per_s"], color="#4C72B0")
@@ -51,6 +57,8 @@ def throughput(results: Results) -> Figure:
 def memory(results: Results) -> Figure:
     """Per configuration two stacked bars, estimate (hatched) and measured on rank 0, MB per GPU."""
     table = _ok(results)
+    if table.empty:
+        return nothing("Memory per configuration", "no configuration finished")
     fig = Figure(figsize=(max(6, 0.8 * len(table) + 2.5), 4), layout="constrained")
     ax = fig.subplots()
     positions = range(len(table))
@@ -87,6 +95,8 @@ def comm_volume(results: Results) -> Figure:
     from kit.rules import wire_factor
 
     steps = results.steps()
+    if steps.empty:
+        return nothing("Communication volume per configuration")
     last = steps.groupby("config_id", sort=False).tail(1)
     ops = sorted(c.removeprefix("comm_bytes_") for c in last.columns if c.startswith("comm_bytes_"))
     fig = Figure(figsize=(max(5, 0.9 * len(last) + 2), 3.5), layout="constrained")
@@ -113,6 +123,8 @@ def comm_volume(results: Results) -> Figure:
 def loss_curves(results: Results) -> Figure:
     """Rank 0's loss per step, one line per configuration."""
     steps = results.steps()
+    if steps.empty:
+        return nothing("Loss per step (measured steps, after warm-up)")
     fig = Figure(figsize=(6, 3.5), layout="constrained")
     ax = fig.subplots()
     markers = "osD^vP*X"
@@ -190,6 +202,15 @@ def empty(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center")
     ax.set_xticks([])
     ax.set_yticks([])
+
+
+def nothing(title: str, why: str = "") -> Figure:
+    """A small figure that says ``NOTHING_MEASURED`` (and ``why``) under ``title``, with no axes' ticks."""
+    fig = Figure(figsize=(5, 1.6), layout="constrained")
+    ax = fig.subplots()
+    empty(ax, NOTHING_MEASURED + (f" ({why})" if why else ""))
+    ax.set_title(title)
+    return fig
 
 
 def _rotate(ax) -> None:
@@ -391,6 +412,10 @@ def heartbeats(snapshot) -> Figure:
             )
             speed = group.dropna(subset=["samples_per_s"])
             speed_ax.plot(speed["seconds"], speed["samples_per_s"].astype(float), marker=".", label=label)
+    for ax, column in ((memory_ax, "memory_bytes"), (speed_ax, "samples_per_s")):
+        if column not in history or history[column].isna().all():  # no 0..1 axis of fractional ticks
+            ax.text(0.5, 0.5, NOTHING_MEASURED, transform=ax.transAxes, ha="center", color="#666")
+            ax.set_yticks([])  # the x axis is shared: its ticks stay for the other side
     kinds = {row["memory"] for row in snapshot.ranks}
     memory_ax.set_title("Memory per rank" + (" (RSS: CPU ranks)" if kinds == {"rss"} else ""))
     memory_ax.set_ylabel("MiB")

@@ -1,18 +1,37 @@
 """The notebooks' small comparison tables, so that a cell only calls one: the ZeRO paper's model states
 beside DeepSpeed's per stage (01), each ZeRO-3 collective and the step time of a setting beside its ZeRO++
 variant (09), a batch schedule's steps side by side and the checkpointing policies (04), the published
-runs beside the kit's predictions and what it cannot express yet (11). Each is a DataFrame a test can
-read; 11's answer is one paragraph."""
+runs beside the kit's predictions and what it cannot express yet (11), what a trace of a model file
+measured (07), a step time's parts and assumptions and ``tune``'s candidates (08). Each is a DataFrame a
+test can read, its units in its headers (or, where its rows differ, in each row's name); 11's answer is one
+paragraph."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from kit.components import Component
+from kit.lab.notebook import record
 from kit.schema import Setup
-from kit.units import GIB
+from kit.units import GIB, MIB
+
+if TYPE_CHECKING:
+    from kit.estimate.trace import Trace
+    from kit.run.tune import Tuned
+    from kit.steptime.perf import StepTime
+
+#: ``kit.steptime.perf.Assumptions``' fields as a reader reads them: the row's name with its unit, and the
+#: factor to it (a ratio as a percentage); a field not named here shows under its own name
+ASSUMPTIONS = {
+    "efficiency": ("GEMM efficiency: achieved / peak TFLOP/s, %", 100),
+    "link_efficiency": ("link efficiency: achieved / nominal bandwidth, %", 100),
+    "overlap": ("overlapped communication that hides behind compute, %", 100),
+    "host_memory_gbps": ("host memory bandwidth for CPU Adam, GB/s", 1),
+}
 
 
 def paper_vs_deepspeed(setup: Setup, stages: Sequence[int] = (1, 2, 3)) -> pd.DataFrame:
@@ -70,6 +89,66 @@ def step_time_table(setups: Sequence[Setup]) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows).set_index("setting")
+
+
+def step_parts(step: StepTime) -> pd.DataFrame:
+    """The parts of a step time (``kit.steptime.perf.step_time``), one row each: seconds and formula."""
+    parts = step.to_dict()["parts"]
+    return pd.DataFrame([{"part": name.replace("_", " "), **part} for name, part in parts.items()]).set_index(
+        "part"
+    )
+
+
+def assumptions(step: StepTime) -> pd.DataFrame:
+    """What a step time assumed (``kit.steptime.perf.Assumptions``) as a small table: efficiencies as
+    percentages, bandwidths in GB/s (``ASSUMPTIONS``)."""
+    rows = {}
+    for name, value in asdict(step.assumptions).items():
+        label, factor = ASSUMPTIONS.get(name, (name.replace("_", " "), 1))
+        rows[label] = round(value * factor, 9)  # 0.8 x 100 is 80.00000000000001
+    return record(rows, "assumed", index="kit.steptime.perf.Assumptions")
+
+
+def trace_table(trace: Trace | None) -> pd.DataFrame:
+    """What the trace of one micro batch measured (``kit.estimate.trace``): the bytes autograd saves for
+    backward, with every block checkpointed, the peak of live tensors and the transient above what is
+    saved (in GiB from 1 GiB, else MiB), the blocks of the model's largest ``ModuleList`` and the trace's
+    seconds."""
+    if trace is None:
+        raise ValueError("trace: this estimate used formulas, not a trace (a model file or config traces)")
+    unit, scale = ("GiB", GIB) if trace.peak_bytes >= GIB else ("MiB", MIB)
+    return record(
+        {
+            f"saved for backward, {unit}": trace.saved_bytes / scale,
+            f"saved with every block checkpointed, {unit}": trace.checkpointed_bytes / scale,
+            f"peak of live tensors, {unit}": trace.peak_bytes / scale,
+            f"transient: the peak above what is saved, {unit}": trace.transient_bytes / scale,
+            "blocks (the largest ModuleList)": trace.blocks,
+            "seconds the trace took": trace.seconds,
+        },
+        "one micro batch",
+        index="trace",
+    )
+
+
+def tune_table(tuned: Tuned) -> pd.DataFrame:
+    """``tune``'s candidates (``Tuned.table``) as a reader reads them: rank, setting (its label names the
+    stage, offload and batch, so the columns that repeat them are left out and the table fits the page),
+    the estimate in GiB, the measured samples/s, the status, the predicted and measured seconds per step
+    and the prediction's error in %."""
+    t = tuned.table
+    return pd.DataFrame(
+        {
+            "rank": t["rank"],
+            "setting": t["label"],
+            "estimate GiB": t["estimated_gib"],
+            "samples/s": t["samples_per_s"],
+            "status": t["status"],
+            "predicted s": t["predicted_s"],
+            "measured s": t["measured_s"],
+            "error %": 100 * t["error"],
+        }
+    )
 
 
 def checkpointing_policies(setup: Setup) -> pd.DataFrame:

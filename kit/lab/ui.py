@@ -2,8 +2,10 @@
 
 The forms are columns of one width (``CELL``) with every label ``DESCRIPTION_WIDTH`` wide; numbers carry
 units and separators; an invalid choice shows one line (``one_line``: ``kit.schema.one_line_error``'s) in red
-instead of a traceback. Nothing here knows a Setup: the panels (``memory_panel``, ``comparison_panel``,
-``plan_panel``, ``monitor_panel``) build them and call ``kit``.
+instead of a traceback; every control has a tooltip (``tip``: a setting's help, or the panel's ``TIPS``)
+and the configuration labels shown come with their legend (``legend_html``). Nothing here builds a Setup:
+the panels (``memory_panel``, ``comparison_panel``, ``plan_panel``, ``monitor_panel``) build them and call
+``kit``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from IPython.display import Image, clear_output, display
 from pydantic import ValidationError
 
 from kit.schema import one_line_error
-from kit.units import MIB
+from kit.units import MIB, number
 
 #: the errors a panel shows as one line (an invalid Setup, a bad value, a file that is not there)
 ERRORS = (ValidationError, ValueError, OSError)
@@ -39,6 +41,8 @@ TOGGLE_CHAR_PX, TOGGLE_PAD_PX = 8, 30
 VERDICT_STYLE = "font-size:1.25em;margin:6px 0;"
 #: the colours of a problem and of a success
 RED, GREEN = "#b00", "#1a7f37"
+#: the controls whose ipywidgets 8 view shows ``tooltip`` only when they have no label (``tip``)
+UNTITLED = (w.Text, w.Textarea, w.Checkbox, w.Select, w.SelectMultiple)
 
 
 def one_line(error: BaseException) -> str:
@@ -55,10 +59,15 @@ def colored(text: str, color: str = RED) -> str:
     return f"<span style='color:{color}'>{html.escape(text)}</span>"
 
 
+#: a ``table_html`` format: the number as ``kit.units.number`` writes it (at most four significant digits)
+NUMBER = "number"
+
+
 def table_html(
     header: Sequence[str], rows: Sequence[Sequence], formats: Sequence[str], bold_rows: Sequence[int] = ()
 ) -> str:
-    """A compact HTML table: numbers right-aligned in ``formats`` (missing ones as a dash), labels on one
+    """A compact HTML table: numbers right-aligned in ``formats`` (a format string, or ``NUMBER``; missing
+    ones as a dash), labels on one
     line, only the last (free-text) column wrapping; a header wraps between its words, so that a table of
     many columns stays as wide as its numbers (the comparison table's last column was cut)."""
     cell_style = "padding:2px 7px;border-bottom:1px solid #e4e4e4;"
@@ -72,7 +81,7 @@ def table_html(
     for i, values in enumerate(rows):
         cells = []
         for j, (value, fmt) in enumerate(zip(values, formats, strict=True)):
-            text = "&ndash;" if _missing(value) else html.escape(fmt.format(value))
+            text = "&ndash;" if _missing(value) else html.escape(_formatted(value, fmt))
             wrap = "normal" if j == len(values) - 1 and fmt == "{}" and j > 0 else "nowrap"
             align = "left" if fmt == "{}" else "right"
             weight = "font-weight:bold;" if i in bold_rows else ""
@@ -169,7 +178,15 @@ def loss(zero, model=None) -> w.Dropdown:
 
 def control(setting, zero, model=None) -> w.ValueWidget:
     """The panels' control of one ``kit.settings.Setting`` (a composite's for its group), set to ``zero``'s
-    value; its ``value`` is what ``setting_values`` reads back."""
+    value, its tooltip the setting's help (a composite's: each field's); its ``value`` is what
+    ``setting_values`` reads back."""
+    from kit import settings
+
+    helps = [f"{s.label}: {s.help}" for s in settings.group(setting.group)] if setting.group else []
+    return tip(_control(setting, zero, model), "; ".join(helps) or setting.help)
+
+
+def _control(setting, zero, model=None) -> w.ValueWidget:
     from kit.ds_keys import EXAMPLE_NVME_PATH
 
     s, value = setting, setting.value(zero)
@@ -213,6 +230,37 @@ def setting_values(setting, widget: w.ValueWidget) -> dict:
     if setting.field == "overlap_comm":
         return {setting.field: None if widget.value == "default" else widget.value == "on"}
     return {setting.field: widget.value}
+
+
+def tip(control: w.DOMWidget, text: str) -> w.DOMWidget:
+    """``control`` with ``text`` as its tooltip (``tooltip``: ipywidgets 8 shows it as the title of the
+    control's label, of a button, or of a control without a label). A text box, a checkbox or a list
+    with a label shows none (their views title only the input, and only without a label): their label
+    carries it instead, as a titled span."""
+    control.tooltip = text
+    if isinstance(control, UNTITLED) and control.description and not control.description_allow_html:
+        title = html.escape(text, quote=True)
+        control.description = f"<span title='{title}'>{html.escape(control.description)}</span>"
+        control.description_allow_html = True
+    return control
+
+
+def tips(panel: object, texts: dict[str, str]) -> None:
+    """Each of ``panel``'s controls named in ``texts`` (an attribute of it) with its tooltip (``tip``)."""
+    for name, text in texts.items():
+        tip(getattr(panel, name), text)
+
+
+def legend_html(labels) -> str:
+    """What the tokens of some configuration labels mean (``kit.labels.label_legend``: labels or Setups),
+    one small grey paragraph; "" for none."""
+    from kit.labels import label_legend
+
+    legend = label_legend(labels)
+    if not legend:
+        return ""
+    items = " &middot; ".join(f"<code>{html.escape(t)}</code> {html.escape(m)}" for t, m in legend.items())
+    return f"<div class='zk-legend' style='color:#666;font-size:11px;margin:2px 0 6px'>{items}</div>"
 
 
 def button(description: str, icon: str, **options) -> w.Button:
@@ -276,6 +324,10 @@ def section(title: str) -> w.HTML:
         f"text-transform:uppercase;border-bottom:1px solid #ddd'>{html.escape(title)}</div>",
         layout=w.Layout(width="100%"),
     )
+
+
+def _formatted(value, fmt: str) -> str:
+    return number(value) if fmt == NUMBER else fmt.format(value)
 
 
 def _missing(value) -> bool:

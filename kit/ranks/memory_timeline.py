@@ -191,17 +191,18 @@ def cpu_matmul():
     return CpuMatmul(isa=isa, threads=torch.get_num_threads(), measure=lone_mm_scratch)
 
 
-def lone_mm_scratch(m: int, k: int, n: int, transposed_a: bool) -> int:
+def lone_mm_scratch(m: int, k: int, n: int, transposed_a: bool, transposed_b: bool = False) -> int:
     """Bytes a lone bf16 ``torch.mm`` of an m x k (a transposed view when ``transposed_a``) by a k x n
-    matrix allocates under the profiler besides its output: oneDNN's scratchpad, on this CPU and
-    this thread count. Not inside a recording (one profiler at a time)."""
+    matrix (a transposed view when ``transposed_b``: ``x @ weight.t()``) allocates under the profiler
+    besides its output: oneDNN's scratchpad, on this CPU and this thread count. Not inside a recording
+    (one profiler at a time)."""
     import torch
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import OpTree
 
     a = torch.ones(k, m, dtype=torch.bfloat16).t() if transposed_a else torch.ones(m, k, dtype=torch.bfloat16)
-    b = torch.ones(k, n, dtype=torch.bfloat16)
+    b = torch.ones(n, k, dtype=torch.bfloat16).t() if transposed_b else torch.ones(k, n, dtype=torch.bfloat16)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         c = torch.mm(a, b)
         del c

@@ -109,18 +109,22 @@ def consolidate(ckpt_dir: str | os.PathLike, tag: str | None = None, out: str | 
     their names, as the same tensor (see ``unique_numel``).
     """
     import contextlib
+    import functools
     import io
+    from unittest import mock
 
     import torch
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from deepspeed.utils import zero_to_fp32
 
     if not (Path(ckpt_dir) / (tag or "latest")).exists():
         raise ValueError(f"ckpt_dir: no {'tag ' + tag if tag else 'latest'} in {ckpt_dir}")
     # zero_to_fp32 prints its progress ("Processing zero checkpoint ...", "Detected checkpoint of type zero
-    # stage N", "Reconstructed fp32 state dict with ..."): what the returned dict says, noise on stdout (and
-    # a notebook's output); kept out, a failure still raises
-    with contextlib.redirect_stdout(io.StringIO()):
-        state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+    # stage N", "Reconstructed fp32 state dict with ...") and draws tqdm bars on stderr ("Loading checkpoint
+    # shards", "Gathering sharded weights": a red block in a notebook): what the returned dict says, noise
+    # in a terminal and a notebook; kept out (its tqdm off, the prints swallowed), a failure still raises
+    quiet = functools.partial(zero_to_fp32.tqdm, disable=True)
+    with mock.patch.object(zero_to_fp32, "tqdm", quiet), contextlib.redirect_stdout(io.StringIO()):
+        state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
     if out is not None:
         torch.save(state, out)
     return state

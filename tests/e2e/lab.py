@@ -142,9 +142,10 @@ def kill_processes_naming(tmp: Path) -> None:
 
 
 @contextlib.contextmanager
-def browser(width: int = 1280, height: int = 2400):
+def browser(width: int = 1280, height: int = 3600):
     """A page of the system Chromium, headless, with console errors and page errors collected in
-    ``page.errors``."""
+    ``page.errors``; tall enough that the whole memory panel (about 2,500 px with its two charts and
+    its table) fits in the notebook's scrolling area, or its screenshot is cut at the bottom."""
     from playwright.sync_api import sync_playwright
 
     if not CHROMIUM.exists():

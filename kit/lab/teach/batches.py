@@ -1,5 +1,6 @@
-"""The global batch: one batch split every way (``batch_splits``) and a batch schedule step by step
-with its estimate (``schedule_table``).
+"""The global batch: one batch split every way (``batch_splits``), a batch schedule step by step with its
+estimate (``schedule_table``) and the largest micro batch that fits, without and with activation
+checkpointing (``largest_micro_batches``).
 
 What it cannot see: the measured steps; ``run_sweep`` runs the splits and a schedule, and
 ``kit.lab.tables.schedules_side_by_side`` reads a schedule's records back.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kit.lab.notebook import record
 from kit.schema import Setup
 from kit.units import whole_number
 
@@ -35,3 +37,19 @@ def schedule_table(setup: Setup) -> pd.DataFrame:
         batch = s.batch.model_dump(exclude={"schedule", "seq_len"})
         rows.append({"from step": step, **batch, "estimate MiB/GPU": estimate(s).per_gpu_bytes / 2**20})
     return pd.DataFrame(rows)
+
+
+def largest_micro_batches(setup: Setup) -> pd.DataFrame:
+    """The largest micro batch per GPU of ``setup`` that fits its GPU (``plan.largest_micro_batch``; 0: not
+    even 1 does), without activation checkpointing and with it (``setup``'s policy, else every block)."""
+    from kit.planning import plan
+
+    return record(
+        {
+            f"{label} activation checkpointing": plan.largest_micro_batch(
+                setup.replace(zero=setup.zero.checkpointing(on))
+            )
+            for label, on in (("without", False), ("with", True))
+        },
+        "largest micro batch that fits",
+    )

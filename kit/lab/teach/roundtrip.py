@@ -1,6 +1,6 @@
 """Checkpoints: a round trip's reports read back (``roundtrip_table``, ``resume_losses``), the files it
 wrote beside the predicted sizes (``checkpoint_sizes``), and one checkpoint's size per stage before
-training (``checkpoint_size_table``).
+training, per file kind (``checkpoint_size_table``) and in all (``per_checkpoint``).
 
 What it cannot see: the ranks; ``kit.scaleout.checkpoints`` runs the round trip and writes its reports.
 """
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kit.lab.notebook import record
 from kit.schema import Setup
+from kit.units import GIB, size
 
 
 def roundtrip_table(reports: list[dict]) -> pd.DataFrame:
@@ -18,7 +20,7 @@ def roundtrip_table(reports: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "setup": r["label"],
-            "client_state": r["client_state"],
+            "client state": r["client_state"],
             "resumed = uninterrupted": r["resume_equal"],
             "zero_to_fp32 = live fp32": r["consolidated"]["equal"],
         }
@@ -37,7 +39,8 @@ def resume_losses(reports: list[dict], save_step: int) -> pd.DataFrame:
 
 def checkpoint_sizes(reports: list[dict], setups: list[Setup], folder) -> pd.DataFrame:
     """Per setup and file kind, the bytes ``kit.estimate.checkpoint_size`` predicts for one file beside the
-    largest file of that kind the round trip wrote (``checkpoint_layout`` of ``folder / report name``)."""
+    largest file of that kind the round trip wrote (``checkpoint_layout`` of ``folder / report name``):
+    bytes, not MiB, so that a difference of a few bytes of pickled metadata shows."""
     from pathlib import Path
 
     from kit.estimate.checkpoint_size import checkpoint_bytes
@@ -52,8 +55,8 @@ def checkpoint_sizes(reports: list[dict], setups: list[Setup], folder) -> pd.Dat
                 {
                     "setup": r["label"],
                     "file": kind,
-                    "predicted": predicted[kind]["bytes"],
-                    "written": files.max(),
+                    "predicted bytes": predicted[kind]["bytes"],
+                    "written bytes": files.max(),
                 }
             )
     return pd.DataFrame(rows)
@@ -61,7 +64,8 @@ def checkpoint_sizes(reports: list[dict], setups: list[Setup], folder) -> pd.Dat
 
 def checkpoint_size_table(setup: Setup, stages: tuple[int, ...] = (0, 1, 2, 3)) -> pd.DataFrame:
     """What one checkpoint of ``setup`` takes on disk at each stage, per file kind: the number of files,
-    GB (1e9 bytes) per file and in all, and the formula (``kit.estimate.checkpoint_size``)."""
+    the size of one (``kit.units.size``: MiB below a GiB, a stage-3 model file holds placeholders only;
+    a dash where there is none), GiB in all, and the formula (``kit.estimate.checkpoint_size``)."""
     from kit.estimate.checkpoint_size import checkpoint_bytes
 
     rows = []
@@ -74,9 +78,15 @@ def checkpoint_size_table(setup: Setup, stages: tuple[int, ...] = (0, 1, 2, 3)) 
                     "stage": stage,
                     "file": kind,
                     "files": k["files"],
-                    "GB per file": k["bytes"] / 1e9,
-                    "GB all": k["files"] * k["bytes"] / 1e9,
+                    "size per file": size(k["bytes"]) if k["files"] else None,
+                    "GiB in all": k["files"] * k["bytes"] / GIB,
                     "formula": k["formula"],
                 }
             )
     return pd.DataFrame(rows)
+
+
+def per_checkpoint(sizes: pd.DataFrame) -> pd.DataFrame:
+    """GiB one checkpoint takes per stage: the ``GiB in all`` of a ``checkpoint_size_table``, summed."""
+    totals = sizes.groupby("stage")["GiB in all"].sum()
+    return record(dict(totals.items()), "GiB per checkpoint", index="stage")

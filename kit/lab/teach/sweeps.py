@@ -1,6 +1,6 @@
 """Sweeps and their tables: several comparisons measured in one launch (``run_together``), stage 3's
 bucket sizes crossed (``bucket_grid``), one row per measured configuration (``sweep_table``) or per
-estimate (``estimates_table``).
+estimate (``estimates_table``), the bytes each configuration sent beside the first's (``wire_table``).
 
 What it cannot see: ranks other than 0 in ``sweep_table`` (its medians are over rank 0's measured steps;
 ``Results.states()`` sets every rank beside its estimate).
@@ -14,6 +14,7 @@ import pandas as pd
 
 from kit.components import Component
 from kit.schema import Setup
+from kit.units import MB
 
 if TYPE_CHECKING:
     from kit.run.results import Results
@@ -72,6 +73,18 @@ def sweep_table(results: Results, settings: tuple[str, ...] = (), metrics: tuple
     groups = steps.groupby("order", sort=True)
     table = groups[["label", *columns]].first().rename(columns=columns)
     return table.join(groups[list(metrics)].median()).reset_index(drop=True)
+
+
+def wire_table(results: Results) -> pd.DataFrame:
+    """Per configuration of a sweep: the MB (1e6 bytes) rank 0 sent per step on the wire (median over its
+    measured steps, DeepSpeed's communication logger or the baselines' hooks), and as a percentage of the
+    first configuration's."""
+    wire = sweep_table(results, metrics=("comm_wire_bytes",)).set_index("label")["comm_wire_bytes"]
+    first = wire.iloc[0]
+    if not first > 0:
+        raise ValueError(f"results: {wire.index[0]} sent no bytes on the wire to compare with")
+    table = pd.DataFrame({"MB sent per step": wire / MB, f"% of {wire.index[0]}": 100 * wire / first})
+    return table.rename_axis("setting")
 
 
 def estimates_table(estimates: list, settings: tuple[str, ...] = ()) -> pd.DataFrame:
