@@ -22,6 +22,17 @@ line says; otherwise ``online`` if its last line is at most ``stale_s`` old, ``s
 ``offline`` after), step, samples/s, loss, memory now and its peak, age; averages per node and over the
 job; every line, for plots (``kit.lab.plots.heartbeats``). ``zerokit monitor FOLDER`` prints it.
 
+Steps. A line keeps the loop's own count (``step``: from 0, warm-up steps included, as the kit's records
+do). Every view a reader sees numbers them one way (``measured_step``, ``step_label``): the measured
+steps from 1, and a warm-up step as "warm-up k of W", never counted as a measured step. The reader
+knows a kit sweep's warm-up from the launch spec beside its heartbeats (``launch-<run_id>.json``,
+``launch_steps``). A rank's row (``zerokit monitor --json``) keeps ``step`` as the loop wrote it and adds
+``measured_step`` (None during the warm-up, when ``warmup_step`` says which), ``sweep_warmup``,
+``sweep_steps`` and ``progress`` (the words: "warm-up 1 of 2", "step 3 of 10"); a node's and the job's
+averages keep ``step_min``/``step_max`` over the written steps and add ``measured_step_min``,
+``measured_step_max`` and ``warming_up`` (``steps_range`` reads those); the history's lines keep the
+``step`` written and add their ``measured_step``. Any other loop's measured step is its step as written.
+
 What it cannot see: a heartbeat tells a slow rank from a dead one only by its age (a step longer than
 ``stale_s`` reads as stale); ages compare the reader's clock with the nodes' clocks, which must agree to
 well under ``stale_s`` (NTP does); memory between two heartbeats shows only through the high-water marks
@@ -32,6 +43,7 @@ that never wrote a line is not listed (``job["world_size"]`` beside ``job["ranks
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -55,6 +67,8 @@ STATUSES = ("running", "finished", "failed")
 STATES = ("online", "stale", "offline", "finished", "failed")
 #: the sub-folder of FOLDER that holds one file per rank
 SUBFOLDER = "heartbeats"
+#: a kit sweep's launch spec in its folder (``kit.run.sweep``), which holds its warm-up and measured steps
+LAUNCH_SPEC = "launch-{run_id}.json"
 
 
 @dataclass
@@ -222,6 +236,58 @@ def _number(value) -> float | None:
         return None
 
 
+# ------------------------------------------------------------------------------------------------- steps
+
+
+def measured_step(step: int | None, warmup: int) -> int | None:
+    """The loop's step ``step`` (counted from 0 with the ``warmup`` warm-up steps first, as records and
+    heartbeats count) as every view numbers it: the measured steps from 1; None for a warm-up step."""
+    if step is None or step < warmup:
+        return None
+    return step - warmup + 1
+
+
+def step_label(step: int | None, warmup: int | None = 0, steps: int | None = None) -> str | None:
+    """The loop's step ``step`` (from 0, warm-up first) in words: ``warm-up 1 of 2``, ``step 3 of 10``
+    (``steps``: the measured steps, when known), ``step 3``; ``warmup`` None: a loop whose warm-up is not
+    known, its step as it counts it; None for no step."""
+    if step is None:
+        return None
+    if warmup is None:
+        return f"step {step}"
+    if step < warmup:
+        return f"warm-up {step + 1} of {warmup}"
+    number = step - warmup + 1
+    return f"step {number} of {steps}" if steps else f"step {number}"
+
+
+def steps_range(group: dict) -> str | None:
+    """The steps of a node's or the job's ranks (``Snapshot.nodes``, ``Snapshot.job``) in words: ``step
+    2``, ``steps 1-3``, with how many ranks are still in their warm-up (``warm-up`` alone when all are);
+    None when no rank reported a step."""
+    low, high = group.get("measured_step_min"), group.get("measured_step_max")
+    warming = group.get("warming_up") or 0
+    if low is None:
+        return "warm-up" if warming else None
+    text = f"step {low}" if low == high else f"steps {low}-{high}"
+    return text + (f" ({warming} rank{'s' if warming > 1 else ''} in warm-up)" if warming else "")
+
+
+def launch_steps(folder: str | os.PathLike, run_id: str) -> tuple[int, int] | None:
+    """(warm-up steps, measured steps) of the kit sweep launch ``run_id``, from its spec in ``folder``
+    (``launch-<run_id>.json``); None without a readable one (any loop but a kit sweep)."""
+    if not isinstance(run_id, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", run_id):
+        return None
+    try:
+        spec = json.loads((Path(folder) / LAUNCH_SPEC.format(run_id=run_id)).read_text())
+        warmup, steps = spec["warmup"], spec["steps"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not (isinstance(warmup, int) and isinstance(steps, int)):
+        return None
+    return warmup, steps
+
+
 # ----------------------------------------------------------------------------------------------- reading
 
 
@@ -288,10 +354,14 @@ def read(
             "or the folder a job passes to kit.monitor.heartbeat"
         )
     lines: dict[tuple[str, int], list[dict]] = {}
+    launches: dict[tuple[Path, str], tuple[int, int] | None] = {}
     for path in files:
+        # a kit sweep's folder holds heartbeats/ and the launch specs beside it
+        sweep = path.parent.parent if path.parent.name == SUBFOLDER else path.parent
         for line in load_lines(path):
             if isinstance(line, dict) and isinstance(line.get("time"), int | float) and "rank" in line:
                 line["memory_bytes"] = _memory_now(line)
+                _number_steps(line, sweep, launches)
                 lines.setdefault((str(line.get("node")), line["rank"]), []).append(line)
     if not lines:
         raise ValueError(f"folder: {folder} holds heartbeat files but no complete heartbeat yet")
@@ -318,6 +388,39 @@ def state(line: dict, now: float, stale_s: float = STALE_S, offline_s: float = O
         return line["status"]
     age = now - line["time"]
     return "online" if age <= stale_s else "stale" if age <= offline_s else "offline"
+
+
+def _number_steps(line: dict, sweep: Path, launches: dict) -> None:
+    """Number ``line``'s step as the views do, beside the ``step`` it wrote: for a kit sweep's line (its
+    launch spec in ``sweep``) ``measured_step`` from 1 (None in the warm-up, ``warmup_step`` the warm-up
+    step from 1), the warm-up and measured steps of its launch (``sweep_warmup``, ``sweep_steps``);
+    ``progress`` in words (``step_label``). Another loop's ``measured_step`` is its step as written."""
+    step = line.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        step = None
+    run_id = line.get("run_id")
+    known = None
+    if isinstance(run_id, str):
+        if (sweep, run_id) not in launches:
+            launches[sweep, run_id] = launch_steps(sweep, run_id)
+        known = launches[sweep, run_id]
+    if known is None:
+        line.update(
+            measured_step=line.get("step"),
+            sweep_warmup=None,
+            sweep_steps=None,
+            warmup_step=None,
+            progress=step_label(step, None),
+        )
+        return
+    warmup, steps = known
+    line.update(
+        measured_step=measured_step(step, warmup),
+        sweep_warmup=warmup,
+        sweep_steps=steps,
+        warmup_step=step + 1 if step is not None and step < warmup else None,
+        progress=step_label(step, warmup, steps),
+    )
 
 
 def _memory_now(line: dict) -> int | None:
@@ -347,6 +450,11 @@ def _rank_row(rows: list[dict], now: float, stale_s: float, offline_s: float) ->
         "age_s": now - last["time"],
         "last_seen": last["time"],
         "step": _latest(rows, "step"),
+        "measured_step": _latest(rows, "measured_step"),
+        "warmup_step": last.get("warmup_step"),
+        "sweep_warmup": _latest(rows, "sweep_warmup"),
+        "sweep_steps": _latest(rows, "sweep_steps"),
+        "progress": _latest(rows, "progress"),
         "samples_per_s": _latest(rows, "samples_per_s"),
         "samples_per_s_mean": sum(speeds) / len(speeds) if speeds else None,
         "loss": _latest(rows, "loss"),
@@ -372,13 +480,14 @@ def _latest(rows: list[dict], key: str):
 
 def _averages(ranks: list[dict]) -> dict:
     """Counts of each state, the mean of the ranks' samples/s, memory and utilisation, the highest peak,
-    the lowest and highest step."""
+    the lowest and highest step as written and as measured, and how many ranks are in their warm-up."""
 
     def mean(key: str) -> float | None:
         values = [r[key] for r in ranks if isinstance(r[key], int | float)]
         return sum(values) / len(values) if values else None
 
     steps = [r["step"] for r in ranks if isinstance(r["step"], int)]
+    measured = [r["measured_step"] for r in ranks if isinstance(r["measured_step"], int)]
     return {
         "ranks": len(ranks),
         "states": {s: sum(r["state"] == s for r in ranks) for s in STATES},
@@ -388,4 +497,7 @@ def _averages(ranks: list[dict]) -> dict:
         "gpu_util_percent_mean": mean("gpu_util_percent"),
         "step_min": min(steps, default=None),
         "step_max": max(steps, default=None),
+        "measured_step_min": min(measured, default=None),
+        "measured_step_max": max(measured, default=None),
+        "warming_up": sum(r["warmup_step"] is not None for r in ranks),
     }

@@ -131,6 +131,24 @@ QUANTIZED_GRADIENT_BYTES = 0.5
 ZERO3_COLLECTIVES = ("forward all-gather", "backward all-gather", "gradient reduce-scatter")
 
 
+def hpz_from_secondary(trains: bool, first_of_step: bool) -> bool:
+    """Whether hpZ gathers a released tensor from its secondary partition, inside the node (the hpZ
+    group of h ranks, ``zero_param_process_group``), rather than from its primary partition over every
+    rank (DeepSpeed 0.19, ``partition_parameters.py`` ``all_gather_coalesced``: the secondary group when
+    the tensor has a ``ds_secondary_tensor``).
+
+    ``_post_step`` drops the secondary partitions of the optimizer's tensors after each step
+    (``stage3.py`` ``invalidate_secondary_tensor``), so a trainable tensor's first gather of a step
+    (forward's) is over every rank (but in the first step, which finds the secondary partitions
+    ``zero.Init`` made). Releasing it after that module copies this rank's 1/h slice of the
+    whole tensor, padded to N, into a new secondary partition (``_partition_param_sec``: a copy, no
+    collective), and every later gather of the step (backward's, a tied weight's second module) comes
+    from it. A frozen tensor is in no optimizer group: its secondary partition, made when it was first
+    partitioned, never expires. The persistent tensors' gather after the step (``_post_step``) takes the
+    primary partition over every rank (``_allgather_params_coalesced``)."""
+    return not (trains and first_of_step)
+
+
 def zeropp_problem(
     stage: int, hpz: int, quantized_weights: bool, quantized_gradients: bool
 ) -> tuple[str, str] | None:

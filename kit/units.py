@@ -26,13 +26,21 @@ def mib(nbytes: float | None) -> float | None:
     return None if nbytes is None else nbytes / MIB
 
 
+#: the smallest magnitude ``number`` writes out; a value closer to zero (not zero) is shown as below it
+SMALLEST = 1e-4
+
+
 def number(value: float) -> str:
     """A float as a table shows it: a whole number with separators (``273920.0`` -> ``"273,920"``), else
-    four significant digits (``0.41087999999999997`` -> ``"0.4109"``), one decimal from 1,000 up."""
+    four significant digits (``0.41087999999999997`` -> ``"0.4109"``), one decimal from 1,000 up; never
+    in e-notation: a value closer to zero than ``SMALLEST`` is ``"<0.0001"`` (``">-0.0001"`` below zero).
+    A table whose values are that small wants a smaller unit: its caller scales them (MiB, not GiB)."""
     if value != value or value in (float("inf"), float("-inf")):
         return str(value)
     if value == int(value) and abs(value) < 1e15:
         return f"{value:,.0f}"
+    if abs(value) < SMALLEST:
+        return f"<{SMALLEST:g}" if value > 0 else f">-{SMALLEST:g}"
     return f"{value:,.1f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 

@@ -273,6 +273,42 @@ def test_peak_timeline_in_the_estimate_and_its_json():
     assert paper["peak_tensor_bytes"] is None and paper["phases"] is None
 
 
+def test_cpu_ranks_hold_no_gpu_overheads():
+    """Issue 43: the toy GPT on 2 CPU ranks showed 771 MiB per rank, a GPU's CUDA context and NCCL
+    buffers. ``on_accelerator("cpu")`` keeps every tensor and the GPU estimate, and drops them: the peak
+    per rank is its tensors, the overhead 0 with why, no caching allocator to replay."""
+    from kit.components import Component
+    from kit.estimate.memory import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
+    from kit.toys import SMOKE_TOY, TOY_ZERO
+
+    s = Setup(
+        model=toy_spec(**SMOKE_TOY), cluster={"gpus_per_node": 2}, zero=TOY_ZERO, batch={"micro_batch": 2}
+    )
+    gpu_ranks = estimate(s)
+    cpu = gpu_ranks.on_accelerator("cpu")
+    assert gpu_ranks.per_gpu_bytes > CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES  # the GPU estimate keeps them
+    assert gpu_ranks.on_accelerator("cuda") is gpu_ranks and gpu_ranks.accelerator == "cuda"
+    assert cpu.accelerator == "cpu" and cpu.device == "rank" and gpu_ranks.device == "GPU"
+    assert cpu.per_gpu_bytes == cpu.peak_tensor_bytes == gpu_ranks.peak_tensor_bytes < 4 * 2**20
+    assert cpu.peak_overhead.bytes == cpu.components[Component.OVERHEAD] == 0
+    assert cpu.formulas["peak_overhead"].startswith("not applicable on 2 CPU ranks: no CUDA context")
+    assert cpu.reserved is None and cpu.reserved_bytes is None and gpu_ranks.reserved_bytes is not None
+    assert {k: v for k, v in cpu.components.items() if k != Component.OVERHEAD} == {
+        k: v for k, v in gpu_ranks.components.items() if k != Component.OVERHEAD
+    }
+    assert cpu.cpu_bytes_per_node == gpu_ranks.cpu_bytes_per_node  # the processes' own RAM is there
+    table = cpu.table()
+    assert "peak per rank" in table.index and "peak per GPU" not in table.index
+    assert table.loc["peak per rank", "bytes"] == cpu.per_gpu_bytes
+    assert "peak per GPU" in gpu_ranks.table().index
+    paper = estimate(s, formula="zero-paper").on_accelerator("cpu")
+    assert paper.per_gpu_bytes == estimate(s, formula="zero-paper").per_gpu_bytes  # it counts no overhead
+    with pytest.raises(ValueError, match=r"^accelerator: choose one of cuda, cpu, got 'tpu'$"):
+        gpu_ranks.on_accelerator("tpu")
+    with pytest.raises(ValueError, match=r"^accelerator: back to cuda from cpu: call estimate"):
+        cpu.on_accelerator("cuda")
+
+
 def test_peak_optimizer_temporaries_follow_the_torch_implementation():
     from kit.estimate import partition
     from kit.estimate.memory import peak_timeline as timeline

@@ -23,6 +23,7 @@ import pytest
 
 from kit import monitor
 from kit.cli import main
+from kit.cli import monitor as monitor_cli
 from kit.records import append_line
 
 REPO = Path(__file__).resolve().parent.parent
@@ -209,6 +210,7 @@ def test_averages_per_node_and_job_and_peaks(tmp_path):
         "states": {"online": 2, "stale": 0, "offline": 0, "finished": 0, "failed": 0},
         "samples_per_s_mean": 25.0, "memory_bytes_mean": 160 * mib, "peak_bytes_max": 210 * mib,
         "gpu_util_percent_mean": None, "step_min": 2, "step_max": 3,
+        "measured_step_min": 2, "measured_step_max": 3, "warming_up": 0,
     }  # fmt: skip
     assert node_b["samples_per_s_mean"] == 40.0 and node_b["gpu_util_percent_mean"] == 90
     job = snap.job
@@ -219,6 +221,101 @@ def test_averages_per_node_and_job_and_peaks(tmp_path):
     history = snap.history_frame()
     assert len(history) == 4 and history["seconds"].tolist() == [0.0, 1.0, 1.0, 1.0]
     assert snap.frame()["state"].tolist() == ["online"] * 3
+
+
+def test_steps_count_from_1_after_the_warm_up_in_every_view():
+    """The one numbering of steps: a loop's step (from 0, warm-up first, as records and heartbeats keep
+    it) is the measured step from 1, and a warm-up step is named as one, never counted as measured."""
+    from kit.run.sweep import _postfix
+
+    assert [monitor.measured_step(s, 2) for s in (None, 0, 1, 2, 3)] == [None, None, None, 1, 2]
+    assert monitor.measured_step(0, 0) == 1  # no warm-up: the first step is step 1
+    labels = [monitor.step_label(s, 2, 3) for s in range(5)]
+    assert labels == ["warm-up 1 of 2", "warm-up 2 of 2", "step 1 of 3", "step 2 of 3", "step 3 of 3"]
+    assert (monitor.step_label(4, 1), monitor.step_label(4, None), monitor.step_label(None)) == (
+        "step 4", "step 4", None,
+    )  # fmt: skip
+    # the sweep's progress bar: the first measured step after 2 warm-up steps is step 1 of 5
+    event = {"label": "z2 bf16 mb2", "step": 2, "samples_per_s": 12.0, "memory_bytes": 3 * 2**20}
+    assert _postfix(event, warmup=2, steps=5) == "z2 bf16 mb2 step 1 of 5 12.0 samples/s 3 MiB"
+
+
+def sweep_folder(folder: Path, run_id: str = "20250101T000000.000000001", warmup: int = 2, steps: int = 3):
+    """A kit sweep's launch spec (``kit.run.sweep``: ``launch-<run_id>.json``), the fields the reader uses."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = {"sweep": folder.name, "run_id": run_id, "records": str(folder / "records.jsonl")}
+    (folder / f"launch-{run_id}.json").write_text(json.dumps({**spec, "steps": steps, "warmup": warmup}))
+    return run_id
+
+
+def test_a_sweeps_warm_up_is_named_and_its_measured_steps_count_from_1(tmp_path, capsys):
+    """A kit sweep's ranks beat at every step, warm-up included, with the loop's count (0, 1 warm-up;
+    2, 3, 4 measured); the reader finds the warm-up in the launch spec: rank 0 at loop step 3 is at
+    measured step 2 of 3, rank 1 at loop step 1 in its warm-up (no measured step yet), and a finished
+    rank ends at step 3 of 3. ``zerokit monitor --json`` and the panel say the same."""
+    from kit.lab.monitor_panel import monitor_panel
+
+    run_id = sweep_folder(tmp_path)
+    sweep = {"run_id": run_id, "sweep": tmp_path.name, "label": "z2 bf16 mb2"}
+    beat(tmp_path, "a", 0, 1.0, **sweep)  # the configuration starts: no step yet
+    for t, step in enumerate((0, 1, 2, 3), start=2):
+        beat(tmp_path, "a", 0, float(t), step=step, **sweep)
+    beat(tmp_path, "a", 1, 3.0, step=0, **sweep)
+    beat(tmp_path, "a", 1, 4.0, step=1, **sweep)
+    snap = monitor.read(tmp_path, now=5.0)
+    keys = ("step", "measured_step", "warmup_step", "sweep_warmup", "sweep_steps", "progress")
+    assert [[r[k] for k in keys] for r in snap.ranks] == [
+        [3, 2, None, 2, 3, "step 2 of 3"],  # ``step`` as the loop wrote it, the measured one beside it
+        [1, None, 2, 2, 3, "warm-up 2 of 2"],
+    ]
+    job = snap.job
+    assert (job["step_min"], job["step_max"]) == (1, 3)  # as written
+    assert (job["measured_step_min"], job["measured_step_max"], job["warming_up"]) == (2, 2, 1)
+    assert monitor.steps_range(snap.job) == "step 2 (1 rank in warm-up)"
+    written = [(line["step"], line["measured_step"]) for line in snap.history if line["rank"] == 0]
+    assert written == [(None, None), (0, None), (1, None), (2, 1), (3, 2)]  # the loop's count kept
+    out = cli_json(tmp_path, capsys)
+    assert [(r["rank"], r["step"], r["measured_step"], r["progress"]) for r in out["ranks"]] == [
+        (0, 3, 2, "step 2 of 3"), (1, 1, None, "warm-up 2 of 2"),
+    ]  # fmt: skip
+    assert (out["job"]["step_min"], out["job"]["measured_step_min"]) == (1, 2)
+    text = monitor_cli.table(snap)
+    assert "step 2 of 3" in text and "warm-up 2 of 2" in text and "step 2 (1 rank in warm-up)" in text
+    panel = monitor_panel(tmp_path)
+    assert "warm-up 2 of 2" in panel.ranks.value and "step 2 of 3" in panel.ranks.value
+    assert "step 2 (1 rank in warm-up)" in panel.nodes.value
+    # the last measured step, then the finished line (which repeats no step)
+    beat(tmp_path, "a", 0, 6.0, step=4, **sweep)
+    beat(tmp_path, "a", 0, 6.5, status="finished", **sweep)
+    done = monitor.read(tmp_path, now=7.0).rank(0)
+    assert (done["state"], done["step"], done["measured_step"], done["progress"]) == (
+        "finished", 4, 3, "step 3 of 3",
+    )  # fmt: skip
+    # every rank still warming up: the steps read "warm-up", not a step number
+    warming = tmp_path / "warming"
+    run_id = sweep_folder(warming, warmup=1)
+    beat(warming, "a", 0, 1.0, step=0, run_id=run_id)
+    job = monitor.read(warming, now=2.0).job
+    assert (job["step_min"], job["measured_step_min"], job["warming_up"]) == (0, None, 1)
+    assert monitor.steps_range(job) == "warm-up"
+    assert monitor.steps_range({"measured_step_min": None, "warming_up": 0}) is None
+
+
+def test_a_loop_without_a_launch_spec_keeps_its_own_step(tmp_path):
+    """Any other loop's step is shown as it wrote it (its warm-up, if any, is unknown to the reader); a
+    run id whose spec is missing or unreadable is such a loop too."""
+    beat(tmp_path, "a", 0, 1.0, step=0, warmup=500, steps=10_000)  # a loop's own keys (its LR warm-up)
+    beat(tmp_path, "a", 1, 1.0, step=7, run_id="no-such-launch")
+    (tmp_path / "launch-bad.json").write_text("{not json")
+    beat(tmp_path, "a", 2, 1.0, step=3, run_id="bad")
+    beat(tmp_path, "a", 3, 1.0, step=3, run_id="../../etc/passwd")
+    snap = monitor.read(tmp_path, now=2.0)
+    assert [(r["step"], r["measured_step"], r["sweep_warmup"], r["progress"]) for r in snap.ranks] == [
+        (0, 0, None, "step 0"), (7, 7, None, "step 7"), (3, 3, None, "step 3"), (3, 3, None, "step 3"),
+    ]  # fmt: skip
+    assert monitor.steps_range(snap.job) == "steps 0-7"
+    assert monitor.launch_steps(tmp_path, "../../etc/passwd") is None
+    assert (snap.history[0]["warmup"], snap.history[0]["steps"]) == (500, 10_000)  # kept, not read
 
 
 def test_a_torn_last_line_is_skipped(tmp_path):

@@ -1,17 +1,27 @@
-"""Every notebook is committed clean: no outputs, a `parameters` first code cell, data resolved by the kit."""
+"""Every notebook is committed clean: no outputs, a `parameters` first code cell, data resolved by the kit;
+one that shows a widget says how to bring it back after reopening."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import nbformat
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
+from kit.lab.notebook import REOPEN_HINT
+
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK_FILES = sorted((REPO / "notebooks").glob("*.ipynb"))
 DATA = (REPO / "data").resolve()
+#: a code cell that shows a widget: a panel (or its ``.widget``, its ``.monitor()``) ...
+PANEL_CALL = re.compile(
+    r"\b(memory_panel|comparison_panel|plan_panel|monitor_panel)\(|\.widget\b|\.monitor\("
+)
+#: ... or a sweep that draws its progress bar (tqdm's, a widget in a notebook) unless told not to
+SWEEP_CALL = re.compile(r"\b(run_sweep|run_together|tune)\(")
 
 
 def data_paths(source: str) -> list[str]:
@@ -82,3 +92,52 @@ def test_onboarding_points_to_every_other_notebook():
     (what_next,) = [c.source for c in nb.cells if c.source.startswith("## What next")]
     for path in NOTEBOOK_FILES[1:]:
         assert f"**{path.name[:2]} · " in what_next, f"00's 'What next' does not list {path.name}"
+
+
+def shows_widget(source: str) -> bool:
+    """Whether a code cell shows a widget (``PANEL_CALL``, or ``SWEEP_CALL`` with its progress bar on)."""
+    return bool(PANEL_CALL.search(source) or (SWEEP_CALL.search(source) and "progress=False" not in source))
+
+
+def test_shows_widget_finds_panels_and_progress_bars():
+    for cell in (
+        "panel = memory_panel(setup)\npanel.widget",
+        "watch = job.monitor(interval_s=1)",
+        "results = run_sweep([ddp], steps=2)",
+        "runs = sweeps.run_together({}, sweep='x')",
+    ):
+        assert shows_widget(cell), cell
+    for cell in (
+        "run_sweep(setups, steps=2,\n          progress=False)",
+        "from kit import run_sweep",
+        "plots.pareto(found)",
+        "panel.stage.value = 3",
+    ):
+        assert not shows_widget(cell), cell
+
+
+def test_the_reopen_hint_is_one_sentence():
+    text = REOPEN_HINT.strip("*")
+    assert text.endswith(".") and text.count(". ") == 0 and "Run > Run All Cells" in text
+    assert "Error displaying widget: model not found" in text  # what the reader sees, to find this line
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.name)
+def test_a_notebook_with_widgets_says_how_to_bring_them_back(path):
+    """Widgets live in the kernel: a saved notebook reopened shows "Error displaying widget: model not
+    found" where they were. Every notebook that shows one carries ``REOPEN_HINT``, word for word, once,
+    in the markdown just before its first widget; the others do not."""
+    nb = nbformat.read(path, as_version=4)
+    first = next(
+        (i for i, c in enumerate(nb.cells) if c.cell_type == "code" and shows_widget(c.source)), None
+    )
+    carrying = [i for i, c in enumerate(nb.cells) if REOPEN_HINT in " ".join(c.source.split())]
+    if first is None:
+        assert carrying == [], f"{path.name}: shows no widget, yet cells {carrying} carry the reopen hint"
+        return
+    before = max((i for i in range(first) if nb.cells[i].cell_type == "code"), default=-1)
+    assert len(carrying) == 1 and before < carrying[0] < first, (
+        f"{path.name}: its first widget is in cell {first}; the markdown between cells {before} and {first} "
+        f"should carry, once, kit.lab.notebook.REOPEN_HINT (carried by cells {carrying})"
+    )
+    assert nb.cells[carrying[0]].cell_type == "markdown"

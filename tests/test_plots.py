@@ -130,6 +130,28 @@ def test_loss_curves_one_line_per_config(results):
     assert list(lines[1].get_ydata()) == pytest.approx([4.8, 4.6, 4.4])
 
 
+def test_plots_number_steps_as_the_tables_do(tmp_path):
+    """A sweep's records keep the loop's step (from 0, the warm-up first); the loss and batch plots number
+    the measured steps from 1, as ``kit.lab.notebook.measured_steps`` (the notebooks' tables) does."""
+    import json
+
+    from kit.lab.notebook import measured_steps
+
+    path = tmp_path / "records.jsonl"
+    (tmp_path / "launch-r1.json").write_text(json.dumps({"run_id": "r1", "warmup": 2, "steps": 3}))
+    for step in (2, 3, 4):  # the measured steps after 2 warm-up steps (0, 1)
+        append_record(str(path), record("c1", "z0 bf16 mb2", step, tokens=4 * 64, train_batch=4))
+    results = Results.load(path)
+    table = measured_steps(results, rank=0)
+    assert list(table["step"]) == [1, 2, 3]
+    (line,) = plots.loss_curves(results).axes[0].get_lines()
+    assert list(line.get_xdata()) == list(table["step"])
+    assert list(line.get_ydata()) == pytest.approx(list(table["loss"]))
+    batch_ax, _, speed_ax = plots.batch_schedule(results).axes
+    assert list(batch_ax.lines[0].get_xdata()) == list(speed_ax.lines[0].get_xdata()) == [1, 2, 3]
+    assert speed_ax.get_xlabel() == "measured step"
+
+
 def test_estimated_memory_stacks_components():
     llama7b = Setup(model=models.preset("llama-2-7b"), batch={"micro_batch": 1, "seq_len": 2048})
     estimates = [estimate(llama7b.replace(zero={"stage": s})) for s in (0, 3)]

@@ -317,6 +317,8 @@ def test_round_trip_tables_read_the_reports():
     ]
     assert losses["z3 bf16 mb2 (resumed)"].tolist()[2:] == [3.5, 2.6]
     assert losses["z3 bf16 mb2 (resumed)"].isna().tolist() == [True, True, False, False]
+    assert list(losses.index) == [1, 2, 3, 4]  # counted from 1: the resumed run starts at step 3
+    assert losses["z3 bf16 mb2 (resumed)"].first_valid_index() == 2 + 1
 
 
 def test_checkpoint_size_table_adds_up_each_stage(llama7b):
@@ -369,6 +371,34 @@ def test_the_notebook_profile_is_small_under_smoke_and_real_otherwise(monkeypatc
     assert profile("02", smoke=True).smoke  # the notebook's SMOKE wins over the environment
 
 
+def test_measured_steps_count_from_1_after_each_launchs_warm_up(tmp_path):
+    """The notebooks' step tables number steps as the panels and ``zerokit monitor`` do: a record's step
+    (the loop's count, warm-up first) less its launch's warm-up (the spec beside records.jsonl), from 1;
+    a launch without a spec counts from its configuration's first measured step."""
+    import json
+
+    from kit.lab.notebook import measured_steps
+    from kit.run.results import Results
+
+    two, three = _toy(stage=2), _toy(stage=3)
+    (tmp_path / "launch-r1.json").write_text(json.dumps({"run_id": "r1", "warmup": 2, "steps": 2}))
+    records = [
+        _record(setup, config, rank, step, loss=float(step), run_id=run_id)
+        for config, setup, run_id, steps in (("a", two, "r1", (2, 3)), ("b", three, "r2", (5, 6)))
+        for step in steps
+        for rank in (0, 1)
+    ]
+    records.append(_record(two, "a", 0, None, run_id="r1", status="error"))  # no step: left out
+    results = Results(records, tmp_path / "records.jsonl")
+    rank0 = measured_steps(results)
+    assert rank0[["config_id", "rank", "step", "loss"]].values.tolist() == [
+        ["a", 0, 1, 2.0], ["a", 0, 2, 3.0], ["b", 0, 1, 5.0], ["b", 0, 2, 6.0],
+    ]  # fmt: skip
+    every = measured_steps(results, rank=None).pivot_table(index="step", columns="rank", values="loss")
+    assert every.index.tolist() == [1, 2] and list(every.columns) == [0, 1]
+    assert measured_steps(Results([])).empty
+
+
 def test_bucket_grid_crosses_every_reduce_bucket_with_every_prefetch():
     grid = sweeps.bucket_grid(_toy(stage=2), (10_000, 1_000_000), (0, 50_000))
     assert [(s.zero.stage, s.zero.reduce_bucket_size, s.zero.prefetch_bucket_size) for s in grid] == [
@@ -387,6 +417,24 @@ def test_schedule_table_shows_each_batch_of_a_ramp_with_its_estimate():
     assert table["train_batch"].tolist() == [s.batch.train_batch for _, s in states]
     assert table["train_batch"].iloc[-1] == 16 and set(table["micro_batch"]) == {2}  # GAS grows, micro stays
     assert table["estimate MiB/GPU"].tolist() == [estimate(s).per_gpu_bytes / 2**20 for _, s in states]
+
+
+def test_schedule_table_on_cpu_ranks_estimates_per_rank_without_the_gpus_overheads():
+    """The toy's ranks on CPU: no CUDA context, no NCCL buffers (``Estimate.on_accelerator("cpu")``), and
+    the column says per rank, not per GPU."""
+    from kit.batch import ramp
+    from kit.estimate import estimate
+
+    ramped = _toy(stage=2).replace(batch={"micro_batch": 2, "grad_accum": 1, "schedule": ramp(4, 16, 3, 4)})
+    table = batches.schedule_table(ramped, accelerator="cpu")
+    states = ramped.batch_states()
+    assert "estimate MiB/GPU" not in table.columns
+    on_cpu = [estimate(s).on_accelerator("cpu").per_gpu_bytes / 2**20 for _, s in states]
+    assert table["estimate MiB per rank"].tolist() == on_cpu
+    on_gpu = batches.schedule_table(ramped)["estimate MiB/GPU"]
+    assert (table["estimate MiB per rank"] < on_gpu).all()  # the GPU's overheads are not on a CPU rank
+    with pytest.raises(ValueError, match="accelerator"):
+        batches.schedule_table(ramped, accelerator="tpu")
 
 
 # --------------------------------------------------- what the notebooks show (kit.lab.notebook, tables)
@@ -533,7 +581,8 @@ def test_tunes_table_shows_the_error_in_percent():
 
 def test_consolidate_keeps_zero_to_fp32s_bars_and_prints_out(tmp_path, capfd, monkeypatch):
     """zero_to_fp32's tqdm bars went to stderr: a red block in notebook 06 (issue 43)."""
-    from deepspeed.utils import zero_to_fp32
+    with capfd.disabled():  # DeepSpeed's logger keeps the stream it is imported under: not the captured one
+        from deepspeed.utils import zero_to_fp32
     from tqdm import tqdm
 
     from kit.scaleout import checkpoints

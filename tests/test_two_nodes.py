@@ -416,6 +416,20 @@ def test_the_comparison_panel_runs_across_a_hostfiles_nodes(replay_local_nodes, 
         ("z3 bf16 mb2", "localhost", [0, 1]), ("z3 bf16 mb2", "127.0.0.1", [2, 3]),
     ]  # fmt: skip
     assert panel.table.value.endswith(nodes_html(rows))
+    # each row adds up to the configuration's total per rank, measured and estimated: no group of these
+    # stays inside a node, so the world's ring factor prices every collective (with hpZ's in-node
+    # all-gather the row prices it on its 2 ranks: tests/test_zeropp.py)
+    last = {
+        (r["label"], r["rank"]): r
+        for r in sorted(results.records, key=lambda r: r["step"])
+        if r["rank"] is not None
+    }
+    for r in rows:
+        mine = [last[(r["label"], rank)] for rank in r["ranks"]]
+        assert r["wire_bytes"] == r["intra_wire_bytes"] + r["inter_wire_bytes"]
+        assert {m["comm_wire_bytes"] for m in mine} == {r["wire_bytes"]}, r
+        assert {m["estimate_comm_wire_bytes"] for m in mine} == {r["estimate_wire_bytes"]}
+        assert r["estimate_wire_bytes"] == r["estimate_intra_wire_bytes"] + r["estimate_inter_wire_bytes"]
     for r in rows:
         html = nodes_html([r])
         assert f">{r['host']}<" in html and f">{', '.join(map(str, r['ranks']))}<" in html

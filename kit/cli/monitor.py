@@ -93,7 +93,7 @@ def table(snapshot: monitor.Snapshot) -> str:
         "rank",
         "state",
         "age s",
-        "step",
+        "progress",
         "samples/s",
         "mean",
         "loss",
@@ -101,14 +101,14 @@ def table(snapshot: monitor.Snapshot) -> str:
         "peak MiB",
         "util %",
     )
-    widths = (6, 9, 7, 6, 10, 10, 9, 11, 10, 7)
+    widths = (6, 9, 7, 16, 10, 10, 9, 11, 10, 7)
     row = "  ".join(f"{{:>{w}}}" for w in widths) + "  {}"
     for node in snapshot.nodes:
         lines.append(f"node {node['node']}: {_averages(node)}")
         lines.append("  " + row.format(*header, "configuration"))
         for r in (r for r in snapshot.ranks if r["node"] == node["node"]):
             values = (
-                r["rank"], r["state"], _num(r["age_s"], "{:.1f}"), _num(r["step"], "{}"),
+                r["rank"], r["state"], _num(r["age_s"], "{:.1f}"), _progress(r),
                 _num(r["samples_per_s"], "{:,.1f}"), _num(r["samples_per_s_mean"], "{:,.1f}"),
                 _num(r["loss"], "{:.4f}"), _mib(r["memory_bytes"]) + f" {r['memory']}", _mib(r["peak_bytes"]),
                 _num(r["gpu_util_percent"], "{}"),
@@ -123,10 +123,7 @@ def table(snapshot: monitor.Snapshot) -> str:
 
 def _averages(group: dict) -> str:
     states = ", ".join(f"{n} {s}" for s, n in group["states"].items() if n)
-    steps = (
-        f"step {group['step_min']}" if group["step_min"] == group["step_max"]
-        else f"steps {group['step_min']}-{group['step_max']}"
-    )  # fmt: skip
+    steps = monitor.steps_range(group) or "no step"
     return (
         f"{group['ranks']} rank(s) ({states}); {steps}; mean {_num(group['samples_per_s_mean'], '{:,.1f}')} "
         f"samples/s, {_mib(group['memory_bytes_mean'])} MiB; peak {_mib(group['peak_bytes_max'])} MiB"
@@ -136,6 +133,14 @@ def _averages(group: dict) -> str:
             else ""
         )
     )
+
+
+def _progress(row: dict) -> str:
+    """A rank's step as every view numbers it: its ``progress`` ("warm-up 1 of 2", "step 3 of 10"), else
+    its measured step."""
+    if row.get("progress"):
+        return row["progress"]
+    return _num(row.get("measured_step"), "{}")
 
 
 def _num(value, fmt: str) -> str:

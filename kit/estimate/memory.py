@@ -172,7 +172,8 @@ def peak_timeline(
 
 def gpu_overheads(setup: Setup, allocated: int) -> Term:
     """What a GPU holds beside the tensors: the CUDA context, NCCL's buffers (more than one rank) and
-    the caching allocator's slack on ``allocated`` bytes."""
+    the caching allocator's slack on ``allocated`` bytes (a CPU rank holds none of them:
+    ``kit.estimate.result.cpu_overheads``, ``Estimate.on_accelerator("cpu")``)."""
     slack = int(allocated * ALLOCATOR_FRAGMENTATION)
     nccl = NCCL_BUFFER_BYTES if setup.dp > 1 else 0
     return Term(

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from kit.components import COMPONENTS, HELD, MODEL_STATES
+from kit.components import COMPONENTS, HELD, MODEL_STATES, Component
 from kit.fit import estimate_fit
 from kit.gpus import catalogue
 from kit.schema import Setup
-from kit.units import GIB
+from kit.units import size
+
+#: the ranks' accelerators an estimate describes (DeepSpeed's names, ``kit.run.launcher.ranks_accelerator``)
+ACCELERATORS = ("cuda", "cpu")
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,20 @@ class Term:
 NONE = Term(0, "none")
 
 
+def cpu_overheads(setup: Setup) -> Term:
+    """What a CPU rank holds beside its tensors where a GPU holds ``kit.estimate.memory.gpu_overheads``:
+    nothing. It has no CUDA context, no NCCL (gloo's collectives copy into host tensors, which the
+    timeline's ``backend="gloo"`` counts) and no caching allocator (host tensors are freed at once); what
+    its process itself takes (Python, torch, DeepSpeed) is in CPU RAM per node (``PROCESS_BASE_BYTES`` a
+    rank)."""
+    ranks = f"{setup.dp} CPU rank{'s' if setup.dp > 1 else ''}"
+    return Term(
+        0,
+        f"not applicable on {ranks}: no CUDA context, NCCL buffers or caching allocator (each process's "
+        "own RAM is in CPU RAM per node)",
+    )
+
+
 def total(terms: list[Term]) -> Term:
     """All ``terms`` added up (``NONE`` for an empty list)."""
     out = NONE
@@ -43,7 +61,8 @@ def total(terms: list[Term]) -> Term:
 
 @dataclass(frozen=True)
 class Estimate:
-    """Bytes per GPU by component, CPU RAM per node, and the fit per GPU type."""
+    """Bytes per GPU by component, CPU RAM per node, and the fit per GPU type; ``on_accelerator("cpu")``:
+    the same per CPU rank (no GPU overheads)."""
 
     setup: Setup
     formula: str
@@ -58,9 +77,40 @@ class Estimate:
     #: the predicted peak per phase of a step (``kit.estimate.peak.Timeline``; None for the paper's formula)
     timeline: Any = None
     #: the GPU-only overheads beside the tensors: CUDA context, NCCL buffers, allocator slack on the peak
+    #: (on CPU ranks ``cpu_overheads``: none)
     peak_overhead: Term = NONE
     #: the caching allocator's replay of its steps, run when asked (``kit.estimate.reserved.reserved``)
     replay: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
+    #: what the ranks run on (``ACCELERATORS``): ``"cuda"`` (GPUs, the default) or ``"cpu"`` (CPU ranks)
+    accelerator: str = "cuda"
+
+    def on_accelerator(self, accelerator: str) -> Estimate:
+        """This estimate for ranks on ``accelerator`` (``"cuda"`` or ``"cpu"``; where the ranks run:
+        ``kit.run.launcher.ranks_accelerator()``, a record's ``device``). ``"cuda"``: the estimate as it is.
+        ``"cpu"``: the same tensors, with what a CPU rank holds beside them instead of a GPU's CUDA
+        context, NCCL buffers and allocator slack (``cpu_overheads``: nothing, its process's own RAM is in
+        CPU RAM per node) and no caching allocator's replay (``reserved`` None).
+        Its timeline stays the GPU path's (DeepSpeed's FusedAdam over NCCL); the path the kit's runner
+        takes on CPU ranks (torch's single-tensor Adam over gloo, its copies) is
+        ``kit.estimate.memory.peak_timeline(..., backend="gloo")``, the records' ``estimate.phases``."""
+        if accelerator not in ACCELERATORS:
+            raise ValueError(f"accelerator: choose one of {', '.join(ACCELERATORS)}, got {accelerator!r}")
+        if accelerator == self.accelerator:
+            return self
+        if accelerator == "cuda":
+            raise ValueError("accelerator: back to cuda from cpu: call estimate(setup) again")
+        if self.formula != "deepspeed":  # the paper's formula counts no overhead
+            return dataclasses.replace(self, accelerator=accelerator)
+        overhead = cpu_overheads(self.setup)
+        terms = {**self.terms, Component.OVERHEAD: overhead}
+        return dataclasses.replace(
+            self, terms=terms, peak_overhead=overhead, replay=None, accelerator=accelerator
+        )
+
+    @property
+    def device(self) -> str:
+        """What the per-device numbers are per: ``"GPU"``, or ``"rank"`` on CPU ranks."""
+        return "rank" if self.accelerator == "cpu" else "GPU"
 
     @property
     def components(self) -> dict[str, int]:
@@ -95,7 +145,8 @@ class Estimate:
     def per_gpu_bytes(self) -> int:
         """The predicted peak per GPU, the one number "fits" is decided on (``kit.fit``): the peak phase's
         tensors plus what the GPU runtime holds beyond them (``peak_overhead``). The ZeRO paper's formula has
-        no timeline: its components' sum."""
+        no timeline: its components' sum. On CPU ranks (``on_accelerator("cpu")``): the peak per rank,
+        its tensors alone."""
         if self.timeline is None:
             return self.components_bytes
         return self.timeline.peak_tensor_bytes + self.peak_overhead.bytes
@@ -196,20 +247,20 @@ class Estimate:
         }
 
     def table(self):
-        """Components as a pandas DataFrame: bytes, GiB and the formula, one row each."""
+        """Components as a pandas DataFrame, one row each: bytes, the size a reader reads (``kit.units.size``:
+        GiB from 1 GiB, else MiB, so a small model's rows are not 0.0002 GiB) and the formula; then the sum,
+        the peak per GPU (per rank on CPU ranks), CPU RAM and NVMe per node."""
         import pandas as pd
 
-        rows = [(k, t.bytes, t.bytes / GIB, t.formula) for k, t in self.terms.items()]
-        whole = self.components_bytes
-        rows.append(("sum of components", whole, whole / GIB, "every component at once (not the verdict)"))
+        rows = [(k, t.bytes, t.formula) for k, t in self.terms.items()]
+        rows.append(("sum of components", self.components_bytes, "every component at once (not the verdict)"))
         if self.timeline:
-            peak = self.per_gpu_bytes
-            rows.append(
-                ("peak per GPU", peak, peak / GIB, f"the {self.peak_phase} peak + overhead (the verdict)")
-            )
-        cpu = self.cpu_bytes_per_node
-        rows.append(("CPU RAM per node", cpu, cpu / GIB, self.cpu_term.formula))
+            plus = " (CPU ranks: no GPU overheads)" if self.accelerator == "cpu" else " + overhead"
+            verdict = f"the {self.peak_phase} peak{plus} (the verdict)"
+            rows.append((f"peak per {self.device}", self.per_gpu_bytes, verdict))
+        rows.append(("CPU RAM per node", self.cpu_bytes_per_node, self.cpu_term.formula))
         if self.nvme_bytes_per_node:
-            disk = self.nvme_bytes_per_node
-            rows.append(("NVMe per node", disk, disk / GIB, self.nvme_term.formula))
-        return pd.DataFrame(rows, columns=["component", "bytes", "GiB", "formula"]).set_index("component")
+            rows.append(("NVMe per node", self.nvme_bytes_per_node, self.nvme_term.formula))
+        table = pd.DataFrame(rows, columns=["component", "bytes", "formula"]).set_index("component")
+        table.insert(1, "size", [size(b) for b in table["bytes"]])
+        return table

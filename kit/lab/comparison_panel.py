@@ -22,7 +22,7 @@ from typing import Any
 
 import ipywidgets as w
 
-from kit import grid
+from kit import grid, monitor
 from kit.components import Component
 from kit.lab import ui
 from kit.lab.monitor_panel import MonitorPanel
@@ -353,7 +353,7 @@ class ComparisonPanel:
         p["label"] = event.get("label", p["label"])
         where = f"running {p['done'] + 1} of {p['total']}: {html.escape(p['label'])}"
         if kind == "step":
-            where += f", step {event['step'] - self.warmup.value + 1} of {self.steps.value}"
+            where += f", {monitor.step_label(event['step'], self.warmup.value, self.steps.value)}"
             where += f", {event['samples_per_s']:,.1f} samples/s"
         self.message.value = where + " (Stop cancels)"
 

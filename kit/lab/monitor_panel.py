@@ -26,7 +26,8 @@ class MonitorPanel:
     sweep folder ``runs/NAME``, or the folder a training loop passes to ``kit.monitor.heartbeat``).
 
     A line for the job, a table of averages per node, a row per rank (state: online, stale, offline,
-    finished or failed; step, samples/s, loss, memory now and its peak, age of its last heartbeat) and the
+    finished or failed; step, samples/s, loss, memory now and its peak, age of its last heartbeat; a kit
+    sweep's steps as every view numbers them: "warm-up 1 of 2", then "step 1 of N") and the
     memory and throughput of every rank over time (``kit.lab.plots.heartbeats``). ``refresh()`` reads the
     folder again (the Refresh button calls it); "auto refresh" (``start()`` / ``stop()``) calls it every
     ``interval_s`` seconds from a background timer. State: ``snapshot`` (the last ``kit.monitor.Snapshot``,
@@ -106,12 +107,12 @@ class MonitorPanel:
         )
         groups = [*snap.nodes, {"node": "job", **job}]
         self.nodes.value = ui.table_html(
-            ["node", "ranks", "states", "steps", "mean samples/s", "mean memory MiB", "peak MiB",
+            ["node", "ranks", "states", "progress", "mean samples/s", "mean memory MiB", "peak MiB",
              "mean util %"],
             [
                 [
                     g["node"], g["ranks"], ", ".join(f"{n} {s}" for s, n in g["states"].items() if n),
-                    f"{g['step_min']}-{g['step_max']}" if g["step_min"] != g["step_max"] else g["step_min"],
+                    monitor.steps_range(g),
                     g["samples_per_s_mean"], ui.mib(g["memory_bytes_mean"]), ui.mib(g["peak_bytes_max"]),
                     g["gpu_util_percent_mean"],
                 ]
@@ -121,12 +122,12 @@ class MonitorPanel:
             bold_rows=(len(groups) - 1,),
         )  # fmt: skip
         self.ranks.value = ui.table_html(
-            ["node", "rank", "state", "age s", "step", "samples/s", "loss", "memory MiB", "peak MiB",
+            ["node", "rank", "state", "age s", "progress", "samples/s", "loss", "memory MiB", "peak MiB",
              "util %", "configuration"],
             [
                 [
-                    r["node"], r["rank"], r["state"], r["age_s"], r["step"], r["samples_per_s"], r["loss"],
-                    ui.mib(r["memory_bytes"]), ui.mib(r["peak_bytes"]), r["gpu_util_percent"],
+                    r["node"], r["rank"], r["state"], r["age_s"], r["progress"], r["samples_per_s"],
+                    r["loss"], ui.mib(r["memory_bytes"]), ui.mib(r["peak_bytes"]), r["gpu_util_percent"],
                     " ".join(filter(None, (r["label"], r["error"]))),
                 ]
                 for r in snap.ranks

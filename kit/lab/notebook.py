@@ -15,7 +15,13 @@ with the estimate, only the model, the ranks and the steps are few.
 ``readable()`` (``profile`` calls it) makes every table a notebook shows readable: floats formatted
 (``kit.units.number``), text in full (never cut with "..."), short labels on one line and long text
 wrapped (``frame_html``). ``record()`` shows a few named values (what a pandas Series would print as text,
-with its ``dtype:`` line) as such a table.
+with its ``dtype:`` line) as such a table. ``measured_steps()`` gives a sweep's step records with their
+steps numbered as every notebook, panel and ``zerokit monitor`` numbers them: the measured steps from 1,
+after the warm-up (``kit.monitor.measured_step``).
+
+``REOPEN_HINT`` is the one sentence every notebook that shows a panel or a progress bar carries in a
+markdown cell before the first one (``tests/test_notebooks_clean.py`` checks it): widgets live in the
+kernel, so a saved notebook reopened shows "Error displaying widget: model not found" until it runs again.
 """
 
 from __future__ import annotations
@@ -40,6 +46,12 @@ MAX_ROWS = 60
 
 #: the environment variable ``make test`` sets
 SMOKE_ENV = "ZEROKIT_SMOKE"
+
+#: the markdown line, word for word, before the first panel or progress bar of every notebook that shows one
+REOPEN_HINT = (
+    '*A saved notebook reopened shows "Error displaying widget: model not found" where its panels and '
+    "progress bars were: widgets live in the kernel, so Run > Run All Cells brings them back.*"
+)
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,33 @@ def record(values: Mapping[Any, object], column: str, index: str | None = None):
     if not values:
         raise ValueError(f"values: nothing to show under {column!r}")
     return pd.DataFrame({column: list(values.values())}, index=pd.Index(list(values), name=index))
+
+
+def measured_steps(results, rank: int | None = 0):
+    """The ok step records of ``results`` (a sweep's ``kit.run.results.Results``) of rank ``rank`` (None:
+    every rank), in configuration and step order, with ``step`` numbered as every view numbers it: the
+    measured steps from 1, after their launch's warm-up (read from the launch spec beside the records,
+    ``kit.monitor.launch_steps``; without one, a configuration's first measured step is its step 1)."""
+    from pathlib import Path
+
+    from kit.monitor import launch_steps
+
+    frame = results.df
+    if frame.empty:
+        return frame
+    ok = frame[frame["status"] == "ok"]
+    if rank is not None:
+        ok = ok[ok["rank"] == rank]
+    ok = ok.sort_values(["order", "step", "rank"]).copy()
+    folder = Path(results.path).parent if results.path is not None else None
+    warmups: dict[str, float] = {}
+    for run_id in ok["run_id"].unique():
+        known = launch_steps(folder, run_id) if folder else None
+        warmups[run_id] = known[0] if known else float("nan")
+    first = ok.groupby(["config_id", "run_id"])["step"].transform("min")
+    warmup = ok["run_id"].map(warmups)
+    ok["step"] = (ok["step"] - warmup.astype(float).fillna(first) + 1).astype(int)
+    return ok
 
 
 def frame_html(frame) -> str:

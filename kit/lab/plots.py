@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from kit.components import MEASURED, MODEL_STATES, Component
+from kit.lab.notebook import measured_steps
 from kit.run.results import Results
 from kit.units import GIB, MB, MIB, count_text
 
@@ -121,8 +122,9 @@ def comm_volume(results: Results) -> Figure:
 
 
 def loss_curves(results: Results) -> Figure:
-    """Rank 0's loss per step, one line per configuration."""
-    steps = results.steps()
+    """Rank 0's loss per measured step (from 1, after the warm-up, as the notebooks' tables number them:
+    ``kit.lab.notebook.measured_steps``), one line per configuration."""
+    steps = measured_steps(results, rank=0)
     if steps.empty:
         return nothing("Loss per step (measured steps, after warm-up)")
     fig = Figure(figsize=(6, 3.5), layout="constrained")
@@ -133,7 +135,7 @@ def loss_curves(results: Results) -> Figure:
         ax.plot(group["step"], group["loss"], marker=markers[i % len(markers)], markersize=5,
                 linestyle=("-", "--", ":", "-.")[i % 4], label=label, alpha=0.85)  # fmt: skip
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("step")
+    ax.set_xlabel("measured step")
     ax.set_ylabel("loss (rank 0)")
     ax.set_title("Loss per step (measured steps, after warm-up)")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -286,8 +288,9 @@ def pareto(
 def batch_schedule(results: Results) -> Figure:
     """Per step of each configuration (rank 0): the global batch; model states (solid) and activations
     (dashed) measured, with the estimate for that step's batch (dotted); samples/s. A batch schedule moves
-    the first and the last; model states stay put, activations follow the micro batch."""
-    steps = results.steps()
+    the first and the last; model states stay put, activations follow the micro batch. Steps are the
+    measured ones from 1 (``kit.lab.notebook.measured_steps``)."""
+    steps = measured_steps(results, rank=0)
     fig = Figure(figsize=(11, 3.6), layout="constrained")
     batch_ax, memory_ax, speed_ax = fig.subplots(1, 3, sharex=True)
     groups = list(steps.groupby(["order", "label"], sort=True))
@@ -317,7 +320,7 @@ def batch_schedule(results: Results) -> Figure:
     speed_ax.set_title("Throughput per step")
     speed_ax.set_ylabel(f"samples / s (tokens / s = x {seq})")
     for ax in (batch_ax, memory_ax, speed_ax):
-        ax.set_xlabel("step")
+        ax.set_xlabel("measured step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return fig
 

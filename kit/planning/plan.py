@@ -511,10 +511,42 @@ _FORMATS = {
 }
 
 
-def readable(frame: pd.DataFrame) -> pd.DataFrame:
-    """The table with units and thousands separators (strings; a missing value blank), for printing and
-    notebooks."""
+#: the header a notebook shows over each column a plan's tables may have, its unit in words
+#: (``readable(frame, units_in_headers=True)``); a column not named here shows its name with spaces
+HEADERS = {
+    "per_gpu_gib": "GiB per GPU",
+    "capacity_gib": "GPU capacity GiB",
+    "activations_gib": "activations GiB per GPU",
+    "cpu_gib_per_node": "CPU RAM GiB per node",
+    "nvme_gib_per_node": "NVMe GiB per node",
+    "comm_intra_gib": "GiB sent per GPU per step inside nodes",
+    "comm_inter_gib": "GiB sent per GPU per step across nodes",
+    "step_s": "step s",
+    "tokens_per_s": "tokens/s",
+    "hours": "hours",
+    "cost_usd": "USD",
+    "slowdown": "slowdown, times",
+    "gpu": "GPU",
+    "gpus": "GPUs",
+    "gpus_per_node": "GPUs per node",
+    "zeropp": "ZeRO++",
+}
+#: the columns a notebook shows as whole numbers (dollars, tokens/s), as ``_FORMATS`` prints them
+_WHOLE = ("cost_usd", "tokens_per_s")
+
+
+def readable(frame: pd.DataFrame, units_in_headers: bool = False) -> pd.DataFrame:
+    """The table with units and thousands separators (strings; a missing value blank) under its column
+    names, for printing (``zerokit plan``'s tables). ``units_in_headers=True``, for notebooks: the units
+    in the headers instead ("GiB per GPU", "USD": ``HEADERS``, other names with spaces for ``_``), the
+    numbers left numbers (dollars and tokens/s whole) for the notebook's formatter to show
+    (``kit.lab.notebook.readable``: ``kit.units.number``), right-aligned."""
     out = frame.copy()
+    if units_in_headers:
+        for column in _WHOLE:
+            if column in out and pd.api.types.is_numeric_dtype(out[column]):
+                out[column] = out[column].round(0)
+        return out.rename(columns=lambda c: HEADERS.get(c, str(c).replace("_", " ")))
     for column, form in _FORMATS.items():
         if column in out:
             out[column] = out[column].map(lambda v, form=form: "" if _plain(v) is None else form.format(v))

@@ -191,6 +191,17 @@ def comm_bytes(scopes=None) -> dict[str, int]:
     return totals
 
 
+def comm_wire_bytes(scopes, world: int) -> int:
+    """Bytes this rank put on the wire since the last ``reset_comm``: each collective ``scopes`` counted
+    priced by its own group's ring factor (hpZ's gathers inside a node are 2-rank rings, not the world's),
+    plus a PyTorch baseline's over the world (``kit.rules.wire_bytes``)."""
+    from kit.ranks.baselines import COUNTER
+    from kit.rules import wire_bytes
+
+    scoped = sum(scopes.wire_bytes().values()) if scopes is not None else 0
+    return scoped + wire_bytes(dict(COUNTER.sent), world)
+
+
 def logged_comm_bytes() -> dict[str, int]:
     """Bytes DeepSpeed's comms logger recorded since the last ``reset_comm``, per collective family (op
     names folded: ``all_gather_into_tensor`` -> ``all_gather``). The logger synchronizes the device after

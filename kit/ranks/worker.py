@@ -33,7 +33,7 @@ from collections.abc import Callable
 from kit import model_files, monitor
 from kit.components import Component
 from kit.records import PROBES, append_record, emit
-from kit.rules import Offload, wire_bytes
+from kit.rules import Offload
 from kit.specs import SweepConfig, SweepSpec
 from kit.steptime.comm import comm_bytes
 
@@ -248,8 +248,8 @@ def measure_step(
         if setup.zero.nvme:  # ZeRO-Infinity: the swap files under nvme_path, after the step
             record["measured_nvme"] = nvme_files.swap_file_bytes(setup.zero.nvme_path, rank)
     if scopes is not None and "comm" in probes:
-        comm = measure.comm_bytes(scopes)
-        record.update(comm_bytes=comm, comm_wire_bytes=wire_bytes(comm, world))
+        record.update(comm_bytes=measure.comm_bytes(scopes))
+        record.update(comm_wire_bytes=measure.comm_wire_bytes(scopes, world))  # each group's own ring
         record.update(comm_scope_bytes=scopes.bytes(), comm_scope_wire_bytes=scopes.wire_bytes())
     return record
 

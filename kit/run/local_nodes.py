@@ -277,7 +277,10 @@ def per_node(records: list[dict], names: Sequence[str] = ()) -> list[dict]:
     records of each rank's last measured step: its ranks, their model-state bytes measured and
     estimated (``MODEL_STATES``, summed over the node's ranks) and the bytes each rank sent inside
     and across nodes (``comm_scope_wire_bytes``, averaged over the node's ranks) beside the prediction
-    (``kit.steptime.comm.comm_by_scope``). ``names``: the hosts, by node rank."""
+    (``kit.steptime.comm.comm_by_scope``), and both together (``wire_bytes``, ``estimate_wire_bytes``:
+    ``comm_bytes``). Each collective's bytes on the wire follow its own group's size (an hpZ gather
+    inside a node of h ranks sends (h-1) x its shard, not the world's N-1). ``names``: the hosts, by
+    node rank."""
     from kit.schema import Setup
     from kit.steptime.comm import comm_by_scope
 
@@ -305,5 +308,7 @@ def per_node(records: list[dict], names: Sequence[str] = ()) -> list[dict]:
         row |= {"intra_wire_bytes": round(wire["intra"]), "inter_wire_bytes": round(wire["inter"])}
         row["estimate_intra_wire_bytes"] = predicted["intra"]
         row["estimate_inter_wire_bytes"] = predicted["inter"]
+        row["wire_bytes"] = row["intra_wire_bytes"] + row["inter_wire_bytes"]
+        row["estimate_wire_bytes"] = predicted["intra"] + predicted["inter"]
         rows.append(row)
     return rows

@@ -2,10 +2,11 @@
 
 ``Results.df`` has one row per record (nested fields flattened with ``_``: ``measured_parameters``,
 ``estimate_activations``, ``setup_zero_stage``, ``comm_bytes_all_gather``...). ``summary()`` has one
-row per configuration. ``states()`` is the one table of bytes measured beside the estimate (every rank,
-device, host and NVMe); ``summary()``, ``brief()``, ``zerokit run``'s table and the notebooks' engine
-report read it. When a configuration was attempted more than once (a resumed sweep), only its latest
-launch counts.
+row per configuration (machine-readable: bytes, seconds, its column names what users' scripts read);
+``readable()`` is the same table as a reader reads it (headers in words with their units, bytes in MB).
+``states()`` is the one table of bytes measured beside the estimate (every rank, device, host and NVMe);
+``summary()``, ``brief()``, ``zerokit run``'s table and the notebooks' engine report read it. When a
+configuration was attempted more than once (a resumed sweep), only its latest launch counts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pandas as pd
 from kit.components import HELD, MEASURED, MODEL_STATES
 from kit.records import load_records
 from kit.schema import Setup
+from kit.units import MB, first_line
 
 #: a configuration's status is its worst record's: error > oom > timeout > cancelled (stopped by the
 #: user, ``run_sweep(cancel=...)``) > ok
@@ -29,6 +31,32 @@ PLACES = {
 }
 #: the columns of ``Results.states()``
 STATE_COLUMNS = ["config_id", "label", "rank", "step", "where", "component", "measured", "estimate"]
+#: how ``Results.readable`` shows each of ``summary()``'s columns: its header (the unit in it) and what
+#: one of the header's unit is in the summary's (bytes in MB, 1e6, as the sweep tables and plots show a
+#: small model's bytes; a step in ms); ``measured_<component>`` / ``estimate_<component>`` are
+#: "measured <component> MB" / "estimated <component> MB"
+READABLE: dict[str, tuple[str, float]] = {
+    "config_id": ("config id", 1),
+    "label": ("configuration", 1),
+    "status": ("status", 1),
+    "error": ("error", 1),
+    "start_s": ("start s", 1),
+    "step_time_s": ("step ms", 1e-3),
+    "step_time_min_s": ("fastest step ms", 1e-3),
+    "step_time_max_s": ("slowest step ms", 1e-3),
+    "samples_per_s": ("samples/s", 1),
+    "tokens_per_s": ("tokens/s", 1),
+    "tflops": ("TFLOP/s", 1),
+    "loss": ("last loss", 1),
+    "comm_wire_bytes": ("MB sent per step", MB),
+    "estimate_comm_wire_bytes": ("estimated MB sent per step", MB),
+    "peak_allocated_bytes": ("peak allocated MB", MB),
+    "peak_rss_bytes": ("peak RSS MB", MB),
+    "estimate_peak_bytes": ("estimated peak per GPU MB", MB),
+    "measured_peak_tensor_bytes": ("measured peak tensors MB", MB),
+}
+#: the record fields a component's pair of summary columns comes from, and the word its header says
+SIDES = {"measured": "measured", "estimate": "estimated"}
 
 
 class Results:
@@ -105,6 +133,39 @@ class Results:
                     row[f"measured_{part}"], row[f"estimate_{part}"] = pair
             rows.append(row)
         return pd.DataFrame(rows)
+
+    def readable(self, columns: list[str] | tuple[str, ...] | None = None) -> pd.DataFrame:
+        """``summary()`` as a reader reads it: ``columns`` of it (named as ``summary()`` names them, in
+        that order; None: all but ``config_id``) under headers in words with their units (``READABLE``:
+        bytes in MB, a step in ms), numbers left numeric for the notebook's formatter
+        (``kit.lab.notebook.readable``), an error's first line. A column the summary lacks (nothing of it
+        was measured) is blank. On CPU ranks there is no GPU: the whole-GPU estimate
+        (``estimate_peak_bytes``: a GPU's CUDA context and NCCL buffers, ``kit.estimate``) is blank there,
+        not a GPU's overheads beside a CPU process (the records keep it). ``summary()`` stays the frame
+        scripts read; this is only its view."""
+        table = self.summary()
+        chosen = [c for c in table.columns if c != "config_id"] if columns is None else list(columns)
+        out = pd.DataFrame(index=table.index)
+        for column in chosen:
+            header, unit = _readable_header(column)
+            if column not in table:
+                out[header] = float("nan")
+                continue
+            values = table[column]
+            if column == "error":
+                values = values.map(lambda e: first_line(e) if isinstance(e, str) else None)
+            elif unit != 1:  # ms: x 1000, not / 0.001 (0.0125 s is 12.5 ms, not 12.499999999999998)
+                values = values.astype(float) / unit if unit > 1 else values.astype(float) * round(1 / unit)
+            if column == "estimate_peak_bytes":
+                values = values.where(~table["config_id"].isin(self._on_cpu()))
+            out[header] = values
+        return out
+
+    def _on_cpu(self) -> set[str]:
+        """The configurations whose ranks ran on CPU (their records' ``device``)."""
+        if self.df.empty or "device" not in self.df:
+            return set()
+        return set(self.df.loc[self.df["device"] == "cpu", "config_id"])
 
     def states(self, components: tuple[str, ...] = HELD) -> pd.DataFrame:
         """Bytes measured beside the estimate: one row per ok configuration, rank, place and component,
@@ -197,6 +258,18 @@ class Results:
             item["measured"] = ok[-1].get("measured") if ok else None
             out.append(item)
         return out
+
+
+def _readable_header(column: str) -> tuple[str, float]:
+    """``Results.readable``'s header of a ``summary()`` column and its unit in the summary's (``READABLE``);
+    ValueError for a name that is not one of its columns."""
+    if column in READABLE:
+        return READABLE[column]
+    side, _, part = column.partition("_")
+    if side in SIDES and part in MEASURED:
+        return f"{SIDES[side]} {part.replace('_', ' ')} MB", MB
+    known = [*READABLE, *(f"{side}_{part}" for side in SIDES for part in MEASURED)]
+    raise ValueError(f"columns: {column!r} is not a column of Results.summary(), one of {', '.join(known)}")
 
 
 def worst_status(statuses, config_id: str = "") -> str:

@@ -20,6 +20,7 @@ import typing
 from collections.abc import Callable
 from pathlib import Path
 
+from kit.monitor import step_label
 from kit.records import OPTIONAL_PROBES, PROBES, append_record, load_records, parse_event, unknown_probes
 from kit.rules import Offload
 from kit.run import launcher
@@ -290,7 +291,7 @@ def _launch(
             state["current"] = event["config_id"]
             bar.set_postfix_str(event["label"])
         elif event["event"] == "step":
-            bar.set_postfix_str(_postfix(event))
+            bar.set_postfix_str(_postfix(event, base["warmup"], base["steps"]))
         elif event["event"] == "done":
             state["finished"].append(event["config_id"])
             state["current"] = None
@@ -344,10 +345,13 @@ def _append_failure(records: Path, spec: SweepSpec, config: SweepConfig, status:
     append_record(str(records), record)
 
 
-def _postfix(event: dict) -> str:
+def _postfix(event: dict, warmup: int, steps: int) -> str:
+    """The bar's text for a measured step: its label, ``step k of N`` (``kit.monitor.step_label``: the
+    measured steps from 1, after the warm-up), samples/s and memory."""
     memory = event.get("memory_bytes")
     mem = f" {memory / 2**20:,.0f} MiB" if memory else ""
-    return f"{event['label']} step {event['step']} {event['samples_per_s']:.1f} samples/s{mem}"
+    where = step_label(event["step"], warmup, steps)
+    return f"{event['label']} {where} {event['samples_per_s']:.1f} samples/s{mem}"
 
 
 def _bar(total: int, done: int, sweep: str, enabled: bool):

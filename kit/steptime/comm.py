@@ -4,9 +4,9 @@ and the collective calls behind them (``collective_calls``), each with its formu
 turns them into seconds.
 
 What it cannot see: collectives DeepSpeed issues outside these code paths (loss scaling's overflow check,
-a user's own all-reduce), the tied embedding gathered twice per pass at stage 3, parameters
-``max_reuse_distance`` keeps gathered between forward and backward, and how a library splits a collective
-into chunks on the wire.
+a user's own all-reduce), parameters ``max_reuse_distance`` keeps gathered between forward and backward,
+the padding of each gathered tensor to a multiple of N elements (at most N-1 per tensor), qwZ's and qgZ's
+quantization scales, and how a library splits a collective into chunks on the wire.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kit import trainable as subset
 from kit.estimate import baselines, partition
 from kit.rules import (
     DDP_BUCKET_CAP_MB,
@@ -21,6 +22,7 @@ from kit.rules import (
     QUANTIZED_WEIGHT_BYTES,
     ZERO3_COLLECTIVES,
     element_bytes,
+    hpz_from_secondary,
     ring_share,
 )
 from kit.schema import Setup
@@ -28,6 +30,10 @@ from kit.schema import Setup
 #: the ending of a collective's name that each GPU sends over its own NIC, not in a ring: qgZ's second
 #: hop, an all-to-all between the same local rank of every node (``kit.steptime.perf`` times it so)
 RAIL = "(qgZ hop 2)"
+#: the ending of the forward all-gather of a subset's frozen tensors from hpZ's secondary partition
+FROZEN = "(frozen, hpZ secondary)"
+#: a tied embedding's second gather in each pass (``tied_regathered``)
+TIED = "tied embedding re-gather"
 
 
 def comm_bytes(setup: Setup, parts: list[Collective] | None = None) -> tuple[int, str]:
@@ -82,18 +88,23 @@ def collectives(setup: Setup) -> list[Collective]:
     """Stage 3's collectives per optimizer step, ZeRO++ included, split by scope (``ZERO3_COLLECTIVES``).
 
     M = 16-bit model bytes, N = dp, g = GPUs per node, h = hpz_partition_size, k = micro-steps. A group
-    spanning nodes counts as ``inter`` (its ring crosses the NICs). Forward all-gather (N-1)/N M over
-    every rank; backward all-gather the same, or with hpZ (h-1)/h M inside the node from the secondary
-    partition; tensors of at most ``stage3_param_persistence_threshold`` elements (M_p of the M bytes, M_g
-    the rest) stay whole on every rank, so they are not gathered for a micro-step but once after each
-    optimizer step, updated (``_post_step``); qwZ sends both as int8 (``QUANTIZED_WEIGHT_BYTES`` per
-    element); gradients reduce-scatter (N-1)/N M, or with qgZ int4 (``QUANTIZED_GRADIENT_BYTES``) in
-    DeepSpeed's two hops (``all_to_all_quant_reduce``): (g-1)/g of the int4 gradient to the node's GPUs,
-    then the node-reduced 1/g of it, (nodes-1)/nodes to the same GPU of the other nodes (on one node
-    DeepSpeed reduce-scatters as without qgZ, ``stage3.py`` ``num_nodes > 1``). The quantization scales
-    are left out. Other stages and engines: one entry, ``comm_bytes``'s total, in the scope of the data-
-    parallel group. A trainable subset (``kit.trainable``) reduce-scatters its trainable bytes M_t only and
-    gathers every tensor, frozen or not.
+    spanning nodes counts as ``inter`` (its ring crosses the NICs). Tensors of at most
+    ``stage3_param_persistence_threshold`` elements (M_p of the M bytes, M_g the rest) stay whole on every
+    rank: not gathered for a micro-step but once after each optimizer step, updated (``_post_step``).
+    Forward all-gathers (N-1)/N M_g over every rank, backward the same again; with hpZ backward gathers
+    (h-1)/h M_g inside the node from the secondary partition, which the first release in forward copied
+    (``kit.rules.hpz_from_secondary``: no collective), and so does forward for a trainable subset's frozen
+    tensors (M_f), whose secondary partition never expires. A tied embedding released between its two
+    uses (``tied_regathered``, E bytes) is gathered again by the second module of each pass: 2 E, over
+    every rank, or with hpZ from the secondary partition inside the node. qwZ sends the gathers as int8
+    (``QUANTIZED_WEIGHT_BYTES`` per element); gradients reduce-scatter (N-1)/N M, or with qgZ int4
+    (``QUANTIZED_GRADIENT_BYTES``) in DeepSpeed's two hops (``all_to_all_quant_reduce``): (g-1)/g of the
+    int4 gradient to the node's GPUs, then the node-reduced 1/g of it, (nodes-1)/nodes to the same GPU of
+    the other nodes (on one node DeepSpeed reduce-scatters as without qgZ, ``stage3.py`` ``num_nodes >
+    1``). The quantization scales and each gathered tensor's padding to a multiple of N elements are left
+    out. Other stages and engines: one entry, ``comm_bytes``'s total, in the scope of the data-parallel
+    group. A trainable subset (``kit.trainable``) reduce-scatters its trainable bytes M_t only and gathers
+    every tensor, frozen or not.
     """
     n, z, c = setup.dp, setup.zero, setup.cluster
     across = "inter" if c.nodes > 1 else "intra"
@@ -118,15 +129,25 @@ def collectives(setup: Setup) -> list[Collective]:
     mp = p * sum(partition.persistent(setup))
     mp = mp if partition.is_exact(setup) else 0
     mg = m - mp
-    out = [Collective(forward, across, round(k * ring * w * mg), f"{wname}(N-1)/N M_g x k={k}")]
-    if h > 1:
-        out.append(
-            Collective(
-                backward, "intra", round(k * (h - 1) / h * w * mg), f"hpZ {wname}(h-1)/h M_g x k={k}, h={h}"
+    mf = p * frozen_released(setup) if h > 1 else 0
+    e = p * tied_regathered(setup)
+
+    def gather(name: str, size: int, first: bool, trains: bool, what: str) -> Collective:
+        """A gather of ``size`` bytes per micro-step: with hpZ from the secondary partition inside the
+        node where DeepSpeed takes it from there (``hpz_from_secondary``), else over every rank."""
+        if h > 1 and hpz_from_secondary(trains, first):
+            return Collective(
+                name, "intra", round(k * (h - 1) / h * w * size), f"hpZ {wname}(h-1)/h {what}, h={h}"
             )
-        )
-    else:
-        out.append(Collective(backward, across, round(k * ring * w * mg), f"{wname}(N-1)/N M_g x k={k}"))
+        return Collective(name, across, round(k * ring * w * size), f"{wname}(N-1)/N {what}")
+
+    mine = f"(M_g - M_f) x k={k}, M_f = {mf:,} B" if mf else f"M_g x k={k}"
+    out = [gather(forward, mg - mf, True, True, mine)]
+    if mf:
+        out.append(gather(f"{forward} {FROZEN}", mf, True, False, f"M_f x k={k}"))
+    out.append(gather(backward, mg, False, True, f"M_g x k={k}"))
+    if e:
+        out.append(gather(TIED, 2 * e, False, True, f"2 E x k={k}, E = {e:,} B"))
     if mp:
         out.append(
             Collective("persistent all-gather", across, round(ring * mp), f"(N-1)/N M_p, M_p = {mp:,} B")
@@ -155,6 +176,41 @@ def collectives(setup: Setup) -> list[Collective]:
     return out
 
 
+def tied_regathered(setup: Setup) -> int:
+    """Elements of the tied embedding (input embedding and LM head, one tensor of vocab x hidden) that
+    stage 3 gathers a second time in each pass; 0 when it does not.
+
+    DeepSpeed gathers a parameter for each module that uses it and releases it after (``release_sub_module``)
+    unless it is kept whole (at most ``param_persistence_threshold`` elements), its next use lies within
+    ``max_reuse_distance`` elements of the trace (``__params_to_release`` walks the modules that follow),
+    or the prefetcher already passed that use (``prefetch_bucket_size`` elements of released tensors
+    ahead, at most ``max_live_parameters``). The embedding is used first in forward and the head last
+    (the reverse in backward), every other tensor between them: when neither window reaches across them,
+    the head gathers the weight again in forward and the embedding again in backward."""
+    m, z = setup.model, setup.zero
+    if z.stage != 3 or not (m.tied_embeddings and m.vocab and m.hidden):
+        return 0
+    e = m.vocab * m.hidden
+    if e <= z.param_persistence_threshold:
+        return 0
+    between = sum(partition.numels(setup)) - e
+    prefetched = min(z.prefetch_bucket_size, z.max_live_parameters)
+    if between < z.max_reuse_distance or sum(partition.released(setup)) - e < prefetched:
+        return 0
+    return e
+
+
+def frozen_released(setup: Setup) -> int:
+    """Elements of the frozen tensors of a trainable subset that stage 3 releases (more than
+    ``param_persistence_threshold``): with hpZ their secondary partition outlives the optimizer step
+    (``invalidate_secondary_tensor`` walks the optimizer's groups, the trainable tensors only), so every
+    gather of them, forward's too, stays inside the node (``kit.rules.hpz_from_secondary``)."""
+    if not subset.is_subset(setup.zero):
+        return 0
+    threshold = setup.zero.param_persistence_threshold
+    return sum(t for t, trains in partition.listing(setup).tensors if not trains and t > threshold)
+
+
 def comm_by_scope(setup: Setup, parts: list[Collective] | None = None) -> dict[str, int]:
     """Bytes one GPU sends per optimizer step inside its node and across nodes (``collectives``, or
     ``parts`` when they are at hand)."""
@@ -167,6 +223,7 @@ def comm_by_scope(setup: Setup, parts: list[Collective] | None = None) -> dict[s
 #: the collective each of ``collectives``' entries is timed as (stages 0-2 and the baselines: all-reduce)
 TIMED_AS = {"forward all-gather": "all_gather", "backward all-gather": "all_gather"}
 TIMED_AS |= {"persistent all-gather": "all_gather", "gradient reduce-scatter": "reduce_scatter"}
+TIMED_AS |= {f"forward all-gather {FROZEN}": "all_gather", TIED: "all_gather"}
 
 
 def collective_calls(setup: Setup) -> list[tuple[str, int, str]]:
@@ -179,9 +236,10 @@ def collective_calls(setup: Setup) -> list[tuple[str, int, str]]:
     in buckets of ``allgather_bucket_size``; stage 3 gathers each parameter tensor it does not persist in
     forward and again in backward (DeepSpeed fetches per parameter, ahead by ``prefetch_bucket_size``) and
     reduce-scatters the gradients in buckets every micro-step, and gathers the persistent ones once after
-    the step; every stage also all-reduces the gradient norm for clipping (1 call). DDP all-reduces
-    buckets of 25 MB at the boundary; FSDP gathers each block (and the root) in forward and backward and
-    reduce-scatters it every micro-step.
+    the step (and a tied embedding released between its uses a second time in each pass,
+    ``tied_regathered``); every stage also all-reduces the gradient norm for clipping (1 call). DDP
+    all-reduces buckets of 25 MB at the boundary; FSDP gathers each block (and the root) in forward and
+    backward and reduce-scatters it every micro-step.
     """
     n, z, k = setup.dp, setup.zero, setup.batch.grad_accum
     if n == 1:
@@ -224,6 +282,8 @@ def collective_calls(setup: Setup) -> list[tuple[str, int, str]]:
         ("all_gather", 2 * k * big, f"2 x k={k} x T={big} tensors gathered"),
         ("reduce_scatter", k * reduce, f"k={k} x ceil(P / reduce_bucket_size {z.reduce_bucket_size:,})"),
     ]
+    if tied_regathered(setup):
+        out.append(("all_gather", 2 * k, f"2 x k={k}: the tied embedding gathered again in each pass"))
     if persistent:
         out.append(("all_gather", 1, f"the {persistent} persistent tensors after the step"))
     return [*out, norm]

@@ -27,15 +27,19 @@ def batch_splits(setup: Setup, micro_batch: int = 4) -> list[Setup]:
     return [setup.replace(batch={"micro_batch": m, "grad_accum": g}) for m, g in splits]
 
 
-def schedule_table(setup: Setup) -> pd.DataFrame:
+def schedule_table(setup: Setup, accelerator: str = "cuda") -> pd.DataFrame:
     """A batch schedule step by step: from which step each batch holds (micro batch, grad accum, global
-    batch) and the estimate's MiB per GPU there (``Setup.batch_states``, ``kit.estimate``)."""
+    batch) and the estimate's MiB per GPU there (``Setup.batch_states``, ``kit.estimate``). ``accelerator``
+    ``"cpu"``: ranks on CPU (``kit.run.launcher.ranks_accelerator()``), the estimate per rank without a
+    GPU's CUDA context and NCCL buffers (``Estimate.on_accelerator``), headed "estimate MiB per rank"."""
     from kit.estimate import estimate
 
+    header = "estimate MiB/GPU" if accelerator == "cuda" else "estimate MiB per rank"
     rows = []
     for step, s in setup.batch_states():
         batch = s.batch.model_dump(exclude={"schedule", "seq_len"})
-        rows.append({"from step": step, **batch, "estimate MiB/GPU": estimate(s).per_gpu_bytes / 2**20})
+        per_device = estimate(s).on_accelerator(accelerator).per_gpu_bytes
+        rows.append({"from step": step, **batch, header: per_device / 2**20})
     return pd.DataFrame(rows)
 
 

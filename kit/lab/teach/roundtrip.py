@@ -29,9 +29,11 @@ def roundtrip_table(reports: list[dict]) -> pd.DataFrame:
 
 
 def resume_losses(reports: list[dict], save_step: int) -> pd.DataFrame:
-    """The loss per step of every round trip, uninterrupted beside resumed (from ``save_step`` on)."""
+    """The loss per step of every round trip, uninterrupted beside resumed (from step ``save_step + 1`` on),
+    its index the steps counted from 1 as every view counts the measured steps."""
     steps = len(reports[0]["losses"])
-    losses = pd.DataFrame({r["label"]: r["losses"] for r in reports}, index=pd.RangeIndex(steps, name="step"))
+    index = pd.RangeIndex(1, steps + 1, name="step")
+    losses = pd.DataFrame({r["label"]: r["losses"] for r in reports}, index=index)
     for r in reports:
         losses[r["label"] + " (resumed)"] = [None] * save_step + r["resumed_losses"]
     return losses
