@@ -460,7 +460,7 @@ def test_a_frame_shows_in_full_labels_on_one_line_long_text_wrapped(llama7b):
         assert f">{name}</td>" in page and f">{term.bytes:,}</td>" in page  # the index, separators
         assert f">{term.formula}</td>" in page.replace("&#x27;", "'")  # in full: no "..."
     assert "..." not in page and "overflow-wrap:anywhere;min-width:200px'>2 B x Psi" in page
-    assert ">component</th>" in page and "optimizer_<wbr>states" in frame_html(table.T)  # headers wrap
+    assert ">component</th>" in page and ">optimizer states</th>" in frame_html(table.T)  # headers in words
     assert "white-space:nowrap'>parameters<" in page and len("parameters") <= ONE_LINE_CHARS
     many = pd.DataFrame({"x": [0.5] * 70})
     assert frame_html(many).count("<tr>") == 1 + 60 and "10 more rows" in frame_html(many)
@@ -635,3 +635,15 @@ def test_schedules_side_by_side_reads_rank_0s_steps():
     assert set(table.columns.get_level_values(1)) == {"ramp", "by micro"}
     with pytest.raises(ValueError, match="labels: none of"):
         tables.schedules_side_by_side(Results(records), ["absent"])
+
+
+def test_snake_case_headers_read_in_words_and_setting_keys_stay():
+    from kit.lab.notebook import header_text
+
+    assert [header_text(n) for n in ("per_gpu_gib", "samples_per_s", "step_time_s", "local_rank")] == [
+        "per GPU GiB", "samples/s", "step time (s)", "local rank"
+    ]  # fmt: skip
+    assert header_text("algbw_gbps") == "algbw GB/s" and header_text("cpu_gib_per_node") == "CPU GiB per node"
+    assert header_text("zero.reduce_bucket_size") == "zero.reduce_bucket_size"  # a setting's key, as written
+    assert header_text("z3 bf16 mb2 reduce_bucket_size=20,000") == "z3 bf16 mb2 reduce_bucket_size=20,000"
+    assert header_text("label") == "label"

@@ -13,9 +13,10 @@ Even the small profile teaches with real numbers: every byte the ranks hold is m
 with the estimate, only the model, the ranks and the steps are few.
 
 ``readable()`` (``profile`` calls it) makes every table a notebook shows readable: floats formatted
-(``kit.units.number``), text in full (never cut with "..."), short labels on one line and long text
-wrapped (``frame_html``). ``record()`` shows a few named values (what a pandas Series would print as text,
-with its ``dtype:`` line) as such a table. ``measured_steps()`` gives a sweep's step records with their
+(``kit.units.number``), snake_case headers in words (``header_text``: ``per_gpu_gib`` -> ``per GPU GiB``;
+a setting's key stays as written), text in full (never cut with "..."), short labels on one line and long
+text wrapped (``frame_html``). ``record()`` shows a few named values (what a pandas Series would print as
+text, with its ``dtype:`` line) as such a table. ``measured_steps()`` gives a sweep's step records with their
 steps numbered as every notebook, panel and ``zerokit monitor`` numbers them: the measured steps from 1,
 after the warm-up (``kit.monitor.measured_step``).
 
@@ -191,9 +192,24 @@ def frame_html(frame) -> str:
     )
 
 
+#: words of a snake_case column name as a header shows them (units and acronyms)
+HEADER_WORDS = {"gib": "GiB", "mib": "MiB", "gpu": "GPU", "cpu": "CPU", "gbps": "GB/s", "usd": "USD"}
+
+
+def header_text(name: str) -> str:
+    """A snake_case column name in words (``per_gpu_gib`` -> ``per GPU GiB``, ``samples_per_s`` ->
+    ``samples/s``, ``step_time_s`` -> ``step time (s)``); a setting's key (with ``.`` or ``=``:
+    ``zero.reduce_bucket_size``) and a name without ``_`` stay as written."""
+    if "_" not in name or "." in name or "=" in name:
+        return name
+    words = [HEADER_WORDS.get(w, w) for w in name.split("_")]
+    text = " ".join(words).replace(" per s", "/s")
+    return text[:-2] + " (s)" if text.endswith(" s") else text
+
+
 def _breakable(header: str) -> str:
-    """A column name that may wrap after ``_`` and ``.`` too (``measured_host_optimizer_states``)."""
-    return html.escape(header).replace("_", "_<wbr>").replace(".", ".<wbr>")
+    """A column name in words (``header_text``) that may also wrap after ``.`` and ``_``."""
+    return html.escape(header_text(header)).replace("_", "_<wbr>").replace(".", ".<wbr>")
 
 
 def _cell_text(value) -> str:
