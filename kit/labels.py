@@ -3,7 +3,9 @@
 ``TOKENS`` declares each kind of token once, as a pattern and what it means; ``parts`` splits a label (or
 a line that holds one, such as a plan's ``MI300X 1x8 z1 bf16 mb4``) into its tokens, each with its meaning
 ("" for a word that is no token: a GPU, a cluster shape); ``Setup.label_parts`` is ``parts(label)`` and
-``label_legend`` explains the tokens some labels use, for the panels and the notebooks.
+``label_legend`` explains the tokens some labels use, for the panels and the notebooks. What is counted
+per process says "rank" (a GPU, or a CPU process where the ranks run on CPU), so the same legend reads
+true beside a plan's GPUs and beside a sweep on CPU ranks; the labels themselves do not change.
 """
 
 from __future__ import annotations
@@ -30,19 +32,19 @@ def _ckpt(m: re.Match) -> str:
 #: each kind of label token, in a label's order: (pattern of the whole token, what a match means)
 TOKENS: tuple[tuple[str, Callable[[re.Match], str]], ...] = (
     (r"z([0-3])", lambda m: f"ZeRO stage {m[1]}"),
-    (r"ddp", lambda m: "PyTorch DDP: every GPU holds every state (as ZeRO stage 0)"),
+    (r"ddp", lambda m: "PyTorch DDP: every rank holds every state (as ZeRO stage 0)"),
     (r"fsdp-grad-op", lambda m: "PyTorch FSDP2, parameters kept after forward (as ZeRO stage 2)"),
     (r"fsdp", lambda m: "PyTorch FSDP2 fully_shard: every state sharded (as ZeRO stage 3)"),
     (r"opt-off", lambda m: "optimizer states offloaded to the CPU"),
     (r"opt-nvme", lambda m: "optimizer states offloaded to NVMe (ZeRO-Infinity)"),
     (r"param-off", lambda m: "parameters offloaded to the CPU"),
     (r"param-nvme", lambda m: "parameters offloaded to NVMe (ZeRO-Infinity)"),
-    (r"hpz(\d+)", lambda m: f"ZeRO++ hpZ over {m[1]} GPUs: a second parameter copy gathered within them"),
+    (r"hpz(\d+)", lambda m: f"ZeRO++ hpZ over {m[1]} ranks: a second parameter copy gathered within them"),
     (r"qwz", lambda m: "ZeRO++ qwZ: weights all-gathered in int8"),
     (r"qgz", lambda m: "ZeRO++ qgZ: gradients reduced in int4"),
     (r"fp32", lambda m: "fp32 weights and compute"),
     (r"(bf16|fp16)", lambda m: f"{m[1]} mixed precision (an fp32 master copy)"),
-    (r"mb(\d+)", lambda m: f"micro batch {m[1]} per GPU"),
+    (r"mb(\d+)", lambda m: f"micro batch {m[1]} per rank (GPU or CPU process)"),
     (r"gas(\d+)", lambda m: f"{m[1]} gradient accumulation steps"),
     (r"tok(\d+)", lambda m: f"micro batches packed to at most {int(m[1]):,} tokens"),
     (
@@ -50,10 +52,11 @@ TOKENS: tuple[tuple[str, Callable[[re.Match], str]], ...] = (
         lambda m: f"batch schedule: micro batch {m[1]}, {m[2]} accumulation steps from step {m[3]}",
     ),
     (r"ckpt(-op)?(?:/(\d+))?", _ckpt),
-    (r"lora(\d+)(?:(-all)| (?!frz|flce)(\S+))?", _lora),
+    (r"lora(\d+)(?:(-all)| (?!frz|flce|sp\d)(\S+))?", _lora),
     (r"frz-emb", lambda m: "input embeddings frozen"),
     (r"frz(\d+)", lambda m: f"the first {m[1]} blocks frozen"),
     (r"flce", lambda m: "chunked loss: a fused linear cross-entropy (Liger's algorithm)"),
+    (r"sp(\d+)", lambda m: f"Ulysses sequence parallelism: each sequence split over {m[1]} ranks"),
 )
 _COMPILED = [(re.compile(pattern + r"(?=\s|$)"), meaning) for pattern, meaning in TOKENS]
 
@@ -66,9 +69,10 @@ def parts(label: str) -> list[tuple[str, str]]:
 
 def label_legend(items: Iterable[Any]) -> dict[str, str]:
     """What each token of some labels means, only those that appear: ``{"z3": "ZeRO stage 3", "mb8":
-    "micro batch 8 per GPU", ...}``, in ``TOKENS``' order (``mb2`` before ``mb16``). ``items``: labels
-    (strings, a plan's rows too) or Setups. In a notebook: ``label_legend(panel.setups)``,
-    ``label_legend(results.summary().label)``, ``label_legend(plan.table.label)``."""
+    "micro batch 8 per rank (GPU or CPU process)", ...}``, in ``TOKENS``' order (``mb2`` before
+    ``mb16``). ``items``: labels (strings, a plan's rows too) or Setups. In a notebook:
+    ``label_legend(panel.setups)``, ``label_legend(results.summary().label)``,
+    ``label_legend(plan.table.label)``."""
     seen: dict[str, tuple[int, str]] = {}
     for item in items:
         for kind, token, meaning in _scan(item if isinstance(item, str) else item.label):

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kit import batch as batch_math
 from kit import checkpointing, labels, trainable
 from kit import loss as losses
+from kit import sequence_parallel as ulysses
 from kit.checkpointing import Policy
 from kit.ds_keys import EXAMPLE_NVME_PATH
 from kit.loss import Loss
@@ -231,6 +232,10 @@ class ZeroSettings(_Frozen):
     loss: Loss = Field(
         "plain", description="the LM loss: plain cross-entropy, or chunked (a fused linear cross-entropy)"
     )
+    # how each sequence is split (kit.sequence_parallel)
+    sequence_parallel_size: int = Field(
+        1, ge=1, le=1024, description="DeepSpeed Ulysses: ranks that split each sequence (1: off)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ZeroSettings:
@@ -384,12 +389,11 @@ class Setup(_Frozen):
             raw["micro_batch"], raw["train_batch"] = max_tokens // seq_len, None
         if raw.get("micro_batch") is None and raw.get("train_batch") is None:
             raw["micro_batch"] = 1
-        start = batch_math.resolve(
-            cluster.world_size, raw.get("micro_batch"), raw.get("grad_accum"), raw.get("train_batch")
-        )
+        dp = _data_parallel(cluster, data.get("zero"))
+        start = batch_math.resolve(dp, raw.get("micro_batch"), raw.get("grad_accum"), raw.get("train_batch"))
         changes = [
             BatchChange(step=step, **d._asdict())
-            for step, d in batch_math.schedule(cluster.world_size, start, raw.get("schedule") or ())
+            for step, d in batch_math.schedule(dp, start, raw.get("schedule") or ())
         ]
         data["batch"] = Batch(
             **start._asdict(), seq_len=seq_len, schedule=tuple(changes), max_tokens=max_tokens
@@ -419,14 +423,41 @@ class Setup(_Frozen):
     @model_validator(mode="after")
     def _check_hpz(self) -> Setup:
         """hpZ's secondary partition lives inside a node: its size divides the GPUs per node and dp."""
-        problem = hpz_cluster_problem(self.zero.hpz_partition_size, self.cluster.gpus_per_node, self.dp)
+        problem = hpz_cluster_problem(self.zero.hpz_partition_size, self.cluster.gpus_per_node, self.zero_dp)
         if problem:
             raise ValueError(": ".join(problem))
         return self
 
+    @model_validator(mode="after")
+    def _check_sequence_parallel(self) -> Setup:
+        """Ulysses needs a world, heads and a sequence it divides (``kit.sequence_parallel``)."""
+        problem = ulysses.problem(self.zero, self.model, self.cluster.world_size, self.batch)
+        if problem:
+            raise ValueError(f"zero.{problem}")
+        return self
+
     @property
     def dp(self) -> int:
-        """Data-parallel size: every GPU is a data-parallel rank (no tensor/pipeline parallelism)."""
+        """Data-parallel size, the batch formula's: every GPU, each group of ``sequence_parallel_size`` GPUs
+        as one (they train the same samples; no tensor or pipeline parallelism)."""
+        return self.cluster.world_size // self.zero.sequence_parallel_size
+
+    @property
+    def dp_words(self) -> str:
+        """What ``dp`` counts, for the batch formula's text: ``GPUs``, or groups under sequence parallelism"""
+        sp = self.zero.sequence_parallel_size
+        return "GPUs" if sp == 1 else f"sequence-parallel groups of {sp} GPUs"
+
+    @property
+    def rank_seq_len(self) -> int:
+        """Tokens of each sequence one rank holds outside attention: ``seq_len``, its ``1 / sp`` part under
+        sequence parallelism (what the activations, the head and the loss of a rank are sized by)."""
+        return self.batch.seq_len // self.zero.sequence_parallel_size
+
+    @property
+    def zero_dp(self) -> int:
+        """The ranks ZeRO partitions the model states over and reduces gradients across: every GPU, those of
+        one sequence included (DeepSpeed's ``seq_data_parallel_group``)."""
         return self.cluster.world_size
 
     @property
@@ -484,11 +515,13 @@ class Setup(_Frozen):
             parts.append(trainable.label(z))
         if z.loss != "plain":
             parts.append(losses.label(z.loss))
+        if z.sequence_parallel_size > 1:
+            parts.append(ulysses.label(z.sequence_parallel_size))
         return " ".join(parts)
 
     def label_parts(self) -> list[tuple[str, str]]:
         """The label's tokens, each with what it means (``kit.labels``): ``[("z3", "ZeRO stage 3"), ("mb8",
-        "micro batch 8 per GPU"), ...]``; joined by spaces they are the label."""
+        "micro batch 8 per rank (GPU or CPU process)"), ...]``; joined by spaces they are the label."""
         return labels.parts(self.label)
 
     def replace(self, **changes: Any) -> Setup:
@@ -525,6 +558,16 @@ class Setup(_Frozen):
                 data[section] = value
         data["batch"] = batch
         return Setup.model_validate(data)
+
+
+def _data_parallel(cluster: Cluster, zero: Any) -> int:
+    """``Setup.dp`` before the Setup exists (the batch is resolved from it): the world over the sequence
+    parallel size, the world itself when that does not divide it (the Setup's check then says so)."""
+    if isinstance(zero, ZeroSettings):
+        zero = zero.model_dump()
+    sp = (zero or {}).get("sequence_parallel_size") if isinstance(zero, dict | None) else 1
+    sp = sp if isinstance(sp, int) and not isinstance(sp, bool) and sp >= 1 else 1
+    return cluster.world_size // sp if cluster.world_size % sp == 0 else cluster.world_size
 
 
 def _section(kind: type[BaseModel], name: str, value: Any) -> Any:

@@ -198,6 +198,7 @@ def _buckets() -> tuple[Setting, ...]:
 
 
 NVME = "NVMe offload (ZeRO-Infinity)"
+SEQUENCE = "sequence parallelism (Ulysses)"
 ZEROPP = "ZeRO++ (stage 3)"
 _Z, _PP, _T, _N = "ZeRO", ZEROPP, "what trains and its loss", NVME
 SETTINGS: tuple[Setting, ...] = (
@@ -364,6 +365,17 @@ SETTINGS: tuple[Setting, ...] = (
         main=True,
         comparison="loss",
     ),
+    Setting(
+        "sequence_parallel_size",
+        "sequence parallel",
+        "DeepSpeed Ulysses: GPUs that split each sequence, attention exchanging tokens for heads "
+        "(divides the GPUs, the heads and seq_len; 1: off)",
+        SEQUENCE,
+        "int",
+        "sequence_parallel_size",
+        flag="--sequence-parallel-size",
+        aliases=("--sp",),
+    ),
     *_buckets(),
     Setting(
         "buffer_count",
@@ -459,6 +471,8 @@ BY_FIELD = {s.field: s for s in SETTINGS}
 ZERO_KEYS = tuple(
     s for s in SETTINGS if s.ds_key and s.ds_key.count(".") == 1 and s.ds_key[:17] == "zero_optimization"
 )
+#: the settings written at the ds_config's top level (``sequence_parallel_size``)
+TOP_KEYS = tuple(s for s in SETTINGS if s.ds_key and "." not in s.ds_key)
 #: ZeRO++'s keys (the ones with an off value) and the ZeroSettings fields that turn it off (what a change
 #: to stages 0-2, DDP or FSDP must also set)
 ZEROPP_KEYS = tuple(s for s in ZERO_KEYS if s.off is not None)

@@ -1,7 +1,7 @@
 """Units and the whole-number checks every entry point uses, written once.
 
-Memory is counted in bytes; tables show GiB (2**30) for GPU and CPU memory, as vendors' datasheets and
-``nvidia-smi`` do, and MB (1e6) for the small models of CPU runs.
+Memory is counted in bytes; tables show GiB (2**30) and MiB (2**20), as vendors' datasheets and
+``nvidia-smi`` do, for GPU and CPU memory alike; traffic on the wire is in MB (1e6), as networks count.
 """
 
 from __future__ import annotations

@@ -249,11 +249,11 @@ def test_the_engines_table_and_advice_come_from_the_measurements(sweep):
     assert list(table["engine"])[: len(NAMES)] == [
         "PyTorch ddp", "PyTorch fsdp", "PyTorch fsdp-grad-op", *(f"DeepSpeed ZeRO-{s}" for s in range(4)),
     ]  # fmt: skip
-    assert (table["held MB"] == table["estimate MB"]).all()
+    assert (table["held MiB"] == table["estimate MiB"]).all()
     ddp, z0 = table.loc["ddp fp32 mb2 gas2"], table.loc["z0 fp32 mb2 gas2"]
-    assert ddp["held MB"] / z0["held MB"] == pytest.approx(20 / 16)  # DDP's buckets: 4 B more per param
+    assert ddp["held MiB"] / z0["held MiB"] == pytest.approx(20 / 16)  # DDP's buckets: 4 B more per param
     text = advice(sweep)
-    assert f"{ddp['held MB'] / z0['held MB']:.3g}x the bytes held" in text  # 1.25x
+    assert f"{ddp['held MiB'] / z0['held MiB']:.3g}x the bytes held" in text  # 1.25x
     assert "fsdp fp32 mb2 gas2 vs z3 fp32 mb2 gas2" in text and "fsdp-grad-op fp32 mb2 gas2 vs z2" in text
 
 

@@ -165,3 +165,49 @@ def test_size_and_layout_cli(tmp_path, capsys):
         ("optim_states", 1, "global_step7"),
         ("latest", None, ""),
     ]
+
+
+@pytest.fixture
+def fake_merge(tmp_path, monkeypatch, capsys):
+    """zero_to_fp32's merge as it runs around its two loops (its prints, its tqdm bars), on a folder
+    with a ``latest``: what consolidation does to its output, without a checkpoint."""
+    with capsys.disabled():  # DeepSpeed's logger keeps the stream it is imported under: not the captured one
+        from deepspeed.utils import zero_to_fp32
+
+    def merge(folder, tag=None):
+        print(f"Processing zero checkpoint '{folder}'")
+        for _ in zero_to_fp32.tqdm(range(2), desc="Loading checkpoint shards"):
+            pass
+        for _ in zero_to_fp32.tqdm({"a": 1, "b": 2, "c": 3}.items(), desc="Gathering sharded weights"):
+            pass
+        return {"w": torch.zeros(3)}
+
+    (tmp_path / "latest").write_text("global_step2")
+    monkeypatch.setattr(zero_to_fp32, "get_fp32_state_dict_from_zero_checkpoint", merge)
+    return tmp_path
+
+
+def test_the_cli_consolidation_draws_one_progress_line_and_notebooks_none(fake_merge, monkeypatch, capsys):
+    """Issue 43: zero_to_fp32's bars are silenced (a red block in a notebook); ``zerokit checkpoint
+    consolidate`` draws one tqdm line of its own on stderr instead, for a consolidation that runs past
+    ``PROGRESS_DELAY_S`` (here 0: every one), through loading, gathering and saving; the API, as the
+    notebooks call it, and ``--no-progress`` draw nothing."""
+    from kit.scaleout import checkpoints
+
+    out = fake_merge / "fp32.pt"
+    capsys.readouterr()
+    assert main(["checkpoint", "consolidate", str(fake_merge), "--out", str(out)]) == 0
+    shown = capsys.readouterr()
+    assert shown.out == f"wrote 1 fp32 tensors (3 elements) to {out}\n" and shown.err == ""  # under a second
+    monkeypatch.setattr(checkpoints, "PROGRESS_DELAY_S", 0.0)
+    assert main(["checkpoint", "consolidate", str(fake_merge), "--out", str(out), "--json"]) == 0
+    shown = capsys.readouterr()
+    assert json.loads(shown.out) == {"out": str(out), "tensors": 1, "numel": 3}  # stdout: the JSON alone
+    assert shown.err.count("\n") == 1 and shown.err.endswith("\n")  # one line, redrawn in place
+    last = shown.err.split("\r")[-1]
+    assert last.startswith("consolidate: saving fp32.pt: 100%") and "6/6" in last  # 2 shards, 3 weights, save
+    assert "Loading checkpoint shards" not in shown.err and "Processing" not in shown.out + shown.err
+    assert main(["checkpoint", "consolidate", str(fake_merge), "--out", str(out), "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+    assert torch.equal(checkpoints.consolidate(fake_merge)["w"], torch.zeros(3))  # in a notebook: quiet
+    assert capsys.readouterr() == ("", "")

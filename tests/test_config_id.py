@@ -77,6 +77,6 @@ def test_the_labels_legend_leaves_ids_and_labels_as_they_were():
     assert cid(BASE) == "819e332f4c18" and BASE.label == "z2 bf16 mb2"
     assert BASE.label_parts() == [
         ("z2", "ZeRO stage 2"), ("bf16", "bf16 mixed precision (an fp32 master copy)"),
-        ("mb2", "micro batch 2 per GPU"),
+        ("mb2", "micro batch 2 per rank (GPU or CPU process)"),
     ]  # fmt: skip
     assert not {"label", "label_parts"} & set(BASE.model_dump())

@@ -382,12 +382,6 @@ UNMODELLED = [
         "and activations, and their all-reduces; 0 or 1 leaves it off",
     ),
     (
-        {"sequence_parallel_size": 4},
-        "ds_config.sequence_parallel_size: sequence parallelism (4) is not modelled by zero-kit yet: its "
-        "estimate would leave out the 4-way split of each sequence's activations and its all-to-alls; "
-        "1 leaves it off",
-    ),
-    (
         {"pipeline": {"stages": 4}},
         "ds_config.pipeline.stages: pipeline parallelism (4) is not modelled by zero-kit: its estimate "
         "would leave out the layers' split over 4 stages and the activations of the micro-batches in "

@@ -41,6 +41,13 @@ LABELS = [
         "z2 bf16 mb1 ckpt frz-emb frz2 flce",
     ),
     ({"lora_rank": 8}, {}, "z2 bf16 mb1 lora8"),
+    # Ulysses after every other token, also after LoRA's target modules (not read as one of them)
+    (
+        {"stage": 3, "lora_rank": 4, "lora_targets": ("q_proj", "v_proj"), "sequence_parallel_size": 8},
+        {"seq_len": 4096},
+        "z3 bf16 mb1 lora4 q,v sp8",
+    ),
+    ({"stage": 3, "lora_rank": 4, "sequence_parallel_size": 4}, {"seq_len": 4096}, "z3 bf16 mb1 lora4 sp4"),
     ({"engine": "ddp", "stage": 0}, {}, "ddp bf16 mb1"),
     ({"engine": "fsdp", "stage": 3}, {}, "fsdp bf16 mb1"),
     ({"engine": "fsdp", "stage": 2, "activation_checkpointing": True}, {}, "fsdp-grad-op bf16 mb1 ckpt"),
@@ -76,21 +83,21 @@ def test_the_legend_explains_each_token_of_a_label():
     assert legend == {
         "z1": "ZeRO stage 1",
         "z3": "ZeRO stage 3",
-        "ddp": "PyTorch DDP: every GPU holds every state (as ZeRO stage 0)",
+        "ddp": "PyTorch DDP: every rank holds every state (as ZeRO stage 0)",
         "fsdp-grad-op": "PyTorch FSDP2, parameters kept after forward (as ZeRO stage 2)",
         "fsdp": "PyTorch FSDP2 fully_shard: every state sharded (as ZeRO stage 3)",
         "opt-off": "optimizer states offloaded to the CPU",
         "opt-nvme": "optimizer states offloaded to NVMe (ZeRO-Infinity)",
         "param-off": "parameters offloaded to the CPU",
         "param-nvme": "parameters offloaded to NVMe (ZeRO-Infinity)",
-        "hpz8": "ZeRO++ hpZ over 8 GPUs: a second parameter copy gathered within them",
+        "hpz8": "ZeRO++ hpZ over 8 ranks: a second parameter copy gathered within them",
         "qwz": "ZeRO++ qwZ: weights all-gathered in int8",
         "qgz": "ZeRO++ qgZ: gradients reduced in int4",
         "fp32": "fp32 weights and compute",
         "bf16": "bf16 mixed precision (an fp32 master copy)",
         "fp16": "fp16 mixed precision (an fp32 master copy)",
-        "mb1": "micro batch 1 per GPU",
-        "mb8": "micro batch 8 per GPU",
+        "mb1": "micro batch 1 per rank (GPU or CPU process)",
+        "mb8": "micro batch 8 per rank (GPU or CPU process)",
         "gas16": "16 gradient accumulation steps",
         "tok8192": "micro batches packed to at most 8,192 tokens",
         "-> mb4 gas2 @3": "batch schedule: micro batch 4, 2 accumulation steps from step 3",
@@ -113,7 +120,8 @@ def test_the_legend_explains_only_what_appears_and_skips_other_words():
     ]
     assert label_legend(setups) == {
         "z0": "ZeRO stage 0", "z3": "ZeRO stage 3", "bf16": "bf16 mixed precision (an fp32 master copy)",
-        "mb2": "micro batch 2 per GPU", "mb16": "micro batch 16 per GPU",
+        "mb2": "micro batch 2 per rank (GPU or CPU process)",
+        "mb16": "micro batch 16 per rank (GPU or CPU process)",
     }  # fmt: skip
     # a plan's row: a GPU, its cluster and a flag before the label
     assert parts("! MI300X 1x8 z1 bf16 mb4")[:3] == [("!", ""), ("MI300X", ""), ("1x8", "")]
@@ -121,3 +129,16 @@ def test_the_legend_explains_only_what_appears_and_skips_other_words():
     assert label_legend([]) == {} and ui.legend_html([]) == ""
     shown = ui.legend_html(["z3 bf16 mb2"])
     assert "<code>z3</code> ZeRO stage 3 &middot; " in shown and "zk-legend" in shown
+
+
+def test_the_legend_beside_cpu_ranks_never_says_gpu_for_what_a_rank_holds():
+    """Issue 43: the comparison panel shows the legend beside results of CPU ranks: what is counted per
+    process (micro batch, DDP's replicas, hpZ's group) says "rank", true on GPUs and CPU ranks alike;
+    the labels themselves stay as they were, byte for byte."""
+    labels = ["ddp fp32 mb2", "z3 hpz2 bf16 mb4", "z0 bf16 mb16"]
+    legend = label_legend(labels)
+    assert not [meaning for meaning in legend.values() if "GPU" in meaning.replace("GPU or CPU", "")]
+    assert legend["mb2"] == "micro batch 2 per rank (GPU or CPU process)"
+    assert legend["hpz2"].startswith("ZeRO++ hpZ over 2 ranks") and "every rank" in legend["ddp"]
+    assert [" ".join(token for token, _ in parts(label)) for label in labels] == labels
+    assert Setup(model=LLAMA, batch={"micro_batch": 2}).label == "z2 bf16 mb2"

@@ -11,6 +11,7 @@ from kit import models
 from kit.components import HELD
 from kit.paths import EXAMPLES
 from kit.ranks.memory_timeline import PHASES, StepMemory
+from kit.rules import wire_bytes
 from kit.run.sweep import config_id, on_ranks, run_sweep
 from kit.schema import Setup
 from kit.toys import TOY_ZERO, toy_setup
@@ -239,6 +240,16 @@ MODES = {
         stage=2, loss="chunked", lora_rank=4, activation_checkpointing=True
     ),
 }
+#: (name, Setup) under DeepSpeed's Ulysses sequence parallelism on 2 ranks (``kit.sequence_parallel``): each
+#: rank holds half of each sequence, gradients are reduced in fp32
+ULYSSES = {
+    "llama z0 sp2": _llama(stage=0, sequence_parallel_size=2),
+    "llama z2 sp2": _llama(stage=2, sequence_parallel_size=2),
+    "llama z3 sp2": _llama(stage=3, sequence_parallel_size=2),
+    "llama z2 sp2 ckpt": _llama(stage=2, sequence_parallel_size=2, activation_checkpointing=True),
+    "llama z3 sp2 chunked loss": _llama(stage=3, sequence_parallel_size=2, loss="chunked"),
+    "llama z3 sp2 lora": _llama(stage=3, sequence_parallel_size=2, lora_rank=4),
+}
 GAS3 = {"grad_accum": 3, "train_batch": 12}
 #: (name, Setup) in the same launch: a shrunk Llama, a model file, DDP and FSDP, grad accum 3 at stages 0,
 #: 1 and 3, odd bucket sizes, stage 3 with every tensor released (gathers kept to their backward by
@@ -261,6 +272,7 @@ ACCURACY = [
     # their bucket, comes after the last block's MLP), frozen embeddings and blocks; the chunked loss
     # (kit.loss: at stage 0 the first block's backward beside every later gradient peaks)
     *MODES.items(),
+    *ULYSSES.items(),
     ("file z2", _file(stage=2)),
     ("file z3", _file(stage=3)),
     ("ddp fp32", _setup(engine="ddp", stage=0, precision="fp32")),
@@ -299,6 +311,14 @@ FOUR = [
     ("toy z2, 4 ranks", on_ranks(_setup(stage=2), 4)),
     ("file z2, 4 ranks", on_ranks(_file(stage=2), 4)),
     ("file z3, 4 ranks", on_ranks(_file(stage=3), 4)),
+    # Ulysses over all 4 (each rank a quarter of each sequence), with the chunked loss and checkpointing
+    ("llama z3 sp4, 4 ranks", on_ranks(_llama(stage=3), 4).replace(zero={"sequence_parallel_size": 4})),
+    (
+        "llama z3 sp4 chunked loss ckpt, 4 ranks",
+        on_ranks(_llama(stage=3, loss="chunked", activation_checkpointing=True), 4).replace(
+            zero={"sequence_parallel_size": 4}
+        ),
+    ),
 ]
 # Left out for time: the shrunk Llama at stage 2 on 4 ranks (within 0.4 %).
 NAMES = (
@@ -504,6 +524,29 @@ def test_predicted_peak_per_phase_matches_every_rank(sweep):
     errors = _mismatches(sweep.records)
     print(error_table(sweep.records))
     assert not errors, "\n".join(errors) + "\n" + error_table(sweep.records)
+
+
+#: bytes a step also sends that are not predicted: the gradient norm's all-reduce (a few scalars)
+SCALARS = 64
+
+
+def test_ulysses_sends_the_predicted_all_to_alls_and_fp32_gradients(sweep, sweep4):
+    """Under sequence parallelism the exchanges of q, k, v and the attention output (and the position ids'
+    all-gather), and the gradients reduced in fp32, as DeepSpeed's comms logger sees them."""
+    ulysses = {n for n in NAMES.values() if " sp" in n}
+    checked = 0
+    for r in sweep.records + sweep4.records:
+        if NAMES[r["config_id"]] in ulysses and r["step"] == 1:
+            assert "all_to_all" in r["comm_bytes"], r["label"]
+            # and at stage 3 DeepSpeed's trace check broadcasts in its first steps, not predicted either
+            sent = r["comm_wire_bytes"] - wire_bytes({"broadcast": r["comm_bytes"].get("broadcast", 0)}, 2)
+            assert abs(sent - r["estimate_comm_wire_bytes"]) <= SCALARS, (
+                NAMES[r["config_id"]],
+                sent,
+                r["estimate_comm_wire_bytes"],
+            )
+            checked += 1
+    assert checked == 2 * len(ULYSSES) + 4 * 2
 
 
 def test_predicted_peak_per_phase_matches_every_rank_of_4(sweep4):

@@ -16,7 +16,7 @@ from kit.records import append_record, load_records
 from kit.rules import wire_bytes
 from kit.run.results import Results
 from kit.schema import Setup
-from kit.units import GIB
+from kit.units import GIB, MIB
 
 MB = 1e6
 
@@ -108,11 +108,30 @@ def test_memory_stacks_components_estimate_beside_measured(results):
     for bar in bars:
         key = (round(bar.get_x() + bar.get_width() / 2, 2), bool(bar.get_hatch()))
         tops[key] = max(tops.get(key, 0.0), bar.get_y() + bar.get_height())
-    total = sum(range(1, len(COMPONENTS) + 1))
-    assert tops[(0.19, False)] == pytest.approx(total * 1)  # config 1 measured, MB
-    assert tops[(-0.19, True)] == pytest.approx((total + len(COMPONENTS)) * 1)  # config 1 estimate
+    total = sum(range(1, len(COMPONENTS) + 1)) * MB / MIB  # the records' 10**6 B steps, drawn in MiB
+    assert tops[(0.19, False)] == pytest.approx(total * 1)  # config 1 measured, MiB
+    assert tops[(-0.19, True)] == pytest.approx((total + len(COMPONENTS) * MB / MIB) * 1)  # its estimate
     assert tops[(1.19, False)] == pytest.approx(total * 2)
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [c.replace("_", " ") for c in COMPONENTS]
+    assert ax.get_ylabel() == "MiB per CPU rank (rank 0)"  # the records' device: CPU ranks, no GPU
+
+
+@pytest.mark.parametrize(
+    ("devices", "word"),
+    [(["cuda"], "GPU"), (["cpu"], "CPU rank"), (["cuda", "cpu"], "rank"), ([None], "rank")],
+)
+def test_memory_says_per_gpu_only_where_the_ranks_ran_on_gpus(devices, word):
+    """Issue 43: memory is MiB per GPU on GPUs, per CPU rank on CPU ranks (the records' ``device``), and
+    neutral where they mix or no record says; bytes sent stay MB (1e6), as traffic is counted."""
+    rows = [
+        record(f"c{i + 1}", f"z{i} bf16 mb2", step, device=device)
+        for i, device in enumerate(devices)
+        for step in (1, 2)
+    ]
+    results = Results(rows)
+    assert results.rank_word() == word
+    assert plots.memory(results).axes[0].get_ylabel() == f"MiB per {word} (rank 0)"
+    assert plots.comm_volume(results).axes[0].get_ylabel() == "MB sent per rank per step"
 
 
 def test_comm_volume_is_wire_bytes_by_collective(results):
@@ -203,7 +222,8 @@ def test_batch_schedule_plot_follows_the_records():
     batch_ax, memory_ax, speed_ax = fig.axes
     assert [list(line.get_ydata()) for line in batch_ax.lines] == [[4, 8, 16], [4, 8, 16]]
     states = sum((i + 1) * 10**6 for i, _ in enumerate(COMPONENTS[:3]))  # parameters, gradients, optimizer
-    assert list(memory_ax.lines[0].get_ydata()) == [states / MB] * 3
+    assert list(memory_ax.lines[0].get_ydata()) == [states / MIB] * 3  # memory in MiB, as estimates show it
+    assert memory_ax.get_ylabel() == "MiB" and memory_ax.get_title().startswith("Memory per CPU rank, rank 0")
     assert [list(line.get_ydata()) for line in speed_ax.lines] == [
         [101.0, 102.0, 103.0],
         [201.0, 202.0, 203.0],
@@ -288,13 +308,15 @@ def test_brief_is_a_few_columns_in_units_and_cancelled_outranks_ok(tmp_path):
     results = Results.load(path)
     brief = results.brief()
     assert list(brief.columns) == [
-        "configuration", "status", "step ms", "samples/s", "loss", "model states MB", "estimate MB",
+        "configuration", "status", "step ms", "samples/s", "loss", "model states MiB", "estimate MiB",
         "peak RSS MiB", "wire MB/step", "error",
     ]  # fmt: skip
     first = brief.iloc[0]
     assert first["step ms"] == pytest.approx(115.0)  # median of 110 ms and 120 ms
-    assert first["model states MB"] == pytest.approx(1 + 2 + 3)  # parameters, gradients, optimizer states
-    assert first["estimate MB"] == pytest.approx(2 + 3 + 4)
+    # memory in MiB (2**20), as the estimates show it; parameters, gradients, optimizer states
+    assert first["model states MiB"] == pytest.approx((1 + 2 + 3) * MB / MIB)
+    assert first["estimate MiB"] == pytest.approx((2 + 3 + 4) * MB / MIB)
+    assert first["wire MB/step"] == pytest.approx(4.0)  # bytes sent stay MB (1e6): 4e6 B all-reduced
     assert first["peak RSS MiB"] == pytest.approx(1e8 / 2**20)
     assert brief["status"].tolist() == ["ok", "cancelled"]
     assert brief["error"].isna().tolist() == [True, False] and brief["error"].iloc[1] == "stopped"

@@ -73,27 +73,30 @@ def _results() -> Results:
 def test_results_readable_is_the_summary_in_words_and_units():
     """``summary()`` keeps its machine-readable columns (bytes, seconds: users' scripts read them);
     ``readable()`` shows chosen columns, named as ``summary()`` names them, with headers in words and
-    units, bytes in MB, a step in ms, an error's first line; on CPU ranks the whole-GPU estimate (a GPU's
-    CUDA context and NCCL buffers) is blank, not 771 MB beside a CPU process."""
+    units, memory in MiB (as the estimates show it), bytes sent in MB (1e6, as traffic is counted), a step
+    in ms, an error's first line; on CPU ranks the whole-GPU estimate (a GPU's CUDA context and NCCL
+    buffers) is blank, not 771 MiB beside a CPU process."""
     results = _results()
     summary = results.summary()
     assert "measured_optimizer_states" in summary and summary["estimate_peak_bytes"].notna().sum() == 2
     chosen = ["label", "status", "samples_per_s", "measured_optimizer_states", "estimate_optimizer_states"]
     shown = results.readable(chosen)
-    states = ["measured optimizer states MB", "estimated optimizer states MB"]
+    states = ["measured optimizer states MiB", "estimated optimizer states MiB"]
     assert list(shown.columns) == ["configuration", "status", "samples/s", *states]
     measured = summary["measured_optimizer_states"]
-    assert shown["measured optimizer states MB"].tolist()[:2] == (measured / 1e6).tolist()[:2]
-    assert pd.api.types.is_float_dtype(shown["measured optimizer states MB"])  # numbers for the formatter
+    assert shown["measured optimizer states MiB"].tolist()[:2] == (measured / 2**20).tolist()[:2]
+    assert pd.api.types.is_float_dtype(shown["measured optimizer states MiB"])  # numbers for the formatter
     every = results.readable()
     assert "config id" not in every and "config_id" not in every
     assert all("_" not in header for header in every.columns)
     assert every["step ms"].tolist()[:2] == [12.5, 12.5]
-    assert every["MB sent per step"].tolist()[:2] == [0.123456, 0.123456]
+    assert every["MB sent per step"].tolist()[:2] == [0.123456, 0.123456]  # traffic: MB, 1e6
+    assert every["peak RSS MiB"].tolist()[:2] == [600 * 10**6 / 2**20] * 2  # memory: MiB, 2**20
+    assert not [h for h in every.columns if h.endswith(" MB") and "sent" not in h]  # MB is traffic only
     assert every["error"].tolist()[2] == "RuntimeError: boom"  # its first line
-    peaks = every["estimated peak per GPU MB"].tolist()
-    assert math.isnan(peaks[0]) and peaks[1] == estimate(_toy()).per_gpu_bytes / 1e6  # cpu blank, GPU kept
-    assert math.isnan(results.readable(["measured_peak_tensor_bytes"])["measured peak tensors MB"][0])
+    peaks = every["estimated peak per GPU MiB"].tolist()
+    assert math.isnan(peaks[0]) and peaks[1] == estimate(_toy()).per_gpu_bytes / 2**20  # cpu blank, GPU kept
+    assert math.isnan(results.readable(["measured_peak_tensor_bytes"])["measured peak tensors MiB"][0])
     with pytest.raises(
         ValueError, match=r"^columns: 'samples' is not a column of Results.summary\(\), one of"
     ):

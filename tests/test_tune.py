@@ -28,7 +28,9 @@ def by_label(found):
 
 
 def test_candidates_cover_stage_offload_micro_batch_and_skip_what_no_stage_can_run():
-    found = tuning.candidates(toy_setup(), stages=(0, 1, 3), micro_batches=(1, 2), nprocs=NPROCS)
+    found = tuning.candidates(
+        toy_setup(), stages=(0, 1, 3), micro_batches=(1, 2), nprocs=NPROCS, accelerator="cuda"
+    )
     zero = [(c.setup.zero.stage, c.setup.zero.offload_optimizer, c.setup.zero.offload_param) for c in found]
     # stage 0 cannot offload; "cpu" is the optimizer at stages 1-2, optimizer and parameters at stage 3
     assert sorted(set(zero)) == [(0, "none", "none"), (1, "cpu", "none"), (1, "none", "none")] + [
@@ -77,8 +79,10 @@ def no_launch(monkeypatch):
     monkeypatch.setattr(tuning, "run_sweep", refuse)
 
 
-def test_nothing_fits_the_budget_fails_before_launching(no_launch, tmp_path):
-    with pytest.raises(ValueError, match=r"^budget: no candidate fits 0\.001 GiB per GPU; the smallest"):
+@pytest.mark.parametrize(("accelerator", "per"), [("cuda", "GPU"), ("cpu", "rank")])
+def test_nothing_fits_the_budget_fails_before_launching(no_launch, tmp_path, monkeypatch, accelerator, per):
+    monkeypatch.setenv("DS_ACCELERATOR", accelerator)  # where the ranks would run
+    with pytest.raises(ValueError, match=rf"^budget: no candidate fits 0\.001 GiB per {per}; the smallest"):
         tuning.tune(toy_setup(), budget_bytes=2**20, runs_dir=tmp_path)
     with pytest.raises(ValueError, match=r"^stages: no valid candidate"):
         tuning.tune(toy_setup(), stages=(0,), offloads=("cpu",), runs_dir=tmp_path)
@@ -94,7 +98,7 @@ def test_nothing_fits_the_budget_fails_before_launching(no_launch, tmp_path):
         (["--micro-batches", "0"], "tune: micro-batches: whole numbers >= 1"),
         (["--micro-batches", "3,4"], "tune: micro-batches: with keep='train_batch' each must divide"),
         (["--budget-gib", "0"], "tune: budget-gib: must be a number of GiB > 0"),
-        (["--budget-gib", "0.01"], "tune: budget-gib: no candidate fits"),
+        (["--budget-gib", "0.001"], "tune: budget-gib: no candidate fits"),  # 1 MiB: not even a CPU rank
         (["--steps", "0"], "tune: steps: must be a whole number >= 1"),
         (["--nprocs", "0"], "tune: nprocs: must be a whole number >= 1"),
         (["--gpu", "H900"], "tune: cluster.gpu: unknown GPU"),
@@ -104,6 +108,58 @@ def test_bad_flags_exit_2_with_one_line_before_anything_launches(no_launch, flag
     assert main(["tune", "--runs-dir", str(tmp_path), *flags]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"zerokit {names}") and err.count("\n") == 1, err
+
+
+def test_candidates_on_cpu_ranks_are_estimated_as_cpu_ranks_hold_them(monkeypatch):
+    """Issue 43: on CPU ranks a candidate's bytes are the estimate as it applies there
+    (``Estimate.on_accelerator("cpu")``: no CUDA context, NCCL buffers or allocator slack), not the GPU's;
+    by default where the ranks will run (``kit.run.launcher.ranks_accelerator``: ``DS_ACCELERATOR``)."""
+    space = {"stages": (0, 3), "offloads": ("none",), "micro_batches": (1, 2), "nprocs": NPROCS}
+    on_cpu = tuning.candidates(toy_setup(), accelerator="cpu", **space)
+    on_gpu = tuning.candidates(toy_setup(), accelerator="cuda", **space)
+    cpu_bytes = [estimate(c.setup).on_accelerator("cpu").per_gpu_bytes for c in on_cpu]
+    assert [c.estimated_bytes for c in on_cpu] == cpu_bytes
+    assert [c.estimated_bytes for c in on_gpu] == [estimate(c.setup).per_gpu_bytes for c in on_gpu]
+    # a GPU's overheads are hundreds of MiB: a toy's CPU rank holds a few MiB of tensors
+    assert all(
+        g.estimated_bytes - c.estimated_bytes > 500 * 2**20 for c, g in zip(on_cpu, on_gpu, strict=True)
+    )
+    for accelerator, expected in (("cpu", on_cpu), ("cuda", on_gpu)):
+        monkeypatch.setenv("DS_ACCELERATOR", accelerator)
+        assert tuning.candidates(toy_setup(), **space) == expected
+    with pytest.raises(ValueError, match=r"^accelerator: choose one of cuda, cpu, got 'tpu'"):
+        tuning.candidates(toy_setup(), accelerator="tpu", **space)
+
+
+def test_a_tune_on_cpu_ranks_prunes_by_the_cpu_rank_estimate(monkeypatch, tmp_path, capsys):
+    """Issue 43: a budget of a few MiB on CPU ranks keeps what the CPU-rank estimate says fits and prunes
+    the rest; the GPU estimate (CUDA context and NCCL buffers, some 770 MiB) would have pruned them all."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    space = {"stages": (0, 3), "offloads": ("none", "cpu"), "micro_batches": (1, 2, 4)}
+    found = tuning.candidates(toy_setup(), **space)
+    budget = sorted(c.estimated_bytes for c in found)[len(found) // 2]  # about half of them fit
+    assert budget < min(estimate(c.setup).per_gpu_bytes for c in found)  # nothing fits the GPU estimate
+    ran = []
+
+    def fake_sweep(setups, **_):
+        ran.extend(s.label for s in setups)
+        return fake_results(tmp_path / "r.jsonl", [(s, 10.0) for s in setups])
+
+    monkeypatch.setattr(tuning, "run_sweep", fake_sweep)
+    tuned = tuning.tune(toy_setup(), budget_bytes=budget, runs_dir=tmp_path, **space)
+    assert ran == [c.label for c in found if c.estimated_bytes <= budget] and 0 < len(ran) < len(found)
+    assert [(label, b) for label, b, _ in tuned.pruned] == [
+        (c.label, c.estimated_bytes) for c in found if c.estimated_bytes > budget
+    ]
+    for _, nbytes, reason in tuned.pruned:
+        cpu = estimate(next(c.setup for c in found if c.estimated_bytes == nbytes)).on_accelerator("cpu")
+        assert nbytes == cpu.per_gpu_bytes and "> budget" in reason
+    assert tuned.accelerator == "cpu" and tuned.device == "rank"
+    assert "budget_bytes" in tuned.to_dict() and "accelerator" not in tuned.to_dict()  # the JSON as it was
+    from kit.cli.tune import render
+
+    text = render(tuned, None)
+    assert f"budget per rank: {budget / 2**30:.3f} GiB (CPU ranks:" in text and "per GPU" not in text
 
 
 def fake_results(path, rows) -> Results:

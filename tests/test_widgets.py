@@ -374,7 +374,8 @@ def test_comparison_panel_builds_setups():
     assert [e.components for e in panel.estimates] == [estimate(s).components for s in panel.setups]
     # CPU ranks: the preview's total is the ranks' tensors, without a GPU's CUDA context and NCCL buffers
     assert "peak tensors MiB per rank" in panel.preview.value
-    assert "peak MiB per GPU" not in panel.preview.value  # (the labels' legend says "micro batch 2 per GPU")
+    assert "peak MiB per GPU" not in panel.preview.value
+    assert "per GPU" not in panel.preview.value  # nor the legend: "micro batch 2 per rank (GPU or ..."
     first = panel.estimates[0]
     assert f"{first.peak_tensor_bytes / 2**20:,.1f}" in panel.preview.value
     assert f"{first.per_gpu_bytes / 2**20:,.1f}" not in panel.preview.value
@@ -464,12 +465,13 @@ def test_the_results_table_is_short_and_formatted(tmp_path):
     table = panel.table.value
     header = re.findall(r"<th[^>]*>([^<]*)</th>", table)
     assert header == [
-        "configuration", "status", "step ms", "samples/s", "loss", "model states MB", "estimate MB",
+        "configuration", "status", "step ms", "samples/s", "loss", "model states MiB", "estimate MiB",
         "peak RSS MiB", "wire MB/step",
     ]  # fmt: skip
-    # loss, MB: at most four significant digits (kit.units.number)
+    # loss, MiB, MB: at most four significant digits (kit.units.number)
     cells = re.findall(r"<td[^>]*>([^<]*)</td>", table)
-    assert cells[:9] == ["z0 bf16 mb2", "ok", "12.3", "324.1", "5.5", "3.704", "3.704", "512", "4"]
+    # model states in MiB (3,704,xxx B), as the estimates show memory; bytes sent in MB (4e6 B)
+    assert cells[:9] == ["z0 bf16 mb2", "ok", "12.3", "324.1", "5.5", "3.532", "3.532", "512", "4"]
     assert "white-space:nowrap'>z2 bf16 mb2<" in table  # a label stays on one line
     assert len(panel.results.summary().columns) > 20  # the full frame, one call away
 
@@ -890,7 +892,7 @@ def test_the_panels_explain_the_labels_they_show(panel, tmp_path):
     finished_sweep(comparison, tmp_path)
     comparison.run()
     _, legend = comparison.table.value.split("</table>")
-    assert "<code>mb2</code> micro batch 2 per GPU" in legend and "z3" not in legend
+    assert "<code>mb2</code> micro batch 2 per rank (GPU or CPU process)" in legend and "z3" not in legend
 
 
 def test_a_run_stopped_before_any_step_says_nothing_was_measured(tmp_path):

@@ -1,7 +1,8 @@
 """``zerokit checkpoint layout|consolidate|size|roundtrip``: DeepSpeed checkpoints through the kit.
 
 Parse, call kit.scaleout.checkpoints (and kit.estimate.checkpoint_size), print. ``roundtrip`` exits 1
-when a resumed run or the consolidated weights differ.
+when a resumed run or the consolidated weights differ. ``consolidate`` draws one progress line on stderr
+once it has run a second (``--no-progress``: none); stdout keeps its one line, or its JSON.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ def register(sub) -> None:
     a.add_argument("dir")
     a.add_argument("--tag", help="checkpoint tag (default: the one in 'latest')")
     a.add_argument("--out", required=True, help="file to torch.save the state dict to")
+    a.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress line (on stderr; shown only for a consolidation that takes over a second)",
+    )
     add_json(a)
     a.set_defaults(func=consolidate_command)
     a = actions.add_parser("size", help="predicted checkpoint size on disk for a setup")
@@ -56,7 +62,8 @@ def layout_command(args: argparse.Namespace) -> int:
 def consolidate_command(args: argparse.Namespace) -> int:
     from kit.scaleout.checkpoints import consolidate, unique_numel
 
-    state = consolidate(args.dir, args.tag, args.out)
+    # one progress line on stderr for a large checkpoint (zero_to_fp32's own bars are silenced)
+    state = consolidate(args.dir, args.tag, args.out, progress=not args.no_progress)
     summary = {"out": args.out, "tensors": len(state), "numel": unique_numel(state)}
     if args.json:
         print_json(summary)

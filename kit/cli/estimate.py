@@ -89,7 +89,8 @@ def render(result) -> str:
         f"{s.model.name}: {s.model.params:,} params (largest layer {s.model.largest_layer_params:,})",
         f"{c.nodes} node(s) x {c.gpus_per_node} GPU(s), {z.name}, {z.precision}, {z.optimizer}, "
         f"offload optimizer={z.offload_optimizer} param={z.offload_param}",
-        f"batch: {b.train_batch} = {b.micro_batch} (micro) x {s.dp} (GPUs) x {b.grad_accum} (grad accum), "
+        f"batch: {b.train_batch} = {b.micro_batch} (micro) x {s.dp} ({s.dp_words}) x {b.grad_accum} "
+        "(grad accum), "
         + ("" if s.model.source else f"seq {b.seq_len}   ")  # a model file's batch() sets its own shapes
         + f"formula: {result.formula}",
         "",

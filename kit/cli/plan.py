@@ -178,7 +178,7 @@ def _with_global_batch(setup, train_batch: int):
     if train_batch % per_step:
         raise UsageError(
             f"train-batch: {train_batch} (the plan's default) is not a multiple of micro batch "
-            f"{setup.batch.micro_batch} x {setup.dp} GPUs; give --train-batch or --grad-accum"
+            f"{setup.batch.micro_batch} x {setup.dp} {setup.dp_words}; give --train-batch or --grad-accum"
         )
     return setup.replace(batch={"grad_accum": train_batch // per_step})
 
@@ -303,7 +303,10 @@ def _every_table(planned, top, fitting, clusters, batches, sized, setup) -> list
     lines += ["", f"Smallest cluster of {sized.cluster.gpu} per ZeRO variant ({setup.model.name}, {what}):"]
     lines.append(_clusters_text(clusters))
     if batches is not None:
-        lines += ["", f"Decompositions of train_batch {setup.batch.train_batch:,} on {setup.dp} GPUs:"]
+        lines += [
+            "",
+            f"Decompositions of train_batch {setup.batch.train_batch:,} on {setup.dp} {setup.dp_words}:",
+        ]
         shown = batches.assign(fits=batches.fits.map({True: "fits", False: "does not fit"}))
         columns = ["micro_batch", "grad_accum", "train_batch", "activations_gib", "per_gpu_gib", "fits"]
         lines.append(_table(shown, columns))

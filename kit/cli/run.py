@@ -31,7 +31,7 @@ from kit.cli.args import (
     zero_from_args,
 )
 from kit.components import MODEL_STATES, Component
-from kit.units import MB
+from kit.units import MIB
 
 #: the settings ``run`` sweeps, each a comma-separated list of its own (``--stages``, ``--offload-*``,
 #: ``--precision``); every other setting is one flag applied to each configuration
@@ -229,7 +229,7 @@ def _batch_schedule(args: argparse.Namespace, ranks: int) -> dict:
 
 
 def render(results, nodes: list[dict] | None = None) -> str:
-    """The summary table: throughput and rank 0's bytes measured beside the estimate (MB), the pairs
+    """The summary table: throughput and rank 0's bytes measured beside the estimate (MiB), the pairs
     ``Results.summary()`` reads from ``Results.states()``; with ``nodes`` (``per_node``'s rows) a table
     per node: its ranks' model states and the bytes each sent inside and across nodes."""
     table = results.summary()
@@ -241,32 +241,32 @@ def render(results, nodes: list[dict] | None = None) -> str:
     ]
     lines.append(
         f"{'configuration':{width}}{'status':>8}{'samples/s':>11}{'step ms':>9}{'loss':>8}"
-        f"  {'MB measured / estimated: params  grads  optim  activations'}"
+        f"  {'MiB measured / estimated: params  grads  optim  activations'}"
     )
     for _, row in table.iterrows():
         line = f"{row['label']:{width}}{row['status']:>8}"
         if row["status"] == "ok":
             line += f"{row['samples_per_s']:11.1f}{row['step_time_s'] * 1e3:9.1f}{row['loss']:8.3f}  "
             line += "  ".join(
-                f"{row[f'measured_{c}'] / MB:.2f}/{row[f'estimate_{c}'] / MB:.2f}"
+                f"{row[f'measured_{c}'] / MIB:.2f}/{row[f'estimate_{c}'] / MIB:.2f}"
                 for c in (*MODEL_STATES, Component.ACTIVATIONS)
             )
         else:
             line += f"  {str(row['error']).splitlines()[0]}"
         lines.append(line)
     if nodes:
-        lines += ["", "per node: its ranks' model states, and MB each rank sent inside / across nodes"]
+        lines += ["", "per node: its ranks' model states (MiB), and MB each rank sent inside / across nodes"]
         lines.append(
             f"{'configuration':{width}}{'node':>6}  {'host':16}{'ranks':>8}"
-            f"  {'states MB measured/est':>22}  {'intra MB meas/est':>18}  {'inter MB meas/est':>18}"
+            f"  {'states MiB measured/est':>23}  {'intra MB meas/est':>18}  {'inter MB meas/est':>18}"
         )
         for n in nodes:
-            states = f"{n['model_states_bytes'] / MB:.2f}/{n['estimate_model_states_bytes'] / MB:.2f}"
-            intra = f"{n['intra_wire_bytes'] / MB:.2f}/{n['estimate_intra_wire_bytes'] / MB:.2f}"
-            inter = f"{n['inter_wire_bytes'] / MB:.2f}/{n['estimate_inter_wire_bytes'] / MB:.2f}"
+            states = f"{n['model_states_bytes'] / MIB:.2f}/{n['estimate_model_states_bytes'] / MIB:.2f}"
+            intra = f"{n['intra_wire_bytes'] / 1e6:.2f}/{n['estimate_intra_wire_bytes'] / 1e6:.2f}"
+            inter = f"{n['inter_wire_bytes'] / 1e6:.2f}/{n['estimate_inter_wire_bytes'] / 1e6:.2f}"
             ranks = ",".join(map(str, n["ranks"]))
             lines.append(
                 f"{n['label']:{width}}{n['node_rank']:>6}  {n['host']:16}{ranks:>8}"
-                f"  {states:>22}  {intra:>18}  {inter:>18}"
+                f"  {states:>23}  {intra:>18}  {inter:>18}"
             )
     return "\n".join(lines)

@@ -3,8 +3,9 @@
     zerokit tune --stages 0,1,2,3 --offload none,cpu --micro-batches 1,2,4,8 --budget-gib 0.76 \\
         --nprocs 2 --steps 3 --out ds_config.json
 
-Candidates the estimate says exceed ``--budget-gib`` per GPU (default: the ``--gpu``'s memory) are listed
-as pruned and never run; the rest run in one launch (``zerokit run``'s runner, resumable by
+Candidates the estimate says exceed ``--budget-gib`` per GPU (default: the ``--gpu``'s memory; per rank on
+CPU ranks, where the estimate has no CUDA context, NCCL buffers or allocator slack) are listed as pruned
+and never run; the rest run in one launch (``zerokit run``'s runner, resumable by
 ``--sweep``) and are ranked by median samples/s. ``--out`` writes the best one's ds_config.json.
 """
 
@@ -44,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tune",
         help="search ZeRO stage x offload x micro batch by short real runs under a memory budget",
-        description="Prune by the estimate what cannot fit the budget per GPU, run the rest for a few "
+        description="Prune by the estimate what cannot fit the budget per GPU (per rank on CPU ranks, "
+        "without a GPU's CUDA context and NCCL buffers), run the rest for a few "
         "steps in one launch on N local ranks, rank by measured throughput, write the best ds_config.",
     )
     add_launch_args(p, sweep="tune")
@@ -54,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="none,cpu",
         help="comma-separated: none,cpu (cpu = optimizer at stages 1-2, optimizer + parameters at stage 3)",
     )
-    p.add_argument("--micro-batches", default="1,2,4,8", help="comma-separated micro batches per GPU")
+    p.add_argument("--micro-batches", default="1,2,4,8", help="comma-separated micro batches per rank")
     p.add_argument(
         "--keep",
         default="train_batch",
@@ -63,7 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "autotuner); grad_accum: --grad-accum at every micro batch",
     )
     p.add_argument(
-        "--budget-gib", type=float, help="memory budget per GPU, GiB (default: the --gpu's memory)"
+        "--budget-gib",
+        type=float,
+        help="memory budget per GPU (per rank on CPU ranks), GiB (default: the --gpu's memory)",
     )
     add_gpu(p, "a name in data/gpus.csv (the default budget)")
     add_zero_args(p, only=TUNE_SETTINGS)
@@ -134,7 +138,10 @@ def render(tuned, out: str | None) -> str:
     """The ranking table, the pruned candidates and the best configuration."""
     import pandas as pd
 
-    lines = [f"records: {tuned.records}", f"budget per GPU: {tuned.budget_bytes / GIB:.3f} GiB", ""]
+    budget = f"budget per {tuned.device}: {tuned.budget_bytes / GIB:.3f} GiB"
+    if tuned.accelerator == "cpu":
+        budget += " (CPU ranks: the estimates without a GPU's CUDA context and NCCL buffers)"
+    lines = [f"records: {tuned.records}", budget, ""]
     lines.append(
         f"{'rank':>4}  {'configuration':36}{'offload':>8}{'micro':>6}{'accum':>6}{'est GiB':>9}"
         f"{'samples/s':>11}  status"

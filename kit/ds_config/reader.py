@@ -23,7 +23,7 @@ from kit.ds_keys import BATCH_KEYS
 from kit.fit import supports
 from kit.rules import Offload, offload_problem
 from kit.schema import Cluster, ModelSpec, Setup, one_line_error
-from kit.settings import NVME_KEYS, ZERO_KEYS, ZEROPP_KEYS
+from kit.settings import NVME_KEYS, TOP_KEYS, ZERO_KEYS, ZEROPP_KEYS
 
 #: Settings that change what DeepSpeed allocates in ways zero-kit does not model:
 #: (section, key, value meaning unused, what it is).
@@ -60,7 +60,6 @@ class Unmodelled(NamedTuple):
     on: Callable[[Any], bool]  # of a value ``_checked`` accepted
     leaves_out: str  # what the estimate would miss; {n}: the value
     off: str  # the values that leave it off
-    yet: bool = False  # another issue models it
 
 
 def _above_one(value: Any) -> bool:
@@ -76,12 +75,6 @@ UNMODELLED = (
         "tensor_parallel.autotp_size", "tensor parallelism", _above_one,
         "the {n}-way split of the linear layers' weights, gradients, optimizer states and activations, "
         "and their all-reduces", "0 or 1",
-    ),
-    # deepspeed/__init__.py ``initialize`` (a mesh of data_parallel_size x sequence_parallel_size) and
-    # runtime/config.py (data-parallel world = world / sequence_parallel_size): Ulysses.
-    Unmodelled(
-        "sequence_parallel_size", "sequence parallelism", _above_one,
-        "the {n}-way split of each sequence's activations and its all-to-alls", "1", yet=True,
     ),
     # runtime/config.py ``get_pipeline_config``: DeepSpeed itself never reads "stages" (a PipelineModule's
     # num_stages decides), but a whole number > 1 there says the run is pipelined.
@@ -150,6 +143,7 @@ def read_ds_config(
     zero["precision"] = _precision(config, cluster, notes)
     zero.update(_optimizer(config, notes))
     zero["activation_checkpointing"] = isinstance(config.get("activation_checkpointing"), dict)
+    zero.update(_top_level(config))
     setup = Setup(model=model, cluster=cluster, zero=zero, batch=batch)
     for key, name in BATCH_KEYS.items():
         if config.get(key) == "auto" and batch[name] is None:
@@ -211,8 +205,8 @@ def _unmodelled(config: dict) -> list[tuple[str, str]]:
             shown = json.dumps(value)
             found.append((
                 feature.key,
-                f"ds_config.{feature.key}: {feature.name} ({shown}) is not modelled by zero-kit"
-                f"{' yet' if feature.yet else ''}: its estimate would leave out "
+                f"ds_config.{feature.key}: {feature.name} ({shown}) is not modelled by zero-kit: "
+                f"its estimate would leave out "
                 f"{feature.leaves_out.format(n=shown)}; {feature.off} leaves it off",
             ))  # fmt: skip
     return found
@@ -225,12 +219,10 @@ def _checked(key: str, value: Any) -> Any:
             return value is True
         raise ValueError(f"ds_config.{key}: must be true or false, got {value!r}")
     lowest = 0 if key == "tensor_parallel.autotp_size" else 1
-    auto = key != "sequence_parallel_size"  # read from the dict as it is, without a config class
     whole = isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer()
-    if (value == "auto" and auto) or (whole and value >= lowest):
+    if value == "auto" or (whole and value >= lowest):
         return value if value == "auto" else int(value)
-    choices = f"a whole number >= {lowest}" + (' or "auto"' if auto else "")
-    raise ValueError(f"ds_config.{key}: must be {choices}, got {value!r}")
+    raise ValueError(f'ds_config.{key}: must be a whole number >= {lowest} or "auto", got {value!r}')
 
 
 def _unmodelled_notes(config: dict) -> list[str]:
@@ -315,6 +307,21 @@ def _batch(config: dict, flags: dict, notes: list[str]) -> dict:
             raise ValueError(f'{key}: ds_config has {value} but {name}={flag} was given; set it to "auto"')
         batch[name] = value
     return batch
+
+
+def _top_level(config: dict) -> dict:
+    """The settings at the file's top level (``sequence_parallel_size``: deepspeed/__init__.py builds a
+    data x sequence mesh from it, runtime/config.py divides the batch's world by it); a whole number."""
+    zero = {}
+    for k in TOP_KEYS:
+        value = config.get(k.key)
+        if value is None:
+            continue
+        whole = isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer()
+        if not whole or value < 1:
+            raise ValueError(f"ds_config.{k.key}: must be a whole number >= 1, got {value!r}")
+        zero[k.field] = int(value)
+    return zero
 
 
 def _zero(config: dict, model: ModelSpec, notes: list[str]) -> dict:

@@ -12,7 +12,7 @@ from typing import Any
 
 from kit.rules import Offload
 from kit.schema import Setup, ZeroSettings
-from kit.settings import NVME_KEYS, ZERO_KEYS
+from kit.settings import NVME_KEYS, TOP_KEYS, ZERO_KEYS
 
 #: DeepSpeed's default is 10; every 100 steps keeps short runs quiet and long runs informative.
 STEPS_PER_PRINT = 100
@@ -59,6 +59,9 @@ def to_ds_config(setup: Setup, *, torch_adam: bool = False, lr: float = LEARNING
         config["zero_allow_untested_optimizer"] = True
     if z.activation_checkpointing:
         config["activation_checkpointing"] = dict(_ACTIVATION_CHECKPOINTING)
+    for k in TOP_KEYS:  # sequence_parallel_size: read by deepspeed.initialize and the config's batch rule
+        if getattr(z, k.field) != k.default:
+            config[k.key] = getattr(z, k.field)
     if z.nvme:
         # the top-level block NVMe offload reads (deepspeed/runtime/swap_tensor/aio_config.py)
         config["aio"] = z.aio.model_dump()

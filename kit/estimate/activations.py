@@ -17,6 +17,7 @@ import json
 from typing import NamedTuple
 
 from kit import checkpointing
+from kit import sequence_parallel as ulysses
 from kit import trainable as subset
 from kit.estimate.result import Term
 from kit.families import FORMULA, SWIGLU
@@ -71,10 +72,12 @@ def formula(setup: Setup) -> Term:
     norm statistics, token ids, rotary tables, adaLN vectors): up to 1.4 % on tiny models, less at
     real sizes. GPT-2-style models are assumed to train without dropout.
     """
-    m, b, s = setup.model, setup.batch.micro_batch, setup.batch.seq_len
+    m, b, s = setup.model, setup.batch.micro_batch, setup.rank_seq_len
     scale = element_bytes(setup.zero.precision) // 2  # the formulas count 16-bit bytes
     layers, h, a, kv_heads, ffn, _ = m.dims
-    kv = kv_heads * (h // a)
+    # under sequence parallelism s is a rank's part and SDPA keeps the exchanged k and v: kv heads repeated
+    # up to sp, over the whole sequence (kit.sequence_parallel)
+    kv = ulysses.exchanged_kv_heads(kv_heads, setup.zero.sequence_parallel_size) * (h // a)
     sbh, sbf, as2b = s * b * h, s * b * ffn, a * s * s * b
     family = m.family or "gpt2"
     if family in SWIGLU_FAMILIES:
@@ -185,7 +188,7 @@ def also_saved(setup: Setup) -> int:
     kept = kept_by_policy(setup)
     if not kept.bytes:
         return 0
-    b, s, p = setup.batch.micro_batch, setup.batch.seq_len, element_bytes(setup.zero.precision)
+    b, s, p = setup.batch.micro_batch, setup.rank_seq_len, element_bytes(setup.zero.precision)
     not_saved = [width for name, width in _kept_linears(setup) if name not in SAVED_PROJECTIONS]
     return kept.bytes - sum(p * s * b * width for width in not_saved)
 
@@ -217,7 +220,7 @@ def kept_by_policy(setup: Setup) -> Term:
         # the kit's GPT-2 and DiT, HF's GPT-2 and GPT-NeoX: every linear has a bias (aten.addmm) and the
         # attention is eager, so the op policy keeps nothing a full recomputation would not rebuild
         return Term(0, "")
-    b, s, p = setup.batch.micro_batch, setup.batch.seq_len, element_bytes(z.precision)
+    b, s, p = setup.batch.micro_batch, setup.rank_seq_len, element_bytes(z.precision)
     kept = _kept_linears(setup)
     matmuls = sum(p * s * b * width for _, width in kept)
     attention = p * s * b * (m.hidden or 0) + FP32 * (m.heads or 1) * b * s
@@ -227,7 +230,7 @@ def kept_by_policy(setup: Setup) -> Term:
 
 def _head_activations(setup: Setup, scale: int) -> Term:
     """What the model saves outside its blocks (16-bit byte counts times ``scale``)."""
-    m, b, s = setup.model, setup.batch.micro_batch, setup.batch.seq_len
+    m, b, s = setup.model, setup.batch.micro_batch, setup.rank_seq_len
     sbh = s * b * m.dims.hidden
     if m.family == "dit":
         pixels = b * s * DIT_DEFAULTS["patch_size"] ** 2  # latent pixels per channel in the micro batch
@@ -287,7 +290,7 @@ def _subset_saved(setup: Setup) -> Saved:
 
     m, z = setup.model, setup.zero
     listing = partition.listing(setup)
-    b, s, p = setup.batch.micro_batch, setup.batch.seq_len, element_bytes(z.precision)
+    b, s, p = setup.batch.micro_batch, setup.rank_seq_len, element_bytes(z.precision)
     _, h, a, kv_heads, _, _ = m.dims
     kv, f, r = kv_heads * (h // a), m.ffn, z.lora_rank
     assert f is not None  # a subset's model has a Llama-style arch (kit.trainable), which gives its ffn
@@ -353,7 +356,7 @@ def chunked_head(setup: Setup, norm: int, trains: bool) -> Term:
     trains, its weight's (16-bit, v h)."""
     m, b, p = setup.model, setup.batch, element_bytes(setup.zero.precision)
     h, v = m.dims.hidden, m.dims.vocab  # a language model's: the chunked loss needs its vocab (kit.loss)
-    sbh = b.micro_batch * b.seq_len * h
+    sbh = b.micro_batch * setup.rank_seq_len * h
     grad_input, grad_weight = p * sbh, p * v * h * trains
     return Term(
         norm + grad_input + grad_weight,
@@ -370,7 +373,7 @@ def _subset_formula(setup: Setup) -> Term:
     head = Term(saved.head, "head: what the final norm and the fp32 log-softmax save")
     if not z.activation_checkpointing:
         return Term(sum(saved.blocks), f"{len(saved.blocks)} blocks ({what})") + head
-    b, s, p = setup.batch.micro_batch, setup.batch.seq_len, element_bytes(z.precision)
+    b, s, p = setup.batch.micro_batch, setup.rank_seq_len, element_bytes(z.precision)
     marked = [checkpointing.is_checkpointed(i, z.checkpoint_every) for i in range(len(saved.blocks))]
     kept = sum(marked) * p * s * b * setup.model.dims.hidden
     rest = sum(n for n, ckpt in zip(saved.blocks, marked, strict=True) if not ckpt)

@@ -65,7 +65,7 @@ def states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
 def shard_elements(setup: Setup, rank: int) -> tuple[int, int, str]:
     """``(padded, local, formula)``: the elements of rank ``rank``'s FSDP shards, padded (what its
     parameter and gradient storages hold) and unpadded (what its optimizer states follow)."""
-    return _shard_elements(setup.model, setup.dp, rank)
+    return _shard_elements(setup.model, setup.zero_dp, rank)
 
 
 @lru_cache(maxsize=512)
@@ -84,8 +84,8 @@ def local_shards(setup: Setup, rank: int) -> tuple[int, ...]:
     """Elements of each tensor's unpadded shard on rank ``rank`` (what its optimizer steps)."""
     shapes = spec_shapes(setup.model)
     if shapes is None:
-        return (_shard_elements(setup.model, setup.dp, rank)[1],)
-    return tuple(local for _, local in _shards(shapes, setup.dp, rank))
+        return (_shard_elements(setup.model, setup.zero_dp, rank)[1],)
+    return tuple(local for _, local in _shards(shapes, setup.zero_dp, rank))
 
 
 @lru_cache(maxsize=512)
@@ -147,7 +147,7 @@ def unsharded_at_loss(setup: Setup, backward: bool = False) -> Term:
     block, root = (setup.model.params, setup.model.params) if units is None else units
     grad_op = baseline_name(z.engine, z.stage) == "fsdp-grad-op"
     if grad_op:
-        n = setup.dp * shard_elements(setup, 0)[0]
+        n = setup.zero_dp * shard_elements(setup, 0)[0]
         held = Term(p * n, f"{p} B x {n:,} (every unit unsharded: reshard_after_forward=False)")
     else:
         held = Term(
@@ -187,7 +187,7 @@ def comm(setup: Setup) -> tuple[float, str, int]:
     model's bytes on the wire (DDP's fp32 gradients; FSDP's ``param_dtype``), k micro-steps. DDP
     all-reduces the gradients at the boundary (``no_sync`` before it); FSDP all-gathers in forward and
     again in backward and reduce-scatters every micro-step; ``fsdp-grad-op`` skips the backward all-gather."""
-    z, n, k = setup.zero, setup.dp, setup.batch.grad_accum
+    z, n, k = setup.zero, setup.zero_dp, setup.batch.grad_accum
     name = baseline_name(z.engine, z.stage)
     ring = ring_share(n)
     if name == "ddp":

@@ -35,7 +35,7 @@ def checkpoint_bytes(setup: Setup) -> dict:
     files DeepSpeed 0.19.8 wrote for bf16 stages 0-3, fp32 stages 0 and 2, and SGD at stage 3; fp16 at
     stage 0 keeps its fp32 master copy as one flat tensor (a few bytes less than counted here).
     """
-    z, n, psi = setup.zero, setup.dp, setup.model.params
+    z, n, psi = setup.zero, setup.zero_dp, setup.model.params
     if is_subset(z):
         raise ValueError(
             "checkpoint size: not modelled for a trainable subset yet (DeepSpeed saves the frozen weights "

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kit import checkpointing
+from kit import sequence_parallel as ulysses
 from kit import trainable as subset
 from kit.components import HELD, Component
 from kit.estimate import baselines, nvme, partition, peak, reserved
@@ -175,7 +176,7 @@ def gpu_overheads(setup: Setup, allocated: int) -> Term:
     the caching allocator's slack on ``allocated`` bytes (a CPU rank holds none of them:
     ``kit.estimate.result.cpu_overheads``, ``Estimate.on_accelerator("cpu")``)."""
     slack = int(allocated * ALLOCATOR_FRAGMENTATION)
-    nccl = NCCL_BUFFER_BYTES if setup.dp > 1 else 0
+    nccl = NCCL_BUFFER_BYTES if setup.zero_dp > 1 else 0
     return Term(
         CUDA_CONTEXT_BYTES + nccl + slack,
         f"CUDA context {gib(CUDA_CONTEXT_BYTES)} + NCCL buffers {gib(nccl)} + allocator slack "
@@ -236,7 +237,7 @@ def rank_states(setup: Setup, rank: int = 0) -> dict[str, dict[str, int]]:
 
 
 def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
-    z, n = setup.zero, setup.dp
+    z, n = setup.zero, setup.zero_dp
     if not 0 <= rank < n:
         raise ValueError(f"rank: must be in 0..{n - 1}, got {rank}")
     if z.engine != "deepspeed":
@@ -317,8 +318,9 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
     if z.offload_optimizer is Offload.CPU:
         host[Component.GRADIENTS] += Term(FP32 * part, f"{FP32} B x S{of} (fp32 gradient on CPU)")
     if z.contiguous_gradients:
+        c = ulysses.reduction_bytes(z, p)  # fp32 under sequence parallelism
         device[Component.BUFFERS] = Term(
-            p * z.reduce_bucket_size, f"{p} B x reduce_bucket_size {z.reduce_bucket_size:,} (ipg bucket)"
+            c * z.reduce_bucket_size, f"{c} B x reduce_bucket_size {z.reduce_bucket_size:,} (ipg bucket)"
         )
     if z.nvme:  # ZeRO-Infinity: swap files on the drive, pinned swap buffers in RAM (kit.estimate.nvme)
         return nvme.stage3(setup, device, host)
@@ -332,7 +334,7 @@ def _hpz_secondary(setup: Setup) -> Term:
     (persistent) are never released, and ``invalidate_secondary_tensor`` drops all secondaries after each
     step, so from the second step on they have none (before the first step they still hold the one
     ``zero.Init`` made)."""
-    z, n, h = setup.zero, setup.dp, setup.zero.hpz_partition_size
+    z, n, h = setup.zero, setup.zero_dp, setup.zero.hpz_partition_size
     p = element_bytes(z.precision)
     released = partition.released(setup)
     elements = sum(-(-t // n) * (n // h) for t in released)
@@ -439,6 +441,14 @@ def _notes(setup: Setup) -> tuple[str, ...]:
         notes.append(
             f"{subset.describe(z)}: no replay of the caching allocator yet (max reserved not predicted); "
             "the verdict is the peak per GPU"
+        )
+    if z.sequence_parallel_size > 1:
+        notes.append(
+            f"sequence parallelism (Ulysses, {z.sequence_parallel_size} ranks per sequence): each rank's "
+            f"activations, head and loss are those of its {setup.rank_seq_len:,} tokens, gradients are "
+            "reduced in fp32 (DeepSpeed's seq_parallel_communication_data_type); the exchanges' transient "
+            "copies inside attention are not counted, nor is the caching allocator replayed: the verdict "
+            "is the peak per GPU"
         )
     if not partition.is_exact(setup):
         notes.append("bare parameter count: per-tensor padding and stage 3 persistence approximated")

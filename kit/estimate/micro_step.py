@@ -59,7 +59,7 @@ def input_leaf(setup: Setup) -> Term:
         return NONE
     b, m, p = setup.batch, setup.model, element_bytes(setup.zero.precision)
     assert m.hidden is not None  # a subset's model: a formula family's or an HF config naming its hidden size
-    n = 2 * p * b.micro_batch * b.seq_len * m.hidden
+    n = 2 * p * b.micro_batch * setup.rank_seq_len * m.hidden
     return Term(n, f"2 x {p} B x b s h (the embeddings' output, made to need a gradient, and its .grad)")
 
 
@@ -76,7 +76,7 @@ class Shape:
             and m.vocab
             and m.family != "dit"
         )
-        tokens = b.micro_batch * b.seq_len
+        tokens = b.micro_batch * setup.rank_seq_len
         logits = tokens * (m.vocab or 0) if lm else 0
         upcast = FP32 * logits if p != FP32 else 0
         self.loss = (
@@ -130,7 +130,7 @@ class Shape:
                 act.formula + (" - one layer recomputed in backward only" if recomputed else ""),
             )
             self.blocks = Term(act.bytes - head.bytes, f"{act.formula} - the head's {head.bytes:,} B (freed)")
-            s, h, f = b.seq_len, m.dims.hidden, m.dims.ffn
+            s, h, f = setup.rank_seq_len, m.dims.hidden, m.dims.ffn
             mb = b.micro_batch
             gated = 2 if m.family in SWIGLU_FAMILIES else 0  # the product's backward: gate and up b s f
             trains = partition.listing(setup)
@@ -179,9 +179,14 @@ def _chunk(setup: Setup, cpu: CpuMatmul | None) -> Term:
     (the largest), the weight's 8,192 + 25,728 B. Its backward hands back the gradients it saved: nothing
     new."""
     m, b, p = setup.model, setup.batch, element_bytes(setup.zero.precision)
-    v, h, tokens = m.dims.vocab, m.dims.hidden, b.micro_batch * (b.seq_len - 1)  # a language model's
+    v, h, s = m.dims.vocab, m.dims.hidden, setup.rank_seq_len
+    if setup.zero.sequence_parallel_size == 1:  # a language model's: its hidden states, their shifted copy
+        tokens = b.micro_batch * (s - 1)
+        held = p * (b.micro_batch * s + tokens) * h
+    else:  # labels shifted before the split (kit.workloads.ulysses): every token's hidden state, no copy
+        tokens = b.micro_batch * s
+        held = p * tokens * h
     chunk = chunk_tokens(tokens, v, h)
-    held = p * (b.micro_batch * b.seq_len + tokens) * h
     logits = p * chunk * v
     if cpu is None:
         work, how = logits, "a chunk's logits (Liger's Triton kernel)"
@@ -239,7 +244,7 @@ def _late_hook(setup: Setup, act: Term, saved, p: int) -> Late | None:
     if (last.trains | last.adapted) & {"gate", "up", "down", "norm2"}:
         return None
     m, b = setup.model, setup.batch
-    sbh = b.micro_batch * b.seq_len * m.dims.hidden
+    sbh = b.micro_batch * setup.rank_seq_len * m.dims.hidden
     ckpt = z.activation_checkpointing and checkpointing.is_checkpointed(
         len(listing.blocks) - 1, z.checkpoint_every
     )
@@ -265,7 +270,7 @@ def _weight_grad_scratch(setup: Setup, cpu: CpuMatmul | None) -> Term:
     m, b = setup.model, setup.batch
     if cpu is None or setup.zero.precision != "bf16":
         return NONE
-    tokens, f, h = b.micro_batch * b.seq_len, m.dims.ffn, m.dims.hidden
+    tokens, f, h = b.micro_batch * setup.rank_seq_len, m.dims.ffn, m.dims.hidden
     rows, cols, how = (
         (f, h, "x^T (f x b s) by b s x h") if m.family == "gpt2" else (h, f, "g^T (h x b s) by b s x f")
     )

@@ -54,7 +54,7 @@ def io_aligned(numel: int, element: int, setup: Setup) -> int:
 
 def partitions(setup: Setup) -> list[tuple[int, int]]:
     """(numel, partition numel ``ceil(numel / dp)``) of every tensor, in the model's order."""
-    return list(_partitions(setup.model, setup.dp))
+    return list(_partitions(setup.model, setup.zero_dp))
 
 
 @lru_cache(maxsize=512)
@@ -65,7 +65,7 @@ def _partitions(model: ModelSpec, n: int) -> tuple[tuple[int, int], ...]:
 def sub_groups(setup: Setup) -> list[list[tuple[int, int]]]:
     """Stage 3's sub groups (``_create_fp16_sub_groups``): partitions packed in order until a group
     reaches ``sub_group_size`` elements; one group when the whole partition is smaller."""
-    return [list(group) for group in _sub_groups(setup.model, setup.dp)]
+    return [list(group) for group in _sub_groups(setup.model, setup.zero_dp)]
 
 
 @lru_cache(maxsize=512)
@@ -88,7 +88,7 @@ def _sub_groups(model: ModelSpec, n: int) -> tuple[tuple[tuple[int, int], ...], 
 def swapped_params(setup: Setup) -> list[int]:
     """Partition numels of the tensors ``zero.Init`` swaps to NVMe (released and large enough)."""
     z, p = setup.zero, element_bytes(setup.zero.precision)
-    return list(_swapped(setup.model, setup.dp, z.param_persistence_threshold, p, min_swap_bytes(setup)))
+    return list(_swapped(setup.model, setup.zero_dp, z.param_persistence_threshold, p, min_swap_bytes(setup)))
 
 
 @lru_cache(maxsize=512)
@@ -190,7 +190,7 @@ def _optimizer(setup: Setup, device: dict, host: dict, nvme: dict) -> None:
     # partition goes to a file of its own when large enough (``_swap_out_gradients``; a length that is not
     # a multiple of the alignment is split and its remainder kept in RAM, ``_adjust_for_misaligned_lengths``)
     p, size = element_bytes(z.precision), sum(groups)
-    files = _gradient_files(setup.model, setup.dp, min_swap_bytes(setup), io_aligned(1, FP32, setup))
+    files = _gradient_files(setup.model, setup.zero_dp, min_swap_bytes(setup), io_aligned(1, FP32, setup))
     nvme[Component.GRADIENTS] = Term(
         FP32 * files, f"4 B x {files:,} (fp32 gradient partitions of >= {min_swap_bytes(setup):,} B)"
     )
@@ -216,7 +216,7 @@ def _gradient_files(model: ModelSpec, n: int, smallest: int, step: int) -> int:
 
 
 def _persistent(setup: Setup) -> Term:
-    z, p, n = setup.zero, element_bytes(setup.zero.precision), setup.dp
+    z, p, n = setup.zero, element_bytes(setup.zero.precision), setup.zero_dp
     kept = [t for t in partition.numels(setup) if t <= z.param_persistence_threshold]
     elements = sum(-(-t // n) * n for t in kept)
     if not elements:

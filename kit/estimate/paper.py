@@ -17,7 +17,7 @@ NOT_IN_PAPER = Term(0, "not part of the ZeRO paper's model-state formula")
 
 
 def zero_paper(setup: Setup) -> Estimate:
-    z, n, psi = setup.zero, setup.dp, setup.model.params
+    z, n, psi = setup.zero, setup.zero_dp, setup.model.params
     p = element_bytes(z.precision)
     k = master_bytes(z.precision) + FP32 * optimizer_states(z.optimizer, z.momentum)
     terms: dict[str, Term] = dict.fromkeys(COMPONENTS, NOT_IN_PAPER)

@@ -26,7 +26,7 @@ def partition_numel(setup: Setup) -> int:
     stages 1-2, the 16-bit flat buffer of the trainable parameters padded to a multiple of ``2 x dp``
     divided by dp; stage 3, the sum over trainable tensors of ``ceil(numel / dp)``; stage 0, every
     trainable parameter."""
-    n = setup.dp
+    n = setup.zero_dp
     if setup.zero.stage == 3:
         return _sharded(trainable(setup), n)
     if setup.zero.stage in (1, 2):
@@ -37,7 +37,7 @@ def partition_numel(setup: Setup) -> int:
 def stage3_params(setup: Setup) -> int:
     """Elements of the 16-bit parameter partitions one rank holds at stage 3: ``ceil(numel / dp)`` of every
     tensor, trainable or frozen."""
-    return _sharded(numels(setup), setup.dp)
+    return _sharded(numels(setup), setup.zero_dp)
 
 
 @lru_cache(maxsize=512)
@@ -126,7 +126,7 @@ def gathered_padded(setup: Setup) -> tuple[int, int]:
     """Elements, each tensor padded to the ranks, of every released tensor and of those
     ``kept_to_backward`` (what stage 3 holds gathered at most, and to the backward)."""
     z = setup.zero
-    return _gathered_padded(numels(setup), z.param_persistence_threshold, z.max_reuse_distance, setup.dp)
+    return _gathered_padded(numels(setup), z.param_persistence_threshold, z.max_reuse_distance, setup.zero_dp)
 
 
 @lru_cache(maxsize=512)
@@ -150,7 +150,7 @@ def _persistent(tensors: tuple[int, ...], threshold: int) -> tuple[int, ...]:
 
 def persistent_padded(setup: Setup) -> int:
     """Elements of the persistent tensors, each padded to the ranks (what stage 3 gathers of them)."""
-    return _persistent_padded(numels(setup), setup.zero.param_persistence_threshold, setup.dp)
+    return _persistent_padded(numels(setup), setup.zero.param_persistence_threshold, setup.zero_dp)
 
 
 @lru_cache(maxsize=512)
@@ -168,7 +168,9 @@ def touched(setup: Setup) -> list[int]:
     buffer, ``params_in_partition``); the last rank's range also carries the alignment padding. Without
     a tensor list every rank counts exactly its partition."""
     part = partition_numel(setup)
-    return list(_touched(trainable(setup), setup.dp, part) if is_exact(setup) else (part,) * setup.dp)
+    return list(
+        _touched(trainable(setup), setup.zero_dp, part) if is_exact(setup) else (part,) * setup.zero_dp
+    )
 
 
 @lru_cache(maxsize=512)
@@ -191,7 +193,7 @@ def worst_rank(setup: Setup) -> int:
     if z.engine != "deepspeed" or z.stage not in (1, 2) or z.offload_optimizer is Offload.CPU:
         return 0
     per_rank = touched(setup)
-    return max(range(setup.dp), key=per_rank.__getitem__)
+    return max(range(setup.zero_dp), key=per_rank.__getitem__)
 
 
 def largest_tensor(setup: Setup) -> int:

@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
+from kit import sequence_parallel as ulysses
 from kit.components import MEASURED, Component
 from kit.estimate import baselines, micro_step, partition, reductions
 from kit.estimate.cpu_matmul import CpuMatmul
@@ -308,7 +309,9 @@ def _allreduce_copy(setup: Setup) -> Term:
     if z.engine != "deepspeed" or z.stage != 0:
         return NONE
     largest, p = max(fallback_copies(partition.trainable(setup)), default=0), element_bytes(z.precision)
-    return Term(p * largest, f"{p} B x {largest:,} (the all-reduce's flat copy of the largest bucket)")
+    copy = Term(p * largest, f"{p} B x {largest:,} (the all-reduce's flat copy of the largest bucket)")
+    c = ulysses.reduction_bytes(z, p)  # engine.allreduce_bucket upcasts it under sequence parallelism
+    return copy + Term(c * largest, f"{c} B x {largest:,} (its fp32 copy)") if c != p else copy
 
 
 def _end_gradients(setup: Setup, device: dict[str, Term], held: Term) -> Term:
@@ -373,7 +376,7 @@ def _gather_copy(setup: Setup) -> Term:
     released = partition.released(setup)
     if not released:
         return NONE
-    p, n = element_bytes(z.precision), partition.padded(max(released), setup.dp)
+    p, n = element_bytes(z.precision), partition.padded(max(released), setup.zero_dp)
     return Term(p * n, f"{p} B x {n:,} (gloo's all-gather copy of the largest released tensor)")
 
 
@@ -470,7 +473,7 @@ def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[s
         else:
             out["during the update"] = base
         if gloo:
-            flat = part * setup.dp
+            flat = part * setup.zero_dp
             out["at the all-gather"] = {
                 **base,
                 "temporaries": Term(p * flat, f"{p} B x padded Psi (gloo's all-gather copy)"),
@@ -496,7 +499,7 @@ def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[s
     else:
         out["during the update"] = base
     if gloo and persistent:
-        largest = partition.padded(max(persistent), setup.dp)
+        largest = partition.padded(max(persistent), setup.zero_dp)
         out["at the persistent all-gather"] = {
             **base,
             "temporaries": Term(p * largest, f"{p} B x {largest:,} (gloo's all-gather copy)"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from functools import lru_cache
 
+from kit import sequence_parallel as ulysses
 from kit.components import Component
 from kit.estimate import partition
 from kit.estimate.result import Term
@@ -34,11 +35,18 @@ def flushes(setup: Setup, rank: int, end: dict[str, Term], held: Term) -> dict[s
     if z.engine != "deepspeed" or z.stage != 2 or not z.contiguous_gradients:
         return {}
     p, part = element_bytes(z.precision), partition.partition_numel(setup)
+    c = ulysses.reduction_bytes(z, p)
 
     def copy(content: int, owners: int) -> Term:
+        up = Term(c * content, f"{c} B x {content:,} (its fp32 copy for the reduction)")
         if owners == 1:
-            return Term(0, f"none: the bucket's {content:,} elements are one rank's, reduced in place")
-        return Term(p * content, f"{p} B x {content:,} (the bucket's flat copy)")
+            return (
+                up
+                if c != p
+                else Term(0, f"none: the bucket's {content:,} elements are one rank's, reduced in place")
+            )
+        flat = Term(p * content, f"{p} B x {content:,} (the bucket's flat copy)")
+        return flat + up if c != p else flat
 
     out: dict[str, dict[str, Term]] = {}
     before, after, last = _flush_sizes(partition.trainable(setup), part, rank, z.reduce_bucket_size)
@@ -106,15 +114,22 @@ def scatters(
     if z.engine != "deepspeed" or z.stage != 3:
         return {}
     p, copies = element_bytes(z.precision), 2 if backend == "gloo" else 1
+    c = ulysses.reduction_bytes(z, p)  # the bucket's, so its flat copies'
     how = "flat copy" + (" and gloo's clone of it" if copies == 2 else "")
 
     def flat(n: int) -> Term:
-        return Term(copies * p * n, f"{copies} x {p} B x {n:,} (reduce_scatter_coalesced's {how})")
+        return Term(copies * c * n, f"{copies} x {c} B x {n:,} (reduce_scatter_coalesced's {how})")
 
     out: dict[str, dict[str, Term]] = {}
     listing = partition.listing(setup)
     flags = tuple(t for _, t in listing.tensors) if listing else None
-    sizes = (partition.numels(setup), flags, setup.dp, z.reduce_bucket_size, z.param_persistence_threshold)
+    sizes = (
+        partition.numels(setup),
+        flags,
+        setup.zero_dp,
+        z.reduce_bucket_size,
+        z.param_persistence_threshold,
+    )
     last = _scatter_sizes(*sizes)[-1]
     largest = _largest_scatter(*sizes, gathered.bytes // p, copies)
     if largest:  # the largest hook's reduction: what is still gathered and its flat copy

@@ -111,9 +111,11 @@ def reserved(setup: Setup, device: dict[str, Term], activations: Term) -> Reserv
     """The replay of ``STEPS`` steps of ``setup`` on one GPU holding ``device`` (``kit.estimate.memory``'s
     resident states) with ``activations`` saved per micro-step; None for what it does not replay (the
     PyTorch baselines, parameters offloaded to the host or NVMe, a trainable subset: its gradients are
-    not the replay's; the chunked loss: its chunks are not)."""
+    not the replay's; the chunked loss: its chunks are not; sequence parallelism: its fp32 reductions and
+    exchanges are not)."""
     z = setup.zero
-    if z.engine != "deepspeed" or z.offload_param is not Offload.NONE or is_subset(z) or z.loss != "plain":
+    unreplayed = is_subset(z) or z.loss != "plain" or z.sequence_parallel_size > 1
+    if z.engine != "deepspeed" or z.offload_param is not Offload.NONE or unreplayed:
         return None
     events = _Step(setup, device, activations).events()
     plain, grown = replay(events), replay(events, expandable_segments=True)
@@ -197,7 +199,7 @@ class _Step:
         copy (a third of the optimizer states with Adam: Adam's moments come in the first step)."""
         z, d = self.z, self.device
         if z.engine == "deepspeed" and z.stage == 3 and d[Component.PARAMETERS].bytes:
-            n, parts = self.setup.dp, []
+            n, parts = self.setup.zero_dp, []
             for _, t in self.tensors:  # zero.Init: the tensor built whole on the device, then partitioned
                 whole = self.alloc(self.p * t)
                 parts.append(self.alloc(self.p * -(-t // n)))
@@ -223,7 +225,7 @@ class _Step:
     def _shape(self) -> tuple[int, int, int, int]:
         """Elements of ``s b h`` and ``s b f``, the eager attention scores' (0 under SDPA), and the logits."""
         m, b = self.setup.model, self.setup.batch
-        tokens = b.micro_batch * b.seq_len
+        tokens = b.micro_batch * self.setup.rank_seq_len
         hidden = m.hidden or 0
         ffn = m.ffn or 4 * hidden
         eager = m.family == "gpt2" and m.is_transformer
@@ -267,7 +269,7 @@ class _Step:
         the rest made and freed), the loss's logits; returns the saved keys per block and the token ids'."""
         sbh, _, _, logits = self._shape()
         p = self.p
-        tokens = self.alloc(8 * self.setup.batch.micro_batch * self.setup.batch.seq_len)
+        tokens = self.alloc(8 * self.setup.batch.micro_batch * self.setup.rank_seq_len)
         saved: list[list[int]] = []
         self._gather_tensors(-1, forward=True)
         kept = kept_by_policy(self.setup).bytes
@@ -377,7 +379,7 @@ class _Step:
         """A bucket's reduction: stage 1-2 ``allreduce_bucket``'s flat copy (and, at the first, this rank's
         gradient partition buffer, held to the optimizer); stage 3 ``reduce_scatter_coalesced``'s padded
         flat copy and its output partitions."""
-        z, p, n = self.z, self.p, self.setup.dp
+        z, p, n = self.z, self.p, self.setup.zero_dp
         if not self.bucket:
             self.free(*(held or []))
             return
@@ -422,7 +424,7 @@ class _Step:
     def _fetch(self, indices: list[int]) -> None:
         """One ``all_gather_coalesced`` call on the gather stream: alone, a buffer; several, a flat buffer
         and a copy of each, the flat buffer freed once the last of them is used."""
-        n, p = self.setup.dp, self.p
+        n, p = self.setup.zero_dp, self.p
         padded = [partition.padded(self.tensors[i][1], n) for i in indices]
         if len(indices) == 1:
             self.available[indices[0]] = self.alloc(p * padded[0], GATHER)

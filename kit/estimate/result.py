@@ -43,7 +43,7 @@ def cpu_overheads(setup: Setup) -> Term:
     timeline's ``backend="gloo"`` counts) and no caching allocator (host tensors are freed at once); what
     its process itself takes (Python, torch, DeepSpeed) is in CPU RAM per node (``PROCESS_BASE_BYTES`` a
     rank)."""
-    ranks = f"{setup.dp} CPU rank{'s' if setup.dp > 1 else ''}"
+    ranks = f"{setup.zero_dp} CPU rank{'s' if setup.zero_dp > 1 else ''}"
     return Term(
         0,
         f"not applicable on {ranks}: no CUDA context, NCCL buffers or caching allocator (each process's "

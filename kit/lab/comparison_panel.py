@@ -32,14 +32,14 @@ from kit.run import sweep as sweeps
 from kit.schema import Setup
 from kit.settings import SETTINGS, ZEROPP_OFF
 from kit.toys import toy_setup
-from kit.units import MIB
+from kit.units import MB, MIB
 
 #: the warm-up steps a comparison run starts with (not measured): ``run_sweep``'s default
 WARMUP = inspect.signature(sweeps.run_sweep).parameters["warmup"].default
 #: how ``results_html`` formats the columns of ``Results.brief()``
 BRIEF_FORMATS = {
-    "step ms": "{:,.1f}", "samples/s": "{:,.1f}", "loss": ui.NUMBER, "model states MB": ui.NUMBER,
-    "estimate MB": ui.NUMBER, "peak RSS MiB": "{:,.0f}", "wire MB/step": ui.NUMBER,
+    "step ms": "{:,.1f}", "samples/s": "{:,.1f}", "loss": ui.NUMBER, "model states MiB": ui.NUMBER,
+    "estimate MiB": ui.NUMBER, "peak RSS MiB": "{:,.0f}", "wire MB/step": ui.NUMBER,
     "estimate wire MB": ui.NUMBER,
 }  # fmt: skip
 #: the comparison panel's controls that set one value on every configuration (by their name there), each
@@ -513,27 +513,28 @@ def results_html(results) -> str:
 
 
 def nodes_html(rows: list[dict]) -> str:
-    """Per configuration and node (``kit.run.local_nodes.per_node``): its ranks, their model states, and
-    the MB each rank sent inside and across nodes, each beside its estimate."""
-    header = ["configuration", "node", "host", "ranks", "model states MB", "estimate MB", "intra-node MB",
-              "estimate", "inter-node MB", "estimate"]  # fmt: skip
+    """Per configuration and node (``kit.run.local_nodes.per_node``): its ranks, their model states (MiB,
+    as the estimates show memory), and the MB (1e6 bytes, as traffic is counted) each rank sent inside and
+    across nodes, each beside its estimate."""
+    header = ["configuration", "node", "host", "ranks", "model states MiB", "estimate MiB", "intra-node MB",
+              "estimate MB", "inter-node MB", "estimate MB"]  # fmt: skip
     table = [
         [
             r["label"],
             r["node_rank"],
             r["host"],
             ", ".join(map(str, r["ranks"])),
-            r["model_states_bytes"] / 1e6,
-            r["estimate_model_states_bytes"] / 1e6,
-            r["intra_wire_bytes"] / 1e6,
-            r["estimate_intra_wire_bytes"] / 1e6,
-            r["inter_wire_bytes"] / 1e6,
-            r["estimate_inter_wire_bytes"] / 1e6,
+            r["model_states_bytes"] / MIB,
+            r["estimate_model_states_bytes"] / MIB,
+            r["intra_wire_bytes"] / MB,
+            r["estimate_intra_wire_bytes"] / MB,
+            r["inter_wire_bytes"] / MB,
+            r["estimate_inter_wire_bytes"] / MB,
         ]  # fmt: skip
         for r in rows
     ]
     formats = ["{}", "{}", "{}", "{}"] + [ui.NUMBER] * 6
-    caption = "per node (MB each rank sent per step, averaged over the node's ranks):"
+    caption = "per node (model states in MiB; MB each rank sent per step, averaged over the node's ranks):"
     caption = f"<div style='color:#666;margin-top:6px'>{caption}</div>"
     return caption + ui.table_html(header, table, formats)
 
@@ -573,4 +574,5 @@ def peak_plot(record: dict):
         f"{record['label']}: predicted peak in {peak} ({line.totals[peak] / MIB:,.2f} MiB), "
         f"measured {measured[peak] / MIB:,.2f} MiB"
     )
-    return plots.peak_timeline(line, measured, title=title)
+    where = "in a CPU rank" if record.get("device") == "cpu" else "on the GPU"
+    return plots.peak_timeline(line, measured, title=title, where=where)

@@ -15,7 +15,7 @@ import pandas as pd
 from kit.rules import baseline_name
 from kit.run.results import Results
 from kit.schema import Setup
-from kit.units import MB
+from kit.units import MB, MIB
 
 #: engines that do the same job, compared where both ran: (baseline, ZeRO counterpart, what both do)
 COUNTERPARTS = (
@@ -26,9 +26,9 @@ COUNTERPARTS = (
 
 
 def engines_table(results: Results) -> pd.DataFrame:
-    """One row per ok configuration: ``configuration``, ``engine``, ``held MB`` (model states and buffers
-    rank 0 held, measured), ``estimate MB``, ``wire MB/step`` (measured), ``estimate wire MB``,
-    ``samples/s``, ``loss``."""
+    """One row per ok configuration: ``configuration``, ``engine``, ``held MiB`` (model states and buffers
+    rank 0 held, measured; MiB as the estimates show memory), ``estimate MiB``, ``wire MB/step`` (measured;
+    MB, 1e6 bytes, as traffic is counted), ``estimate wire MB``, ``samples/s``, ``loss``."""
     summary = results.summary()
     ok = summary[summary["status"] == "ok"]
     if ok.empty:
@@ -45,8 +45,8 @@ def engines_table(results: Results) -> pd.DataFrame:
                 "engine": f"PyTorch {baseline_name(z.engine, z.stage)}"
                 if z.engine != "deepspeed"
                 else f"DeepSpeed ZeRO-{z.stage}",
-                "held MB": held.loc[row["config_id"], "measured"] / MB,
-                "estimate MB": held.loc[row["config_id"], "estimate"] / MB,
+                "held MiB": held.loc[row["config_id"], "measured"] / MIB,
+                "estimate MiB": held.loc[row["config_id"], "estimate"] / MIB,
                 "wire MB/step": row.get("comm_wire_bytes", float("nan")) / MB,
                 "estimate wire MB": row.get("estimate_comm_wire_bytes", float("nan")) / MB,
                 "samples/s": row["samples_per_s"],
@@ -62,10 +62,10 @@ def advice(results: Results) -> str:
     a GPU has room for (the configurations no faster one holds fewer bytes than)."""
     table = engines_table(results)
     fastest = table.loc[table["samples/s"].idxmax()]
-    leanest = table.loc[table["held MB"].idxmin()]
+    leanest = table.loc[table["held MiB"].idxmin()]
     lines = [
         f"- Fastest here: **{fastest['configuration']}** ({fastest['samples/s']:.1f} samples/s); fewest "
-        f"bytes held per rank: **{leanest['configuration']}** ({leanest['held MB']:.2f} MB)."
+        f"bytes held per rank: **{leanest['configuration']}** ({leanest['held MiB']:.2f} MiB)."
     ]
     for baseline, zero, what in COUNTERPARTS:
         a, b = table[table["engine"] == baseline], table[table["engine"] == zero]
@@ -74,7 +74,7 @@ def advice(results: Results) -> str:
         a, b = a.iloc[0], b.iloc[0]
         lines.append(
             f"- {a['configuration']} vs {b['configuration']} (both {what}): "
-            f"{_ratio(a['held MB'], b['held MB'])} the bytes held, "
+            f"{_ratio(a['held MiB'], b['held MiB'])} the bytes held, "
             f"{_ratio(a['wire MB/step'], b['wire MB/step'])} the bytes sent per step, "
             f"{_ratio(a['samples/s'], b['samples/s'])} the speed, loss {a['loss']:.4f} vs {b['loss']:.4f}."
         )
@@ -87,16 +87,16 @@ def _choice(table: pd.DataFrame) -> str:
     holds fewer bytes than every faster one (the front of speed against bytes held)."""
     front: list[pd.Series] = []
     for _, row in table.sort_values("samples/s", ascending=False, kind="stable").iterrows():
-        if not front or row["held MB"] < front[-1]["held MB"]:
+        if not front or row["held MiB"] < front[-1]["held MiB"]:
             front.append(row)
     if len(front) == 1:
         (only,) = front
         return (
             f"- So: **{only['configuration']}** is both the fastest and the leanest here: book it wherever "
-            f"its {only['held MB']:.2f} MB per rank and its activations fit."
+            f"its {only['held MiB']:.2f} MiB per rank and its activations fit."
         )
     steps = [
-        f"{row['held MB']:.2f} MB or more: **{row['configuration']}** ({row['samples/s']:.1f} samples/s, "
+        f"{row['held MiB']:.2f} MiB or more: **{row['configuration']}** ({row['samples/s']:.1f} samples/s, "
         f"{_ratio(row['samples/s'], front[0]['samples/s'])} the fastest's speed)"
         for row in front
     ]

@@ -1,14 +1,18 @@
 """Figures of a sweep's Results (matplotlib; each function returns a Figure, no global pyplot state).
 
-``throughput``: samples/s per configuration. ``memory``: model states and activations per GPU per
-configuration, stacked by component, the estimate beside the measurement. ``estimated_memory``:
-estimates alone (no run), stacked by component against each GPU's capacity. ``comm_volume``: bytes one
-rank puts on the wire per step, by collective. ``loss_curves``: loss per step of every configuration,
-on one axis (ZeRO stages should overlap: sharding does not change the math). ``heartbeats``: memory and
-samples/s of every rank over time, from a ``kit.monitor.Snapshot``. ``predicted_vs_measured``: step times
-predicted beside measured, with the y = x line. ``published`` and ``published_fits``: the kit beside
-published measurements of real GPU runs (``kit.accuracy.published.report``), max allocated and max reserved
-predicted against measured, and each fit / OOM boundary against the GPU's memory.
+``throughput``: samples/s per configuration. ``memory``: model states and activations per GPU (per CPU
+rank where the ranks ran on CPU) per configuration, stacked by component, the estimate beside the
+measurement. ``estimated_memory``: estimates alone (no run), stacked by component against each GPU's
+capacity. ``comm_volume``: bytes one rank puts on the wire per step, by collective. ``loss_curves``:
+loss per step of every configuration, on one axis (ZeRO stages should overlap: sharding does not change
+the math). ``heartbeats``: memory and samples/s of every rank over time, from a ``kit.monitor.Snapshot``.
+``predicted_vs_measured``: step times predicted beside measured, with the y = x line. ``published`` and
+``published_fits``: the kit beside published measurements of real GPU runs
+(``kit.accuracy.published.report``), max allocated and max reserved predicted against measured, and each
+fit / OOM boundary against the GPU's memory.
+
+Memory is drawn in MiB (2**20) or GiB, as the estimates show it; bytes sent in MB (1e6), as network
+traffic is counted.
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ def throughput(results: Results) -> Figure:
 
 
 def memory(results: Results) -> Figure:
-    """Per configuration two stacked bars, estimate (hatched) and measured on rank 0, MB per GPU."""
+    """Per configuration two stacked bars, estimate (hatched) and measured on rank 0, MiB per GPU (per
+    CPU rank where the records say the ranks ran on CPU: ``Results.rank_word``)."""
     table = _ok(results)
     if table.empty:
         return nothing("Memory per configuration", "no configuration finished")
@@ -66,19 +71,19 @@ def memory(results: Results) -> Figure:
     width = 0.38
     for side, offset, hatch in (("estimate", -width / 2, "//"), ("measured", width / 2, None)):
         series: dict[str, list[float]] = {
-            part: [v / MB for v in table[f"{side}_{part}"]] for part in MEASURED
+            part: [v / MIB for v in table[f"{side}_{part}"]] for part in MEASURED
         }
         _stack(
             ax, [p + offset for p in positions], series, colors=COLORS, width=width, hatch=hatch,
             edgecolor="white", labelled=side == "measured",
         )  # fmt: skip
     ax.set_xticks(list(positions), table["label"])
-    ax.set_ylabel("MB per GPU (rank 0)")
+    ax.set_ylabel(f"MiB per {results.rank_word()} (rank 0)")
     ax.set_title("Memory per configuration\nestimate (hatched, left), measured (right)")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     sides = ("estimate", "measured")
     tops = [
-        sum(table[f"{side}_{part}"].iloc[i] for part in MEASURED) / MB for side in sides for i in positions
+        sum(table[f"{side}_{part}"].iloc[i] for part in MEASURED) / MIB for side in sides for i in positions
     ]
     headroom(ax, tops)
     _rotate(ax)
@@ -301,11 +306,11 @@ def batch_schedule(results: Results) -> Figure:
         held = sum(group[f"measured_{part}"] for part in MODEL_STATES)
         predicted = sum(group[f"estimate_{part}"] for part in MODEL_STATES)
         memory_ax.plot(
-            group["step"], held / MB, color=color, marker=style["marker"], label=f"{label}: model states"
+            group["step"], held / MIB, color=color, marker=style["marker"], label=f"{label}: model states"
         )
-        memory_ax.plot(group["step"], predicted / MB, color="black", ls=":", lw=1)
+        memory_ax.plot(group["step"], predicted / MIB, color="black", ls=":", lw=1)
         memory_ax.plot(
-            group["step"], group["measured_activations"] / MB, color=color, ls="--", marker=style["marker"],
+            group["step"], group["measured_activations"] / MIB, color=color, ls="--", marker=style["marker"],
             alpha=0.7, label=f"{label}: activations",
         )  # fmt: skip
         speed_ax.plot(group["step"], group["samples_per_s"], color=color, **style)
@@ -313,8 +318,8 @@ def batch_schedule(results: Results) -> Figure:
     batch_ax.set_title("Global batch per step")
     batch_ax.set_ylabel("samples per optimizer step")
     batch_ax.legend(fontsize="small")
-    memory_ax.set_title("Memory per GPU, rank 0 (estimate dotted)")
-    memory_ax.set_ylabel("MB")
+    memory_ax.set_title(f"Memory per {results.rank_word()}, rank 0 (estimate dotted)")
+    memory_ax.set_ylabel("MiB")
     memory_ax.set_ylim(bottom=0)
     memory_ax.legend(fontsize="x-small")
     speed_ax.set_title("Throughput per step")
@@ -434,14 +439,15 @@ def heartbeats(snapshot) -> Figure:
 
 def peak_timeline(
     timeline, measured: dict[str, int] | None = None, title: str = "", overhead: int = 0,
-    capacity: tuple[str, int] | None = None,
+    capacity: tuple[str, int] | None = None, where: str = "on the GPU",
 ) -> Figure:  # fmt: skip
     """The predicted peak of each phase of a step (``kit.estimate.peak.Timeline``, e.g. an
     ``Estimate.timeline``), stacked by category, with the measured peak of each phase beside it
     (``measured``: a record's ``measured.phases``, {phase: bytes}); the peak phase's label in bold.
     ``overhead`` (an estimate's ``peak_overhead``: CUDA context, NCCL buffers, allocator slack) tops each
     predicted bar, so the peak phase's bar is the verdict's number (``Estimate.per_gpu_bytes``), and
-    ``capacity`` (a GPU's name and memory in bytes) is drawn as a line: what the verdict compares, drawn."""
+    ``capacity`` (a GPU's name and memory in bytes) is drawn as a line: what the verdict compares, drawn.
+    ``where`` the tensors live, for the axis (``"in a CPU rank"`` for a CPU rank's timeline)."""
     from kit.estimate.peak import CATEGORIES
 
     colors = {**COLORS, "temporaries": "#CCB974"}
@@ -483,7 +489,7 @@ def peak_timeline(
     for tick in ax.get_xticklabels():
         if tick.get_text() == timeline.peak_phase:
             tick.set_fontweight("bold")
-    ax.set_ylabel(f"{name} on the GPU" if overhead else f"{name} live on the GPU")
+    ax.set_ylabel(f"{name} on the GPU" if overhead else f"{name} live {where}")
     peak = timeline.peak_phase
     what = "per GPU" if overhead else "of tensors"
     ax.set_title(title or f"peak per phase of a step: {peak}, {totals[peak] / unit:,.2f} {name} {what}")

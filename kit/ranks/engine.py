@@ -50,6 +50,7 @@ def build_engine(setup: Setup, seed: int = 0, *, comms_logger: bool = False) -> 
 
     from kit import workloads
     from kit.ds_config import to_ds_config
+    from kit.workloads import ulysses
 
     baseline = setup.zero.engine != "deepspeed"
     config = {} if baseline else to_ds_config(setup, torch_adam=True)
@@ -64,6 +65,7 @@ def build_engine(setup: Setup, seed: int = 0, *, comms_logger: bool = False) -> 
     with workload.partitioned(config) if zero_init else contextlib.nullcontext():
         model = workload.build()
     z = setup.zero
+    mpu = ulysses.register(model, setup) if z.sequence_parallel_size > 1 else None
     if trainable.is_subset(z):
         model = _train_subset(model, setup)
     checkpointing = (
@@ -79,7 +81,7 @@ def build_engine(setup: Setup, seed: int = 0, *, comms_logger: bool = False) -> 
         return Built(baselines.wrap(model, setup), model, workload, checkpointing)
     # the optimizer gets the parameters that train, as the HF Trainer gives it
     params = [p for p in model.parameters() if p.requires_grad]
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=config)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=config, mpu=mpu)
     return Built(engine, model, workload, checkpointing)
 
 
@@ -155,8 +157,10 @@ def micro_batch(workload, setup: Setup, step: int, rank: int, world: int, micro:
 
     Global sample indices of a step run over its ``train_batch`` samples, after those of the steps
     before it (``Setup.samples_before``: a batch schedule changes how many); this rank takes every
-    ``world``-th one of its micro-batch's slice (as ``DistributedSampler`` does). CPU tensors, floats in
-    fp32: ``train_step`` moves and casts them.
+    ``world``-th one of its micro-batch's slice (as ``DistributedSampler`` does); under sequence parallelism
+    each group of ``sp`` consecutive ranks is one data-parallel rank and each member keeps its part of the
+    sequence (``kit.workloads.ulysses.shard``). CPU tensors, floats in fp32: ``train_step`` moves and
+    casts them.
     """
     b = setup.batch
     if b.max_tokens:
@@ -164,10 +168,17 @@ def micro_batch(workload, setup: Setup, step: int, rank: int, world: int, micro:
 
         ids, lengths = packed_lengths(b, step, rank, world, micro, seed)
         return workload.micro_batch(ids, b.seq_len, seed, lengths=lengths)
-    mb = setup.at_step(step).batch.micro_batch
-    first = setup.samples_before(step) + micro * mb * world
-    indices = [first + rank + world * k for k in range(mb)]
-    return workload.micro_batch(indices, setup.batch.seq_len, seed)
+    mb, sp = setup.at_step(step).batch.micro_batch, setup.zero.sequence_parallel_size
+    group, member = divmod(rank, sp)  # a sequence-parallel group: sp consecutive ranks, the same samples
+    replicas = world // sp
+    first = setup.samples_before(step) + micro * mb * replicas
+    indices = [first + group + replicas * k for k in range(mb)]
+    args, kwargs = workload.micro_batch(indices, setup.batch.seq_len, seed)
+    if sp > 1:
+        from kit.workloads import ulysses
+
+        kwargs = ulysses.shard(kwargs, member, sp)
+    return args, kwargs
 
 
 def train_step(
@@ -268,6 +279,10 @@ def teardown(engine) -> None:
 
     engine.destroy()
     _restore_linear()
+    if getattr(engine, "sequence_parallel_size", 1) > 1:
+        from kit.workloads import ulysses
+
+        ulysses.unregister()
     hpz_group = groups._get_zero_param_intra_parallel_group()
     if hpz_group is not None:
         groups._release_process_group_references(hpz_group)

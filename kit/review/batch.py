@@ -18,9 +18,9 @@ def batch(x: Context) -> list[Finding]:
         Finding(
             key,
             "info",
-            f"batch: train_batch_size {b.train_batch} = micro {b.micro_batch} x {x.n} GPUs x grad_accum "
-            f"{b.grad_accum}; activations {size(act)} per GPU at micro batch {b.micro_batch}, sequence "
-            f"{b.seq_len} ({x.est.terms['activations'].formula})",
+            f"batch: train_batch_size {b.train_batch} = micro {b.micro_batch} x {x.setup.dp} "
+            f"{x.setup.dp_words} x grad_accum {b.grad_accum}; activations {size(act)} per GPU at micro "
+            f"batch {b.micro_batch}, sequence {b.seq_len} ({x.est.terms['activations'].formula})",
             "keep it",
         )
     ]

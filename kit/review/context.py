@@ -35,7 +35,7 @@ class Context:
         self.raw, self.setup = raw, setup
         zero = raw.get("zero_optimization")
         self.zero = zero if isinstance(zero, dict) else {}
-        self.z, self.n, self.stage = setup.zero, setup.dp, setup.zero.stage
+        self.z, self.n, self.stage = setup.zero, setup.zero_dp, setup.zero.stage
         self.p = element_bytes(setup.zero.precision)
         self.est = estimate(setup)
         self.gpu = gpu(setup.cluster.gpu)

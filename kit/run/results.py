@@ -3,7 +3,8 @@
 ``Results.df`` has one row per record (nested fields flattened with ``_``: ``measured_parameters``,
 ``estimate_activations``, ``setup_zero_stage``, ``comm_bytes_all_gather``...). ``summary()`` has one
 row per configuration (machine-readable: bytes, seconds, its column names what users' scripts read);
-``readable()`` is the same table as a reader reads it (headers in words with their units, bytes in MB).
+``readable()`` is the same table as a reader reads it (headers in words with their units: memory in MiB,
+bytes sent in MB).
 ``states()`` is the one table of bytes measured beside the estimate (every rank, device, host and NVMe);
 ``summary()``, ``brief()``, ``zerokit run``'s table and the notebooks' engine report read it. When a
 configuration was attempted more than once (a resumed sweep), only its latest launch counts.
@@ -18,7 +19,7 @@ import pandas as pd
 from kit.components import HELD, MEASURED, MODEL_STATES
 from kit.records import load_records
 from kit.schema import Setup
-from kit.units import MB, first_line
+from kit.units import MB, MIB, first_line
 
 #: a configuration's status is its worst record's: error > oom > timeout > cancelled (stopped by the
 #: user, ``run_sweep(cancel=...)``) > ok
@@ -32,9 +33,9 @@ PLACES = {
 #: the columns of ``Results.states()``
 STATE_COLUMNS = ["config_id", "label", "rank", "step", "where", "component", "measured", "estimate"]
 #: how ``Results.readable`` shows each of ``summary()``'s columns: its header (the unit in it) and what
-#: one of the header's unit is in the summary's (bytes in MB, 1e6, as the sweep tables and plots show a
-#: small model's bytes; a step in ms); ``measured_<component>`` / ``estimate_<component>`` are
-#: "measured <component> MB" / "estimated <component> MB"
+#: one of the header's unit is in the summary's (memory in MiB, 2**20, as the estimates show it; bytes
+#: sent in MB, 1e6, as network traffic is counted; a step in ms); ``measured_<component>`` /
+#: ``estimate_<component>`` are "measured <component> MiB" / "estimated <component> MiB"
 READABLE: dict[str, tuple[str, float]] = {
     "config_id": ("config id", 1),
     "label": ("configuration", 1),
@@ -50,10 +51,10 @@ READABLE: dict[str, tuple[str, float]] = {
     "loss": ("last loss", 1),
     "comm_wire_bytes": ("MB sent per step", MB),
     "estimate_comm_wire_bytes": ("estimated MB sent per step", MB),
-    "peak_allocated_bytes": ("peak allocated MB", MB),
-    "peak_rss_bytes": ("peak RSS MB", MB),
-    "estimate_peak_bytes": ("estimated peak per GPU MB", MB),
-    "measured_peak_tensor_bytes": ("measured peak tensors MB", MB),
+    "peak_allocated_bytes": ("peak allocated MiB", MIB),
+    "peak_rss_bytes": ("peak RSS MiB", MIB),
+    "estimate_peak_bytes": ("estimated peak per GPU MiB", MIB),
+    "measured_peak_tensor_bytes": ("measured peak tensors MiB", MIB),
 }
 #: the record fields a component's pair of summary columns comes from, and the word its header says
 SIDES = {"measured": "measured", "estimate": "estimated"}
@@ -137,7 +138,7 @@ class Results:
     def readable(self, columns: list[str] | tuple[str, ...] | None = None) -> pd.DataFrame:
         """``summary()`` as a reader reads it: ``columns`` of it (named as ``summary()`` names them, in
         that order; None: all but ``config_id``) under headers in words with their units (``READABLE``:
-        bytes in MB, a step in ms), numbers left numeric for the notebook's formatter
+        memory in MiB, bytes sent in MB, a step in ms), numbers left numeric for the notebook's formatter
         (``kit.lab.notebook.readable``), an error's first line. A column the summary lacks (nothing of it
         was measured) is blank. On CPU ranks there is no GPU: the whole-GPU estimate
         (``estimate_peak_bytes``: a GPU's CUDA context and NCCL buffers, ``kit.estimate``) is blank there,
@@ -166,6 +167,15 @@ class Results:
         if self.df.empty or "device" not in self.df:
             return set()
         return set(self.df.loc[self.df["device"] == "cpu", "config_id"])
+
+    def rank_word(self) -> str:
+        """What one rank of this sweep is, for the human views' "MiB per ...": ``"GPU"`` where every
+        record with a ``device`` ran on one, ``"CPU rank"`` where every one ran on CPU, else ``"rank"``
+        (both, or no record says)."""
+        devices = set(self.df["device"].dropna()) if "device" in self.df else set()
+        if not devices:
+            return "rank"
+        return "CPU rank" if devices == {"cpu"} else "GPU" if "cpu" not in devices else "rank"
 
     def states(self, components: tuple[str, ...] = HELD) -> pd.DataFrame:
         """Bytes measured beside the estimate: one row per ok configuration, rank, place and component,
@@ -196,7 +206,8 @@ class Results:
     def brief(self) -> pd.DataFrame:
         """The few columns a reader compares, one row per configuration, in units (``summary()`` has
         them all): step time in ms, samples/s, last loss, rank 0's model states measured and estimated
-        (MB), peak RSS (MiB), bytes sent per step (MB), and the first line of the error of a failed one."""
+        (MiB, as the estimates show memory), peak RSS (MiB), bytes sent per step (MB, 1e6: traffic), and the
+        first line of the error of a failed one."""
         table = self.summary()
 
         def column(key: str, scale: float = 1.0) -> pd.Series:
@@ -206,12 +217,12 @@ class Results:
         out["step ms"] = column("step_time_s", 1e3)
         out["samples/s"] = column("samples_per_s")
         out["loss"] = column("loss")
-        for name, side in (("model states MB", "measured"), ("estimate MB", "estimate")):
-            out[name] = sum(column(f"{side}_{part}", 1e-6) for part in MODEL_STATES)
-        out["peak RSS MiB"] = column("peak_rss_bytes", 2**-20)
-        out["wire MB/step"] = column("comm_wire_bytes", 1e-6)
+        for name, side in (("model states MiB", "measured"), ("estimate MiB", "estimate")):
+            out[name] = sum(column(f"{side}_{part}", 1 / MIB) for part in MODEL_STATES)
+        out["peak RSS MiB"] = column("peak_rss_bytes", 1 / MIB)
+        out["wire MB/step"] = column("comm_wire_bytes", 1 / MB)
         if "estimate_comm_wire_bytes" in table:  # recorded since the baselines came (older sweeps lack it)
-            out["estimate wire MB"] = column("estimate_comm_wire_bytes", 1e-6)
+            out["estimate wire MB"] = column("estimate_comm_wire_bytes", 1 / MB)
         if (table["status"] != "ok").any():
             out["error"] = [e.splitlines()[0][:80] if isinstance(e, str) else None for e in table["error"]]
         return out
@@ -267,7 +278,7 @@ def _readable_header(column: str) -> tuple[str, float]:
         return READABLE[column]
     side, _, part = column.partition("_")
     if side in SIDES and part in MEASURED:
-        return f"{SIDES[side]} {part.replace('_', ' ')} MB", MB
+        return f"{SIDES[side]} {part.replace('_', ' ')} MiB", MIB
     known = [*READABLE, *(f"{side}_{part}" for side in SIDES for part in MEASURED)]
     raise ValueError(f"columns: {column!r} is not a column of Results.summary(), one of {', '.join(known)}")
 

@@ -1,9 +1,9 @@
 """Tune by measuring: search ZeRO stage x offload x micro batch by real runs, in one launch.
 
 ``tune(setup)`` builds the candidates, prunes by ``kit.estimate`` what cannot fit the memory budget per
-GPU (those are reported with their estimate and never run), runs the rest with ``run_sweep`` (one
-launch, resumable: re-running the same ``sweep`` measures only what is missing) and ranks them by
-measured throughput, the median samples/s over the measured steps of rank 0. With a calibration
+GPU (per rank on CPU ranks; those are reported with their estimate and never run), runs the rest with
+``run_sweep`` (one launch, resumable: re-running the same ``sweep`` measures only what is missing) and
+ranks them by measured throughput, the median samples/s over the measured steps of rank 0. With a calibration
 (``kit.steptime.calibration``) every candidate also gets its predicted step time: the measured ones
 beside their measured median (``error`` = predicted / measured - 1), the unmeasured ones (pruned or
 failed) ranked after them by predicted samples/s; without one ``predicted_s`` is empty ("uncalibrated").
@@ -20,7 +20,11 @@ What a candidate is:
   takes the same optimizer step; ``keep="grad_accum"`` keeps the setup's gradient accumulation and
   lets the global batch grow with the micro batch.
 - the candidates run on one node of ``nprocs`` ranks (as ``run_sweep`` runs them) and are estimated as
-  such; the budget defaults to the setup's GPU memory (on CPU ranks give the budget you want to hold).
+  such, for the accelerator the ranks run on (``kit.run.launcher.ranks_accelerator()``): on GPUs the
+  predicted peak per GPU, CUDA context, NCCL buffers and allocator slack included; on CPU ranks the
+  estimate as it applies there (``Estimate.on_accelerator("cpu")``: the same tensors, none of a GPU's
+  overheads), so a CPU budget is the bytes of tensors a rank may hold. The budget defaults to the
+  setup's GPU memory (on CPU ranks give the budget you want to hold).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import pandas as pd
 
 from kit import checkpointing, grid
 from kit.rules import Offload
+from kit.run import launcher
 from kit.run.calibrate import error
 from kit.run.results import Results
 from kit.run.sweep import config_id, on_ranks, run_sweep
@@ -52,7 +57,8 @@ COLUMNS = [
 
 @dataclass(frozen=True)
 class Candidate:
-    """One point of the search: its Setup (on the run's ranks), offload choice and estimated bytes."""
+    """One point of the search: its Setup (on the run's ranks), offload choice and estimated bytes (per
+    GPU, or per rank on CPU ranks: ``candidates``' ``accelerator``)."""
 
     setup: Setup
     offload: str
@@ -67,7 +73,8 @@ class Candidate:
 class Tuned:
     """What ``tune`` found: ``best`` (the Setup that measured fastest, None if none ran), ``table`` (every
     candidate, pruned ones included, by rank), ``pruned`` ((label, estimated bytes, reason)), the records
-    path and the sweep's ``results``."""
+    path, the sweep's ``results`` and the ``accelerator`` the ranks ran on (``"cuda"`` or ``"cpu"``: the
+    budget and the estimates are per GPU, or per rank on CPU ranks)."""
 
     best: Setup | None
     table: pd.DataFrame
@@ -76,6 +83,12 @@ class Tuned:
     budget_bytes: int
     results: Results = field(repr=False)
     calibration: str = "uncalibrated"
+    accelerator: str = "cuda"
+
+    @property
+    def device(self) -> str:
+        """What the budget and the estimates are per: ``"GPU"``, or ``"rank"`` on CPU ranks."""
+        return "rank" if self.accelerator == "cpu" else "GPU"
 
     def write_ds_config(self, path: str | Path, **options: Any) -> Path:
         """Write the best configuration's ds_config.json (``kit.ds_config.write_ds_config``)."""
@@ -112,18 +125,26 @@ def candidates(
     nprocs: int = 2,
     keep: str = "train_batch",
     nodes: int = 1,
+    accelerator: str | None = None,
 ) -> list[Candidate]:
     """Every valid stage x offload x micro batch of ``setup`` on ``nodes`` nodes of ``nprocs`` ranks,
-    estimated.
+    estimated for ranks on ``accelerator`` (``"cuda"`` or ``"cpu"``; None: where the ranks will run,
+    ``kit.run.launcher.ranks_accelerator()``): a candidate's bytes are its ``per_gpu_bytes`` of
+    ``estimate(setup).on_accelerator(accelerator)``, on CPU ranks without a GPU's CUDA context, NCCL
+    buffers and allocator slack.
 
     ValueError (one line naming the argument and the valid range) for an empty or invalid list.
     """
     from kit.estimate import estimate
+    from kit.estimate.result import ACCELERATORS
 
     stages = _choices("stages", stages, (0, 1, 2, 3))
     offloads = _choices("offloads", offloads, OFFLOADS)
     if keep not in KEEPS:
         raise ValueError(f"keep: choose one of {', '.join(KEEPS)}, got {keep!r}")
+    accelerator = accelerator or _ranks_accelerator()
+    if accelerator not in ACCELERATORS:
+        raise ValueError(f"accelerator: choose one of {', '.join(ACCELERATORS)}, got {accelerator!r}")
     if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
         raise ValueError(f"nprocs: must be a whole number >= 1, got {nprocs!r}")
     micros = list(dict.fromkeys(micro_batches))
@@ -143,7 +164,8 @@ def candidates(
         accum = per_gpu // micro if keep == "train_batch" else base.batch.grad_accum
         candidate = base.replace(zero=variant.zero, batch={"micro_batch": micro, "grad_accum": accum})
         offload = Offload.NONE if variant.offload_optimizer == Offload.NONE else Offload.CPU
-        out.append(Candidate(candidate, offload, estimate(candidate).per_gpu_bytes))
+        predicted = estimate(candidate).on_accelerator(accelerator).per_gpu_bytes
+        out.append(Candidate(candidate, offload, predicted))
     return out
 
 
@@ -164,8 +186,9 @@ def tune(
     nodes=None,
     **options: Any,
 ) -> Tuned:
-    """Measure every candidate that the estimate says fits ``budget_bytes`` per GPU, in one launch, and
-    rank them by median samples/s, on this machine or on ``nodes`` (``kit.run.local_nodes.Nodes``).
+    """Measure every candidate that the estimate says fits ``budget_bytes`` per GPU (per rank on CPU
+    ranks, by the estimate as it applies there: ``candidates``), in one launch, and rank them by median
+    samples/s, on this machine or on ``nodes`` (``kit.run.local_nodes.Nodes``).
     ``options`` go to ``run_sweep`` (``warmup``, ``timeout_s``,
     ``launcher_name``, ``instrument``...). ValueError before anything launches when an argument is
     invalid or nothing fits the budget."""
@@ -175,9 +198,11 @@ def tune(
         budget_bytes = gpu(setup.cluster.gpu).memory_bytes
     if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 1:
         raise ValueError(f"budget_bytes: must be a whole number of bytes >= 1, got {budget_bytes!r}")
+    accelerator = _ranks_accelerator()
+    per = "rank" if accelerator == "cpu" else "GPU"
     found = candidates(
         setup, stages=stages, offloads=offloads, micro_batches=micro_batches, nprocs=nprocs, keep=keep,
-        nodes=nodes.count if nodes else 1,
+        nodes=nodes.count if nodes else 1, accelerator=accelerator,
     )  # fmt: skip
     if not found:
         raise ValueError("stages: no valid candidate (offload needs stage >= 1); add a stage or offload none")
@@ -200,7 +225,7 @@ def tune(
     if not kept:
         smallest = min(found, key=lambda c: c.estimated_bytes)
         raise ValueError(
-            f"budget: no candidate fits {budget_bytes / GIB:.3f} GiB per GPU; the smallest estimate is "
+            f"budget: no candidate fits {budget_bytes / GIB:.3f} GiB per {per}; the smallest estimate is "
             f"{smallest.estimated_bytes / GIB:.3f} GiB ({smallest.label})"
         )
     results = run_sweep(
@@ -214,7 +239,7 @@ def tune(
         best = next(c.setup for c in kept if c.label == label)
     label = calibration.label_for(*(c.setup for c in found)) if calibration else "uncalibrated"
     assert results.path is not None  # run_sweep loads its records file
-    return Tuned(best, table, pruned, results.path, budget_bytes, results, label)
+    return Tuned(best, table, pruned, results.path, budget_bytes, results, label, accelerator)
 
 
 def _table(
@@ -259,6 +284,12 @@ def _table(
     predicted = (table["train_batch"] / table["predicted_s"]).fillna(0)  # NaN without a calibration
     table = table.assign(_order=order, _speed=-predicted).sort_values(["_order", "_speed"], kind="stable")
     return table.reset_index(drop=True)[COLUMNS]
+
+
+def _ranks_accelerator() -> str:
+    """``"cpu"`` where the ranks will run on CPU (``kit.run.launcher.ranks_accelerator()``), else ``"cuda"``:
+    the estimate's two cases (another accelerator DeepSpeed names is estimated as a GPU)."""
+    return "cpu" if launcher.ranks_accelerator() == "cpu" else "cuda"
 
 
 def _choices(name: str, values, allowed: tuple) -> list:

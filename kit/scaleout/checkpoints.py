@@ -102,14 +102,26 @@ def run_roundtrip(
     return reports
 
 
-def consolidate(ckpt_dir: str | os.PathLike, tag: str | None = None, out: str | os.PathLike | None = None):
+#: seconds a consolidation runs before its progress line shows (``consolidate(progress=True)``): a small
+#: checkpoint, merged in well under a second, prints nothing
+PROGRESS_DELAY_S = 1.0
+
+
+def consolidate(
+    ckpt_dir: str | os.PathLike,
+    tag: str | None = None,
+    out: str | os.PathLike | None = None,
+    progress: bool = False,
+):
     """One fp32 state dict from a ZeRO checkpoint (DeepSpeed's ``zero_to_fp32``); saved to ``out`` if given.
 
     Runs in this process (it only reads files): no ranks, no GPU. Tied weights appear under each of
-    their names, as the same tensor (see ``unique_numel``).
+    their names, as the same tensor (see ``unique_numel``). ``progress``: one tqdm line on stderr through
+    loading the shards, gathering stage 3's weights and saving, shown once the consolidation has run
+    ``PROGRESS_DELAY_S`` (``zerokit checkpoint consolidate``: a terminal's); by default nothing, as a
+    notebook wants (no stderr, no red block): zero_to_fp32's own bars stay off either way.
     """
     import contextlib
-    import functools
     import io
     from unittest import mock
 
@@ -121,13 +133,45 @@ def consolidate(ckpt_dir: str | os.PathLike, tag: str | None = None, out: str | 
     # zero_to_fp32 prints its progress ("Processing zero checkpoint ...", "Detected checkpoint of type zero
     # stage N", "Reconstructed fp32 state dict with ...") and draws tqdm bars on stderr ("Loading checkpoint
     # shards", "Gathering sharded weights": a red block in a notebook): what the returned dict says, noise
-    # in a terminal and a notebook; kept out (its tqdm off, the prints swallowed), a failure still raises
-    quiet = functools.partial(zero_to_fp32.tqdm, disable=True)
-    with mock.patch.object(zero_to_fp32, "tqdm", quiet), contextlib.redirect_stdout(io.StringIO()):
-        state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
-    if out is not None:
-        torch.save(state, out)
+    # in a terminal and a notebook; kept out (its tqdm replaced by one line of ours, off unless asked, the
+    # prints swallowed), a failure still raises
+    line = _ProgressLine(progress)
+    try:
+        with mock.patch.object(zero_to_fp32, "tqdm", line), contextlib.redirect_stdout(io.StringIO()):
+            state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+        if out is not None:
+            line.step(f"saving {Path(out).name}")
+            torch.save(state, out)
+            line.bar.update()
+    finally:
+        line.bar.close()
     return state
+
+
+class _ProgressLine:
+    """What ``consolidate`` puts in place of zero_to_fp32's ``tqdm``: each loop it wraps (the shards it
+    loads, stage 3's weights it gathers) advances one bar, its description the loop's, its total growing
+    as each loop starts, so a whole consolidation is one line; disabled, nothing is drawn."""
+
+    def __init__(self, enabled: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=0, desc="consolidate", unit="step", disable=not enabled, delay=PROGRESS_DELAY_S, leave=True
+        )
+
+    def __call__(self, iterable, desc: str = "", **_):
+        items = list(iterable)
+        self.step(desc.lower(), len(items))
+        for item in items:
+            yield item
+            self.bar.update()
+
+    def step(self, what: str, count: int = 1) -> None:
+        """A new part of the work: ``count`` more steps, the line saying ``what``."""
+        self.bar.total += count
+        self.bar.set_description(f"consolidate: {what}" if what else "consolidate", refresh=False)
+        self.bar.update(0)  # redrawn now where the line already shows (or its delay is over)
 
 
 def unique_numel(state: dict) -> int:

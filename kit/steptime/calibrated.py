@@ -81,13 +81,13 @@ def calibrated(
         before, why = by_op.get(op, (0.0, []))
         by_op[op] = (before + took, [*why, formula])
 
-    on = cal.links(setup.dp)[0]  # the ranks the links were measured on
+    on = cal.links(setup.zero_dp)[0]  # the ranks the links were measured on
     for part in collectives(setup):
         op = TIMED_AS.get(part.name, "all_reduce")
         gbps = (cal.link(op, on) or datasheet).bus_gbps
         gbps = min(gbps, across) if part.scope == "inter" and across else gbps
         add(op, part.bytes / (gbps * 1e9), f"{part.bytes:,} B / {gbps:.3g} GB/s")
-    hops = (setup.dp - 1) / max(1, on - 1)
+    hops = (setup.zero_dp - 1) / max(1, on - 1)
     for op, calls, formula in collective_calls(setup):
         latency = (cal.link(op, on) or datasheet).latency_s
         add(op, calls * latency * hops, f"{calls} {op} ({formula}) x {latency * 1e6:,.4g} us x {hops:.3g}")

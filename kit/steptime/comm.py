@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kit import sequence_parallel as ulysses
 from kit import trainable as subset
 from kit.estimate import baselines, partition
 from kit.rules import (
@@ -48,29 +49,91 @@ def comm_bytes(setup: Setup, parts: list[Collective] | None = None) -> tuple[int
     ``parts`` when they are at hand). With a trainable subset (``kit.trainable``) stages 0-2 reduce and
     gather its trainable bytes only (the flat buffer holds nothing else).
     """
-    n, z = setup.dp, setup.zero
+    n, z = setup.zero_dp, setup.zero
     if n == 1:
         return 0, "one rank: no communication"
     if z.engine != "deepspeed":
         volume, formula, m = baselines.comm(setup)
         return round(volume), f"{formula}, M = {m:,} B, N = {n}"
-    m = element_bytes(z.precision) * partition.trainable_params(setup)  # a trainable subset's own
+    p = element_bytes(z.precision)
+    m = p * partition.trainable_params(setup)  # a trainable subset's own
+    r = ulysses.reduction_bytes(z, p) / p  # gradients reduced in fp32 under sequence parallelism
+    grads = "M" if r == 1 else f"{r:g} M"
     k = setup.batch.grad_accum
     ring = ring_share(n)
-    if z.stage == 0:
-        volume, formula = 2 * ring * m, "2 (N-1)/N M (gradient all-reduce)"
-    elif z.stage == 1:
-        volume, formula = 3 * ring * m, "2 (N-1)/N M (gradient all-reduce) + (N-1)/N M (parameter all-gather)"
-    elif z.stage == 2:
-        volume = (2 * k + 1) * ring * m
-        formula = (
-            f"2 (N-1)/N M x k={k} (gradient all-reduce per micro-step) + (N-1)/N M (parameter all-gather)"
-        )
-    else:
+    if z.stage == 3:
         parts = collectives(setup) if parts is None else parts
         volume = sum(c.bytes for c in parts)
         formula = " + ".join(f"{c.formula} [{c.scope}]" for c in parts)
+        return round(volume), f"{formula}, M = {m:,} B, N = {n}"
+    if z.stage == 0:
+        volume, formula = 2 * r * ring * m, f"2 (N-1)/N {grads} (gradient all-reduce)"
+    elif z.stage == 1:
+        volume = (2 * r + 1) * ring * m
+        formula = f"2 (N-1)/N {grads} (gradient all-reduce) + (N-1)/N M (parameter all-gather)"
+    else:
+        volume = (2 * r * k + 1) * ring * m
+        formula = (
+            f"2 (N-1)/N {grads} x k={k} (gradient all-reduce per micro-step) + (N-1)/N M (parameter "
+            "all-gather)"
+        )
+    exchange = all_to_all(setup)
+    if exchange:
+        volume += exchange.bytes
+        formula += f" + {exchange.formula}"
     return round(volume), f"{formula}, M = {m:,} B, N = {n}"
+
+
+def _backward_widths(setup: Setup, h: int, kv: int) -> int:
+    """The widths of the gradients Ulysses exchanges in backward, summed over the layers: q (h), k and v
+    (kv each) when they need a gradient, and the attention output's when any of them does. With a
+    trainable subset (``kit.trainable``) a tensor needs none before the first weight that trains: a block
+    whose input needs no gradient exchanges only those of its projections that train or carry LoRA
+    adapters (checkpointing with frozen embeddings makes the input need one, ``enable_input_require_grads``
+    as the ranks do)."""
+    listing = partition.listing(setup)
+    if listing is None:
+        return setup.model.dims.layers * (2 * h + 2 * kv)
+    flows = listing.embeddings or setup.zero.activation_checkpointing
+    total = 0
+    for block in listing.blocks:
+        own = block.trains | block.adapted
+        needs = {x: flows or "norm1" in own or x in own for x in ("q", "k", "v")}
+        total += h * needs["q"] + kv * (needs["k"] + needs["v"]) + (h if any(needs.values()) else 0)
+        flows = flows or bool(own)
+    return total
+
+
+def all_to_all(setup: Setup) -> Collective | None:
+    """Ulysses' exchanges per optimizer step (``kit.sequence_parallel``), None without sequence parallelism:
+    each attention layer all-to-alls q, k, v and its output in forward (again when its block is
+    recomputed under checkpointing) and their gradients in backward,
+    among the ``sp`` ranks of its group (consecutive ranks: inside a node when ``sp`` divides its GPUs);
+    a rank sends (sp-1)/sp of each of its tensors: b x s/sp tokens x (2 h + 2 kv) 16-bit elements per layer
+    and pass (in backward those that need a gradient, ``_backward_widths``), kv the exchanged kv heads'
+    width (repeated up to sp); each forward also all-gathers the
+    int64 position ids (``UlyssesSPAttentionHF.forward``)."""
+    z, m, b = setup.zero, setup.model, setup.batch
+    sp = z.sequence_parallel_size
+    if sp == 1:
+        return None
+    layers, h, a, kv_heads, _, _ = m.dims
+    kv = ulysses.exchanged_kv_heads(kv_heads, sp) * (h // a)
+    p, k, tokens = element_bytes(z.precision), b.grad_accum, b.micro_batch * setup.rank_seq_len
+    # a checkpointed block's forward runs again in backward, its exchanges with it
+    again = layers // z.checkpoint_every if z.activation_checkpointing else 0
+    forward, backward = (layers + again) * (2 * h + 2 * kv), _backward_widths(setup, h, kv)
+    exchanged = (sp - 1) / sp * p * tokens * (forward + backward)
+    # and each forward of an attention layer all-gathers the int64 position ids: a ring sends sp - 1 parts
+    positions = (sp - 1) * (layers + again) * 8 * tokens
+    sent = k * (exchanged + positions)
+    scope = "intra" if setup.cluster.gpus_per_node % sp == 0 else "inter"
+    passes = f"(L + {again} recomputed)" if again else "L"
+    how = (
+        f"Ulysses (sp-1)/sp x {p} B x b s/sp x ({passes} x (2h + 2kv) forward + {backward:,} backward) "
+        f"x k={k} + the position ids' (sp-1) x 8 B per token and forward, sp={sp}, kv={kv}"
+    )
+    return Collective("Ulysses all-to-all", scope, round(sent), how)
 
 
 @dataclass(frozen=True)
@@ -106,7 +169,7 @@ def collectives(setup: Setup) -> list[Collective]:
     group. A trainable subset (``kit.trainable``) reduce-scatters its trainable bytes M_t only and gathers
     every tensor, frozen or not.
     """
-    n, z, c = setup.dp, setup.zero, setup.cluster
+    n, z, c = setup.zero_dp, setup.zero, setup.cluster
     across = "inter" if c.nodes > 1 else "intra"
     if z.stage != 3 or z.engine != "deepspeed":
         sent, how = comm_bytes(setup)
@@ -118,8 +181,11 @@ def collectives(setup: Setup) -> list[Collective]:
         c.gpus_per_node,
         z.hpz_partition_size,
     )
-    trained = p * partition.trainable_params(setup)  # gradients: a trainable subset's only
-    mt = "M_t" if trained != m else "M"
+    # gradients: a trainable subset's only; fp32 under sequence parallelism
+    trained = ulysses.reduction_bytes(z, p) * partition.trainable_params(setup)
+    mt = "M_t" if p * partition.trainable_params(setup) != m else "M"
+    widen = ulysses.reduction_bytes(z, p) // p  # 2 for 16-bit gradients reduced in fp32
+    mt = f"{widen} {mt}" if widen > 1 else mt
     if n == 1:
         return []
     w = QUANTIZED_WEIGHT_BYTES / p if z.quantized_weights else 1.0
@@ -173,6 +239,9 @@ def collectives(setup: Setup) -> list[Collective]:
         )
     else:
         out.append(Collective(reduce, across, round(k * ring * trained), f"(N-1)/N {mt} x k={k}"))
+    exchange = all_to_all(setup)
+    if exchange:
+        out.append(exchange)
     return out
 
 
@@ -241,7 +310,7 @@ def collective_calls(setup: Setup) -> list[tuple[str, int, str]]:
     all-reduces buckets of 25 MB at the boundary; FSDP gathers each block (and the root) in forward and
     backward and reduce-scatters it every micro-step.
     """
-    n, z, k = setup.dp, setup.zero, setup.batch.grad_accum
+    n, z, k = setup.zero_dp, setup.zero, setup.batch.grad_accum
     if n == 1:
         return []
     params = partition.trainable_params(setup)  # what gradients and updates move (a subset's own)

@@ -181,7 +181,10 @@ def _pad(entries: list[tuple[float, ...]], size: int) -> tuple[tuple[float, ...]
 def work(setup: Setup) -> Work:
     """``Work`` of one micro-step of ``setup`` (see the module's docstring)."""
     m, b, z = setup.model, setup.batch, setup.zero
-    return _work(m, b.micro_batch, b.seq_len, z.precision, _again(setup), z.engine, z.stage, _grads(setup))
+    return _work(
+        m, b.micro_batch, b.seq_len, z.precision, _again(setup), z.engine, z.stage, _grads(setup),
+        z.sequence_parallel_size,
+    )  # fmt: skip
 
 
 #: the four linears a block's work groups, by the parts of ``kit.workloads.adapters.Block``
@@ -225,9 +228,12 @@ def _work(
     engine: str,
     stage: int,
     grads: tuple[float, ...] = (1.0,) * 5,
+    sp: int = 1,
 ) -> Work:
+    """``sp`` > 1: Ulysses (``kit.sequence_parallel``): a rank runs every layer but attention on its
+    ``seq / sp`` tokens, attention on the whole sequence with ``heads / sp`` heads."""
     p = element_bytes(precision)
-    tokens = micro * seq
+    tokens = micro * seq // sp
     events = HOOK_EVENTS[engine]
     events = events[stage] if isinstance(events, dict) else events
     per_event = STAGE3_HOOK_US if (engine, stage) == ("deepspeed", 3) else HOOK_US
@@ -265,8 +271,9 @@ def _work(
         memory += score_passes * p * micro * a * seq * seq
         how_attention = f"eager scores: 4 matmuls x 3 passes, {score_passes:g} passes over a s^2 b"
     else:
-        flash = 0.5 * 4.0 * micro * seq * seq * h * (forward + 2.5)
-        how_attention = f"flash: causal half of 4 b s^2 h x ({forward:g} forward + 2.5 backward)"
+        flash = 0.5 * 4.0 * micro * seq * seq * h / sp * (forward + 2.5)
+        heads = f"h/{sp}" if sp > 1 else "h"
+        how_attention = f"flash: causal half of 4 b s^2 {heads} x ({forward:g} forward + 2.5 backward)"
     passes = ELEMENTWISE[style]
     per_token = passes["h"] * h + passes["kv"] * kv + passes["f"] * f
     memory += per_token * tokens * p * (elementwise + 2)

@@ -316,7 +316,7 @@ def overlapped(setup: Setup) -> tuple[float, float, str]:
     z, k = setup.zero, setup.batch.grad_accum
     again = recomputed_share(setup)
     backward = (2 + again) / (3 + again)
-    if setup.dp == 1:
+    if setup.zero_dp == 1:
         return 0.0, 0.0, "one rank"
     if z.engine == "ddp":
         return 1.0, backward / k, "DDP: all of it, behind the last micro-step's backward"
@@ -342,7 +342,7 @@ def load(setup: Setup) -> Load:
     parts = collectives(setup)
     sent, sent_formula = comm_bytes(setup, parts)
     calls = sum(n for _, n, _ in collective_calls(setup))
-    latency = (CALL_US + HOP_US * (setup.dp - 1) + NIC_HOP_US * (c.nodes - 1)) * 1e-6
+    latency = (CALL_US + HOP_US * (setup.zero_dp - 1) + NIC_HOP_US * (c.nodes - 1)) * 1e-6
     hideable, window, how = overlapped(setup)
     formulas = {"flops": micro.formula, "sent": sent_formula, "overlap": how}
     formulas["latency"] = (

@@ -63,18 +63,22 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
 
 class ChunkedLoss(torch.nn.Module):
     """A Hugging Face causal LM whose forward ends in ``FusedLinearCrossEntropy`` instead of its logits and
-    ``cross_entropy`` (as Liger's ``lce_forward`` does): labels shifted by one, the head never called."""
+    ``cross_entropy`` (as Liger's ``lce_forward`` does): labels shifted by one (or ``shift_labels`` as
+    given), the head never called."""
 
     def __init__(self, lm) -> None:
         super().__init__()
         self.lm = lm
 
-    def forward(self, input_ids, labels, **kwargs):
+    def forward(self, input_ids, labels, shift_labels=None, **kwargs):
         from transformers.modeling_outputs import CausalLMOutput
 
         hidden = self.lm.get_decoder()(input_ids=input_ids, **kwargs).last_hidden_state
-        shifted = hidden[:, :-1, :].contiguous().view(-1, hidden.shape[-1])
-        targets = labels[:, 1:].contiguous().view(-1)
+        if shift_labels is None:
+            shifted = hidden[:, :-1, :].contiguous().view(-1, hidden.shape[-1])
+            targets = labels[:, 1:].contiguous().view(-1)
+        else:  # labels shifted before a sequence-parallel split (kit.workloads.ulysses): every token has one
+            shifted, targets = hidden.view(-1, hidden.shape[-1]), shift_labels.reshape(-1)
         loss = FusedLinearCrossEntropy.apply(shifted, self.lm.get_output_embeddings().weight, targets)
         return CausalLMOutput(loss=loss)
 

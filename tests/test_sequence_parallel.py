@@ -1,0 +1,140 @@
+"""DeepSpeed's Ulysses sequence parallelism (``kit.sequence_parallel``): the setting, its rules, the batch it
+changes, the ds_config it is written to and read from, and what each rank's estimate holds. The measured
+side (model states to the byte, the peak per phase within 3 % on 2 and 4 CPU ranks) is in test_peak.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from kit import models
+from kit.ds_config import read_ds_config, to_ds_config
+from kit.estimate import estimate
+from kit.estimate.activations import activations
+from kit.schema import Setup
+from kit.toys import TOY_ZERO
+
+SMALL = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 256}
+LLAMA = models.override(models.preset("llama-2-7b"), SMALL)
+
+
+def _setup(gpus: int = 4, batch: dict | None = None, model=LLAMA, **zero) -> Setup:
+    return Setup(
+        model=model,
+        cluster={"nodes": 1, "gpus_per_node": gpus},
+        zero={**TOY_ZERO, "stage": 3, **zero},
+        batch={"micro_batch": 2, "seq_len": 32, **(batch or {})},
+    )
+
+
+def test_groups_of_sp_ranks_are_one_data_parallel_rank_and_zero_shards_over_all():
+    s = _setup(sequence_parallel_size=2, batch={"grad_accum": 3})
+    assert (s.dp, s.zero_dp, s.rank_seq_len) == (2, 4, 16)
+    assert s.batch.train_batch == 2 * 2 * 3  # micro x (world / sp) x grad_accum, as DeepSpeed's config
+    assert s.label == "z3 bf16 mb2 gas3 sp2"
+    assert s.dp_words == "sequence-parallel groups of 2 GPUs"
+    plain = _setup()
+    assert (plain.dp, plain.zero_dp, plain.rank_seq_len, plain.dp_words) == (4, 4, 32, "GPUs")
+
+
+@pytest.mark.parametrize(
+    "zero, other, message",
+    [
+        ({"sequence_parallel_size": 3}, {}, "must divide the number of GPUs (4), got 3"),
+        ({"sequence_parallel_size": 4}, {"batch": {"seq_len": 30}}, "must divide seq_len (30), got 4"),
+        (
+            {"sequence_parallel_size": 4},
+            {"model": models.override(models.preset("llama-2-7b"), {**SMALL, "heads": 2})},
+            "must divide the attention heads (2), got 4",
+        ),
+        (
+            {"sequence_parallel_size": 2},
+            {"model": models.toy_spec()},
+            "DeepSpeed's Ulysses attention is modelled for the Hugging Face decoders",
+        ),
+        ({"sequence_parallel_size": 2, "stage": 1}, {}, "stage 1's gradient reduction in fp32"),
+        ({"sequence_parallel_size": 2, "offload_optimizer": "cpu"}, {}, "offload's gradient reduction"),
+        ({"sequence_parallel_size": 2, "hpz_partition_size": 2}, {}, "ZeRO++'s gradient reduction"),
+        (
+            {"sequence_parallel_size": 2},
+            {"batch": {"max_tokens": 64}},
+            "a token budget (batch.max_tokens) with sequence parallelism is not modelled yet",
+        ),
+        (
+            {"sequence_parallel_size": 2},
+            {"batch": {"schedule": [{"step": 5, "micro_batch": 4, "grad_accum": 1}]}},
+            "DeepSpeed's Ulysses attention is built for one micro batch (2)",
+        ),
+    ],
+)
+def test_what_ulysses_cannot_run_is_one_line_naming_the_field(zero, other, message):
+    with pytest.raises(ValueError) as error:
+        _setup(**other, **zero)
+    line = str(error.value).splitlines()[1] if "validation error" in str(error.value) else str(error.value)
+    assert "zero.sequence_parallel_size: " in line and message in line, line
+
+
+def test_a_batch_schedule_that_keeps_the_micro_batch_is_taken():
+    s = _setup(sequence_parallel_size=2, batch={"schedule": [{"step": 5, "micro_batch": 2, "grad_accum": 4}]})
+    assert s.at_step(5).batch.train_batch == 2 * 2 * 4
+
+
+def test_the_ds_config_carries_it_at_the_top_level_and_reads_back():
+    s = _setup(sequence_parallel_size=2)
+    config = to_ds_config(s)
+    assert (
+        config["sequence_parallel_size"] == 2 and "sequence_parallel_size" not in config["zero_optimization"]
+    )
+    assert config["train_batch_size"] == 2 * 2  # what DeepSpeed's config checks against world / sp
+    back, _ = read_ds_config(config, model=LLAMA, cluster=s.cluster, seq_len=32, zero_init=True)
+    assert back.zero.sequence_parallel_size == 2 and back.batch == s.batch
+    assert "sequence_parallel_size" not in to_ds_config(_setup())
+    with pytest.raises(ValueError, match=r"^ds_config.sequence_parallel_size: must be a whole number >= 1"):
+        read_ds_config({**config, "sequence_parallel_size": "2"}, model=LLAMA, cluster=s.cluster)
+
+
+def test_a_rank_holds_the_activations_of_its_part_of_each_sequence():
+    """Outside attention a rank is the model on seq_len / sp tokens; SDPA keeps the exchanged q, k, v and
+    output, as many elements as the local ones while the kv heads divide sp."""
+    sp2 = _setup(gpus=2, sequence_parallel_size=2)
+    half = _setup(gpus=2, batch={"seq_len": 16})
+    assert activations(sp2).bytes == activations(half).bytes
+    # fewer kv heads than sp: each is repeated to one per rank before the exchange (2 -> 4 heads of k, v)
+    gqa = models.override(models.preset("llama-2-7b"), {**SMALL, "kv_heads": 2})
+    sp4, local = _setup(model=gqa, sequence_parallel_size=4), _setup(model=gqa, batch={"seq_len": 8})
+    b, s, head_dim = 2, 8, 64 // 4
+    repeated = 2 * SMALL["layers"] * 2 * b * s * (4 - 2) * head_dim  # k and v, 16-bit, the 2 extra heads
+    assert activations(sp4).bytes - activations(local).bytes == repeated
+
+
+def test_gradients_are_reduced_in_fp32_under_sequence_parallelism():
+    """DeepSpeed's seq_parallel_communication_data_type (fp32 by default) becomes the engine's
+    communication type: stage 3's ipg bucket is fp32, 4 B x reduce_bucket_size."""
+    on, off = estimate(_setup(sequence_parallel_size=2)), estimate(_setup())
+    assert on.components["buffers"] - off.components["buffers"] == 2 * TOY_ZERO["reduce_bucket_size"]
+    assert on.model_states_bytes == off.model_states_bytes  # ZeRO partitions over every rank either way
+
+
+def test_a_rank_computes_its_tokens_and_its_heads_of_the_whole_sequence():
+    """Outside attention a rank's matmuls are those of seq_len / sp tokens; attention runs over the whole
+    sequence with heads / sp: at sp 2, half of each (``kit.steptime.kernels``)."""
+    from kit.steptime.kernels import work
+
+    one, two = work(_setup(gpus=2)), work(_setup(gpus=2, sequence_parallel_size=2))
+    assert two.block_flash_flops == pytest.approx(one.block_flash_flops / 2)
+    assert sum(two.block_gemm_flops) == pytest.approx(sum(one.block_gemm_flops) / 2)
+    assert sum(two.rest_gemm_flops) == pytest.approx(sum(one.rest_gemm_flops) / 2)
+
+
+def test_the_exchanges_are_counted_in_the_step_traffic():
+    """4 exchanges per layer and pass of b x s/sp tokens, (sp-1)/sp of each sent; real ranks send exactly
+    this (test_peak.py), here the formula's arithmetic on the shrunk Llama at sp 2: 2 layers, h = kv = 64."""
+    from kit.steptime.comm import all_to_all, comm_bytes
+
+    s = _setup(gpus=2, sequence_parallel_size=2)
+    exchange = all_to_all(s)
+    tokens = 2 * 16
+    assert exchange is not None and exchange.scope == "intra"
+    assert exchange.bytes == 0.5 * 2 * tokens * 2 * 2 * (64 + 64 + 64 + 64) + 1 * 2 * 8 * tokens
+    sent, formula = comm_bytes(s)
+    assert "Ulysses" in formula and sent > exchange.bytes
+    assert all_to_all(_setup(gpus=2)) is None
