@@ -311,8 +311,10 @@ FOUR = [
     ("toy z2, 4 ranks", on_ranks(_setup(stage=2), 4)),
     ("file z2, 4 ranks", on_ranks(_file(stage=2), 4)),
     ("file z3, 4 ranks", on_ranks(_file(stage=3), 4)),
-    # Ulysses over all 4 (each rank a quarter of each sequence), with the chunked loss and checkpointing
+    # Ulysses over all 4 (each rank a quarter of each sequence), with the chunked loss and checkpointing,
+    # and over two groups of 2 (two data-parallel groups)
     ("llama z3 sp4, 4 ranks", on_ranks(_llama(stage=3), 4).replace(zero={"sequence_parallel_size": 4})),
+    ("llama z2 sp2, 4 ranks", on_ranks(_llama(stage=2), 4).replace(zero={"sequence_parallel_size": 2})),
     (
         "llama z3 sp4 chunked loss ckpt, 4 ranks",
         on_ranks(_llama(stage=3, loss="chunked", activation_checkpointing=True), 4).replace(
@@ -546,7 +548,7 @@ def test_ulysses_sends_the_predicted_all_to_alls_and_fp32_gradients(sweep, sweep
                 r["estimate_comm_wire_bytes"],
             )
             checked += 1
-    assert checked == 2 * len(ULYSSES) + 4 * 2
+    assert checked == 2 * len(ULYSSES) + 4 * 3
 
 
 def test_predicted_peak_per_phase_matches_every_rank_of_4(sweep4):

@@ -161,6 +161,7 @@ def test_make_it_fit_lists_changes_that_fit(llama7b):
         "activation checkpointing on + ZeRO stage 1",
         "activation checkpointing on + ZeRO stage 2",
         "activation checkpointing on + ZeRO stage 3",
+        "ZeRO stage 3 + sequence parallelism over 4 GPUs (global 64 kept)",
     }  # no single change fits a 7B at ZeRO-0 on 80 GB: the fewest pairs that do
     assert table.fits.all() and table.step_s.is_monotonic_increasing
     assert table.changes.is_monotonic_increasing  # the fewest changes first
@@ -280,3 +281,49 @@ def test_the_cli_and_the_plan_panel_book_from_one_report(monkeypatch, capsys):
     assert [r["label"] for r in printed["alternatives"]] == drawn.booking.alternatives.label.tolist()
     assert cli.fixes is not None and cli.fixes.change.tolist() == drawn.fixes.change.tolist() != []
     assert [kind for kind, _, _ in drawn.tables()] == ["alternatives", "picks", "fixes"]
+
+
+# ----- sequence parallelism (kit.sequence_parallel) ---------------------------------------------------
+
+
+def _long(sp: int, seq_len: int = 262_144) -> Setup:
+    """Llama-3-8B at a long sequence (its position limit lifted), checkpointed, chunked loss, ZeRO-3."""
+    model = models.override(models.preset("llama-3-8b"), {"max_position_embeddings": seq_len})
+    return Setup(
+        model=model,
+        cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "H100-SXM-80GB"},
+        zero={"stage": 3, "activation_checkpointing": True, "loss": "chunked", "sequence_parallel_size": sp},
+        batch={"micro_batch": 1, "seq_len": seq_len, "train_batch": 16},
+    )
+
+
+def test_a_plan_under_sequence_parallelism_keeps_to_what_ulysses_runs():
+    """Cluster sizes sp divides, the batch decomposed over world / sp groups, no variant Ulysses refuses
+    (stage 1, offload, ZeRO++); each row is its Setup's estimate."""
+    found = plan.search(_long(4), gpus=["H100-SXM-80GB"], max_nodes=2, tokens=1e8)
+    assert not found.table.empty
+    assert (found.table.gpus % 4 == 0).all()
+    assert set(found.table.stage) <= {0, 2, 3} and set(found.table.offload_optimizer) == {"none"}
+    for i in (0, len(found.table) // 2, len(found.table) - 1):
+        s = found.setup(found.table.index[i])
+        assert s.zero.sequence_parallel_size == 4
+        b = s.batch
+        assert b.train_batch == b.micro_batch * s.cluster.world_size // 4 * b.grad_accum == 16
+        row = found.table.iloc[i]
+        assert row.per_gpu_gib == pytest.approx(estimate(s).per_gpu_bytes / GIB, rel=1e-6)
+
+
+def test_make_it_fit_splits_a_sequence_that_does_not_fit_one_gpu():
+    """262,144 tokens of Llama-3-8B do not fit an H100 even checkpointed with the chunked loss; split over 2
+    GPUs neither, over 4 they do: the one change that fits on this node."""
+    setup = _long(1)
+    assert not any(estimate(_long(sp)).fits["H100-SXM-80GB"] for sp in (1, 2))
+    fixes = plan.make_it_fit(setup, max_nodes=1)
+    assert list(fixes.change) == ["sequence parallelism over 4 GPUs (global 16 kept)"]
+    assert fixes.fits.all() and fixes.per_gpu_gib[0] == pytest.approx(estimate(_long(4)).per_gpu_bytes / GIB)
+
+
+def test_the_smallest_cluster_under_sequence_parallelism_leaves_out_what_it_refuses():
+    table = plan.smallest_cluster(_long(8, seq_len=32_768), max_nodes=2)
+    assert not table.variant.str.contains("opt-off|z1 ").any()
+    assert (table.dropna().gpus % 8 == 0).all()

@@ -94,16 +94,23 @@ def test_the_ds_config_carries_it_at_the_top_level_and_reads_back():
 
 def test_a_rank_holds_the_activations_of_its_part_of_each_sequence():
     """Outside attention a rank is the model on seq_len / sp tokens; SDPA keeps the exchanged q, k, v and
-    output, as many elements as the local ones while the kv heads divide sp."""
+    output, as many elements as the local ones while the kv heads divide sp; o_proj keeps its input, the
+    exchange's output, where without the exchange it is SDPA's output itself (measured on 2 CPU ranks:
+    one b x s/sp x h tensor per layer more)."""
+    b, layers, h = 2, SMALL["layers"], SMALL["hidden"]
     sp2 = _setup(gpus=2, sequence_parallel_size=2)
     half = _setup(gpus=2, batch={"seq_len": 16})
-    assert activations(sp2).bytes == activations(half).bytes
+    own = 2 * layers * b * 16 * h  # o_proj's input per layer, 16-bit
+    assert activations(sp2).bytes - activations(half).bytes == own
     # fewer kv heads than sp: each is repeated to one per rank before the exchange (2 -> 4 heads of k, v)
     gqa = models.override(models.preset("llama-2-7b"), {**SMALL, "kv_heads": 2})
     sp4, local = _setup(model=gqa, sequence_parallel_size=4), _setup(model=gqa, batch={"seq_len": 8})
-    b, s, head_dim = 2, 8, 64 // 4
-    repeated = 2 * SMALL["layers"] * 2 * b * s * (4 - 2) * head_dim  # k and v, 16-bit, the 2 extra heads
-    assert activations(sp4).bytes - activations(local).bytes == repeated
+    s, head_dim = 8, 64 // 4
+    repeated = 2 * layers * 2 * b * s * (4 - 2) * head_dim  # k and v, 16-bit, the 2 extra heads
+    assert activations(sp4).bytes - activations(local).bytes == repeated + 2 * layers * b * s * h
+    # a trainable subset follows the same ops: LoRA on q and v, o_proj frozen, keeps none at stage 2
+    lora, plain = (_setup(gpus=2, stage=2, lora_rank=4, **z) for z in ({"sequence_parallel_size": 2}, {}))
+    assert activations(lora).bytes == activations(plain.replace(batch={"seq_len": 16})).bytes
 
 
 def test_gradients_are_reduced_in_fp32_under_sequence_parallelism():
@@ -138,3 +145,56 @@ def test_the_exchanges_are_counted_in_the_step_traffic():
     sent, formula = comm_bytes(s)
     assert "Ulysses" in formula and sent > exchange.bytes
     assert all_to_all(_setup(gpus=2)) is None
+
+
+def test_notebook_07s_table_is_each_sizes_estimate():
+    """``tables.sequence_parallel_choices``: Llama-3-8B's shape at 64K tokens (its context raised to Llama
+    3.1's), ZeRO-3 with checkpointing and the chunked loss on 8 H100s: each row is its Setup's estimate."""
+    from kit.components import Component
+    from kit.fit import estimate_fit
+    from kit.lab import tables
+    from kit.steptime.comm import all_to_all
+    from kit.units import GIB
+
+    long = models.override(models.preset("llama-3-8b"), {"max_position_embeddings": 131_072})
+    s = Setup(
+        model=long,
+        cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "H100-SXM-80GB"},
+        zero={"stage": 3, "activation_checkpointing": True, "loss": "chunked"},
+        batch={"micro_batch": 1, "seq_len": 65_536},
+    )
+    table = tables.sequence_parallel_choices(s)
+    assert list(table.index) == ["sp 1", "sp 2", "sp 4", "sp 8"]
+    assert list(table["tokens per rank"]) == [65_536, 32_768, 16_384, 8_192]
+    assert list(table["data-parallel groups"]) == [8, 4, 2, 1]
+    assert table["peak / GPU GiB"].is_monotonic_decreasing and table["peak / GPU GiB"].is_unique
+    assert list(table["grad accum"]) == [1, 2, 4, 8]  # the same global batch in every row
+    exchanged = table["all-to-all MB per step"]  # a GPU sends (sp-1)/sp of its part, sp x as often
+    assert exchanged["sp 1"] == 0 and exchanged.is_monotonic_increasing and exchanged.is_unique
+    for sp in (1, 2, 4, 8):
+        one = s.replace(zero={"sequence_parallel_size": sp}, batch={"train_batch": 8})
+        e, exchange = estimate(one), all_to_all(one)
+        expected = {
+            "tokens per rank": 65_536 // sp,
+            "data-parallel groups": 8 // sp,
+            "grad accum": sp,
+            "activations GiB": round(e.components[Component.ACTIVATIONS] / GIB, 2),
+            "forward peak GiB": round(e.timeline.totals["forward"] / GIB, 2),
+            "backward peak GiB": round(e.timeline.totals["backward"] / GIB, 2),
+            "peak / GPU GiB": round(e.per_gpu_bytes / GIB, 2),
+            "all-to-all MB per step": round(exchange.bytes / 1e6, 2) if exchange else 0,
+            "fits": "yes" if estimate_fit(e).ok else "no",
+        }
+        assert table.loc[f"sp {sp}"].to_dict() == expected
+
+
+def test_the_table_leaves_out_the_sizes_the_setup_refuses_unless_asked_for():
+    """The shrunk Llama has 4 heads: on 8 GPUs sp 8 is refused, left out of the default sizes; a size asked
+    for that the Setup refuses raises its reason."""
+    from kit.lab import tables
+
+    s = _setup(gpus=8)
+    assert list(tables.sequence_parallel_choices(s).index) == ["sp 1", "sp 2", "sp 4"]
+    assert list(tables.sequence_parallel_choices(s, sizes=[2]).index) == ["sp 2"]
+    with pytest.raises(ValueError, match="must divide the attention heads"):
+        tables.sequence_parallel_choices(s, sizes=[8])

@@ -144,6 +144,10 @@ def _print_launch(r: dict) -> None:
             print(f"# {what} is your script's (no ds_config key says it):")
             lines = textwrap.wrap(r[key], 100, initial_indent="#   ", subsequent_indent="#   ")
             print(*lines, sep="\n")
+    if r["sequence_parallel"]:  # the ds_config says sequence_parallel_size; the script wires Ulysses in
+        print("# sequence parallelism: sequence_parallel_size is in the ds_config; your script also does:")
+        lines = textwrap.wrap(r["sequence_parallel"], 100, initial_indent="#   ", subsequent_indent="#   ")
+        print(*lines, sep="\n")
     if r["for"] == "deepspeed":
         print("# DeepSpeed launcher:")
         print(r["commands"]["deepspeed"])

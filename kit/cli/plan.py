@@ -183,6 +183,16 @@ def _with_global_batch(setup, train_batch: int):
     return setup.replace(batch={"grad_accum": train_batch // per_step})
 
 
+def _more_sequence_parallel(setup) -> str:
+    """The hint to split each sequence over more GPUs, where the model and settings take it."""
+    from kit import sequence_parallel as ulysses
+
+    more = 2 * setup.zero.sequence_parallel_size
+    zero = setup.zero.model_copy(update={"sequence_parallel_size": more})
+    ok = ulysses.problem(zero, setup.model, more, setup.batch) is None
+    return f", sequence parallelism (--sequence-parallel-size {more})" if ok else ""
+
+
 def _limits(booked) -> str:
     """The plan's limits in words: "240 h and $300,000", or ""."""
     hours = f"{booked.max_hours:,g} h" if booked.max_hours else ""
@@ -216,8 +226,9 @@ def _recommendation(found, booked, command: list[str] | None) -> list[str]:
     if r is None:
         fit = found.fitting()
         if fit.empty:
+            sp = _more_sequence_parallel(found.base)
             return ["", f"Nothing fits with {found.headroom * 100:.0f} % headroom: try larger GPUs (--gpus), "
-                    "more nodes (--max-nodes) or a smaller --train-batch"]  # fmt: skip
+                    f"more nodes (--max-nodes){sp} or a smaller --train-batch"]  # fmt: skip
         fast, cheap = fit.loc[fit.hours.idxmin()], fit.iloc[0]
         return [
             "",

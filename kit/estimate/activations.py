@@ -92,6 +92,9 @@ def formula(setup: Setup) -> Term:
         else:
             per_layer = 32 * sbh + 8 * s * b * kv + 4 * a * b * s + 16 * sbf
             how = "fp32 RMSNorm + SwiGLU + SDPA: 32sbh + 8sb(kv) + 4abs + 16sbf"
+        if setup.zero.sequence_parallel_size > 1:  # o_proj's input is the exchange's output, not SDPA's
+            per_layer += 2 * scale * sbh
+            how += f" + {2 * scale}sbh (o_proj's input, exchanged back)"
     elif family == "dit":
         # adaLN-Zero: as GPT-2 plus both norms' outputs (modulate), the modulated inputs and the two
         # gated branch outputs: 24sbh + 2as^2b + 4sbf.
@@ -292,7 +295,8 @@ def _subset_saved(setup: Setup) -> Saved:
     listing = partition.listing(setup)
     b, s, p = setup.batch.micro_batch, setup.rank_seq_len, element_bytes(z.precision)
     _, h, a, kv_heads, _, _ = m.dims
-    kv, f, r = kv_heads * (h // a), m.ffn, z.lora_rank
+    sp = z.sequence_parallel_size  # SDPA keeps the exchanged k and v (kit.sequence_parallel)
+    kv, f, r = ulysses.exchanged_kv_heads(kv_heads, sp) * (h // a), m.ffn, z.lora_rank
     assert f is not None  # a subset's model has a Llama-style arch (kit.trainable), which gives its ffn
     sbh, sbf = s * b * h, s * b * f
     # an RMSNorm: its fp32 input (the 16-bit one upcast; in fp32 the input itself), the normalised input
@@ -314,8 +318,8 @@ def _subset_saved(setup: Setup) -> Saved:
         attention = normed or any(map(needs, "qkv"))
         if attention:  # rotated q, k, v, the output and the fp32 logsumexp
             saved += p * (2 * sbh + 2 * s * b * kv) + FP32 * a * b * s
-        elif saves_input("o"):
-            saved += p * sbh  # o_proj's input, which SDPA did not save
+        if saves_input("o") and (not attention or sp > 1):
+            saved += p * sbh  # o_proj's input: SDPA's output unless not saved, or exchanged back (Ulysses)
         grad = grad or attention or needs("o")
         saved += norm_input * grad + normalised * ("norm2" in parts.trains)
         saved += p * sbh * saves_input("gate", "up")

@@ -2,9 +2,9 @@
 beside DeepSpeed's per stage (01), each ZeRO-3 collective and the step time of a setting beside its ZeRO++
 variant (09), a batch schedule's steps side by side and the checkpointing policies (04), the published
 runs beside the kit's predictions and what it cannot express yet (11), what a trace of a model file
-measured (07), a step time's parts and assumptions and ``tune``'s candidates (08). Each is a DataFrame a
-test can read, its units in its headers (or, where its rows differ, in each row's name); 11's answer is one
-paragraph."""
+measured and the sequence-parallel sizes (07), a step time's parts and assumptions and ``tune``'s
+candidates (08). Each is a DataFrame a test can read, its units in its headers (or, where its rows differ,
+in each row's name); 11's answer is one paragraph."""
 
 from __future__ import annotations
 
@@ -225,6 +225,47 @@ def loss_choices(setup: Setup) -> pd.DataFrame:
             "forward peak GiB": phases["forward"] / GIB,
             "backward peak GiB": phases["backward"] / GIB,
             "peak / GPU GiB": e.per_gpu_bytes / GIB,
+            "fits": "yes" if estimate_fit(e).ok else "no",
+        }
+    return pd.DataFrame.from_dict(rows, orient="index").round(2)
+
+
+def sequence_parallel_choices(setup: Setup, sizes: Sequence[int] | None = None) -> pd.DataFrame:
+    """Per sequence-parallel size of ``setup`` (DeepSpeed's Ulysses, ``kit.sequence_parallel``), one row
+    ``sp N`` training the same global batch (gradient accumulation makes up for fewer data-parallel
+    groups): the tokens a rank holds outside attention (its ``seq_len / sp`` part x micro batch), the
+    data-parallel groups (``Setup.dp``), gradient accumulation, the activations, the forward's and the
+    backward's peak and the predicted peak per GPU (GiB), the MB (1e6 bytes) a GPU sends in Ulysses'
+    all-to-alls per step (``kit.steptime.comm.all_to_all``) and whether it fits the cluster's GPU.
+    ``sizes`` None: every power of two up to the GPUs that the Setup accepts (those it refuses are left
+    out); a size given that it refuses raises its one-line reason."""
+    from kit.estimate import estimate
+    from kit.fit import estimate_fit
+    from kit.steptime.comm import all_to_all
+
+    world = setup.cluster.world_size
+    candidates = [2**n for n in range(world.bit_length())] if sizes is None else sizes
+    rows = {}
+    for sp in candidates:
+        try:
+            s = setup.replace(
+                zero={"sequence_parallel_size": sp}, batch={"train_batch": setup.batch.train_batch}
+            )
+        except ValueError:
+            if sizes is not None:
+                raise
+            continue
+        e = estimate(s)
+        phases, exchange = e.timeline.totals, all_to_all(s)
+        rows[f"sp {sp}"] = {
+            "tokens per rank": s.rank_seq_len * s.batch.micro_batch,
+            "data-parallel groups": s.dp,
+            "grad accum": s.batch.grad_accum,
+            "activations GiB": e.components[Component.ACTIVATIONS] / GIB,
+            "forward peak GiB": phases["forward"] / GIB,
+            "backward peak GiB": phases["backward"] / GIB,
+            "peak / GPU GiB": e.per_gpu_bytes / GIB,
+            "all-to-all MB per step": (exchange.bytes if exchange else 0) / 1e6,
             "fits": "yes" if estimate_fit(e).ok else "no",
         }
     return pd.DataFrame.from_dict(rows, orient="index").round(2)

@@ -18,6 +18,7 @@ import pandas as pd
 
 from kit import batch as batch_math
 from kit import grid, trainable
+from kit import sequence_parallel as ulysses
 from kit.components import Component
 from kit.ds_keys import EXAMPLE_NVME_PATH
 from kit.estimate import partition
@@ -131,6 +132,8 @@ def smallest_cluster(setup: Setup, variants: list[dict] | None = None, max_nodes
     for change in variants:
         found = None
         for nodes, gpus in sizes:
+            if _refused(setup, nodes * gpus, {**ZEROPP_OFF, **change}):
+                continue
             candidate = setup.replace(
                 cluster={"nodes": nodes, "gpus_per_node": gpus}, zero={**ZEROPP_OFF, **change}, batch={}
             )
@@ -138,6 +141,8 @@ def smallest_cluster(setup: Setup, variants: list[dict] | None = None, max_nodes
             if est.fits[candidate.cluster.gpu]:
                 found = est
                 break
+        if not found and _refused(setup, max_nodes * per_node, {**ZEROPP_OFF, **change}):
+            continue  # a variant sequence parallelism does not run on any cluster (stage 1, offload)
         label = (found.setup if found else setup.replace(zero={**ZEROPP_OFF, **change})).label
         rows.append(
             {
@@ -375,6 +380,8 @@ def search(
             if nodes * per == 1 and sharded and change["offload_optimizer"] == Offload.NONE:
                 continue  # one GPU has nothing to partition or replicate: stage 0 alone, or offload
             zero = {"engine": "deepspeed", **ZEROPP_OFF, **change, **_nvme_fields(setup, change)}
+            if _refused(setup, nodes * per, zero):
+                continue  # sequence parallelism: a world it does not divide, or a variant it does not run
             groups.append((nodes, per, zero))
     table = plan_grid.evaluate(
         setup, groups, checkpointing, train_batch, hardware, rates, tokens, headroom, assume, calibration
@@ -386,6 +393,14 @@ def search(
         else "uncalibrated"
     )
     return Plan(setup, table, tokens, headroom, assume, time.perf_counter() - start, skipped, label)
+
+
+def _refused(setup: Setup, world: int, zero: dict) -> bool:
+    """Whether ``setup``'s sequence parallelism refuses ``zero`` on ``world`` GPUs (``kit.sequence_parallel``:
+    ``sp`` must divide the GPUs; no stage 1, offload or ZeRO++ beside it)."""
+    if setup.zero.sequence_parallel_size == 1:
+        return False
+    return ulysses.problem(setup.zero.model_copy(update=zero), setup.model, world, setup.batch) is not None
 
 
 def _engines(setup: Setup, groups: list[tuple[int, int, dict]]) -> list[Setup]:
@@ -445,8 +460,17 @@ def _single_changes(setup: Setup, max_nodes: int) -> list[tuple[str, dict]]:
         out.append(("offload the parameters to CPU", {"zero": {"offload_param": Offload.CPU}}))
     for stage in range(z.stage + 1, 4):
         out.append((f"ZeRO stage {stage}", {"zero": {"stage": stage}}))
+    sp = z.sequence_parallel_size
+    for more in (2 * sp, 4 * sp):  # sequence parallelism: fewer tokens per GPU, the global batch kept
+        groups = c.world_size // more if c.world_size % more == 0 else 0
+        if groups and b.train_batch % (b.micro_batch * groups) == 0:
+            change = {
+                "zero": {"sequence_parallel_size": more},
+                "batch": {"grad_accum": b.train_batch // (b.micro_batch * groups)},
+            }
+            out.append((f"sequence parallelism over {more} GPUs (global {b.train_batch} kept)", change))
     for nodes in range(c.nodes + 1, max_nodes + 1):
-        dp = nodes * c.gpus_per_node
+        dp = nodes * c.gpus_per_node // sp
         if b.train_batch % (b.micro_batch * dp) == 0:  # keep the global batch
             change = {
                 "cluster": {"nodes": nodes},

@@ -57,7 +57,7 @@ def evaluate(
     labels: list[str] = []
     saved: dict[tuple[int, bool], Term] = {}  # activations by (micro batch, checkpointing)
     for nodes, per, zero in groups:
-        options = batch_math.decompositions(train_batch, nodes * per)
+        options = batch_math.decompositions(train_batch, nodes * per // base.zero.sequence_parallel_size)
         if not options:
             continue
         first = options[0]

@@ -16,6 +16,7 @@ from typing import Any
 
 from kit import checkpointing, trainable
 from kit import loss as losses
+from kit import sequence_parallel as ulysses
 from kit.ds_config import to_ds_config
 from kit.rules import DEFAULT_MASTER_PORT
 from kit.scaleout import commands, image, launchers, network
@@ -138,6 +139,7 @@ class Bundle:
             "checkpointing": checkpointing.in_your_script(zero),
             "trainable": trainable.in_your_script(zero),
             "loss": losses.in_your_script(zero),
+            "sequence_parallel": ulysses.in_your_script(zero),
         }
         if self.request.docker:
             result |= {
