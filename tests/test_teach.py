@@ -190,23 +190,23 @@ def test_the_engine_advice_follows_the_numbers():
     from kit.lab.engine_report import advice
     from kit.run.results import Results
 
-    held = {"ddp": 5_000_000, "0": 4_000_000, "fsdp": 1_000_000, "3": 2_000_000}
+    held = {"ddp": 5 * 2**20, "0": 4 * 2**20, "fsdp": 1 * 2**20, "3": 2 * 2**20}  # MiB, as the advice reads
     text = advice(Results(_engine_records({"ddp": 90.0, "0": 100.0, "fsdp": 50.0, "3": 60.0}, held)))
     lines = text.splitlines()
     z0, z3, fsdp = _toy(stage=0).label, _toy(stage=3).label, _toy(engine="fsdp", stage=3).label
     assert (
         lines[0]
-        == f"- Fastest here: **{z0}** (100.0 samples/s); fewest bytes held per rank: **{fsdp}** (1.00 MB)."
+        == f"- Fastest here: **{z0}** (100.0 samples/s); fewest bytes held per rank: **{fsdp}** (1.00 MiB)."
     )
     assert "1.25x the bytes held" in lines[1] and "0.9x the speed" in lines[1]  # ddp vs z0
     assert lines[-1].startswith("- So, by the room per rank for model states and buffers")
-    assert f"4.00 MB or more: **{z0}** (100.0 samples/s, 1x the fastest's speed)" in lines[-1]
-    assert f"2.00 MB or more: **{z3}** (60.0 samples/s, 0.6x the fastest's speed)" in lines[-1]
-    assert f"1.00 MB or more: **{fsdp}**" in lines[-1] and "The other 1 are no faster" in lines[-1]  # ddp
+    assert f"4.00 MiB or more: **{z0}** (100.0 samples/s, 1x the fastest's speed)" in lines[-1]
+    assert f"2.00 MiB or more: **{z3}** (60.0 samples/s, 0.6x the fastest's speed)" in lines[-1]
+    assert f"1.00 MiB or more: **{fsdp}**" in lines[-1] and "The other 1 are no faster" in lines[-1]  # ddp
     # other measurements, other advice: FSDP now the fastest and the leanest
     text = advice(Results(_engine_records({"ddp": 90.0, "0": 100.0, "fsdp": 150.0, "3": 60.0}, held)))
     assert text.splitlines()[-1].startswith(f"- So: **{fsdp}** is both the fastest and the leanest here")
-    assert "4.00 MB or more" not in text
+    assert "4.00 MiB or more" not in text
 
 
 def test_sweep_table_medians_per_configuration():
