@@ -433,7 +433,8 @@ def test_the_comparison_panel_runs_across_a_hostfiles_nodes(replay_local_nodes, 
     for r in rows:
         html = nodes_html([r])
         assert f">{r['host']}<" in html and f">{', '.join(map(str, r['ranks']))}<" in html
-        for key in ("model_states_bytes", "inter_wire_bytes", "estimate_inter_wire_bytes"):
+        assert f">{number(r['model_states_bytes'] / 2**20)}<" in html  # memory in MiB, traffic in MB
+        for key in ("inter_wire_bytes", "estimate_inter_wire_bytes"):
             assert f">{number(r[key] / 1e6)}<" in html, key
     with pytest.raises(ValueError, match="^nprocs: 3 ranks per node need at least 3 slots on every host"):
         ComparisonPanel(CLI_SETUPS[0], nprocs=3, hostfile=hostfile)
