@@ -367,7 +367,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "sequence_parallel_size",
-        "sequence parallel",
+        "Ulysses SP",
         "DeepSpeed Ulysses: GPUs that split each sequence, attention exchanging tokens for heads "
         "(divides the GPUs, the heads and seq_len; 1: off)",
         SEQUENCE,

@@ -80,9 +80,16 @@ LAYOUT_PROBLEMS = """
     if (probe.offsetWidth > s.clientWidth - 20) bad.push('choice cut off: ' + probe.textContent);
     probe.remove();
   }
-  for (const l of panel.querySelectorAll('.widget-label')) {
-    const shown = l.offsetParent !== null;
-    if (shown && l.scrollWidth > l.clientWidth + 1) bad.push('label cut off: ' + l.textContent);
+  for (const l of panel.querySelectorAll('.widget-label')) {  // its text's own width (an ellipsis hides it)
+    if (l.offsetParent === null || !l.textContent.trim()) continue;
+    const probe = document.createElement('span'), style = getComputedStyle(l);
+    probe.style.cssText = 'position:absolute;visibility:hidden;white-space:pre;font:' + style.font;
+    probe.textContent = l.textContent;
+    document.body.appendChild(probe);
+    const room = l.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    if (l.scrollWidth > l.clientWidth + 1 || probe.offsetWidth > room + 1)
+      bad.push('label cut off: ' + l.textContent);
+    probe.remove();
   }
   return bad;
 }
