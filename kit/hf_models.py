@@ -2,9 +2,10 @@
 
 For a ``config.json`` whose ``model_type`` the installed transformers knows and ``kit.models`` has no
 arithmetic for (mixtral, gemma2, phi3, qwen2_moe, t5, bart, vit, ...). The model is built with the
-auto class that fits the config: causal LM, seq-to-seq LM, masked LM, image classification, else the
-bare model (``TASKS``). Counts are exact: every parameter tensor in module order (tied weights once),
-and the largest layer as DeepSpeed defines it. ``ModelSpec.arch`` keeps the config (its
+auto class that fits the config: the head its ``architectures`` names (``head``: a sequence classifier
+such as ``DebertaV2ForSequenceClassification``, a seq-to-seq LM...), else by model type a causal LM,
+seq-to-seq LM, masked LM, image classifier, else the bare model (``TASKS``). Counts are exact: every
+parameter tensor in module order (tied weights once), and the largest layer as DeepSpeed defines it. ``ModelSpec.arch`` keeps the config (its
 ``to_diff_dict``), so a rank builds the same model for real (``kit.ranks.workloads``) and the estimator
 traces it (``kit.estimate.trace``).
 
@@ -28,6 +29,9 @@ TASKS = (
     ("AutoModelForImageClassification", "image-classification"),
     ("AutoModel", "base"),
 )
+#: heads a config's ``architectures`` may name beyond ``TASKS``' (``head``); never chosen by model type
+#: alone, so a config without ``architectures`` builds what it built before
+HEADS = (("AutoModelForSequenceClassification", "sequence-classification"),)
 #: config keys that do not change the architecture (left out of ``ModelSpec.arch``)
 NOT_ARCHITECTURE = ("transformers_version", "_name_or_path", "architectures", "torch_dtype", "dtype")
 #: ModelSpec shape fields and the config attributes they are read from (transformers' attribute_map
@@ -74,8 +78,31 @@ def _token_ids_outside_vocab(record: logging.LogRecord) -> bool:
 
 
 def task(cfg) -> str:
-    """The task (``TASKS``) whose auto class builds this ``PretrainedConfig``; an encoder-decoder config
-    (bart, t5) is a seq-to-seq LM first (bart also has a decoder-only causal LM)."""
+    """The task (``TASKS``, ``HEADS``) whose auto class builds this ``PretrainedConfig``: the head its
+    ``architectures`` names (``head``), else by model type (``by_type``)."""
+    return head(cfg) or by_type(cfg)
+
+
+def head(cfg) -> str | None:
+    """The task of the head ``cfg.architectures`` names, where that task's auto class builds that very class
+    for this config (``DebertaV2ForSequenceClassification``: ``sequence-classification``;
+    ``BartForConditionalGeneration``: ``seq2seq-lm``); None without ``architectures``, for a bare model, or
+    for a head the kit has no workload for (token classification, question answering...)."""
+    import transformers
+
+    names = set(getattr(cfg, "architectures", None) or ())
+    for auto, name in (*TASKS, *HEADS) if names else ():
+        mapping = getattr(transformers, auto)._model_mapping
+        if name != "base" and type(cfg) in mapping:
+            built = mapping[type(cfg)]
+            if {c.__name__ for c in (built if isinstance(built, tuple | list) else (built,))} & names:
+                return name
+    return None
+
+
+def by_type(cfg) -> str:
+    """The task of the first auto class (``TASKS``' order) whose mapping knows this config's type; an
+    encoder-decoder config (bart, t5) is a seq-to-seq LM first (bart also has a decoder-only causal LM)."""
     import transformers
 
     order = (
@@ -95,14 +122,17 @@ def build(cfg):
     routed tokens (what a trace can see) instead of the eager per-expert loop."""
     import transformers
 
-    auto = dict((name, a) for a, name in TASKS)[task(cfg)]
+    auto = dict((name, a) for a, name in (*TASKS, *HEADS))[task(cfg)]
     options = {"experts_implementation": "grouped_mm"} if experts(cfg) else {}
     return getattr(transformers, auto).from_config(cfg, **options)
 
 
 def arch(cfg) -> str:
-    """``ModelSpec.arch``: the config's non-default settings as canonical JSON."""
+    """``ModelSpec.arch``: the config's non-default settings as canonical JSON; ``architectures`` only where
+    the head it names is not what the model type builds (a rank and the trace then build that head too)."""
     diff = {k: v for k, v in cfg.to_diff_dict().items() if k not in NOT_ARCHITECTURE}
+    if head(cfg) not in (None, by_type(cfg)):
+        diff["architectures"] = list(cfg.architectures)
     return json.dumps({**diff, "model_type": cfg.model_type}, sort_keys=True)
 
 
@@ -135,13 +165,38 @@ def spec_fields(cfg_dict: dict[str, Any]) -> dict[str, Any]:
 def learned_positions(model, length: int) -> bool:
     """Whether a model holds a learned table of absolute positions for ``length`` tokens: an embedding of
     ``length`` rows (BART's and OPT's add 2 for their offset). T5's relative-position buckets, rotary and
-    ALiBi models have none, so a config's ``n_positions`` / ``max_position_embeddings`` limits nothing."""
+    ALiBi models have none, so a config's ``n_positions`` / ``max_position_embeddings`` limits nothing; nor
+    does a table of relative distances (DeBERTa-v2's ``rel_embeddings``, 2 x its log buckets rows)."""
     import torch
 
     return any(
-        isinstance(m, torch.nn.Embedding) and m.num_embeddings in (length, length + 2)
-        for m in model.modules()
+        isinstance(m, torch.nn.Embedding)
+        and m.num_embeddings in (length, length + 2)
+        and not name.endswith("rel_embeddings")
+        for name, m in model.named_modules()
     )
+
+
+def target_len(model, value: Any, limit: int) -> int | None:
+    """``Batch.target_len`` checked against ``model`` (a ``ModelSpec``; None: not known yet): the decoder's
+    tokens per sample (its labels, from which transformers builds the decoder's inputs; the encoder reads
+    ``seq_len``), which only an encoder-decoder model takes (its ``arch`` says ``is_encoder_decoder``: t5,
+    bart, blenderbot...), at most the rows of its learned position table where it has one (``max_seq_len``).
+    A ValueError of one line naming the field; None (the decoder reads ``seq_len`` tokens) stays None."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+        raise ValueError(f"batch.target_len: must be a whole number in [1, {limit:,}], got {value!r}")
+    if model is not None and not json.loads(model.arch or "{}").get("is_encoder_decoder"):
+        raise ValueError(
+            f"batch.target_len: only an encoder-decoder model (t5, bart...) has decoder tokens of their own; "
+            f"{model.name} ({model.family or 'no architecture'}) has not: drop target_len"
+        )
+    if model is not None and model.max_seq_len and value > model.max_seq_len:
+        raise ValueError(
+            f"batch.target_len: must be <= the model's max_seq_len ({model.max_seq_len}), got {value}"
+        )
+    return value
 
 
 def module_counts(module) -> dict[str, int]:

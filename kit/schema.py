@@ -13,7 +13,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kit import batch as batch_math
-from kit import checkpointing, labels, trainable
+from kit import checkpointing, hf_models, labels, trainable
 from kit import loss as losses
 from kit import sequence_parallel as ulysses
 from kit.checkpointing import Policy
@@ -337,6 +337,7 @@ class Batch(_Frozen):
     ``max_tokens``: variable-length data (sequences of at most ``seq_len`` tokens) packed into micro
     batches of at most this many tokens (DeepSpeed's ``batch_by_seqlens``); the micro batch is then the
     nominal one, ``max_tokens // seq_len`` full-length sequences, and memory follows the tokens.
+    ``target_len``: an encoder-decoder model's decoder tokens (``kit.hf_models.target_len``).
     """
 
     micro_batch: int = Field(ge=1)
@@ -345,6 +346,7 @@ class Batch(_Frozen):
     seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)
     schedule: tuple[BatchChange, ...] = ()
     max_tokens: int | None = Field(None, ge=1)
+    target_len: int | None = Field(None, ge=1, le=MAX_SEQ_LEN, description="decoder tokens; None: seq_len")
 
 
 class Setup(_Frozen):
@@ -367,14 +369,14 @@ class Setup(_Frozen):
         cluster = _section(Cluster, "cluster", data.get("cluster", Cluster()))
         model = _section(ModelSpec, "model", data.get("model"))
         seq_len = raw.get("seq_len")  # None: the model's maximum; 0 is refused, not taken as "unset"
-        if seq_len is None:
-            seq_len = (model.max_seq_len if model is not None else None) or 2048
+        seq_len = ((model.max_seq_len if model is not None else None) or 2048) if seq_len is None else seq_len
         if not isinstance(seq_len, int) or isinstance(seq_len, bool) or not 1 <= seq_len <= MAX_SEQ_LEN:
             raise ValueError(f"seq_len: must be a whole number in [1, {MAX_SEQ_LEN:,}], got {seq_len!r}")
         if model is not None and model.max_seq_len and seq_len > model.max_seq_len:
             raise ValueError(
                 f"seq_len: must be <= the model's max_seq_len ({model.max_seq_len}), got {seq_len}"
             )
+        target_len = hf_models.target_len(model, raw.get("target_len"), MAX_SEQ_LEN)
         max_tokens = raw.get("max_tokens")
         if max_tokens is not None:
             if raw.get("schedule"):
@@ -395,9 +397,8 @@ class Setup(_Frozen):
             BatchChange(step=step, **d._asdict())
             for step, d in batch_math.schedule(dp, start, raw.get("schedule") or ())
         ]
-        data["batch"] = Batch(
-            **start._asdict(), seq_len=seq_len, schedule=tuple(changes), max_tokens=max_tokens
-        )
+        sizes = {"seq_len": seq_len, "max_tokens": max_tokens, "target_len": target_len}
+        data["batch"] = Batch(**start._asdict(), **sizes, schedule=tuple(changes))
         data["cluster"], data["model"] = cluster, model
         return data
 
@@ -506,6 +507,7 @@ class Setup(_Frozen):
             parts.append(f"gas{self.batch.grad_accum}")
         if self.batch.max_tokens:
             parts.append(f"tok{self.batch.max_tokens}")
+        parts += [f"tgt{self.batch.target_len}"] if self.batch.target_len else []
         if self.batch.schedule:
             last = self.batch.schedule[-1]
             parts.append(f"-> mb{last.micro_batch} gas{last.grad_accum} @{last.step}")
@@ -534,14 +536,9 @@ class Setup(_Frozen):
         """
         data = self.model_dump()
         old = data["batch"]
-        batch = {
-            "micro_batch": old["micro_batch"],
-            "grad_accum": old["grad_accum"],
-            "seq_len": old["seq_len"],
-            # a schedule keeps its micro batches and grad accum; global batches follow the cluster
-            "schedule": [{k: c[k] for k in ("step", "micro_batch", "grad_accum")} for c in old["schedule"]],
-            "max_tokens": old["max_tokens"],
-        }
+        batch = {k: old[k] for k in ("micro_batch", "grad_accum", "seq_len", "max_tokens", "target_len")}
+        # a schedule keeps its micro batches and grad accum; global batches follow the cluster
+        batch["schedule"] = [{k: c[k] for k in ("step", "micro_batch", "grad_accum")} for c in old["schedule"]]
         for section, value in changes.items():
             if section not in data:
                 raise ValueError(f"{section}: not a Setup section; choose model, cluster, zero or batch")
