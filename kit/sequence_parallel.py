@@ -13,6 +13,8 @@ Read from DeepSpeed 0.19.8 (``runtime/sequence_parallel/ulysses_sp.py``, ``paral
   heads) and its output back (``UlyssesSPAttentionHF``): four all-to-alls forward and four backward per
   layer, on ``sp`` ranks; with fewer kv heads than ``sp`` each kv head is repeated ``sp / kv_heads``
   times first (one kv head per rank), so the exchanged k and v are ``max(kv_heads, sp)`` heads wide;
+- gradients are reduced in fp32 (``COMMUNICATION_BYTES``); a Hugging Face decoder's KV cache, kept in
+  training, is no longer what SDPA saves (``kit.estimate.micro_step.kv_cache``);
 - it needs heads divisible by ``sp``, kv heads divisible by ``sp`` or ``sp`` by them, a sequence length
   divisible by ``sp``, and a Hugging Face model whose attention goes through transformers' registry
   (sdpa, flash or flex; eager is refused).
@@ -79,12 +81,9 @@ def problem(zero, model, world: int, batch) -> str | None:
         return (
             f"{field}: must divide seq_len ({batch.seq_len}), got {sp}: each rank holds seq_len / {sp} tokens"
         )
-    if zero.stage == 1 or zero.offloaded or zero.zeropp:
-        what = "stage 1's" if zero.stage == 1 else "offload's" if zero.offloaded else "ZeRO++'s"
-        return (
-            f"{field}: {what} gradient reduction in fp32 under sequence parallelism is not modelled yet; "
-            "stages 0, 2 and 3 without offload or ZeRO++ are"
-        )
+    if zero.zeropp or zero.nvme:
+        what = "ZeRO++ (hpZ, qwZ, qgZ)" if zero.zeropp else "NVMe offload"
+        return f"{field}: {what} beside sequence parallelism is not modelled yet; CPU offload is"
     if batch.max_tokens is not None:
         return f"{field}: a token budget (batch.max_tokens) with sequence parallelism is not modelled yet"
     if any(change.micro_batch != batch.micro_batch for change in batch.schedule):

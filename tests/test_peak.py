@@ -244,7 +244,12 @@ MODES = {
 #: rank holds half of each sequence, gradients are reduced in fp32
 ULYSSES = {
     "llama z0 sp2": _llama(stage=0, sequence_parallel_size=2),
+    "llama z1 sp2": _llama(stage=1, sequence_parallel_size=2),
     "llama z2 sp2": _llama(stage=2, sequence_parallel_size=2),
+    "llama z2 sp2 opt-off": _llama(stage=2, sequence_parallel_size=2, offload_optimizer="cpu"),
+    "llama z3 sp2 opt-off param-off": _llama(
+        stage=3, sequence_parallel_size=2, offload_optimizer="cpu", offload_param="cpu"
+    ),
     "llama z3 sp2": _llama(stage=3, sequence_parallel_size=2),
     "llama z2 sp2 ckpt": _llama(stage=2, sequence_parallel_size=2, activation_checkpointing=True),
     "llama z3 sp2 chunked loss": _llama(stage=3, sequence_parallel_size=2, loss="chunked"),

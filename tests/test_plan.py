@@ -161,7 +161,6 @@ def test_make_it_fit_lists_changes_that_fit(llama7b):
         "activation checkpointing on + ZeRO stage 1",
         "activation checkpointing on + ZeRO stage 2",
         "activation checkpointing on + ZeRO stage 3",
-        "ZeRO stage 3 + sequence parallelism over 4 GPUs (global 64 kept)",
     }  # no single change fits a 7B at ZeRO-0 on 80 GB: the fewest pairs that do
     assert table.fits.all() and table.step_s.is_monotonic_increasing
     assert table.changes.is_monotonic_increasing  # the fewest changes first
@@ -299,11 +298,12 @@ def _long(sp: int, seq_len: int = 262_144) -> Setup:
 
 def test_a_plan_under_sequence_parallelism_keeps_to_what_ulysses_runs():
     """Cluster sizes sp divides, the batch decomposed over world / sp groups, no variant Ulysses refuses
-    (stage 1, offload, ZeRO++); each row is its Setup's estimate."""
+    (NVMe offload, ZeRO++: the plan tries both on 2 nodes); each row is its Setup's estimate."""
     found = plan.search(_long(4), gpus=["H100-SXM-80GB"], max_nodes=2, tokens=1e8)
     assert not found.table.empty
     assert (found.table.gpus % 4 == 0).all()
-    assert set(found.table.stage) <= {0, 2, 3} and set(found.table.offload_optimizer) == {"none"}
+    assert set(found.table.offload_optimizer) == {"none", "cpu"} and set(found.table.stage) == {0, 1, 2, 3}
+    assert not found.table.label.str.contains("hpz|qwz|qgz|nvme").any()
     for i in (0, len(found.table) // 2, len(found.table) - 1):
         s = found.setup(found.table.index[i])
         assert s.zero.sequence_parallel_size == 4
@@ -323,7 +323,11 @@ def test_make_it_fit_splits_a_sequence_that_does_not_fit_one_gpu():
     assert fixes.fits.all() and fixes.per_gpu_gib[0] == pytest.approx(estimate(_long(4)).per_gpu_bytes / GIB)
 
 
-def test_the_smallest_cluster_under_sequence_parallelism_leaves_out_what_it_refuses():
+def test_the_smallest_cluster_under_sequence_parallelism_is_a_size_it_divides():
     table = plan.smallest_cluster(_long(8, seq_len=32_768), max_nodes=2)
-    assert not table.variant.str.contains("opt-off|z1 ").any()
-    assert (table.dropna().gpus % 8 == 0).all()
+    assert len(table) == len(plan.DEFAULT_VARIANTS) and table.variant.str.endswith("sp8").all()
+    assert (table.dropna().gpus % 8 == 0).all() and table.gpus.notna().any()
+    assert table.variant.str.contains("nvme").sum() == 0
+    nvme = plan.smallest_cluster(_long(8, seq_len=32_768), [{"stage": 3, "offload_optimizer": "nvme",
+                                 "nvme_path": "/nvme"}], max_nodes=2)  # fmt: skip
+    assert nvme.empty  # NVMe offload beside Ulysses: refused on every cluster, so no row

@@ -51,9 +51,12 @@ def test_groups_of_sp_ranks_are_one_data_parallel_rank_and_zero_shards_over_all(
             {"model": models.toy_spec()},
             "DeepSpeed's Ulysses attention is modelled for the Hugging Face decoders",
         ),
-        ({"sequence_parallel_size": 2, "stage": 1}, {}, "stage 1's gradient reduction in fp32"),
-        ({"sequence_parallel_size": 2, "offload_optimizer": "cpu"}, {}, "offload's gradient reduction"),
-        ({"sequence_parallel_size": 2, "hpz_partition_size": 2}, {}, "ZeRO++'s gradient reduction"),
+        (
+            {"sequence_parallel_size": 2, "offload_optimizer": "nvme", "nvme_path": "/nvme"},
+            {},
+            "NVMe offload beside sequence parallelism is not modelled yet",
+        ),
+        ({"sequence_parallel_size": 2, "hpz_partition_size": 2}, {}, "ZeRO++ (hpZ, qwZ, qgZ) beside"),
         (
             {"sequence_parallel_size": 2},
             {"batch": {"max_tokens": 64}},

@@ -446,9 +446,9 @@ def _notes(setup: Setup) -> tuple[str, ...]:
         notes.append(
             f"sequence parallelism (Ulysses, {z.sequence_parallel_size} ranks per sequence): each rank's "
             f"activations, head and loss are those of its {setup.rank_seq_len:,} tokens, gradients are "
-            "reduced in fp32 (DeepSpeed's seq_parallel_communication_data_type); the exchanges' transient "
-            "copies inside attention are not counted, nor is the caching allocator replayed: the verdict "
-            "is the peak per GPU"
+            "reduced in fp32 (DeepSpeed's seq_parallel_communication_data_type), the plain loss's forward "
+            "holds transformers' KV cache; the exchanges' transient copies inside attention are not "
+            "counted, nor is the caching allocator replayed: the verdict is the peak per GPU"
         )
     if not partition.is_exact(setup):
         notes.append("bare parameter count: per-tensor padding and stage 3 persistence approximated")

@@ -63,6 +63,22 @@ def input_leaf(setup: Setup) -> Term:
     return Term(n, f"2 x {p} B x b s h (the embeddings' output, made to need a gradient, and its .grad)")
 
 
+def kv_cache(setup: Setup) -> Term:
+    """Under sequence parallelism with the plain loss: transformers' KV cache. A Hugging Face decoder keeps
+    one in training too (``use_cache``, its config's default; off under gradient checkpointing, as the
+    ranks' checkpointing and transformers' own turn it off): each layer's k and v of the rank's tokens.
+    Without Ulysses they are the tensors SDPA saves (no byte more); with it SDPA saves the exchanged ones,
+    so the cache's are extra, alive until the model's output is dropped after its loss (the chunked loss
+    drops the decoder's output first)."""
+    z, m = setup.zero, setup.model
+    if z.sequence_parallel_size == 1 or z.activation_checkpointing or z.loss != "plain":
+        return NONE
+    layers, h, a, kv_heads, _, _ = m.dims
+    b, p = setup.batch.micro_batch, element_bytes(z.precision)
+    n = layers * 2 * p * b * setup.rank_seq_len * kv_heads * (h // a)
+    return Term(n, f"L x 2 x {p} B x b s/sp x kv (transformers' KV cache of the rank's tokens, use_cache)")
+
+
 class Shape:
     """The activation-shaped terms of one micro-step."""
 

@@ -153,7 +153,11 @@ def timeline(
     act = activations
     shape = micro_step.Shape(setup, act, (cpu or CpuMatmul()) if backend == "gloo" else None)
     resident = _resident(setup, device)
-    forward = {**resident, Component.ACTIVATIONS: shape.forward, "temporaries": shape.loss + shape.batch}
+    forward = {
+        **resident,
+        Component.ACTIVATIONS: shape.forward,
+        "temporaries": shape.loss + shape.batch + micro_step.kv_cache(setup),
+    }
     moments = {}
     gathered = _gathered(setup)
     held = gathered + _held_bucket(setup)  # what the forward and the loss's backward hold besides

@@ -32,7 +32,7 @@ def flushes(setup: Setup, rank: int, end: dict[str, Term], held: Term) -> dict[s
     (``copy_grads_in_partition``) is allocated after the first reduction of a tensor in its partition:
     before it, only what is ``held`` across micro-steps."""
     z = setup.zero
-    if z.engine != "deepspeed" or z.stage != 2 or not z.contiguous_gradients:
+    if z.engine != "deepspeed" or z.stage not in (1, 2) or not z.contiguous_gradients:
         return {}
     p, part = element_bytes(z.precision), partition.partition_numel(setup)
     c = ulysses.reduction_bytes(z, p)

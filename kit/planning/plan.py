@@ -154,7 +154,8 @@ def smallest_cluster(setup: Setup, variants: list[dict] | None = None, max_nodes
                 "verdict": "fits" if found else f"does not fit on {max_nodes * per_node} GPUs",
             }
         )
-    return pd.DataFrame(rows).astype({"nodes": "Int64", "gpus": "Int64"})
+    columns = ["variant", "nodes", "gpus", "per_gpu_gib", "cpu_gib_per_node", "verdict"]
+    return pd.DataFrame(rows, columns=columns).astype({"nodes": "Int64", "gpus": "Int64"})
 
 
 def batch_options(setup: Setup, train_batch: int) -> pd.DataFrame:
