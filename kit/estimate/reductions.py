@@ -22,9 +22,12 @@ from kit.schema import Setup
 
 
 def flushes(setup: Setup, rank: int, end: dict[str, Term], held: Term) -> dict[str, dict[str, Term]]:
-    """Stage 2's reductions (``average_tensor``): ``allreduce_bucket`` flattens the bucket's slices into
-    one copy (``use_multi_rank_bucket_allreduce``: every destination rank's slices together, 16-bit x the
-    elements in the bucket) and all-reduces it; consecutive slices of one destination are merged first,
+    """Stage 2's reductions (``average_tensor``), and stage 1's (the same bucket at the boundary: after
+    backward in the model's order, or in its hooks with ``overlap_comm``; walked here as stage 2's, which
+    the runs measured, one epilogue reduction each, cannot tell apart): ``allreduce_bucket`` flattens the
+    bucket's slices into one copy (``use_multi_rank_bucket_allreduce``: every destination rank's slices
+    together, 16-bit x the elements in the bucket), upcast to fp32 under sequence parallelism, and
+    all-reduces it; consecutive slices of one destination are merged first,
     so a bucket that is one rank's alone is a single slice, reduced in place (no copy). A gradient hook
     that finds the bucket full reduces it (``reduce_independent_p_g_buckets_and_remove_grads``) while its
     own tensor's gradient is live, the epilogue (``independent_gradient_partition_epilogue``) what is
