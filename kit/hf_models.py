@@ -5,9 +5,9 @@ arithmetic for (mixtral, gemma2, phi3, qwen2_moe, t5, bart, vit, ...). The model
 auto class that fits the config: the head its ``architectures`` names (``head``: a sequence classifier
 such as ``DebertaV2ForSequenceClassification``, a seq-to-seq LM...), else by model type a causal LM,
 seq-to-seq LM, masked LM, image classifier, else the bare model (``TASKS``). Counts are exact: every
-parameter tensor in module order (tied weights once), and the largest layer as DeepSpeed defines it. ``ModelSpec.arch`` keeps the config (its
-``to_diff_dict``), so a rank builds the same model for real (``kit.ranks.workloads``) and the estimator
-traces it (``kit.estimate.trace``).
+parameter tensor in module order (tied weights once), and the largest layer as DeepSpeed defines it.
+``ModelSpec.arch`` keeps the config (its ``to_diff_dict``), so a rank builds the same model for real
+(``kit.ranks.workloads``) and the estimator traces it (``kit.estimate.trace``).
 
 Blind spots: models that need remote code (``auto_map``) are refused; a model whose parameters are
 created lazily at the first forward is counted as built. Importing this module is cheap; torch and
@@ -189,8 +189,8 @@ def target_len(model, value: Any, limit: int) -> int | None:
         raise ValueError(f"batch.target_len: must be a whole number in [1, {limit:,}], got {value!r}")
     if model is not None and not json.loads(model.arch or "{}").get("is_encoder_decoder"):
         raise ValueError(
-            f"batch.target_len: only an encoder-decoder model (t5, bart...) has decoder tokens of their own; "
-            f"{model.name} ({model.family or 'no architecture'}) has not: drop target_len"
+            "batch.target_len: only an encoder-decoder model (t5, bart...) has decoder tokens of their own, "
+            f"not {model.name} (model_type {model.family or 'unknown'}): drop target_len"
         )
     if model is not None and model.max_seq_len and value > model.max_seq_len:
         raise ValueError(

@@ -47,6 +47,7 @@ TOKENS: tuple[tuple[str, Callable[[re.Match], str]], ...] = (
     (r"mb(\d+)", lambda m: f"micro batch {m[1]} per rank (GPU or CPU process)"),
     (r"gas(\d+)", lambda m: f"{m[1]} gradient accumulation steps"),
     (r"tok(\d+)", lambda m: f"micro batches packed to at most {int(m[1]):,} tokens"),
+    (r"tgt(\d+)", lambda m: f"{m[1]} decoder tokens per sample (an encoder-decoder model's targets)"),
     (
         r"-> mb(\d+) gas(\d+) @(\d+)",
         lambda m: f"batch schedule: micro batch {m[1]}, {m[2]} accumulation steps from step {m[3]}",

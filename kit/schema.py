@@ -538,7 +538,8 @@ class Setup(_Frozen):
         old = data["batch"]
         batch = {k: old[k] for k in ("micro_batch", "grad_accum", "seq_len", "max_tokens", "target_len")}
         # a schedule keeps its micro batches and grad accum; global batches follow the cluster
-        batch["schedule"] = [{k: c[k] for k in ("step", "micro_batch", "grad_accum")} for c in old["schedule"]]
+        kept = ("step", "micro_batch", "grad_accum")
+        batch["schedule"] = [{k: c[k] for k in kept} for c in old["schedule"]]
         for section, value in changes.items():
             if section not in data:
                 raise ValueError(f"{section}: not a Setup section; choose model, cluster, zero or batch")

@@ -7,8 +7,6 @@ statistics, token ids, rotary tables): at most 1.4 % at these tiny sizes. GPT-2-
 assume a fused GELU and no dropout (the estimate says so in its notes).
 """
 
-import json
-
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -86,28 +84,48 @@ def test_activation_estimate_matches_saved_tensors(name, precision):
     assert measured == pytest.approx(predicted, rel=TOLERANCE), (measured, predicted)
 
 
-def test_a_model_that_cannot_be_traced_is_refused_in_one_line_not_estimated_at_0(tmp_path, capsys):
-    """DeBERTa-v2 buckets its relative positions with a data-dependent op, which FakeTensorMode cannot run:
-    its activations are unknown, so the estimate refuses (naming the model and the op) instead of counting
-    0 bytes, under which every micro batch would fit (issue 41, item 6); the CLI exits 2 with that line."""
-    from kit.cli import main
+#: a model file whose forward branches on a value (issue 41, item 6 met it in DeBERTa-v2's padding check,
+#: which the trace now runs for real: tests/test_heads_and_lengths.py)
+GATED = """import torch
 
-    config = {
-        "model_type": "deberta-v2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "intermediate_size": 128, "vocab_size": 1000, "max_position_embeddings": 128,
-        "relative_attention": True, "position_buckets": 32, "pos_att_type": ["p2c", "c2p"],
-    }  # fmt: skip
-    setup = Setup(
-        model=from_hf_config(config, name="tiny-deberta"), batch={"micro_batch": 100_000, "seq_len": 64}
-    )
+
+class Gated(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.linear(x)
+        if y.sum() > 0:  # a branch on a value computed from floats: a fake tensor has none
+            y = 2 * y
+        return y.square().mean()
+
+
+def model():
+    return Gated()
+
+
+def batch(micro_batch):
+    return (torch.randn(micro_batch, 8),)
+"""
+
+
+def test_a_model_that_cannot_be_traced_is_refused_in_one_line_not_estimated_at_0(tmp_path, capsys):
+    """A forward that branches on a value FakeTensorMode cannot know (here computed from a float input) stops
+    the trace: its activations are unknown, so the estimate refuses (naming the model and the op) instead of
+    counting 0 bytes, under which every micro batch would fit; the CLI exits 2 with that line."""
+    from kit.cli import main
+    from kit.models import resolve
+
+    path = tmp_path / "gated.py"
+    path.write_text(GATED)
+    setup = Setup(model=resolve(str(path)), batch={"micro_batch": 100_000})
     with pytest.raises(ValueError) as refused:
         estimate(setup)
     line = str(refused.value)
-    assert line.startswith("activations: tiny-deberta could not be traced under FakeTensorMode (")
+    assert line.startswith("activations: gated could not be traced under FakeTensorMode (")
     assert "aten._local_scalar_dense" in line and line.endswith("zero-kit cannot estimate its memory")
     assert "\n" not in line
-    path = tmp_path / "tiny-deberta.json"
-    path.write_text(json.dumps(config))
-    assert main(["estimate", "--model", str(path), "--micro-batch", "8", "--seq-len", "64", "--json"]) == 2
+    assert main(["estimate", "--model", str(path), "--micro-batch", "8", "--json"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "could not be traced under FakeTensorMode" in err

@@ -70,6 +70,7 @@ def test_estimate_json_contract(capsys):
         "seq_len": 4096,
         "schedule": [],
         "max_tokens": None,
+        "target_len": None,
     }
     # fits: the bytes within each GPU's memory in data/gpus.csv, which must compute in bf16
     assert data["fits"] == {
@@ -175,7 +176,7 @@ def test_plan_text_shows_the_front_and_how_to_make_it_fit(capsys):
     # micro batch 8 alone: grad accum makes the plan's global batch, 1024, and make-it-fit keeps it
     assert "Your setting, z0 bf16 mb8 gas16 on 1x8 H100-SXM-80GB: does not fit (" in out
     assert "the smallest changes that make it fit" in out and "(global 1024 kept)" in out
-    assert "Pareto front, wall-clock" not in out and "(3 more with --all)" in out  # 5 of 8 shown
+    assert "Pareto front, wall-clock" not in out and "(2 more with --all)" in out  # 5 of 7 shown
     code, every, _ = run_cli(capsys, *argv, "--all")
     for title in ("Pareto front, wall-clock time vs cost", "Cheapest and fastest per GPU type",
                   "Cheapest fitting setups", "NVMe offload", "Smallest cluster of H100-SXM-80GB",

@@ -13,6 +13,10 @@ from kit.labels import TOKENS, label_legend, parts
 from kit.schema import Setup
 
 LLAMA = models.preset("llama-2-7b")
+#: an encoder-decoder model, for the labels with a decoder length of their own (``tgt64``)
+BART = models.from_hf_config(
+    {"model_type": "bart", "d_model": 64, "encoder_layers": 1, "decoder_layers": 1, "vocab_size": 256}
+)
 #: (ZeroSettings, batch) -> the label these settings had before the legend came: every kind of token
 LABELS = [
     (
@@ -51,12 +55,14 @@ LABELS = [
     ({"engine": "ddp", "stage": 0}, {}, "ddp bf16 mb1"),
     ({"engine": "fsdp", "stage": 3}, {}, "fsdp bf16 mb1"),
     ({"engine": "fsdp", "stage": 2, "activation_checkpointing": True}, {}, "fsdp-grad-op bf16 mb1 ckpt"),
+    # an encoder-decoder's decoder tokens (BART: the only batch here with target_len)
+    ({"precision": "fp16"}, {"micro_batch": 200, "seq_len": 128, "target_len": 64}, "z2 fp16 mb200 tgt64"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("zero", "batch", "label"), LABELS)
 def test_labels_are_unchanged_and_every_token_is_explained(zero, batch, label):
-    setup = Setup(model=LLAMA, zero=zero, batch=batch)
+    setup = Setup(model=BART if "target_len" in batch else LLAMA, zero=zero, batch=batch)
     assert setup.label == label  # byte for byte: records and resumed sweeps find configurations by it
     pairs = setup.label_parts()
     assert " ".join(token for token, _ in pairs) == label

@@ -1,9 +1,9 @@
 """Real 2-rank runs of models that are not the kit's toys, stages 0-3 in one launch: a shrunk Llama
 (Hugging Face), a shrunk Mixtral (mixture of experts; also with frozen embeddings at stages 2 and 3, traced
-with them) and a model file. Measured model-state bytes equal
-the estimate exactly on every rank; activations match the formula or the trace; a model file that
-fails inside the ranks becomes an error record naming its line, and the sweep goes on. They run in the
-session's shared 2-rank sweep (tests/conftest.py)."""
+with them), a shrunk BART whose decoder learns 16 tokens of 32 (stages 0 and 3) and a model file.
+Measured model-state bytes equal the estimate exactly on every rank; activations match the formula or
+the trace; a model file that fails inside the ranks becomes an error record naming its line, and the
+sweep goes on. They run in the session's shared 2-rank sweep (tests/conftest.py)."""
 
 from pathlib import Path
 
@@ -21,6 +21,12 @@ SMALL = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 256}
 MIXTRAL = {
     "model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "num_local_experts": 4,
+}  # fmt: skip
+#: an encoder-decoder whose decoder learns fewer tokens than the encoder reads (``batch.target_len``)
+BART = {
+    "model_type": "bart", "d_model": 64, "encoder_layers": 2, "decoder_layers": 2,
+    "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128, "vocab_size": 256,
 }  # fmt: skip
 FAILS_IN_RANKS = """import os
 import torch
@@ -55,6 +61,9 @@ def declared(root: Path) -> tuple[dict[str, list[Setup]], Setup, Path]:
         "mixtral": setups(models.from_hf_config(MIXTRAL)),
         "mixtral frozen embeddings": setups(models.from_hf_config(MIXTRAL), (2, 3), freeze_embeddings=True),
         "file": setups(models.resolve(str(EXAMPLES / "conv_net.py"))),
+        "bart, 16 target tokens": [
+            s.replace(batch={"target_len": 16}) for s in setups(models.from_hf_config(BART), (0, 3))
+        ],
     }
     broken = setups(models.resolve(str(failing)))[2]
     return groups, broken, failing
@@ -103,7 +112,9 @@ def test_the_failing_model_file_is_an_error_record_naming_its_line(sweep):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("group", ["llama", "mixtral", "mixtral frozen embeddings", "file"])
+@pytest.mark.parametrize(
+    "group", ["llama", "mixtral", "mixtral frozen embeddings", "file", "bart, 16 target tokens"]
+)
 def test_measured_model_states_equal_the_estimate_on_every_rank(sweep, group):
     results, groups, _, _ = sweep
     wrong = {}
@@ -124,10 +135,12 @@ def test_measured_model_states_equal_the_estimate_on_every_rank(sweep, group):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("group", ["llama", "mixtral", "mixtral frozen embeddings", "file"])
+@pytest.mark.parametrize(
+    "group", ["llama", "mixtral", "mixtral frozen embeddings", "file", "bart, 16 target tokens"]
+)
 def test_measured_activations_match_the_estimate(sweep, group):
-    """Llama by its formula, Mixtral (with frozen embeddings too) and the model file by their traces:
-    within 3 % of autograd's."""
+    """Llama by its formula, Mixtral (with frozen embeddings too), the model file and BART with its own
+    target length by their traces: within 3 % of autograd's."""
     results, groups, _, _ = sweep
     table = results.summary().set_index("config_id")
     for setup in groups[group]:

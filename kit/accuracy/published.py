@@ -79,6 +79,8 @@ MODELS = (
     *((f"MPT-{size}", f"mpt-{size}.json") for size in ("1b", "7b", "13b", "30b", "70b")),
     ("Llama 3.1 8B", "llama-3-8b"),  # Llama 3's tensors; 3.1 changes only the rotary scaling
     ("Llama 3 8B", "llama-3-8b"),
+    ("DeBERTa-v2-xlarge-mnli", "deberta-v2-xlarge-mnli.json"),  # its MNLI classifier (``architectures``)
+    ("BlenderBot-400M-distill", "blenderbot-400m-distill.json"),
 )
 #: (piece of the row's ``gpu_type``, its ``gpu_mem_gb``) -> the GPU in data/gpus.csv with that memory
 GPUS = (
@@ -152,6 +154,8 @@ def express(row: dict[str, Any]) -> Expressed:
         return Expressed(None, why)
     if why:
         notes.append(why)
+    lengths = _SOURCE_TARGET.match(str(row["seq_len"]))
+    target = int(lengths.group(2)) if lengths and lengths.group(1) != lengths.group(2) else None
     nodes, gpus = row["num_nodes"] or 1, row["num_gpus"]
     if gpus % nodes:
         return Expressed(None, f"{gpus} GPUs do not split evenly over {nodes} nodes")
@@ -174,6 +178,7 @@ def express(row: dict[str, Any]) -> Expressed:
                 "micro_batch": row["micro_batch_per_gpu"],
                 "grad_accum": row["grad_accum"] or 1,
                 "seq_len": seq,
+                "target_len": target,
             },
         )
     except (ValidationError, ValueError) as error:
@@ -280,16 +285,25 @@ def spec_of(source: str) -> ModelSpec:
     return models.preset(source)
 
 
+#: an encoder-decoder row's lengths: "128 src / 64 tgt (padded)"
+_SOURCE_TARGET = re.compile(r"\s*(\d+)\s*src\s*/\s*(\d+)\s*tgt")
+
+
 def _seq_len(value: Any) -> tuple[int | None, str | None]:
-    """``(tokens, note)``, or ``(None, reason)`` for a length the kit cannot take as one number."""
+    """``(tokens, note)``, or ``(None, reason)`` for a length the kit cannot take as one number; an
+    encoder-decoder row's source length (its target length, where it differs, is ``Batch.target_len``)."""
     if isinstance(value, int):
         return value, None
     text = str(value)
-    both = re.match(r"\s*(\d+)\s*src\s*/\s*(\d+)\s*tgt", text)
-    if both and both.group(1) == both.group(2):
-        return int(both.group(1)), f"source and target both {both.group(1)} tokens"
+    both = _SOURCE_TARGET.match(text)
+    if both:
+        source, target = both.group(1), both.group(2)
+        same = source == target
+        return int(source), f"source and target both {source} tokens" if same else (
+            f"source {source} tokens (seq_len), target {target} (target_len)"
+        )
     first = re.match(r"\s*(\d+)", text)
-    if first is None or both:
+    if first is None:
         return None, f"sequence length {text!r}"
     return int(first.group(1)), f"sequence length taken as {first.group(1)} (the row says {text!r})"
 

@@ -9,14 +9,13 @@ from typing import Any
 
 #: other parallelism a row names -> what it is called
 PARALLELISM = {"TP": "tensor", "PP": "pipeline", "CP": "context", "SP": "sequence"}
-#: models whose trained head the kit has no workload for
-HEADS = (("DeBERTa-v2-xlarge-mnli", "sequence-classification head (DeBERTa-v2 MNLI)"),)
 
 
 def feature_reason(row: dict[str, Any]) -> str | None:
     """The first thing a row's run does that the kit does not model, read from its text alone (no Setup
     needed, so step-time rows ask it too): other parallelism, Float8, torch.compile, FSDP1, frozen parts
-    other than the embeddings, source and target lengths that differ, a head the kit lacks."""
+    other than the embeddings. A model's head (a sequence classifier's) and an encoder-decoder's source and
+    target lengths are expressed (``kit.hf_models.head``, ``Batch.target_len``)."""
     other = row.get("other_parallelism") or ""
     degrees = {k: int(n) for k, n in re.findall(r"\b(TP|PP|CP|SP)\s*=\s*(\d+)", other) if int(n) > 1}
     if degrees:
@@ -34,10 +33,7 @@ def feature_reason(row: dict[str, Any]) -> str | None:
     others = ", ".join(p for p in re.split(r"[,;+]", extras) if "embed" not in p)  # embeddings: kit.trainable
     if _mentions(others, "frozen", "freeze"):
         return "frozen parameters"
-    lengths = re.match(r"\s*(\d+)\s*src\s*/\s*(\d+)\s*tgt", str(row.get("seq_len")))
-    if lengths and lengths.group(1) != lengths.group(2):
-        return f"source and target lengths differ ({lengths.group(1)} / {lengths.group(2)})"
-    return next((why for name, why in HEADS if name in row["model"]), None)
+    return None
 
 
 def fsdp1(row: dict[str, Any]) -> bool:

@@ -109,7 +109,7 @@ def add_setup_args(p: argparse.ArgumentParser) -> None:
     add_cluster_args(p)
     add_zero_args(p)
     p.add_argument("--ds-config", help="read ZeRO and batch settings from an existing ds_config.json")
-    add_batch_args(p)
+    add_batch_args(p, target_len=True)
     add_json(p)
 
 
@@ -150,13 +150,20 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def add_batch_args(p: argparse.ArgumentParser) -> None:
-    """``--micro-batch --grad-accum --train-batch --seq-len``."""
+def add_batch_args(p: argparse.ArgumentParser, target_len: bool = False) -> None:
+    """``--micro-batch --grad-accum --train-batch --seq-len`` (and ``--target-len`` where it is read)."""
     b = p.add_argument_group("batch (any two of micro/grad-accum/train determine the third)")
     b.add_argument("--micro-batch", type=int)
     b.add_argument("--grad-accum", type=int)
     b.add_argument("--train-batch", type=int)
     add_seq_len(b)
+    if target_len:
+        b.add_argument(
+            "--target-len",
+            type=int,
+            help="an encoder-decoder model's (t5, bart) decoder tokens per sample, its labels; the encoder "
+            "reads --seq-len (default: --seq-len for both)",
+        )
 
 
 def add_seq_len(p) -> None:
@@ -225,6 +232,7 @@ def setup_from_args(args: argparse.Namespace):
     cluster = cluster_from_args(args)
     batch = {"micro_batch": args.micro_batch, "grad_accum": args.grad_accum, "train_batch": args.train_batch}
     batch["seq_len"] = args.seq_len
+    target = {"target_len": args.target_len} if getattr(args, "target_len", None) is not None else {}
     if args.ds_config:
         # A config DeepSpeed would refuse is refused here, in the words of `zerokit explain`'s first error
         # (this runs DeepSpeed's own parser, so it imports deepspeed).
@@ -233,7 +241,8 @@ def setup_from_args(args: argparse.Namespace):
         setup, notes = checked_setup(args.ds_config, model=spec, cluster=cluster, **batch)
         for note in notes:  # how each "auto" was resolved: stderr, so --json stays one object
             print(f"note: {note}", file=sys.stderr)
-        return beside_file(setup, args)
+        return beside_file(setup.replace(batch=target) if target else setup, args)
+    batch |= target
     return Setup(model=spec, cluster=cluster, zero=settings.fields(zero_from_args(args)), batch=batch)
 
 

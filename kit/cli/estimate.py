@@ -92,6 +92,7 @@ def render(result) -> str:
         f"batch: {b.train_batch} = {b.micro_batch} (micro) x {s.dp} ({s.dp_words}) x {b.grad_accum} "
         "(grad accum), "
         + ("" if s.model.source else f"seq {b.seq_len}   ")  # a model file's batch() sets its own shapes
+        + (f"target {b.target_len}   " if b.target_len else "")  # an encoder-decoder's decoder tokens
         + f"formula: {result.formula}",
         "",
         f"{'per GPU':18}{'GiB':>9}  formula",

@@ -17,7 +17,16 @@ Blind spots: data-dependent control flow sees fake values (mixture-of-experts ro
 transformers' ``grouped_mm`` experts, whose shapes follow the routed tokens; that kernel needs bf16 under
 ``FakeTensorMode``); ops without a fake kernel fail the trace, which is then reported instead of a number;
 the allocator's caching and fragmentation are not modelled (``kit.estimate.memory`` adds its slack).
-Traces are cached per (model, micro batch, sequence length, precision), so panels stay live.
+Integer inputs (token ids, labels) stay real, and so does what is computed from them alone while it is
+small (``_real_from_real``: at most ``SMALL`` elements, or an op whose result depends on values, such as
+``nonzero`` or ``.item()``): under FakeTensorMode alone any op on them gave a fake tensor, so code that looks
+at their values failed (``aten._local_scalar_dense``, ``aten.nonzero``). DeBERTa-v2 did twice: transformers'
+``warn_if_padding_and_no_attention_mask`` asks whether the first or last id is the pad id, and its sequence
+classifier picks the labelled rows with ``(labels >= 0).nonzero()``. Those ops now run as they would for
+real; what autograd saves and the live bytes are counted alike for real and fake tensors.
+Traces are cached per (model, micro batch, sequence length, precision, trainable subset, decoder length:
+an encoder-decoder model reads ``seq_len`` tokens and learns ``Batch.target_len`` labels), so panels
+stay live.
 """
 
 from __future__ import annotations
@@ -59,8 +68,8 @@ class Trace:
 
 def traced(setup: Setup) -> Trace:
     """The trace of one micro-step of ``setup`` (cached); ValueError with one line when it cannot run."""
-    b = setup.batch
-    return trace(setup.model, b.micro_batch, b.seq_len, setup.zero.precision, trainable.key(setup.zero))
+    b, z = setup.batch, setup.zero
+    return trace(setup.model, b.micro_batch, b.seq_len, z.precision, trainable.key(z), b.target_len)
 
 
 def activations(setup: Setup) -> Term:
@@ -70,6 +79,7 @@ def activations(setup: Setup) -> Term:
     t = traced(setup)
     b, ckpt = setup.batch, setup.zero.activation_checkpointing
     shape = f"b={b.micro_batch}" if setup.model.source else f"b={b.micro_batch}, s={b.seq_len}"
+    shape += f", target {b.target_len}" if b.target_len else ""
     what = f"traced one micro-step (FakeTensorMode, {shape}, {setup.zero.precision})"
     how = (
         f"checkpointing: inputs of {t.blocks} blocks + saved outside them + the largest block recomputed"
@@ -88,10 +98,17 @@ def activations(setup: Setup) -> Term:
 
 
 @lru_cache(maxsize=64)
-def trace(spec: ModelSpec, micro_batch: int, seq_len: int, precision: str, subset: tuple = ()) -> Trace:
+def trace(
+    spec: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    precision: str,
+    subset: tuple = (),
+    target_len: int | None = None,
+) -> Trace:
     """Trace ``spec``'s workload (``kit.workloads``) for one micro batch, trained with the trainable subset
-    whose ``kit.trainable.key`` is ``subset`` (() or every parameter: the whole model); see the module
-    docstring."""
+    whose ``kit.trainable.key`` is ``subset`` (() or every parameter: the whole model), an encoder-decoder
+    model learning ``target_len`` labels (None: ``seq_len``); see the module docstring."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -99,7 +116,8 @@ def trace(spec: ModelSpec, micro_batch: int, seq_len: int, precision: str, subse
 
     start = time.perf_counter()
     workload = workloads.for_model(spec)
-    args, kwargs = workload.micro_batch(list(range(micro_batch)), seq_len, 0)  # real and small: ids, images
+    decoder = {"target_len": target_len} if target_len is not None else {}
+    args, kwargs = workload.micro_batch(list(range(micro_batch)), seq_len, 0, **decoder)  # real, small: ids
     dtype = getattr(torch, DTYPES[precision])
     default = torch.get_default_dtype()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -117,7 +135,7 @@ def trace(spec: ModelSpec, micro_batch: int, seq_len: int, precision: str, subse
             fake_kw = {k: _fake(mode, x, dtype) for k, x in kwargs.items()}
             counter = _SavedByBlock(model)
             live = _LiveBytes(model)
-            with live:
+            with _real_from_real(), live:
                 with counter.watch():
                     loss = workload.loss(model(*fake, **fake_kw))
                 loss.backward()
@@ -281,6 +299,44 @@ class _LiveBytes:
         self.mode.__exit__(*exc)
         for h in self.hooks:
             h.remove()
+
+
+#: the most elements an op computed from real tensors alone returns for real (a sample's labels, ids)
+SMALL = 1 << 16
+
+
+def _real_from_real():
+    """A dispatch mode, entered above FakeTensorMode: an op whose tensor arguments are all real (the integer
+    inputs, constants, what was computed from them alone) runs for real when its result has at most
+    ``SMALL`` elements or FakeTensorMode cannot tell it (a data-dependent shape or value); else it stays
+    fake. Ops on fake tensors, and factories, go to FakeTensorMode as before."""
+    import torch
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        FakeTensor,
+        unset_fake_temporarily,
+    )
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if not tensors or any(isinstance(t, FakeTensor) for t in tensors):
+                return func(*args, **kwargs)
+            try:
+                fake = func(*args, **kwargs)  # FakeTensorMode's answer gives the result's size
+            except (DataDependentOutputException, DynamicOutputShapeException):
+                fake = None
+            leaves = [t for t in tree_leaves(fake) if isinstance(t, torch.Tensor)]
+            if fake is not None and sum(t.numel() for t in leaves) > SMALL:
+                return fake
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+
+    return Mode()
 
 
 def _real_step(workload, source: str) -> None:

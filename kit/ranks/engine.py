@@ -173,7 +173,8 @@ def micro_batch(workload, setup: Setup, step: int, rank: int, world: int, micro:
     replicas = world // sp
     first = setup.samples_before(step) + micro * mb * replicas
     indices = [first + group + replicas * k for k in range(mb)]
-    args, kwargs = workload.micro_batch(indices, setup.batch.seq_len, seed)
+    decoder = {"target_len": b.target_len} if b.target_len else {}  # an encoder-decoder's labels
+    args, kwargs = workload.micro_batch(indices, b.seq_len, seed, **decoder)
     if sp > 1:
         from kit.workloads import ulysses
 

@@ -12,6 +12,7 @@ stage 3) and by the estimator's trace (``kit.estimate.trace``, under ``FakeTenso
 
     model = workload.build()                 # (workload.shapes() for a trace: no weight initialisation)
     args, kwargs = workload.micro_batch(sample_indices, seq_len, seed)   # CPU tensors, floats in fp32
+                                             # (+ target_len=: a seq-to-seq model's decoder tokens)
     loss = workload.loss(model(*args, **kwargs))                         # a scalar tensor
 
 Data is synthetic and deterministic: a sample depends only on (seed, its global index), so every ZeRO
@@ -241,21 +242,47 @@ class HuggingFace:
         with no_init_weights():
             return self.build()
 
-    def micro_batch(self, indices: list[int], seq_len: int, seed: int = 0):
+    def micro_batch(self, indices: list[int], seq_len: int, seed: int = 0, target_len: int | None = None):
+        """Inputs and labels by the model's task (``kit.hf_models.task``): images and a class each;
+        ``seq_len`` token ids and a class each (a sequence classifier); ``seq_len`` token ids as inputs and
+        labels (a causal LM shifts them, a seq-to-seq LM builds its decoder's inputs from them); a seq-to-seq
+        LM learns ``target_len`` labels when given (the first tokens of the sample's stream, as its inputs
+        are; two tensors of their own, as a data loader gives them)."""
         import torch
 
         cfg = self.config
-        if hf_models.task(cfg) == "image-classification":
+        kind = hf_models.task(cfg)
+        if target_len is not None and kind != "seq2seq-lm":
+            raise ValueError(f"batch.target_len: only a seq-to-seq model has decoder tokens, not {kind}")
+        if kind == "image-classification":
             side, channels = cfg.image_size, cfg.num_channels
             gens = [generator(seed, i) for i in indices]
             pixels = torch.stack([torch.randn(channels, side, side, generator=g) for g in gens])
             labels = torch.stack([torch.randint(0, cfg.num_labels, (), generator=g) for g in gens])
             return (), {"pixel_values": pixels, "labels": labels}
-        stream = tokens(indices, seq_len - 1, cfg.get_text_config().vocab_size, seed)
+        longest = max(seq_len, target_len or seq_len)
+        stream = tokens(indices, longest - 1, cfg.get_text_config().vocab_size, seed)
+        if kind == "sequence-classification":
+            return (), {"input_ids": stream, "labels": classes(cfg, indices, seed)}
+        if target_len is not None:
+            return (), {"input_ids": stream[:, :seq_len].clone(), "labels": stream[:, :target_len].clone()}
         return (), {"input_ids": stream, "labels": stream}  # the model shifts labels for causal LMs
 
     def loss(self, output):
         return output.loss
+
+
+def classes(cfg, indices: list[int], seed: int):
+    """A sequence classifier's labels, one per sample (seeded by its index): a class in [0, num_labels);
+    a float for a regression head (``num_labels`` 1); 0 / 1 per class for a multi-label one."""
+    import torch
+
+    gens = [generator(seed + 1, i) for i in indices]
+    if cfg.problem_type == "multi_label_classification":
+        return torch.stack([torch.randint(0, 2, (cfg.num_labels,), generator=g).float() for g in gens])
+    if cfg.num_labels == 1 or cfg.problem_type == "regression":
+        return torch.stack([torch.randn((), generator=g) for g in gens])
+    return torch.stack([torch.randint(0, cfg.num_labels, (), generator=g) for g in gens])
 
 
 @dataclass(frozen=True)
