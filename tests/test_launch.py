@@ -374,6 +374,7 @@ def test_cli_launch_cmd_subprocess_prints_one_json_object():
         "seq_len": 2048,
         "schedule": [],
         "max_tokens": None,
+        "target_len": None,
     }
     assert result["files"] == {}
 
