@@ -58,6 +58,27 @@ def test_largest_micro_batch_is_the_boundary(llama7b):
         model=models.preset("llama-2-70b"), cluster={"gpus_per_node": 1}, batch={"micro_batch": 1}
     )
     assert plan.largest_micro_batch(too_big) == 0
+    assert plan.largest_micro_batch(ckpt, limit=10) == 10  # 46 fit: the limit is the answer
+
+
+@pytest.mark.parametrize(
+    "model, zero, gpu",
+    [
+        ("gpt2-xl", {"stage": 2}, "RTX-4090"),  # the optimizer step leads the peak at small micro batches
+        ("llama-2-7b", {"stage": 1, "offload_optimizer": "cpu"}, "H100-SXM-80GB"),
+        ("qwen2.5-0.5b", {"stage": 0, "precision": "fp32"}, "A10G"),
+    ],
+)
+def test_largest_micro_batch_is_the_boundary_by_lines_as_by_scanning(model, zero, gpu):
+    """The search by lines (a few estimates) finds what estimating every micro batch would."""
+    setup = Setup(model=models.preset(model), cluster={"gpu": gpu}, zero=zero, batch={"seq_len": 1024})
+    micro = plan.largest_micro_batch(setup)
+
+    def fits(m: int) -> bool:
+        return estimate(setup.replace(batch={"micro_batch": m})).fits[gpu]
+
+    assert micro >= 1 and fits(micro) and not fits(micro + 1)
+    assert all(fits(m) for m in range(1, micro + 1, max(1, micro // 16)))  # nothing below it is refused
 
 
 def test_batch_options_for_a_global_batch(llama7b):
