@@ -143,7 +143,7 @@ def smallest_cluster(setup: Setup, variants: list[dict] | None = None, max_nodes
                 found = est
                 break
         if not found and _refused(setup, max_nodes * per_node, {**ZEROPP_OFF, **change}):
-            continue  # a variant sequence parallelism does not run on any cluster (stage 1, offload)
+            continue  # a variant sequence parallelism does not run on any cluster (NVMe offload, ZeRO++)
         label = (found.setup if found else setup.replace(zero={**ZEROPP_OFF, **change})).label
         rows.append(
             {
@@ -420,7 +420,7 @@ def search(
 
 def _refused(setup: Setup, world: int, zero: dict) -> bool:
     """Whether ``setup``'s sequence parallelism refuses ``zero`` on ``world`` GPUs (``kit.sequence_parallel``:
-    ``sp`` must divide the GPUs; no stage 1, offload or ZeRO++ beside it)."""
+    ``sp`` must divide the GPUs; no NVMe offload or ZeRO++ beside it)."""
     if setup.zero.sequence_parallel_size == 1:
         return False
     return ulysses.problem(setup.zero.model_copy(update=zero), setup.model, world, setup.batch) is not None
