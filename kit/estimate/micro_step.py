@@ -199,9 +199,11 @@ def _chunk(setup: Setup, cpu: CpuMatmul | None) -> Term:
     if setup.zero.sequence_parallel_size == 1:  # a language model's: its hidden states, their shifted copy
         tokens = b.micro_batch * (s - 1)
         held = p * (b.micro_batch * s + tokens) * h
+        what = f"the decoder's output and its shifted copy {p} B x b (2s-1) h"
     else:  # labels shifted before the split (kit.workloads.ulysses): every token's hidden state, no copy
         tokens = b.micro_batch * s
         held = p * tokens * h
+        what = f"the decoder's output {p} B x b s/sp h (labels shifted before the split: no copy)"
     chunk = chunk_tokens(tokens, v, h)
     logits = p * chunk * v
     if cpu is None:
@@ -224,8 +226,7 @@ def _chunk(setup: Setup, cpu: CpuMatmul | None) -> Term:
         how = "a chunk's logits and the largest of its steps (CPU ranks' plain PyTorch, oneDNN scratch)"
     return Term(
         held + work,
-        f"chunked loss: the decoder's output and its shifted copy {p} B x b (2s-1) h + {how}, "
-        f"{chunk:,} of {tokens:,} tokens per chunk",
+        f"chunked loss: {what} + {how}, {chunk:,} of {tokens:,} tokens per chunk",
     )
 
 
