@@ -203,6 +203,11 @@ def test_the_cli_takes_a_target_length(tmp_path, capsys):
     assert main(["estimate", "--model", "llama-2-7b", "--target-len", "16", "--json"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "batch.target_len: only an encoder-decoder model" in err
+    # plan's launch-cmd line gives the same lengths back
+    plan = ["plan", "--model", str(path), "--seq-len", "64", "--target-len", "16", "--gpus", "A10G"]
+    assert main(plan) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "--seq-len 64 --target-len 16" in next(x for x in lines if x.startswith("ds_config: zerokit"))
 
 
 def test_the_published_deberta_and_blenderbot_rows_are_expressed():

@@ -370,6 +370,7 @@ def _ds_config_command(args: argparse.Namespace, s) -> list[str]:
         "--seq-len",
         str(b.seq_len),
     ]
+    argv += ["--target-len", str(b.target_len)] if b.target_len else []  # an encoder-decoder's labels
     return [*argv, *(["--hostfile", "hostfile"] if c.nodes > 1 else []), "--out", "launch"]
 
 
