@@ -46,11 +46,6 @@ def label(sp: int) -> str:
     return f"sp{sp}" if sp > 1 else ""
 
 
-def local_tokens(seq_len: int, sp: int) -> int:
-    """Tokens of each sequence one rank holds outside attention."""
-    return seq_len // sp
-
-
 def exchanged_kv_heads(kv_heads: int, sp: int) -> int:
     """The kv heads all-to-all'd (and held by attention, over ``sp`` ranks): repeated up to ``sp``."""
     return max(kv_heads, sp)
@@ -100,7 +95,7 @@ def in_your_script(zero) -> str | None:
     if sp == 1:
         return None
     return (
-        "sequence parallelism: mpu = UlyssesSPAttentionHF.register_with_transformers(model, 'sdpa', "
+        "mpu = UlyssesSPAttentionHF.register_with_transformers(model, 'sdpa', "
         f"{sp}, micro_batch, seq_length=seq_len, seq_length_is_variable=False) before "
         "deepspeed.initialize(..., mpu=mpu); wrap the data loader in UlyssesSPDataLoaderAdapter (it needs "
         "position_ids) and compute the loss from its shift_labels (deepspeed.runtime.sequence_parallel."

@@ -138,16 +138,18 @@ def test_a_rank_computes_its_tokens_and_its_heads_of_the_whole_sequence():
 def test_the_exchanges_are_counted_in_the_step_traffic():
     """4 exchanges per layer and pass of b x s/sp tokens, (sp-1)/sp of each sent; real ranks send exactly
     this (test_peak.py), here the formula's arithmetic on the shrunk Llama at sp 2: 2 layers, h = kv = 64."""
-    from kit.steptime.comm import all_to_all, comm_bytes
+    from kit.steptime.comm import all_to_all, collectives, comm_bytes
 
     s = _setup(gpus=2, sequence_parallel_size=2)
     exchange = all_to_all(s)
     tokens = 2 * 16
     assert exchange is not None and exchange.scope == "intra"
     assert exchange.bytes == 0.5 * 2 * tokens * 2 * 2 * (64 + 64 + 64 + 64) + 1 * 2 * 8 * tokens
-    sent, formula = comm_bytes(s)
-    assert "Ulysses" in formula and sent > exchange.bytes
-    assert all_to_all(_setup(gpus=2)) is None
+    sent, formula = comm_bytes(s)  # stage 3: its collectives, the exchanges among them
+    parts = collectives(s)
+    assert exchange in parts and sent == sum(c.bytes for c in parts) and "Ulysses" in formula
+    assert all_to_all(_setup(gpus=2)) is None and not any(c.name == exchange.name for c in collectives(
+        _setup(gpus=2)))  # fmt: skip
 
 
 def test_notebook_07s_table_is_each_sizes_estimate():
@@ -201,3 +203,26 @@ def test_the_table_leaves_out_the_sizes_the_setup_refuses_unless_asked_for():
     assert list(tables.sequence_parallel_choices(s, sizes=[2]).index) == ["sp 2"]
     with pytest.raises(ValueError, match="must divide the attention heads"):
         tables.sequence_parallel_choices(s, sizes=[8])
+
+
+def test_launch_cmd_says_what_the_script_does_beside_the_ds_config_key(capsys):
+    """The ds_config carries sequence_parallel_size; the script wires DeepSpeed's Ulysses in itself:
+    ``launch-cmd`` prints it, and its JSON carries it (null without sequence parallelism)."""
+    import json
+
+    from kit.cli import main
+
+    argv = ["launch-cmd", "--model", "llama-2-7b", "--stage", "3", "--seq-len", "4096"]
+    assert main([*argv, "--sequence-parallel-size", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ds_config"]["sequence_parallel_size"] == 4 and out["label"].endswith(" sp4")
+    assert out["sequence_parallel"].startswith("mpu = UlyssesSPAttentionHF.register_with_transformers(")
+    assert ", 4, micro_batch," in out["sequence_parallel"]
+    assert main([*argv, "--sequence-parallel-size", "4"]) == 0
+    text = capsys.readouterr().out
+    assert (
+        "# sequence parallelism: sequence_parallel_size is in the ds_config; your script also does:" in text
+    )
+    assert main([*argv, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert plain["sequence_parallel"] is None and "sequence_parallel_size" not in plain["ds_config"]
