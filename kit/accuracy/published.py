@@ -81,6 +81,16 @@ MODELS = (
     ("Llama 3 8B", "llama-3-8b"),
     ("DeBERTa-v2-xlarge-mnli", "deberta-v2-xlarge-mnli.json"),  # its MNLI classifier (``architectures``)
     ("BlenderBot-400M-distill", "blenderbot-400m-distill.json"),
+    ("t5-large", "t5-large.json"),
+)
+#: (piece of a row's ``source``, why its sequence length is a maximum): the script pads each batch to its
+#: longest sample, so the run's batches were at most that long (data padding: what a row cannot show)
+LONGEST = (
+    (
+        "huggingface.co/blog/zero-deepspeed-fairscale",
+        "the blog's finetune_trainer.py (transformers 4.2 examples/seq2seq) pads each batch to its longest "
+        "sample (Seq2SeqDataCollator: padding='longest' off TPUs), so its batches were at most this long",
+    ),
 )
 #: (piece of the row's ``gpu_type``, its ``gpu_mem_gb``) -> the GPU in data/gpus.csv with that memory
 GPUS = (
@@ -154,6 +164,9 @@ def express(row: dict[str, Any]) -> Expressed:
         return Expressed(None, why)
     if why:
         notes.append(why)
+    notes.extend(
+        f"{seq} tokens is the script's maximum: {why}" for site, why in LONGEST if site in row["source"]
+    )
     lengths = _SOURCE_TARGET.match(str(row["seq_len"]))
     target = int(lengths.group(2)) if lengths and lengths.group(1) != lengths.group(2) else None
     nodes, gpus = row["num_nodes"] or 1, row["num_gpus"]
