@@ -11,9 +11,10 @@ Each row's metric is converted to seconds per optimizer step the way its source 
 The error is on the step time: predicted / measured - 1 (a step 10 % too slow is +10 %).
 
 The fabric is read from the row (``FABRICS``: a figure of Gb/s per GPU or per node matched with
-data/networks.csv); a multi-node row that names none is taken on its GPU's DGX fabric (``DGX``), said in
-its notes. Rows that compare stages on one setup (``STAGE_SETS``: the same source, model, GPUs and
-batch) are checked for order: the kit ranks their step times as the runs did.
+data/networks.csv); a multi-node row that names none is taken on its source's cluster where that is known
+(``SOURCES``), else on its GPU's DGX fabric (``DGX``), said in its notes. Rows that compare stages on one
+setup (``STAGE_SETS``: the same source, model, GPUs and batch) are checked for order: the kit ranks their
+step times as the runs did.
 """
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ from kit.steptime.perf import hardware, step_time
 #: a multi-node row's GPU (a piece of data/gpus.csv's name) -> the fabric of its DGX, where the row
 #: names none
 DGX = (("V100", "ib-edr-8x100"), ("A100", "ib-hdr-8x200"), ("H100", "ib-ndr-8x400"), ("H200", "ib-ndr-8x400"))
+#: (a piece of a row's ``source``, the fabric, why) for rows whose page names no network but whose cluster
+#: is known: the ZeRO++ tutorial ran on the DeepSpeed team's V100 cluster, which the ZeRO++ blog measures at
+#: 4 x 100 Gb/s per node (ZeRO++ 1.28-1.36x faster than ZeRO-3) and at 100 Gb/s (2-2.2x faster)
+SOURCES = (
+    (
+        "deepspeed.ai/tutorials/zeropp",
+        "ib-edr-1x100",
+        "the DeepSpeed team's V100 cluster at 100 Gb/s per node, the one of the ZeRO++ blog's two settings "
+        "where ZeRO++ is 2-2.2x faster than ZeRO-3 (this tutorial's runs: 2.7x; 4 x 100 Gb/s gave 1.3x)",
+    ),
+)
 #: the row's columns that make rows one setup whose stages are compared (of ``source`` its first word,
 #: the page)
 SAME_SETUP = ("source", "model", "num_gpus", "micro_batch_per_gpu", "seq_len", "grad_accum", "metric")
@@ -54,6 +66,10 @@ def fabric(row: dict[str, Any], gpu: str, gpus_per_node: int, notes: list[str]) 
             return named[0]
         notes.append(f"fabric of {gbits} Gb/s per node is not in data/networks.csv")
         return None
+    for piece, name, why in SOURCES:
+        if piece in row["source"]:
+            notes.append(f"inter-node network not stated: taken as {name}, {why}")
+            return name
     chosen = next((name for piece, name in DGX if piece in gpu), None)
     if chosen:
         notes.append(f"inter-node network not stated: taken as the DGX's {chosen}")
