@@ -112,6 +112,20 @@ def _once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
 
 
 @pytest.fixture(scope="session")
+def published_report(tmp_path_factory):
+    """``kit.accuracy.published.report()`` of every row, computed once in this test run (it traces the
+    published DeBERTa, BlenderBot and T5 models) and read by every worker that asks."""
+    import pickle
+
+    from kit.accuracy import published
+
+    def make(folder: Path) -> None:
+        (folder / "report.pickle").write_bytes(pickle.dumps(published.report()))
+
+    return pickle.loads((_once(tmp_path_factory, "published-report", make) / "report.pickle").read_bytes())
+
+
+@pytest.fixture(scope="session")
 def two_rank_sweep(request, tmp_path_factory) -> TwoRankSweep:
     """One launch (two with a "die" fault) over the configurations of every selected module, shared by
     every worker."""

@@ -212,6 +212,29 @@ def test_trace_is_cached_and_the_formula_stands_beside_it():
     assert estimate(setup).trace is None  # without --trace a formula family stays torch-free
 
 
+@pytest.mark.parametrize(
+    ("name", "seq", "target"),
+    [("t5", 16, 8), ("bart", 16, None), ("mixtral", 16, None), ("conv_net.py", 0, None), ("mlp.py", 0, None)],
+)
+def test_a_large_micro_batch_is_drawn_through_2_3_and_4_as_traced_itself(name, seq, target):
+    """Every figure of a trace at 7 samples drawn through those at 2, 3 and 4 equals the trace at 7 itself:
+    an encoder-decoder with a shorter target, a mixture of experts (bf16: transformers' grouped_mm), model
+    files; T5's and the conv net's peaks move to another moment from 2 samples to 4, each moment's live
+    bytes on a line of their own."""
+    spec = (
+        models.resolve(str(EXAMPLES / name))
+        if name.endswith(".py")
+        else models.from_hf_config({"model_type": name, **OTHERS[name][0]}, name=f"tiny-{name}")
+    )
+    precision = "bf16" if name == "mixtral" else "fp32"
+    drawn = trace.trace(spec, 7, seq, precision, (), target)
+    itself = trace.traced_at(spec, 7, seq, precision, (), target)
+    assert drawn.line and not itself.line
+    assert {f: getattr(drawn, f) for f in trace.FIGURES} == {f: getattr(itself, f) for f in trace.FIGURES}
+    peaks = [trace.trace(spec, b, seq, precision, (), target).peak_bytes for b in (*trace.LINE, 7)]
+    assert name not in ("t5", "conv_net.py") or peaks[2] - peaks[1] != peaks[1] - peaks[0]
+
+
 def test_cli_json_carries_trace_and_a_model_file_estimate():
     argv = [
         sys.executable,

@@ -63,9 +63,9 @@ REASONS = {
 }
 
 
-@pytest.fixture(scope="module")
-def report():
-    return P.report()
+@pytest.fixture
+def report(published_report):  # every row, computed once per test run (tests/conftest.py)
+    return published_report
 
 
 def by_id(report) -> dict:

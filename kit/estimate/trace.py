@@ -26,7 +26,12 @@ classifier picks the labelled rows with ``(labels >= 0).nonzero()``. Those ops n
 real; what autograd saves and the live bytes are counted alike for real and fake tensors.
 Traces are cached per (model, micro batch, sequence length, precision, trainable subset, decoder length:
 an encoder-decoder model reads ``seq_len`` tokens and learns ``Batch.target_len`` labels), so panels
-stay live.
+stay live. A tensor's size is affine in the micro batch (the batch dimension, or none: a T5 position bias,
+a mask built once), and so are the live bytes after each allocation, though the moment of their peak
+moves with the micro batch (T5's, until 4 samples). Above ``LINE``'s samples a trace is drawn through
+those of 2, 3 and 4: the saved bytes on their line, the peak the largest of the live bytes after each
+allocation on theirs, where all lie on one (``Trace.line``), else traced itself. A search over micro
+batches (``kit.planning.plan.largest_micro_batch``) traces those three.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from __future__ import annotations
 import json
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from kit import trainable
@@ -53,6 +58,10 @@ class Trace:
     peak_bytes: int
     blocks: int
     seconds: float
+    #: drawn through the traces of 2, 3 and 4 samples (``LINE``), not traced at its own micro batch
+    line: bool = False
+    #: the live bytes after each allocation, kept for the micro batches of ``LINE``
+    levels: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def transient_bytes(self) -> int:
@@ -80,7 +89,8 @@ def activations(setup: Setup) -> Term:
     b, ckpt = setup.batch, setup.zero.activation_checkpointing
     shape = f"b={b.micro_batch}" if setup.model.source else f"b={b.micro_batch}, s={b.seq_len}"
     shape += f", target {b.target_len}" if b.target_len else ""
-    what = f"traced one micro-step (FakeTensorMode, {shape}, {setup.zero.precision})"
+    what = f"traced one micro-step (FakeTensorMode, {shape}, {setup.zero.precision}"
+    what += ", on the line through b = 2, 3, 4)" if t.line else ")"
     how = (
         f"checkpointing: inputs of {t.blocks} blocks + saved outside them + the largest block recomputed"
         if ckpt
@@ -97,6 +107,12 @@ def activations(setup: Setup) -> Term:
     return Term(t.activations(ckpt), formula)
 
 
+#: micro batches traced before a larger one is drawn through them (the module docstring)
+LINE = (2, 3, 4)
+#: the figures of a trace
+FIGURES = ("saved_bytes", "checkpointed_bytes", "peak_bytes")
+
+
 @lru_cache(maxsize=64)
 def trace(
     spec: ModelSpec,
@@ -108,7 +124,51 @@ def trace(
 ) -> Trace:
     """Trace ``spec``'s workload (``kit.workloads``) for one micro batch, trained with the trainable subset
     whose ``kit.trainable.key`` is ``subset`` (() or every parameter: the whole model), an encoder-decoder
-    model learning ``target_len`` labels (None: ``seq_len``); see the module docstring."""
+    model learning ``target_len`` labels (None: ``seq_len``); above ``LINE`` on the line through those
+    where they lie on one; see the module docstring."""
+    if micro_batch > LINE[-1]:
+        drawn = _drawn([trace(spec, b, seq_len, precision, subset, target_len) for b in LINE], micro_batch)
+        if drawn is not None:
+            return drawn
+    traced = traced_at(spec, micro_batch, seq_len, precision, subset, target_len)
+    return traced if micro_batch in LINE else replace(traced, levels=())
+
+
+def _drawn(first: list[Trace], micro_batch: int) -> Trace | None:
+    """A trace at ``micro_batch`` drawn through ``first`` (those at ``LINE``), or None where they do not
+    lie on one line: the saved bytes, and the live bytes after each allocation (the peak their largest)."""
+    import numpy as np
+
+    saved = [(t.saved_bytes, t.checkpointed_bytes) for t in first]
+    if len({t.blocks for t in first}) > 1 or len({len(t.levels) for t in first}) > 1:
+        return None
+    levels = np.array([t.levels for t in first], dtype=np.int64)
+    steps = np.diff(levels, axis=0)
+    if saved[2][0] - saved[1][0] != saved[1][0] - saved[0][0] or (steps[1] != steps[0]).any():
+        return None
+    if saved[2][1] - saved[1][1] != saved[1][1] - saved[0][1] or not len(levels[0]):
+        return None
+    n = micro_batch - LINE[0]
+    return Trace(
+        saved_bytes=saved[0][0] + n * (saved[1][0] - saved[0][0]),
+        checkpointed_bytes=saved[0][1] + n * (saved[1][1] - saved[0][1]),
+        peak_bytes=int((levels[0] + n * steps[0]).max()),
+        blocks=first[0].blocks,
+        seconds=sum(t.seconds for t in first),
+        line=True,
+    )
+
+
+def traced_at(
+    spec: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    precision: str,
+    subset: tuple = (),
+    target_len: int | None = None,
+) -> Trace:
+    """``trace``'s figures traced at ``micro_batch`` itself (uncached; ``trace`` draws large micro batches
+    through small ones)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -157,6 +217,7 @@ def trace(
         peak_bytes=live.peak,
         blocks=len(counter.blocks),
         seconds=round(time.perf_counter() - start, 3),
+        levels=tuple(live.levels),
     )
 
 
@@ -257,6 +318,7 @@ class _LiveBytes:
 
         self.exclude = {p.untyped_storage()._cdata for p in model.parameters()}
         self.current = self.peak = 0
+        self.levels: list[int] = []  # the live bytes after each allocation
         self.live: dict[int, tuple] = {}
         owner = self
 
@@ -278,6 +340,7 @@ class _LiveBytes:
         nbytes = storage.nbytes()
         self.live[key] = (nbytes, weakref.ref(storage, lambda _: self.drop(key)))
         self.current += nbytes
+        self.levels.append(self.current)
         if self.current > self.peak:
             self.peak = self.current
 
