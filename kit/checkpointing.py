@@ -13,6 +13,25 @@ The estimate (``kit.estimate.activations``) counts what this keeps from each fam
 (``kit.ranks.engine``) run it. What it cannot see: ops torchtitan's list leaves out are recomputed, so a
 matmul with a bias (``aten.addmm``) and an attention that is not ``scaled_dot_product_attention`` (an
 eager softmax) are never kept; PyTorch's CPU flash kernel stands in for the CUDA ones on CPU ranks.
+
+DeepSpeed's own options (``activation_checkpointing`` in a ds_config, DeepSpeed 0.19.8's
+``runtime/activation_checkpointing/checkpointing.py``) act only where the script checkpoints through
+``deepspeed.checkpointing.checkpoint`` after ``deepspeed.checkpointing.configure`` (Megatron-DeepSpeed
+does, and the kit's runs); Hugging Face's gradient checkpointing runs ``torch.utils.checkpoint``, which
+reads neither.
+- ``cpu_checkpointing``: each checkpointed block's floating-point positional inputs go to CPU RAM and come
+  back one per recomputed block. On CUDA the async offload engine (``_ActivationOffloadEngine``,
+  ``keep_last_count=1``, ``max_fwd_stash_count=2``) keeps the newest input on the GPU and the one before it
+  until the next offload drops it: two stay, the others are pinned host copies (``RESIDENT``).
+- ``partition_activations``: splits each input over the model-parallel group (``mp_size``); the kit has no
+  tensor parallelism, so a whole contiguous clone replaces the input (the original's storage freed): the same
+  bytes, one more input during that block's forward. With ``cpu_checkpointing`` the clone goes to CPU RAM by a
+  blocking copy (no offload engine): the GPU keeps none, then the one input its recomputation restores.
+- ``contiguous_memory_optimization`` (preallocated buffers of ``number_checkpoints`` inputs) is refused by the
+  ds_config reader: how many it holds depends on a count the kit does not model.
+On CPU ranks the copy to the CPU returns the input itself, so the checkpoints stay in rank memory; DeepSpeed
+0.19.8 then empties that input before saving it, so ``cpu_checkpointing`` without ``partition_activations``
+fails there (``cpu_ranks_problem``).
 """
 
 from __future__ import annotations
@@ -30,6 +49,13 @@ ATTENTION_OPS = (
     "_scaled_dot_product_cudnn_attention",
     "_scaled_dot_product_flash_attention_for_cpu",
 )
+
+
+#: DeepSpeed's checkpointing options: ZeroSettings fields, each its ``activation_checkpointing`` key's name
+DEEPSPEED_FIELDS = ("cpu_checkpointing", "partition_activations")
+#: under ``cpu_checkpointing`` alone, the block inputs a GPU keeps: the async offload engine's newest
+#: (``keep_last_count=1``) and the one before it, its forward stash (``max_fwd_stash_count=2``)
+RESIDENT = 2
 
 
 #: the ZeroSettings fields of checkpointing, and the choices a panel offers as their values
@@ -61,17 +87,80 @@ def keeps_matmul(index: int) -> bool:
     return index % 2 == 1
 
 
-def label(every: int, policy: str) -> str:
-    """The checkpointing part of a setup's label: ``ckpt``, ``ckpt/2``, ``ckpt-op``, ``ckpt-op/2``."""
-    return "ckpt" + ("-op" if policy == "selective-op" else "") + (f"/{every}" if every > 1 else "")
+def label(zero) -> str:
+    """The checkpointing part of a ``ZeroSettings``' label: ``ckpt``, ``ckpt/2``, ``ckpt-op``, ``ckpt-op/2``,
+    with DeepSpeed's options ``ckpt-part``, ``ckpt-cpu``, ``ckpt-part-cpu/2``."""
+    z = zero
+    op = "-op" if z.checkpoint_policy == "selective-op" else ""
+    more = "-part" * z.partition_activations + "-cpu" * z.cpu_checkpointing
+    return f"ckpt{op}{more}" + (f"/{z.checkpoint_every}" if z.checkpoint_every > 1 else "")
 
 
-def describe(every: int, policy: str) -> str:
+def describe(every: int, policy: str, cpu: bool = False, partition: bool = False) -> str:
     """One phrase saying what is checkpointed, for estimates and panels."""
     which = "every block" if every == 1 else f"one block in {every}"
     if policy == "selective-op":
         return f"{which}, selective: matmul and attention outputs kept (torchtitan's op policy)"
-    return f"{which}, recomputed from its input"
+    where = ""
+    if partition:
+        where += ", its input partitioned over the model-parallel group (one GPU: a whole copy)"
+    if cpu:
+        where += ", the inputs in CPU RAM" + (f" but the newest {RESIDENT}" if not partition else "")
+    return f"{which}, recomputed from its input{where}"
+
+
+def resident(zero, checkpoints: int) -> int:
+    """Of ``checkpoints`` block inputs, how many a GPU holds at the backward's peak (a ``ZeroSettings``'
+    options): all; under ``cpu_checkpointing`` ``RESIDENT``, or with ``partition_activations`` the one its
+    recomputation restores."""
+    if not zero.cpu_checkpointing:
+        return checkpoints
+    return min(checkpoints, 1 if zero.partition_activations else RESIDENT)
+
+
+def on_the_host(zero, checkpoints: int) -> int:
+    """Of ``checkpoints`` block inputs, how many one rank keeps in CPU RAM: none; under
+    ``cpu_checkpointing`` all but the newest (the offload engine never copies it), with
+    ``partition_activations`` all."""
+    if not zero.cpu_checkpointing:
+        return 0
+    return checkpoints if zero.partition_activations else max(checkpoints - 1, 0)
+
+
+def problem(zero) -> str | None:
+    """Why a ``ZeroSettings``' checkpointing fields do not go together, or None: each needs checkpointing
+    on, and DeepSpeed's options its checkpoint (policy ``full``)."""
+    z = zero
+    if not z.activation_checkpointing:
+        offs = (("checkpoint_every", 1), ("checkpoint_policy", "full"))
+        for field, off in (*offs, *((f, False) for f in DEEPSPEED_FIELDS)):
+            if getattr(z, field) != off:
+                return f"{field}: applies with activation_checkpointing on; it is off"
+    elif z.checkpoint_policy != "full":
+        for field in DEEPSPEED_FIELDS:
+            if getattr(z, field):
+                return (
+                    f"{field}: deepspeed.checkpointing's option, and checkpoint_policy 'selective-op' runs "
+                    "torch.utils.checkpoint, which never reads it; use checkpoint_policy 'full'"
+                )
+    return None
+
+
+def fields(zero, on: bool) -> dict:
+    """The checkpointing fields of a ``ZeroSettings`` with it turned on (keeping its policy and DeepSpeed's
+    options) or off, for ``Setup.replace`` or ``model_copy`` (a search toggles it)."""
+    names = (*FIELDS, *DEEPSPEED_FIELDS)
+    if not on:
+        return dict(zip(names, (False, 1, "full", False, False), strict=True))
+    return {**{name: getattr(zero, name) for name in names}, "activation_checkpointing": True}
+
+
+def choice(zero, value: tuple[bool, int, str]) -> dict:
+    """The fields of a ``CHOICES`` value (the values of ``FIELDS``) applied to a ``ZeroSettings``: its
+    DeepSpeed options kept where the choice runs DeepSpeed's checkpoint (on, policy ``full``), else off."""
+    fields = dict(zip(FIELDS, value, strict=True))
+    deepspeeds = fields["activation_checkpointing"] and fields["checkpoint_policy"] == "full"
+    return fields | {name: deepspeeds and getattr(zero, name) for name in DEEPSPEED_FIELDS}
 
 
 def in_your_script(zero) -> str | None:
@@ -97,6 +186,13 @@ def in_your_script(zero) -> str | None:
             f"leave the others ({titan}selective --activation_checkpoint.selective_ac_option "
             f"{z.checkpoint_every})"
         )
+    if z.cpu_checkpointing or z.partition_activations:
+        return (
+            "call deepspeed.checkpointing.configure(None, deepspeed_config=ds_config) before training and "
+            "wrap each block in deepspeed.checkpointing.checkpoint (Megatron-DeepSpeed does): its "
+            "activation_checkpointing options act there only (HF's gradient checkpointing runs "
+            "torch.utils.checkpoint, which reads none of them)"
+        )
     return (
         "checkpoint every block (HF Trainer: --gradient_checkpointing; your own loop: "
         f"deepspeed.checkpointing.checkpoint or torch.utils.checkpoint around each block; {titan}full)"
@@ -115,6 +211,20 @@ def engine_problem(zero) -> str | None:
             "zero.checkpoint_policy: 'selective-op' needs a non-reentrant checkpoint, which DeepSpeed 0.19's "
             "ZeRO-3 fails (its parameters are partitioned again when a block is recomputed); "
             "estimate it, run it at stages 0-2"
+        )
+    return None
+
+
+def cpu_ranks_problem(cpu: bool, partition: bool) -> str | None:
+    """Why a run on CPU ranks cannot checkpoint with DeepSpeed's options ``cpu`` (``cpu_checkpointing``) and
+    ``partition`` (``partition_activations``), or None: DeepSpeed 0.19.8's CPU checkpointing alone copies
+    each input to the CPU (there: the input itself), empties the input and then saves the copy, now empty
+    (measured: the recomputation gets a 0-d tensor)."""
+    if cpu and not partition:
+        return (
+            "zero.cpu_checkpointing: DeepSpeed 0.19.8's CPU checkpointing fails on CPU ranks without "
+            "partition_activations (its copy to the CPU is the input itself, emptied before it is saved); "
+            "estimate it, run it on a GPU or with partition_activations"
         )
     return None
 

@@ -19,14 +19,15 @@ from kit import checkpointing
 
 def _lora(m: re.Match) -> str:
     where = "peft's default modules for the model type"
-    if m[2] or m[3]:
-        where = "every linear layer but the head" if m[2] else m[3].replace(",", ", ")
-    return f"LoRA adapters of rank {m[1]} (peft) on {where}; the rest is frozen"
+    if m[2] or m[4]:
+        where = "every linear layer but the head" if m[2] else m[4].replace(",", ", ")
+    dropout = f", dropout {m[3]} on each adapter's input" if m[3] else ""
+    return f"LoRA adapters of rank {m[1]} (peft) on {where}{dropout}; the rest is frozen"
 
 
 def _ckpt(m: re.Match) -> str:
-    every, policy = int(m[2] or 1), "selective-op" if m[1] else "full"
-    return "activation checkpointing: " + checkpointing.describe(every, policy)
+    every, policy = int(m[4] or 1), "selective-op" if m[1] else "full"
+    return "activation checkpointing: " + checkpointing.describe(every, policy, bool(m[3]), bool(m[2]))
 
 
 #: each kind of label token, in a label's order: (pattern of the whole token, what a match means)
@@ -52,11 +53,13 @@ TOKENS: tuple[tuple[str, Callable[[re.Match], str]], ...] = (
         r"-> mb(\d+) gas(\d+) @(\d+)",
         lambda m: f"batch schedule: micro batch {m[1]}, {m[2]} accumulation steps from step {m[3]}",
     ),
-    (r"ckpt(-op)?(?:/(\d+))?", _ckpt),
-    (r"lora(\d+)(?:(-all)| (?!frz|flce|sp\d)(\S+))?", _lora),
+    (r"ckpt(-op)?(-part)?(-cpu)?(?:/(\d+))?", _ckpt),
+    (r"lora(\d+)(-all)?(?:-d(\d*\.?\d+))?(?: (?!qlora|frz|flce|cce|sp\d)(\S+))?", _lora),
+    (r"qlora", lambda m: "QLoRA: the frozen base weights in 4-bit NF4 (bitsandbytes), the adapters 16-bit"),
     (r"frz-emb", lambda m: "input embeddings frozen"),
     (r"frz(\d+)", lambda m: f"the first {m[1]} blocks frozen"),
     (r"flce", lambda m: "chunked loss: a fused linear cross-entropy (Liger's algorithm)"),
+    (r"cce", lambda m: "Cut Cross-Entropy loss: no logits in memory (Apple's ml-cross-entropy)"),
     (r"sp(\d+)", lambda m: f"Ulysses sequence parallelism: each sequence split over {m[1]} ranks"),
 )
 _COMPILED = [(re.compile(pattern + r"(?=\s|$)"), meaning) for pattern, meaning in TOKENS]

@@ -7,21 +7,39 @@
   (Liger's rule: about as many logits per chunk as the input has elements), each chunk's loss and
   gradients are computed at once in the forward, and the input's gradient (16-bit, b s h) and the head
   weight's (16-bit, v h, when it trains) are what backward keeps.
+- ``cce``: Cut Cross-Entropy (Apple's ``ml-cross-entropy``, ``linear_cross_entropy``): no logits in memory
+  at all. Its forward computes each token's log-sum-exp over blocks of the vocabulary in the kernel's
+  on-chip tiles and keeps the input (16-bit, b s h), the targets and the LSE (fp32 per token); its
+  backward recomputes the logits block by block (skipping blocks whose softmax is negligible: a speed
+  matter) and writes the input's and the weight's gradients (``KEEPS``).
 
-Liger's kernels are Triton (CUDA): on CPU ranks the kit runs the same algorithm in plain PyTorch
-(``kit.workloads.chunked_loss``), whose chunk also holds the fp32 softmax Triton keeps in registers; the
-estimate says which it models. What it cannot see: Cut Cross-Entropy's blockwise kernel (no chunk of
-logits at all, the input kept instead of its gradient), label smoothing and z-loss terms.
+Liger's and CCE's kernels are Triton (CUDA): on CPU ranks the kit runs the same algorithms in plain
+PyTorch (``kit.workloads.chunked_loss``), whose chunk or vocabulary block is a tensor where Triton keeps it
+in registers; the estimate says which it models. What it cannot see: label smoothing, z-loss terms and a
+softcap on the logits.
 """
 
 from __future__ import annotations
 
 from typing import Literal, get_args
 
-Loss = Literal["plain", "chunked"]
+Loss = Literal["plain", "chunked", "cce"]
 LOSSES: tuple[str, ...] = get_args(Loss)
 #: what a panel offers: (label, ``ZeroSettings.loss``)
-CHOICES: tuple[tuple[str, str], ...] = (("plain", "plain"), ("chunked (Liger)", "chunked"))
+CHOICES: tuple[tuple[str, str], ...] = (
+    ("plain", "plain"),
+    ("chunked (Liger)", "chunked"),
+    ("CCE (Cut Cross-Entropy)", "cce"),
+)
+#: what each loss keeps from its forward for its backward, besides the final norm's own saved tensors
+KEEPS = {
+    "plain": "logits",  # the fp32 log-softmax (and the head's input when the head trains)
+    "chunked": "gradients",  # the input's and the head weight's, computed in the forward
+    "cce": "input",  # the head's input, the targets and the fp32 LSE; backward recomputes the logits
+}
+#: the vocabulary block of CCE's Triton kernels (``tl_autotune.py``, without ``CCE_AUTOTUNE``: the forward's
+#: tiles are 256 tokens x 128 vocabulary entries, the backward's 128 x 128): the CPU ranks' blocks
+CCE_BLOCK_V = 128
 
 
 def choices(zero, model=None) -> list[tuple[str, str]]:
@@ -41,9 +59,14 @@ def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
     return min(tokens, 1 << (chunk - 1).bit_length())
 
 
+#: how text names each fused loss
+NAMES = {"chunked": "chunked loss", "cce": "Cut Cross-Entropy loss"}
+
+
 def label(loss: str) -> str:
-    """The label part: ``flce`` for the chunked loss, ``""`` for the plain one."""
-    return "flce" if loss == "chunked" else ""
+    """The label part: ``flce`` for the chunked loss, ``cce`` for Cut Cross-Entropy, ``""`` for the plain
+    one."""
+    return {"chunked": "flce", "cce": "cce"}.get(loss, "")
 
 
 def problem(zero, model) -> str | None:
@@ -54,7 +77,7 @@ def problem(zero, model) -> str | None:
         return None
     if model.family not in SWIGLU or model.source or not model.vocab:
         return (
-            f"loss: the chunked loss is modelled for {', '.join(SWIGLU)} language models; {model.name} "
+            f"loss: the {NAMES[zero.loss]} is modelled for {', '.join(SWIGLU)} language models; {model.name} "
             f"({model.family or 'no family'}) is not one"
         )
     return None
@@ -70,6 +93,12 @@ def in_your_script(zero) -> str | None:
         if zero.stage == 3
         else ""
     )
+    if zero.loss == "cce":
+        return (
+            "Cut Cross-Entropy loss: cut_cross_entropy.transformers.cce_patch(model) (its patch_llama, "
+            "patch_mistral, patch_qwen2), or from cut_cross_entropy import linear_cross_entropy; "
+            f"linear_cross_entropy(hidden, lm_head.weight, labels, shift=1) in your loop{gather}"
+        )
     return (
         "chunked loss: HF Trainer --use_liger_kernel (liger_kernel.transformers.apply_liger_kernel_to_llama("
         "fused_linear_cross_entropy=True)), or LigerFusedLinearCrossEntropyLoss()(lm_head.weight, hidden, "

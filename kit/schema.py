@@ -194,6 +194,8 @@ class ZeroSettings(_Frozen):
         description="what a checkpointed block keeps: full (its input only) or selective-op (matmul and "
         "attention outputs too: PyTorch's selective checkpointing, torchtitan's op policy)",
     )
+    cpu_checkpointing: bool = Field(False, description="deepspeed.checkpointing: block inputs in CPU RAM")
+    partition_activations: bool = Field(False, description="deepspeed.checkpointing: inputs split over mp")
     zero_init: bool = Field(True, description="stage 3: build the model partitioned (deepspeed.zero.Init)")
     engine: Literal["deepspeed", "ddp", "fsdp"] = Field(
         "deepspeed",
@@ -227,10 +229,16 @@ class ZeroSettings(_Frozen):
         description="peft's target_modules; () its default for the model type, ('all-linear',) every "
         "linear layer but the head",
     )
+    lora_dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="peft's lora_dropout: each adapter's input dropped with this p"
+    )
     freeze_embeddings: bool = Field(False, description="the input embeddings (and a tied head) do not train")
     frozen_blocks: int = Field(0, ge=0, description="the first k blocks do not train")
+    qlora: bool = Field(False, description="QLoRA: LoRA on 4-bit NF4 base weights (bitsandbytes; bf16)")
     loss: Loss = Field(
-        "plain", description="the LM loss: plain cross-entropy, or chunked (a fused linear cross-entropy)"
+        "plain",
+        description="the LM loss: plain cross-entropy, chunked (Liger's fused linear cross-entropy) or cce "
+        "(Cut Cross-Entropy: no logits in memory)",
     )
     # how each sequence is split (kit.sequence_parallel)
     sequence_parallel_size: int = Field(
@@ -250,13 +258,9 @@ class ZeroSettings(_Frozen):
                 "nvme_path: required when offload_optimizer or offload_param is 'nvme' "
                 f"(a folder on the NVMe drive, e.g. {EXAMPLE_NVME_PATH})"
             )
-        if not self.activation_checkpointing:
-            for field, off in (("checkpoint_every", 1), ("checkpoint_policy", "full")):
-                if getattr(self, field) != off:
-                    raise ValueError(f"{field}: applies with activation_checkpointing on; it is off")
-        subset = trainable.problem(self)
-        if subset:
-            raise ValueError(subset)
+        for line in (checkpointing.problem(self), trainable.problem(self)):
+            if line:
+                raise ValueError(line)
         if self.momentum and self.optimizer != "sgd":
             raise ValueError(f"momentum: only applies to optimizer 'sgd', got optimizer {self.optimizer!r}")
         zeropp = zeropp_problem(
@@ -314,10 +318,7 @@ class ZeroSettings(_Frozen):
     def checkpointing(self, on: bool) -> dict[str, Any]:
         """The checkpointing fields with it turned on (keeping these settings' policy) or off, for
         ``Setup.replace`` or ``model_copy`` (a search toggles it)."""
-        if not on:
-            return {"activation_checkpointing": False, "checkpoint_every": 1, "checkpoint_policy": "full"}
-        return {"activation_checkpointing": True, "checkpoint_every": self.checkpoint_every,
-                "checkpoint_policy": self.checkpoint_policy}  # fmt: skip
+        return checkpointing.fields(self, on)
 
 
 class BatchChange(_Frozen):
@@ -414,7 +415,7 @@ class Setup(_Frozen):
 
     @model_validator(mode="after")
     def _check_trainable(self) -> Setup:
-        """A trainable subset needs a model whose parts the kit can name (``kit.trainable``); a chunked loss
+        """A trainable subset needs a model whose parts the kit can name (``kit.trainable``); a fused loss
         a language model whose head it can replace (``kit.loss``)."""
         problem = trainable.model_problem(self.zero, self.model) or losses.problem(self.zero, self.model)
         if problem:
@@ -512,7 +513,7 @@ class Setup(_Frozen):
             last = self.batch.schedule[-1]
             parts.append(f"-> mb{last.micro_batch} gas{last.grad_accum} @{last.step}")
         if z.activation_checkpointing:
-            parts.append(checkpointing.label(z.checkpoint_every, z.checkpoint_policy))
+            parts.append(checkpointing.label(z))
         if trainable.is_subset(z):
             parts.append(trainable.label(z))
         if z.loss != "plain":

@@ -283,6 +283,24 @@ SETTINGS: tuple[Setting, ...] = (
         "(torchtitan's 'op')",
     ),
     Setting(
+        "cpu_checkpointing",
+        "checkpoints in CPU RAM",
+        "activation_checkpointing.cpu_checkpointing: deepspeed.checkpointing keeps the checkpointed blocks' "
+        "inputs in CPU RAM (on a GPU all but the newest 2; policy full, your script calls its configure)",
+        _Z,
+        "checkbox",
+        "activation_checkpointing.cpu_checkpointing",
+    ),
+    Setting(
+        "partition_activations",
+        "partition checkpoints",
+        "activation_checkpointing.partition_activations: deepspeed.checkpointing splits each input over "
+        "the model-parallel group (no tensor parallelism here: a whole copy; with CPU RAM, all of them)",
+        _Z,
+        "checkbox",
+        "activation_checkpointing.partition_activations",
+    ),
+    Setting(
         "overlap_comm",
         "overlap comm",
         "zero_optimization.overlap_comm: reduce and gather during backward "
@@ -355,10 +373,19 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     _part("trainable", _T, "freeze_embeddings", "frozen embeddings", "the input embeddings do not train"),
     _part("trainable", _T, "frozen_blocks", "frozen blocks", "the first N blocks do not train"),
+    _part("trainable", _T, "qlora", "QLoRA", "LoRA on 4-bit NF4 base weights (bitsandbytes)"),
+    _part(
+        "trainable",
+        _T,
+        "lora_dropout",
+        "LoRA dropout",
+        "peft's lora_dropout: each adapter's input dropped with this probability (0: none)",
+    ),
     Setting(
         "loss",
         "loss",
-        "plain cross-entropy, or chunked: a fused linear cross-entropy (Liger's algorithm)",
+        "plain cross-entropy, chunked: a fused linear cross-entropy (Liger's algorithm), or cce: Cut "
+        "Cross-Entropy (no logits in memory)",
         _T,
         "dropdown",
         None,
@@ -473,6 +500,9 @@ ZERO_KEYS = tuple(
 )
 #: the settings written at the ds_config's top level (``sequence_parallel_size``)
 TOP_KEYS = tuple(s for s in SETTINGS if s.ds_key and "." not in s.ds_key)
+#: DeepSpeed's activation checkpointing options (``kit.checkpointing.DEEPSPEED_FIELDS``), written with
+#: checkpointing on (``activation_checkpointing``: read by ``deepspeed.checkpointing.configure``)
+CHECKPOINTING_KEYS = tuple(s for s in SETTINGS if (s.ds_key or "").startswith("activation_checkpointing."))
 #: ZeRO++'s keys (the ones with an off value) and the ZeroSettings fields that turn it off (what a change
 #: to stages 0-2, DDP or FSDP must also set)
 ZEROPP_KEYS = tuple(s for s in ZERO_KEYS if s.off is not None)

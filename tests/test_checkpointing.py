@@ -3,6 +3,7 @@ rules, and the estimate against what Hugging Face's Llama and Qwen2 keep under i
 runner's own ``Checkpointing`` watched by its ``SavedActivations``). The phase peaks of real runs on 2
 ranks are checked in tests/test_peak.py ("llama z2 ckpt-op", "llama z3 ckpt/2")."""
 
+import copy
 import json
 
 import pytest
@@ -168,6 +169,13 @@ def test_the_notebooks_policy_table_reads_each_choice_from_the_estimate():
     traced = tables.checkpointing_policies(mlp)
     assert traced.loc["every block", "fits"] in ("yes", "no")
     assert "is modelled for the families" in traced.loc["selective (op policy)", "why not"]
+    # DeepSpeed's CPU checkpoints stay on where DeepSpeed's checkpoint runs (the full policy), off elsewhere
+    offloaded = tables.checkpointing_policies(_llama(**PART_CPU))
+    assert offloaded.loc["every block", "activations GiB"] == round(
+        estimate(_llama(**PART_CPU)).components["activations"] / 2**30, 2
+    )
+    assert offloaded.loc["every block", "activations GiB"] < table.loc["every block", "activations GiB"]
+    assert offloaded.loc[["off", "selective (op policy)"]].equals(table.loc[["off", "selective (op policy)"]])
 
 
 def test_launch_cmd_says_how_the_script_checkpoints_which_no_ds_config_key_turns_on(capsys):
@@ -195,3 +203,150 @@ def test_tune_estimates_what_the_engine_cannot_run_and_says_why():
     toy = Setup(model=toy_spec(), zero={"stage": 3, **SELECTIVE}, batch={"micro_batch": 2})
     with pytest.raises(ValueError, match="^zero.checkpoint_policy: 'selective-op' needs a non-reentrant"):
         tune(toy, stages=(3,), offloads=("none",), micro_batches=(2,), progress=False)
+
+
+#: DeepSpeed's own options: each checkpoint partitioned (model-parallel size 1: a whole copy) into CPU RAM
+PART_CPU = {"activation_checkpointing": True, "partition_activations": True, "cpu_checkpointing": True}
+
+
+def test_deepspeeds_options_take_the_checkpoints_off_the_gpu_into_cpu_ram():
+    """GPU estimate: plain checkpointing's activations less the inputs DeepSpeed moves (all but the async
+    offload engine's newest two; with partition_activations all but the one a recomputation restores), CPU
+    RAM per node plus its copies (all but the newest; with partition_activations all); partition_activations
+    alone changes nothing. On CPU ranks the timeline keeps them in rank memory."""
+    from kit.estimate.memory import PROCESS_BASE_BYTES, peak_timeline
+
+    plain = _llama(activation_checkpointing=True)
+    est = estimate(plain)
+    one = 2 * 2 * 8192 * 4096  # bf16 x b s h, the input of one of Llama-3-8B's 32 blocks
+    build = 4 * plain.model.largest_layer_params  # zero.Init's largest layer, below the checkpoints
+    cases = {  # options: (inputs on the GPU, inputs in CPU RAM)
+        "ckpt-cpu": ({"cpu_checkpointing": True}, 2, 31),
+        "ckpt-part": ({"partition_activations": True}, 32, 0),
+        "ckpt-part-cpu": (PART_CPU, 1, 32),
+    }
+    for token, (options, on_gpu, on_host) in cases.items():
+        setup = plain.replace(zero=options)
+        assert setup.label == f"z3 bf16 mb2 {token}"
+        got = estimate(setup)
+        assert got.components["activations"] == est.components["activations"] - (32 - on_gpu) * one
+        assert got.per_gpu_bytes <= est.per_gpu_bytes - (32 - on_gpu) * one * 0.9
+        assert est.cpu_bytes_per_node == 8 * (PROCESS_BASE_BYTES + build) and 31 * one > build
+        expected = 8 * (PROCESS_BASE_BYTES + on_host * one) if on_host else est.cpu_bytes_per_node
+        assert got.cpu_bytes_per_node == expected, token
+        cpu_ranks = peak_timeline(setup, implementation="single", backend="gloo").totals
+        assert cpu_ranks == peak_timeline(plain, implementation="single", backend="gloo").totals
+
+
+def test_deepspeeds_options_are_checked_where_they_are_given_and_named_in_labels():
+    for field in ("cpu_checkpointing", "partition_activations"):
+        with pytest.raises(ValueError, match=f"{field}: applies with activation_checkpointing on; it is off"):
+            _llama(**{field: True})
+        with pytest.raises(ValueError, match=f"{field}: deepspeed.checkpointing's option, and checkpoint_"):
+            _llama(**SELECTIVE, **{field: True})
+    setup = _llama(**PART_CPU, checkpoint_every=2)
+    assert setup.label == "z3 bf16 mb2 ckpt-part-cpu/2"
+    assert setup.label_parts()[-1] == (
+        "ckpt-part-cpu/2",
+        "activation checkpointing: one block in 2, recomputed from its input, its input partitioned over the "
+        "model-parallel group (one GPU: a whole copy), the inputs in CPU RAM",
+    )
+    # a search that turns checkpointing off and on keeps DeepSpeed's options
+    off = setup.replace(zero=setup.zero.checkpointing(False))
+    assert off.label == "z3 bf16 mb2" and off.replace(zero=setup.zero.checkpointing(True)) == setup
+    # a traced model counts every checkpoint on the device
+    mlp = Setup(
+        model=resolve("data/examples/mlp.py"), zero={"stage": 2, **PART_CPU}, batch={"micro_batch": 2}
+    )
+    with pytest.raises(ValueError, match="^zero.cpu_checkpointing: True is modelled for the families"):
+        estimate(mlp)
+
+
+def test_deepspeeds_options_are_its_config_keys_with_its_defaults_and_the_script_calls_configure(capsys):
+    from kit.ds_config import to_ds_config
+    from kit.settings import CHECKPOINTING_KEYS
+
+    argv = ["launch-cmd", "--model", "llama-2-7b", "--stage", "2", "--activation-checkpointing", "--json"]
+    assert main([*argv, "--cpu-checkpointing"]) == 0
+    line = json.loads(capsys.readouterr().out)["checkpointing"]
+    assert "deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)" in line
+    assert "torch.utils.checkpoint, which reads none of them" in line
+    from deepspeed.runtime.activation_checkpointing.config import (
+        ACT_CHKPT_DEFAULT,
+        DeepSpeedActivationCheckpointingConfig,
+    )
+
+    assert [k.field for k in CHECKPOINTING_KEYS] == list(checkpointing.DEEPSPEED_FIELDS)
+    assert all(ACT_CHKPT_DEFAULT[k.key] == k.default is False for k in CHECKPOINTING_KEYS)
+    written = to_ds_config(_llama(**PART_CPU))
+    read = DeepSpeedActivationCheckpointingConfig(written)  # DeepSpeed's own reading of the section
+    assert (read.cpu_checkpointing, read.partition_activations) == (True, True)
+    assert not read.contiguous_memory_optimization and read.number_checkpoints is None
+
+
+def _tiny_llama():
+    """A 3-block Llama as small as the shared sweep's (tests/test_peak.py's SMALL_LLAMA), bf16, SDPA."""
+    sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4)
+    config = AutoConfig.for_model("llama", **sizes, vocab_size=256, max_position_embeddings=64)
+    config.use_cache = False
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return config, AutoModelForCausalLM.from_config(config).to(torch.bfloat16).train()
+
+
+def test_deepspeeds_cpu_checkpoints_are_the_inputs_the_blocks_hand_over(monkeypatch):
+    """The ranks' wrapper under partition_activations and cpu_checkpointing, in one process on the CPU: what
+    DeepSpeed keeps of each block's input (its partition, at model-parallel size 1 a whole copy) is the
+    estimate's CPU RAM for the checkpoints to the byte; here it stays in this process, so what autograd and
+    the checkpoints hold is the GPU estimate plus what it moves off the GPU; the gradients are plain
+    checkpointing's. CPU checkpointing alone fails on the CPU (DeepSpeed 0.19.8): one line, before a step."""
+    import deepspeed
+    import deepspeed.comm
+
+    from kit.estimate.activations import host_checkpoints, moved_checkpoints
+
+    monkeypatch.setattr(deepspeed.comm, "get_rank", lambda group=None: 0)  # configure logs on rank 0
+    config, built = _tiny_llama()
+    with pytest.raises(ValueError, match="^zero.cpu_checkpointing: DeepSpeed 0.19.8's CPU checkpointing"):
+        Checkpointing(built, cpu=True)  # refused before it wraps a block
+    batch, seq = 2, 32
+    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
+    grads = []
+    try:
+        for zero in ({"activation_checkpointing": True}, PART_CPU):
+            setup = Setup(
+                model=from_hf_config(config.to_dict()),
+                cluster={"nodes": 1, "gpus_per_node": 1},
+                zero={"precision": "bf16", **zero},
+                batch={"micro_batch": batch, "seq_len": seq},
+            )
+            model = copy.deepcopy(built)  # the same weights, checkpointed each way
+            counter = Recorded()
+            with counter.watch(model, Checkpointing.of(model, setup.zero)):
+                model(input_ids=ids, labels=ids).loss.backward()
+            grads.append([p.grad for p in model.parameters()])
+            predicted = estimate(setup).components["activations"] + moved_checkpoints(setup).bytes
+            assert counter.bytes == pytest.approx(predicted, rel=ACTIVATION_RTOL), (counter.bytes, predicted)
+        one = 2 * batch * seq * config.hidden_size
+        assert counter.handed == [one] * 3 and sum(counter.handed) == host_checkpoints(setup).bytes
+        assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+    finally:
+        deepspeed.checkpointing.configure(None)  # DeepSpeed's module state back to its defaults
+
+
+def test_a_cpu_rank_run_of_cpu_checkpointing_alone_is_refused_before_launch(monkeypatch):
+    """DeepSpeed 0.19.8's CPU checkpointing without partition_activations empties each input on a CPU
+    accelerator: ``sweep.check`` refuses it there in one line; with partition_activations, or on a GPU, it
+    goes ahead."""
+    from kit.run import launcher, sweep
+
+    toy = Setup(model=toy_spec(), cluster={"nodes": 1, "gpus_per_node": 2}, zero=PART_CPU)
+    monkeypatch.setattr(launcher, "ranks_accelerator", lambda: "cpu")
+    sweep.check(toy)
+    alone = toy.replace(zero={"partition_activations": False})
+    with pytest.raises(
+        ValueError, match="^zero.cpu_checkpointing: DeepSpeed 0.19.8's CPU checkpointing fails"
+    ):
+        sweep.check(alone)
+    monkeypatch.setattr(launcher, "ranks_accelerator", lambda: "cuda")
+    sweep.check(alone)

@@ -1,7 +1,8 @@
-"""The chunked loss (``kit.loss``): Liger's fused linear cross-entropy in plain PyTorch
-(``kit.workloads.chunked_loss``) gives the plain loss and its gradients, keeps what the estimate says it
-keeps, and is refused in one line where the kit does not model it. On CPU ranks (tests/test_peak.py): model
-states to the byte, the peak of each phase within 3 %, at stages 0-3."""
+"""The fused losses (``kit.loss``): Liger's fused linear cross-entropy and Cut Cross-Entropy in plain
+PyTorch (``kit.workloads.chunked_loss``) give the plain loss and its gradients, keep what the estimate says
+they keep, and are refused in one line where the kit does not model them; Cut Cross-Entropy's working sets
+alone as the estimate's. On CPU ranks (tests/test_peak.py): model states to the byte, the peak of each phase
+within 3 %, at stages 0-3."""
 
 import pytest
 import torch
@@ -39,17 +40,83 @@ def test_the_chunked_loss_is_the_plain_loss_with_its_gradients():
     assert torch.allclose(got[0], hidden.grad, atol=1e-6) and torch.allclose(got[1], weight.grad, atol=1e-6)
 
 
+def test_cut_cross_entropy_is_the_plain_loss_with_its_gradients():
+    # 300 vocabulary entries: blocks of 128, 128 and 44; a grad_output other than 1 scales the gradients
+    torch.manual_seed(0)
+    hidden = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 300, (50,))
+    targets[::7] = chunked_loss.IGNORE
+    cce = chunked_loss.CutCrossEntropy.apply(hidden, weight, targets)
+    (3 * cce).backward()
+    got = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    plain = torch.nn.functional.cross_entropy(hidden @ weight.t(), targets, ignore_index=chunked_loss.IGNORE)
+    (3 * plain).backward()
+    # the log-sum-exp and the softmax are fp32, as CCE's kernels compute them
+    assert cce.item() == pytest.approx(plain.item(), rel=1e-6)
+    assert torch.allclose(got[0], hidden.grad, atol=1e-6) and torch.allclose(got[1], weight.grad, atol=1e-6)
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
-@pytest.mark.parametrize("config", ["llama-gqa", "qwen2"])
-@pytest.mark.parametrize("zero", [{}, {"lora_rank": 8}])
-def test_what_the_chunked_loss_keeps_is_the_estimate(config, precision, zero):
-    """What autograd saves for Hugging Face's decoder ending in the chunked loss, beside the estimate (its
-    two gradients instead of the fp32 log-softmax and the head's input), as tests/test_activations.py
-    checks the plain loss."""
-    config, setup = config_and_setup(config, precision=precision, loss="chunked", **zero)
+@pytest.mark.parametrize("head", ["trains", "frozen"])
+def test_cut_cross_entropys_working_sets_alone_are_the_estimates(precision, head):
+    """Its forward and its backward on 64 tokens of the shrunk Llama's head (h = 64, v = 256: two blocks)
+    under the ranks' recorder, less the inputs and what it saves (the estimate's activations), beside
+    ``kit.estimate.micro_step.cce_working_sets`` on CPU: bf16 within the scalars' 16 B, fp32 within the
+    block's target indices (at most 2 x 8 B x 64)."""
+    from kit.estimate import micro_step
+    from kit.ranks.memory_timeline import StepMemory, cpu_matmul
+    from kit.rules import element_bytes
+
+    setup = Setup(
+        model=models.override(
+            models.preset("llama-2-7b"), {"layers": 2, "hidden": 64, "ffn": 128, "vocab": 256}
+        ),
+        zero={"precision": precision, "loss": "cce", "lora_rank": 4 if head == "frozen" else 0},
+        batch={"micro_batch": 2, "seq_len": 32},
+    )
+    cpu = cpu_matmul()
+    forward, backward = micro_step.cce_working_sets(setup, cpu)
+    tokens, h, v, p = 64, 64, 256, element_bytes(precision)
+    memory = StepMemory()
+    torch.manual_seed(0)
+    with memory.recording():
+        with memory.phase("forward"):
+            hidden = torch.randn(tokens, h, dtype=DTYPES[precision], requires_grad=True)
+            weight = torch.randn(v, h, dtype=DTYPES[precision], requires_grad=head == "trains")
+            targets = torch.randint(0, v, (tokens,))
+            loss = chunked_loss.CutCrossEntropy.apply(hidden, weight, targets)
+        with memory.phase("backward"):
+            loss.backward()
+    phases = memory.result()["phases"]
+    inputs = p * (tokens + v) * h + 8 * tokens + 4 * tokens  # hidden, weight, targets and the saved LSE
+    slack = 16 if precision == "bf16" else 2 * 8 * tokens
+    assert 0 <= phases["forward"] - inputs - forward.bytes <= slack
+    assert 0 <= phases["backward"] - inputs - backward.bytes <= slack
+
+
+CASES = [
+    *(
+        ("chunked", config, precision, zero)
+        for precision in ("bf16", "fp32")
+        for config in ("llama-gqa", "qwen2")
+        for zero in ({}, {"lora_rank": 8})
+    ),
+    ("cce", "llama-gqa", "bf16", {}),
+    ("cce", "qwen2", "fp32", {"lora_rank": 8}),
+]
+
+
+@pytest.mark.parametrize("loss,config,precision,zero", CASES)
+def test_what_a_fused_loss_keeps_is_the_estimate(loss, config, precision, zero):
+    """What autograd saves for Hugging Face's decoder ending in a fused loss, beside the estimate (the
+    chunked loss's two gradients, or Cut Cross-Entropy's input, LSE and targets, instead of the fp32
+    log-softmax and the head's input), as tests/test_activations.py checks the plain loss."""
+    config, setup = config_and_setup(config, precision=precision, loss=loss, **zero)
     torch.manual_seed(0)
     lm = adapters.apply(AutoModelForCausalLM.from_config(config), setup.zero).to(DTYPES[precision]).train()
-    model = chunked_loss.wrap(lm, stage=0)
+    model = chunked_loss.wrap(lm, stage=0, loss=loss)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
@@ -81,3 +148,25 @@ def test_chunked_loss_saves_the_logits_and_is_refused_where_it_is_not_modelled(c
     assert main(["launch-cmd", "--model", "llama-3-8b", "--stage", "3", "--loss", "chunked"]) == 0
     out = capsys.readouterr().out
     assert "# the loss is your script's" in out and "register_external_parameter" in out
+
+
+def test_cut_cross_entropy_keeps_no_logits_and_says_what_the_script_calls(capsys):
+    m = models.preset("llama-3-8b")
+    zero = {"stage": 3, "activation_checkpointing": True}
+    batch = {"micro_batch": 8, "seq_len": 8192}
+    chunked, cce = (
+        estimate(Setup(model=m, zero={**zero, "loss": x}, batch=batch)) for x in ("chunked", "cce")
+    )
+    # 64K tokens: CCE keeps the norm's 16-bit output, an fp32 LSE and the int64 targets per token where the
+    # chunked loss keeps the input's 16-bit gradient, and the head weight's in backward instead of forward
+    tokens = 8 * 8192
+    head = cce.components["activations"] - chunked.components["activations"]
+    assert head == 12 * tokens - 2 * 128_256 * 4096
+    with pytest.raises(ValueError, match="zero.loss: the Cut Cross-Entropy loss is modelled for llama"):
+        Setup(model=models.preset("gpt2-xl"), zero={"loss": "cce"})
+    assert main(["estimate", "--model", "llama-3-8b", "--loss", "cce", "--seq-len", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "Cut Cross-Entropy (Triton)" in out and "Cut Cross-Entropy's fp32 LSE" in out
+    assert main(["launch-cmd", "--model", "llama-3-8b", "--stage", "3", "--loss", "cce"]) == 0
+    out = capsys.readouterr().out
+    assert "linear_cross_entropy" in out and "register_external_parameter" in out

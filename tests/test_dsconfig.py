@@ -127,6 +127,34 @@ def test_round_trip_every_combination():
         assert from_ds_config(to_ds_config(s), model=MODEL, cluster=s.cluster) == s, s.label
 
 
+def test_deepspeeds_checkpointing_options_round_trip_and_what_it_cannot_read_is_one_line():
+    """activation_checkpointing.cpu_checkpointing and .partition_activations are written and read back;
+    a value DeepSpeed would take as a Python truth value, and the contiguous buffers of number_checkpoints
+    inputs (not modelled), are refused naming the key."""
+    base = SETUPS[-1].replace(zero={"activation_checkpointing": True})
+    for cpu, partition in itertools.product((False, True), repeat=2):
+        s = base.replace(zero={"cpu_checkpointing": cpu, "partition_activations": partition})
+        section = to_ds_config(s)["activation_checkpointing"]
+        assert (section["cpu_checkpointing"], section["partition_activations"]) == (cpu, partition)
+        assert from_ds_config(to_ds_config(s), model=MODEL, cluster=s.cluster) == s
+    for extra, line in (
+        (
+            {"cpu_checkpointing": "true"},
+            "activation_checkpointing.cpu_checkpointing: must be true or false, got 'true'",
+        ),
+        (
+            {"partition_activations": True, "contiguous_memory_optimization": True, "number_checkpoints": 32},
+            "activation_checkpointing.contiguous_memory_optimization: deepspeed.checkpointing's contiguous "
+            "buffers (number_checkpoints inputs allocated up front) is not modelled by zero-kit (got True; "
+            "use False)",
+        ),
+    ):
+        config = {**to_ds_config(base), "activation_checkpointing": extra}
+        with pytest.raises(ValueError) as error:
+            from_ds_config(config, model=MODEL, cluster=base.cluster)
+        assert str(error.value) == line
+
+
 def test_round_trip_custom_buckets_and_switches():
     s = SETUPS[-1].replace(
         zero={
@@ -475,18 +503,15 @@ def test_a_value_deepspeed_could_not_read_as_on_or_off_is_one_line(extra, messag
 
 
 def test_what_the_training_script_may_turn_on_is_a_note():
-    """A pipeline section (read only for a PipelineModule), an FP8 key (DeepSpeed has none) or DeepSpeed's
-    own activation-checkpointing options (read only by deepspeed.checkpointing): noted, the estimate
-    unchanged."""
+    """A pipeline section (read only for a PipelineModule) or an FP8 key (DeepSpeed has none): noted, the
+    estimate unchanged. DeepSpeed's own activation-checkpointing options are read (kit.checkpointing)."""
     plain, _ = read_ds_config(ZERO3, model=MODEL, cluster=CLUSTER)
     config = {**ZERO3, "pipeline": {"activation_checkpoint_interval": 1}, "fp8": {"enabled": True}}
     config["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": True}
     setup, notes = read_ds_config(config, model=MODEL, cluster=CLUSTER)
-    assert setup == plain.replace(zero={"activation_checkpointing": True})  # the section says: checkpointing
+    on = {"activation_checkpointing": True, "cpu_checkpointing": True}
+    assert setup == plain.replace(zero=on)  # the section says: checkpointing, its inputs in CPU RAM
     assert notes == [
-        "activation_checkpointing.cpu_checkpointing: read only by deepspeed.checkpointing (a script that "
-        "calls its configure and checkpoint, as Megatron's does); zero-kit estimates torch's whole-block "
-        "checkpointing with every checkpoint on the GPU, more than this would keep there",
         "pipeline: only DeepSpeed's PipelineEngine reads it (a PipelineModule model); zero-kit does not "
         "model pipeline parallelism, so this estimate is of a model that is not a PipelineModule",
         "fp8: DeepSpeed has no FP8 setting and ignores this key; FP8 training (Transformer Engine, torchao) "

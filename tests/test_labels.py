@@ -45,6 +45,15 @@ LABELS = [
         "z2 bf16 mb1 ckpt frz-emb frz2 flce",
     ),
     ({"lora_rank": 8}, {}, "z2 bf16 mb1 lora8"),
+    # LoRA's dropout inside its token, before its target modules
+    ({"lora_rank": 16, "lora_targets": ("all-linear",), "lora_dropout": 0.05}, {},
+     "z2 bf16 mb1 lora16-all-d0.05"),
+    ({"lora_rank": 8, "lora_targets": ("q_proj", "k_proj"), "lora_dropout": 0.1}, {},
+     "z2 bf16 mb1 lora8-d0.1 q,k"),
+    ({"stage": 3, "lora_rank": 16, "lora_targets": ("q_proj", "v_proj"), "qlora": True}, {},
+     "z3 bf16 mb1 lora16 q,v qlora"),
+    # Cut Cross-Entropy after LoRA's rank (not read as its target modules)
+    ({"lora_rank": 4, "loss": "cce"}, {}, "z2 bf16 mb1 lora4 cce"),
     # Ulysses after every other token, also after LoRA's target modules (not read as one of them)
     (
         {"stage": 3, "lora_rank": 4, "lora_targets": ("q_proj", "v_proj"), "sequence_parallel_size": 8},
@@ -81,6 +90,7 @@ def test_the_legend_explains_each_token_of_a_label():
             "z3 opt-nvme param-nvme hpz8 qwz qgz bf16 mb8 gas16 tok8192 -> mb4 gas2 @3 ckpt-op/2 lora8 q,k "
             "frz-emb frz10 flce",
             "ddp fp32 mb1 lora16-all",
+            "z2 bf16 mb1 ckpt-part-cpu/2 lora4-d0.1 q,v",
             "fsdp-grad-op fp16 mb1 ckpt/2",
             "fsdp bf16 mb1 ckpt",
             "z1 opt-off param-off bf16 mb1",
@@ -114,6 +124,11 @@ def test_the_legend_explains_each_token_of_a_label():
         "lora8 q,k": "LoRA adapters of rank 8 (peft) on q, k; the rest is frozen",
         "lora16-all": "LoRA adapters of rank 16 (peft) on every linear layer but the head; the rest is "
         "frozen",
+        "lora4-d0.1 q,v": "LoRA adapters of rank 4 (peft) on q, v, dropout 0.1 on each adapter's input; the "
+        "rest is frozen",
+        "ckpt-part-cpu/2": "activation checkpointing: one block in 2, recomputed from its input, its input "
+        "partitioned over the model-parallel group (one GPU: a whole copy), the inputs in CPU RAM",
+        "z2": "ZeRO stage 2",
         "frz-emb": "input embeddings frozen",
         "frz10": "the first 10 blocks frozen",
         "flce": "chunked loss: a fused linear cross-entropy (Liger's algorithm)",

@@ -235,9 +235,23 @@ MODES = {
     "llama z3 lora ckpt/2": _llama(stage=3, lora_rank=4, activation_checkpointing=True, checkpoint_every=2),
     "llama z0 chunked loss": _llama(stage=0, loss="chunked"),
     "llama z2 chunked loss": _llama(stage=2, loss="chunked"),
-    "llama z3 chunked loss": _llama(stage=3, loss="chunked"),
+    # the head frozen (LoRA): the final norm's backward after the loss's peaks
+    "llama z3 chunked loss lora": _llama(stage=3, loss="chunked", lora_rank=4),
     "llama z2 chunked loss lora ckpt": _llama(
         stage=2, loss="chunked", lora_rank=4, activation_checkpointing=True
+    ),
+    # Cut Cross-Entropy (kit.loss): no logits; its input, LSE and targets saved, the logits recomputed by
+    # vocabulary blocks in backward (at stage 3 the head's weight gathered again for it); the head frozen
+    # (LoRA: the final norm's backward after the loss's peaks)
+    "llama z2 cce": _llama(stage=2, loss="cce"),
+    "llama z3 cce lora": _llama(stage=3, loss="cce", lora_rank=4),
+    # LoRA dropout (kit.workloads.adapters: torch.native_dropout, a GPU's kernel): each adapter's dropped
+    # copy of its input and, where that input needs a gradient, the bool mask
+    "llama z1 lora all-linear dropout": _llama(
+        stage=1, lora_rank=4, lora_targets=("all-linear",), lora_dropout=0.1
+    ),
+    "llama z3 lora all-linear dropout ckpt": _llama(
+        stage=3, lora_rank=4, lora_targets=("all-linear",), lora_dropout=0.1, activation_checkpointing=True
     ),
 }
 #: (name, Setup) under DeepSpeed's Ulysses sequence parallelism on 2 ranks (``kit.sequence_parallel``): each
@@ -255,6 +269,17 @@ ULYSSES = {
     "llama z3 sp2 chunked loss": _llama(stage=3, sequence_parallel_size=2, loss="chunked"),
     "llama z3 sp2 lora": _llama(stage=3, sequence_parallel_size=2, lora_rank=4),
 }
+#: (name, Setup) with DeepSpeed's own checkpointing options (``kit.checkpointing``): partition_activations
+#: (at model-parallel size 1 a clone replaces each input) with cpu_checkpointing, whose copy to the CPU is the
+#: clone itself on CPU ranks, so every checkpoint stays in rank memory (cpu_checkpointing alone fails there)
+CKPT_OFFLOAD = {
+    "llama z3 ckpt part-cpu": _llama(
+        stage=3, activation_checkpointing=True, partition_activations=True, cpu_checkpointing=True
+    ),
+    "z3 ckpt part": _setup(stage=3, activation_checkpointing=True, partition_activations=True),
+}
+#: the fused losses (``kit.loss``)
+FUSED = ("chunked", "cce")
 GAS3 = {"grad_accum": 3, "train_batch": 12}
 #: (name, Setup) in the same launch: a shrunk Llama, a model file, DDP and FSDP, grad accum 3 at stages 0,
 #: 1 and 3, odd bucket sizes, stage 3 with every tensor released (gathers kept to their backward by
@@ -278,6 +303,7 @@ ACCURACY = [
     # (kit.loss: at stage 0 the first block's backward beside every later gradient peaks)
     *MODES.items(),
     *ULYSSES.items(),
+    *CKPT_OFFLOAD.items(),
     ("file z2", _file(stage=2)),
     ("file z3", _file(stage=3)),
     ("ddp fp32", _setup(engine="ddp", stage=0, precision="fp32")),
@@ -504,9 +530,9 @@ def _mismatches(records: list[dict]) -> list[str]:
 
 
 def test_each_training_mode_holds_its_states_to_the_byte_and_saves_what_its_gradients_need(sweep):
-    """LoRA, frozen groups and the chunked loss on two CPU ranks: every model-state byte as estimated, on
+    """LoRA, frozen groups and the fused losses on two CPU ranks: every model-state byte as estimated, on
     every rank and step; what autograd saved within the activations' 2 % (the O(s^2 + bs) tensors left
-    out); the chunked loss's step-0 loss is the plain loss's."""
+    out); the chunked loss's and Cut Cross-Entropy's step-0 loss is the plain loss's."""
     from kit.estimate import rank_states
 
     ids = {config_id(on_ranks(s, 2)): name for name, s in MODES.items()}
@@ -520,11 +546,34 @@ def test_each_training_mode_holds_its_states_to_the_byte_and_saves_what_its_grad
         assert r["measured"]["activations"] == pytest.approx(r["estimate"]["activations"], rel=0.02)
     assert checked == set(MODES)
     first = {(r["config_id"], r["rank"]): r["loss"] for r in sweep.records if r["step"] == 0}
-    for stage in (2, 3):
-        plain, chunked = (
-            config_id(on_ranks(_llama(stage=stage, loss=loss), 2)) for loss in ("plain", "chunked")
-        )
+    # LoRA's B starts at zero: its step-0 loss is the full model's (stage 3: the head's weight gathered)
+    for stage, more in ((2, {}), (3, {"lora_rank": 4})):
+        plain = config_id(on_ranks(_llama(stage=stage), 2))
+        chunked, cce = (config_id(on_ranks(_llama(stage=stage, loss=loss, **more), 2)) for loss in FUSED)
         assert first[chunked, 0] == pytest.approx(first[plain, 0], rel=2e-3)  # bf16 logits, fp32 softmax
+        assert first[cce, 0] == pytest.approx(first[plain, 0], rel=2e-3)  # bf16 logits, fp32 LSE
+
+
+def test_deepspeeds_cpu_checkpoints_stay_in_a_cpu_ranks_memory(sweep):
+    """DeepSpeed's partition_activations and cpu_checkpointing on two CPU ranks: the model states to the byte;
+    what autograd and the checkpoints hold is the GPU estimate's activations plus the checkpoints it moves
+    off the GPU (the copy to the CPU is the rank's own memory), within the activations' 2 %."""
+    from kit.estimate import rank_states
+    from kit.estimate.activations import moved_checkpoints
+
+    ids = {config_id(on_ranks(s, 2)): name for name, s in CKPT_OFFLOAD.items()}
+    checked = set()
+    for r in sweep.records:
+        if r["config_id"] not in ids or r["step"] < 1:
+            continue
+        checked.add(ids[r["config_id"]])
+        setup = Setup.model_validate(r["setup"])
+        assert {k: r["measured"][k] for k in HELD} == rank_states(setup, r["rank"])["device"]
+        moved = moved_checkpoints(setup).bytes
+        assert moved > 0 or not setup.zero.cpu_checkpointing
+        predicted = r["estimate"]["activations"] + moved
+        assert r["measured"]["activations"] == pytest.approx(predicted, rel=0.02), ids[r["config_id"]]
+    assert checked == set(CKPT_OFFLOAD)
 
 
 def test_predicted_peak_per_phase_matches_every_rank(sweep):

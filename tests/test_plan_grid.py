@@ -89,12 +89,21 @@ def assert_rows_are_the_setups(found: plan.Plan, rows, calibration=None) -> None
                 assert row[column] == value, (i, column)
 
 
+#: DeepSpeed's checkpoints in CPU RAM (``kit.checkpointing``): the rows with checkpointing add them per node
+CPU_CHECKPOINTS = {"activation_checkpointing": True, "cpu_checkpointing": True, "partition_activations": True}
+
+
 @pytest.mark.parametrize(
-    ("name", "seq_len", "calibrated"),
-    [("gpt2", 1024, False), ("llama-2-7b", 4096, False), ("gpt2", 1024, True), ("llama-2-7b", 4096, True)],
+    ("name", "seq_len", "calibrated", "zero"),
+    [
+        ("gpt2", 1024, False, {}),
+        ("llama-2-7b", 4096, False, CPU_CHECKPOINTS),
+        ("gpt2", 1024, True, {}),
+        ("llama-2-7b", 4096, True, {}),
+    ],
 )
-def test_sampled_rows_equal_the_per_setup_path(name, seq_len, calibrated):
-    base = Setup(model=models.preset(name), batch={"micro_batch": 1, "seq_len": seq_len})
+def test_sampled_rows_equal_the_per_setup_path(name, seq_len, calibrated, zero):
+    base = Setup(model=models.preset(name), zero=zero, batch={"micro_batch": 1, "seq_len": seq_len})
     cal = h100_calibration() if calibrated else None
     found = plan.search(base, train_batch=512, tokens=1e10, price=PRICE, calibration=cal)
     table = found.table

@@ -18,8 +18,12 @@ NVME = {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme", "nvme_
 CONTEXT = {
     "momentum": {"optimizer": "sgd"},
     "lora_targets": {"lora_rank": 8},
+    "lora_dropout": {"lora_rank": 8},
+    "qlora": {"lora_rank": 8},
     "checkpoint_every": {"activation_checkpointing": True},
     "checkpoint_policy": {"activation_checkpointing": True},
+    "cpu_checkpointing": {"activation_checkpointing": True},
+    "partition_activations": {"activation_checkpointing": True},
     "nvme_path": NVME,
     "pin_memory": {"stage": 3, "offload_optimizer": "cpu"},
 }

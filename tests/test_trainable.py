@@ -16,6 +16,7 @@ from tests.test_activations import DTYPES, TOLERANCE, config_and_setup, saved_by
 SUBSETS = {
     "lora q,v": {"lora_rank": 8},
     "lora all-linear": {"lora_rank": 8, "lora_targets": ("all-linear",)},
+    "lora all-linear dropout": {"lora_rank": 8, "lora_targets": ("all-linear",), "lora_dropout": 0.1},
     "lora o": {"lora_rank": 4, "lora_targets": ("o_proj",)},
     "lora down,k": {"lora_rank": 4, "lora_targets": ("down_proj", "k_proj")},
     "frozen embeddings": {"freeze_embeddings": True},
@@ -39,7 +40,8 @@ def _peft_counts(name: str, **lora) -> tuple[int, int]:
         model = AutoModelForCausalLM.from_config(
             AutoConfig.for_model(**models.config_of(models.preset(name)))
         )
-    return get_peft_model(model, LoraConfig(lora_dropout=0.0, **lora)).get_nb_trainable_parameters()
+    config = LoraConfig(**{"lora_dropout": 0.0, **lora})
+    return get_peft_model(model, config).get_nb_trainable_parameters()
 
 
 @pytest.mark.parametrize(
@@ -56,6 +58,7 @@ def _peft_counts(name: str, **lora) -> tuple[int, int]:
             {"lora_rank": 8, "lora_targets": ("q_proj", "o_proj")},
             {"r": 8, "target_modules": ["q_proj", "o_proj"]},
         ),
+        ("qwen2.5-0.5b", {"lora_rank": 8, "lora_dropout": 0.1}, {"r": 8, "lora_dropout": 0.1}),
     ],
 )
 def test_lora_counts_are_pefts(name, zero, lora):
@@ -136,6 +139,8 @@ def test_lora_saves_less_than_training_every_parameter_and_stage_3_saves_every_l
             "checkpoint_policy:",
         ),
         ({"frozen_blocks": 32}, "frozen_blocks: must be in [0, 31]"),
+        ({"lora_dropout": 0.1}, "lora_dropout: applies with lora_rank > 0"),
+        ({"lora_rank": 8, "lora_dropout": 1.0}, "lora_dropout\n  Input should be less than 1"),
     ],
 )
 def test_what_is_not_modelled_is_refused_in_one_line(zero, message):
@@ -239,3 +244,42 @@ def test_the_notebook_tables_are_the_estimates():
     chunked = estimate(s.replace(zero={"loss": "chunked"}))
     assert losses.loc["chunked (Liger)", "peak / GPU GiB"] == round(chunked.per_gpu_bytes / GIB, 2)
     assert losses.loc["plain", "activations GiB"] > losses.loc["chunked (Liger)", "activations GiB"]
+
+
+def test_lora_dropout_saves_each_adapters_dropped_copy_and_its_mask():
+    """peft's dropout before each adapter's A (``torch.native_dropout``, ``kit.workloads.adapters``): A
+    saves the dropped copy (2 B x its input) instead of the input itself, the dropout a bool mask (1 B) where
+    that input needs a gradient. Llama-2-7B, all-linear, stage 2, embeddings frozen: block 0's q, k, v
+    input needs none (3 copies less the shared input: 4sbh), o's does (SDPA saves its input anyway: copy
+    and mask 3sbh), gate and up 2 x 3sbh less their input (4sbh), down 3sbf less its input (sbf); the later
+    blocks' q, k, v masks too (7sbh). Checkpointed, only the block recomputed in backward holds them.
+    What autograd saves is measured in one process (``SUBSETS``) and on CPU ranks (tests/test_peak.py)."""
+    m = models.preset("llama-2-7b")
+    sbh, sbf = 4096 * m.hidden, 4096 * m.ffn
+
+    def extra(**zero) -> int:
+        lora = {"lora_rank": 16, "lora_targets": ("all-linear",), **zero}
+        with_dropout, without = (
+            estimate(_setup(m, lora_dropout=p, **lora)).components["activations"] for p in (0.05, 0.0)
+        )
+        return with_dropout - without
+
+    assert extra() == (4 + 3 + 4) * sbh + sbf + (m.layers - 1) * ((7 + 3 + 4) * sbh + sbf)
+    assert extra(activation_checkpointing=True) == (7 + 3 + 4) * sbh + sbf
+    # peft's default q and v of a block after the first: 2 copies less the shared input, 2 masks
+    default = [estimate(_setup(m, lora_rank=16, lora_dropout=p)).components["activations"] for p in (0.1, 0)]
+    assert default[0] - default[1] == 2 * sbh + (m.layers - 1) * 4 * sbh
+    with_dropout = _setup(m, lora_rank=16, lora_dropout=0.05).zero
+    assert adapters.listing(m, with_dropout).trainable == 8_388_608  # the same adapters: dropout has none
+
+
+def test_lora_dropout_in_the_label_and_the_script():
+    z = _setup(models.preset("llama-2-7b"), lora_rank=8, lora_targets=("q_proj", "k_proj"), lora_dropout=0.1)
+    assert z.label == "z2 bf16 mb1 lora8-d0.1 q,k"
+    assert (
+        trainable.describe(z.zero)
+        == "LoRA r=8 on q_proj, k_proj (peft), dropout 0.1, every base weight frozen"
+    )
+    assert "target_modules=['q_proj', 'k_proj'], lora_dropout=0.1))" in trainable.in_your_script(z.zero)
+    every = z.replace(zero={"lora_targets": ("all-linear",), "lora_dropout": 0.05})
+    assert every.label == "z2 bf16 mb1 lora8-all-d0.05"

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from kit import settings
+from kit import checkpointing, settings
 from kit.schema import Cluster, ZeroSettings
 from kit.settings import BY_FIELD, SETTINGS, Setting
 from kit.units import parse_count
@@ -95,7 +95,7 @@ def zero_from_args(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict
         given["lora_targets"] = tuple(items(given["lora_targets"]))
     how = [
         f
-        for f in ("checkpoint_every", "checkpoint_policy")
+        for f in ("checkpoint_every", "checkpoint_policy", *checkpointing.DEEPSPEED_FIELDS)
         if given.get(f, BY_FIELD[f].default) != BY_FIELD[f].default
     ]
     if how and "activation_checkpointing" not in given:

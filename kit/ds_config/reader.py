@@ -23,7 +23,7 @@ from kit.ds_keys import BATCH_KEYS
 from kit.fit import supports
 from kit.rules import Offload, offload_problem
 from kit.schema import Cluster, ModelSpec, Setup, one_line_error
-from kit.settings import NVME_KEYS, TOP_KEYS, ZERO_KEYS, ZEROPP_KEYS
+from kit.settings import CHECKPOINTING_KEYS, NVME_KEYS, TOP_KEYS, ZERO_KEYS, ZEROPP_KEYS
 
 #: Settings that change what DeepSpeed allocates in ways zero-kit does not model:
 #: (section, key, value meaning unused, what it is).
@@ -40,6 +40,12 @@ _UNSUPPORTED = [
     ("fp16", "fp16_master_weights_and_grads", False, "fp16 master weights"),
     ("data_types", "grad_accum_dtype", None, "a custom gradient accumulation dtype"),
     ("torch_autocast", "enabled", False, "torch autocast"),
+    (
+        "activation_checkpointing",
+        "contiguous_memory_optimization",
+        False,
+        "deepspeed.checkpointing's contiguous buffers (number_checkpoints inputs allocated up front)",
+    ),
 ]
 
 
@@ -143,6 +149,7 @@ def read_ds_config(
     zero["precision"] = _precision(config, cluster, notes)
     zero.update(_optimizer(config, notes))
     zero["activation_checkpointing"] = isinstance(config.get("activation_checkpointing"), dict)
+    zero.update(_checkpointing(config))
     zero.update(_top_level(config))
     setup = Setup(model=model, cluster=cluster, zero=zero, batch=batch)
     for key, name in BATCH_KEYS.items():
@@ -225,20 +232,23 @@ def _checked(key: str, value: Any) -> Any:
     raise ValueError(f'ds_config.{key}: must be a whole number >= {lowest} or "auto", got {value!r}')
 
 
+def _checkpointing(config: dict) -> dict[str, bool]:
+    """DeepSpeed's activation checkpointing options (``CHECKPOINTING_KEYS``, read by
+    ``deepspeed.checkpointing.configure``: ``kit.checkpointing``), each true or false."""
+    section = _section(config, "activation_checkpointing")
+    out = {}
+    for k in CHECKPOINTING_KEYS:
+        value = section.get(k.key, k.default)
+        if not isinstance(value, bool):
+            raise ValueError(f"activation_checkpointing.{k.key}: must be true or false, got {value!r}")
+        out[k.field] = value
+    return out
+
+
 def _unmodelled_notes(config: dict) -> list[str]:
     """What may be on in the training script although the ds_config does not say: a "pipeline" section
-    (read only for a PipelineModule), an FP8 key (DeepSpeed has none), DeepSpeed's own activation
-    checkpointing options (read only by ``deepspeed.checkpointing.configure``, which a training script
-    such as Megatron's calls; Hugging Face models checkpoint with torch's)."""
+    (read only for a PipelineModule), an FP8 key (DeepSpeed has none)."""
     notes = []
-    checkpointing = _section(config, "activation_checkpointing")
-    on = [k for k in ("partition_activations", "cpu_checkpointing") if checkpointing.get(k) is True]
-    if on:
-        notes.append(
-            f"activation_checkpointing.{' and '.join(on)}: read only by deepspeed.checkpointing (a script "
-            "that calls its configure and checkpoint, as Megatron's does); zero-kit estimates torch's "
-            "whole-block checkpointing with every checkpoint on the GPU, more than this would keep there"
-        )
     pipeline = _section(config, "pipeline")
     if any(_PIPELINE_DEFAULTS.get(k, _MISSING) != v for k, v in pipeline.items() if k != "stages"):
         notes.append(

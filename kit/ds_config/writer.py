@@ -12,7 +12,7 @@ from typing import Any
 
 from kit.rules import Offload
 from kit.schema import Setup, ZeroSettings
-from kit.settings import NVME_KEYS, TOP_KEYS, ZERO_KEYS
+from kit.settings import CHECKPOINTING_KEYS, NVME_KEYS, TOP_KEYS, ZERO_KEYS
 
 #: DeepSpeed's default is 10; every 100 steps keeps short runs quiet and long runs informative.
 STEPS_PER_PRINT = 100
@@ -22,9 +22,8 @@ GRADIENT_CLIPPING = 1.0
 LEARNING_RATE = 1e-4
 
 _OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}
+#: the ``activation_checkpointing`` keys no setting declares, at DeepSpeed's defaults
 _ACTIVATION_CHECKPOINTING = {
-    "partition_activations": False,
-    "cpu_checkpointing": False,
     "contiguous_memory_optimization": False,
     "synchronize_checkpoint_boundary": False,
 }
@@ -58,7 +57,9 @@ def to_ds_config(setup: Setup, *, torch_adam: bool = False, lr: float = LEARNING
         # ZeRO refuses optimizers outside deepspeed/runtime/zero/utils.py ZERO_SUPPORTED_OPTIMIZERS.
         config["zero_allow_untested_optimizer"] = True
     if z.activation_checkpointing:
-        config["activation_checkpointing"] = dict(_ACTIVATION_CHECKPOINTING)
+        # read only by deepspeed.checkpointing.configure (kit.checkpointing): the script's own call
+        own = {k.key: getattr(z, k.field) for k in CHECKPOINTING_KEYS}
+        config["activation_checkpointing"] = {**own, **_ACTIVATION_CHECKPOINTING}
     for k in TOP_KEYS:  # sequence_parallel_size: read by deepspeed.initialize and the config's batch rule
         if getattr(z, k.field) != k.default:
             config[k.key] = getattr(z, k.field)

@@ -7,8 +7,8 @@ What it cannot see: the live peak beyond what is saved (the forward's and backwa
 gradient of the largest activation while backward runs; ``kit.estimate.trace`` measures that peak),
 dropout masks and a GELU variant other than the one each formula assumes, attention kernels other than
 the one named in its formula (eager's s^2 scores vs SDPA / flash), tensors a custom model keeps on its
-own (caches, hooks), activation offload or partitioning, and padding a data loader adds beyond
-``seq_len``.
+own (caches, hooks), activation offload other than DeepSpeed's ``cpu_checkpointing``
+(``moved_checkpoints``), and padding a data loader adds beyond ``seq_len``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import NamedTuple
 from kit import checkpointing
 from kit import sequence_parallel as ulysses
 from kit import trainable as subset
-from kit.estimate.result import Term
+from kit.estimate.result import NONE, Term
 from kit.families import FORMULA, SWIGLU
+from kit.loss import KEEPS
 from kit.models import DIT_DEFAULTS, decoder_biases
 from kit.rules import FP32, element_bytes
 from kit.schema import Setup
@@ -45,6 +46,7 @@ def activations(setup: Setup) -> Term:
         for field, value, plain in (
             ("checkpoint_every", z.checkpoint_every, 1),
             ("checkpoint_policy", z.checkpoint_policy, "full"),
+            ("cpu_checkpointing", z.cpu_checkpointing, False),
         ):
             if value != plain:
                 raise ValueError(
@@ -108,7 +110,7 @@ def formula(setup: Setup) -> Term:
         how = "16sbh + 2as^2b + 4sbf (eager attention, no dropout)"
     z = setup.zero
     if subset.is_subset(z):
-        return _subset_formula(setup)
+        return _off_the_gpu(setup, _subset_formula(setup))
     if not z.activation_checkpointing:
         body = Term(layers * per_layer, f"{layers} layers x ({how}), s={s} b={b} h={h} a={a} f={ffn}")
         return body + _head_activations(setup, scale)
@@ -127,7 +129,43 @@ def formula(setup: Setup) -> Term:
         + (" less the kept tensors it saves too" if kept.bytes else "")
         + ")",
     )
-    return body + _head_activations(setup, scale)
+    return _off_the_gpu(setup, body + _head_activations(setup, scale))
+
+
+def _checkpoint_inputs(setup: Setup) -> tuple[int, int]:
+    """(checkpointed blocks, bytes of one block's input: p B x b s h) of a formula family's setup."""
+    z, m = setup.zero, setup.model
+    blocks = (m.layers or 0) // z.checkpoint_every if z.activation_checkpointing else 0
+    return blocks, element_bytes(z.precision) * setup.batch.micro_batch * setup.rank_seq_len * (m.hidden or 0)
+
+
+def moved_checkpoints(setup: Setup) -> Term:
+    """The checkpointed blocks' inputs DeepSpeed's ``cpu_checkpointing`` takes off the GPU: all but those
+    ``kit.checkpointing.resident`` leaves there at the backward's peak (the offload engine's newest two, or
+    with ``partition_activations`` the one a recomputation restores). On CPU ranks the copy to the CPU is
+    the input itself: they stay in rank memory (``kit.estimate.memory.peak_timeline``'s gloo path)."""
+    blocks, one = _checkpoint_inputs(setup)
+    moved = blocks - checkpointing.resident(setup.zero, blocks)
+    if not moved:
+        return NONE
+    kept = blocks - moved
+    return Term(moved * one, f"{moved} block inputs in CPU RAM, {kept} on the GPU (cpu_checkpointing)")
+
+
+def host_checkpoints(setup: Setup) -> Term:
+    """The checkpointed blocks' inputs one rank keeps in CPU RAM (``kit.checkpointing.on_the_host``): the
+    offload engine's pinned copies of all but the newest, or with ``partition_activations`` every
+    partition (at model-parallel size 1 a whole input, copied by a blocking ``.cpu()``)."""
+    blocks, one = _checkpoint_inputs(setup)
+    n = checkpointing.on_the_host(setup.zero, blocks)
+    p = element_bytes(setup.zero.precision)
+    return Term(n * one, f"{n} checkpointed block inputs {p} B x b s h (cpu_checkpointing)") if n else NONE
+
+
+def _off_the_gpu(setup: Setup, term: Term) -> Term:
+    """``term`` (the activations with every checkpoint on the GPU) less ``moved_checkpoints``."""
+    moved = moved_checkpoints(setup)
+    return Term(term.bytes - moved.bytes, f"{term.formula} - {moved.formula}") if moved.bytes else term
 
 
 class Recomputed(NamedTuple):
@@ -249,8 +287,8 @@ def _head_activations(setup: Setup, scale: int) -> Term:
     logits = 4 * s * b * m.vocab  # the fp32 log-softmax output of the loss (16-bit logits are not saved)
     if m.family in ("llama", "mistral", "qwen2"):
         norm = 8 * sbh if scale == 1 else 12 * sbh  # final RMSNorm (fitted, as its per-layer twins)
-        if setup.zero.loss == "chunked":
-            return chunked_head(setup, norm - 2 * scale * sbh, True)
+        if setup.zero.loss != "plain":
+            return fused_head(setup, norm - 2 * scale * sbh, True)
         return Term(
             norm + logits, f"head: final RMSNorm {norm // sbh}sbh, fp32 log-softmax 4sbv, v={m.vocab:,}"
         )
@@ -259,6 +297,11 @@ def _head_activations(setup: Setup, scale: int) -> Term:
         4 * sbh * scale + logits,
         f"head: norm + lm_head inputs 4sbh, fp32 log-softmax 4sbv, v={m.vocab:,}",
     )
+
+
+#: bytes per element of a LoRA dropout's mask: ``torch.native_dropout``'s bool, what ``F.dropout`` runs on
+#: a GPU and the ranks run everywhere (``kit.workloads.adapters``)
+DROPOUT_MASK = 1
 
 
 class Saved(NamedTuple):
@@ -281,13 +324,17 @@ def _subset_saved(setup: Setup) -> Saved:
     the gradient of an input that needs one (the norms' fp32 inputs, SDPA's q, k, v, output and
     logsumexp, SiLU's input, the SwiGLU product's two factors). Which tensors train and which projections
     carry LoRA adapters (their A output, b s r, is saved for B's gradient) come from the model listed with
-    its subset (``kit.workloads.adapters``). The residual stream needs a gradient from the first trainable
-    part on; with frozen embeddings and checkpointing, from the first block (the script calls
-    ``enable_input_require_grads``, as Hugging Face does). At stage 3 under ``zero.Init`` every linear layer
-    saves its input, frozen or not: ``zero.Init`` replaces ``torch.nn.functional.linear`` with DeepSpeed's
-    ``zero3_linear_wrap`` for the rest of the process (``mem_efficient_linear``), whose
-    ``LinearFunctionForZeroStage3`` saves input, weight and bias whatever needs a gradient. With every
-    parameter training this is the family's formula above, term for term."""
+    its subset (``kit.workloads.adapters``). With LoRA dropout each adapter's A saves its own dropped copy of
+    the layer's input instead of the input, and the dropout its bool mask where the input needs a gradient
+    (``DROPOUT_MASK``); the input itself only where another op saves it. A recomputed block, whose input
+    needs a gradient, holds every mask (the same ones: the checkpoint restores the RNG state). The residual
+    stream needs a gradient from the first trainable part on; with frozen embeddings and checkpointing,
+    from the first block (the script calls ``enable_input_require_grads``, as Hugging Face does). At stage
+    3 under ``zero.Init`` every linear layer whose input needs a gradient saves that input, frozen or not:
+    ``zero.Init`` replaces ``torch.nn.functional.linear`` with DeepSpeed's ``zero3_linear_wrap`` for the
+    rest of the process (``mem_efficient_linear``), whose ``LinearFunctionForZeroStage3`` saves input,
+    weight and bias whatever needs a gradient (an autograd Function none of whose inputs needs one saves
+    nothing). With every parameter training this is the family's formula above, term for term."""
     from kit.estimate import partition
     from kit.workloads import adapters
 
@@ -303,30 +350,42 @@ def _subset_saved(setup: Setup) -> Saved:
     norm_input, normalised = FP32 * sbh, p * sbh
 
     every_linear = z.engine == "deepspeed" and z.stage == 3 and z.zero_init
+    # QLoRA: a block's base layers are 4-bit, run by bitsandbytes' MatMul4Bit, which saves the packed weight
+    # only (the F.linear inside its forward runs without autograd); the head and the adapters stay nn.Linear
+    block_linear = every_linear and not z.qlora
+    dropout = z.lora_dropout > 0
 
     def block(parts: adapters.Block, grad: bool) -> tuple[int, bool]:
         def needs(name: str) -> bool:
             return name in parts.trains or name in parts.adapted
 
-        def saves_input(*names: str) -> bool:
-            return every_linear or any(map(needs, names))
+        def inputs(width: int, grad_in: bool, *names: str, held: bool = False) -> int:
+            """What the linear layers ``names`` save of their common input (``width`` wide; ``grad_in``:
+            whether it needs a gradient; ``held``: another op saves it already): the input itself for a
+            base weight that trains, under ``zero.Init`` (when it needs a gradient: an autograd Function
+            saves nothing otherwise) and for the adapters' A without dropout; with dropout each adapter's
+            A saves its own dropped copy, and the dropout its bool mask when the input needs a gradient."""
+            adapted = sum(name in parts.adapted for name in names)
+            own = any(name in parts.trains for name in names) or (block_linear and grad_in)
+            own = (own or (adapted > 0 and not dropout)) and not held
+            return s * b * width * (p * own + adapted * dropout * (p + DROPOUT_MASK * grad_in))
 
         saved = r * p * s * b * len(parts.adapted)  # each adapter's A output
         saved += norm_input * grad + normalised * ("norm1" in parts.trains)
-        saved += p * sbh * saves_input(*"qkv")  # the q, k, v projections' input
         normed = grad or "norm1" in parts.trains
+        saved += inputs(h, normed, *"qkv")  # the q, k, v projections' input
         attention = normed or any(map(needs, "qkv"))
         if attention:  # rotated q, k, v, the output and the fp32 logsumexp
             saved += p * (2 * sbh + 2 * s * b * kv) + FP32 * a * b * s
-        if saves_input("o") and (not attention or sp > 1):
-            saved += p * sbh  # o_proj's input: SDPA's output unless not saved, or exchanged back (Ulysses)
+        # o_proj's input: SDPA's output, saved by SDPA when it needs a gradient (not when exchanged back)
+        saved += inputs(h, attention, "o", held=attention and sp == 1)
         grad = grad or attention or needs("o")
         saved += norm_input * grad + normalised * ("norm2" in parts.trains)
-        saved += p * sbh * saves_input("gate", "up")
         normed = grad or "norm2" in parts.trains
+        saved += inputs(h, normed, "gate", "up")
         gate, up = normed or needs("gate"), normed or needs("up")
         saved += p * sbf * (gate + up + gate)  # SiLU's input; the product's factors (silu(gate), up)
-        saved += p * sbf * saves_input("down")
+        saved += inputs(f, gate or up, "down")
         return saved, grad or gate or up or needs("down")
 
     grad = listing.embeddings or z.activation_checkpointing
@@ -346,21 +405,32 @@ def _subset_saved(setup: Setup) -> Saved:
     )
     head = norm_input * grad + normalised * ("norm" in listing.head)
     output_saved = "lm_head" in listing.head or every_linear
-    if z.loss == "chunked":
-        head = chunked_head(setup, head, "lm_head" in listing.head).bytes
+    if z.loss != "plain":
+        head = fused_head(setup, head, "lm_head" in listing.head).bytes
     else:
         head += p * sbh * output_saved + FP32 * s * b * (m.vocab or 0)
     return Saved(tuple(blocks), recomputed, head, last_norm, output_saved)
 
 
-def chunked_head(setup: Setup, norm: int, trains: bool) -> Term:
-    """The head under the chunked loss (``kit.loss``): what the final norm keeps (``norm`` bytes; its output
-    is no longer saved: the loss computes the head's gradients in its forward) and the two gradients it
-    keeps for backward instead of the fp32 log-softmax: the input's (16-bit, b s h) and, when the head
-    trains, its weight's (16-bit, v h)."""
+def fused_head(setup: Setup, norm: int, trains: bool) -> Term:
+    """The head under a fused loss (``kit.loss``): what the final norm keeps besides its output (``norm``
+    bytes) and what the loss keeps for backward instead of the fp32 log-softmax (``kit.loss.KEEPS``). The
+    chunked loss computes the head's gradients in its forward and keeps them: the input's (16-bit, b s h)
+    and, when the head trains, its weight's (16-bit, v h). Cut Cross-Entropy keeps its input, the norm's
+    output (16-bit, b s h, ``linear_cross_entropy(..., shift=1)``: no shifted copy), each token's fp32
+    log-sum-exp and target (int64; CCE's own: the valid tokens' int64 indices; with labels shifted before
+    a sequence-parallel split, the batch's ``shift_labels`` themselves)."""
     m, b, p = setup.model, setup.batch, element_bytes(setup.zero.precision)
-    h, v = m.dims.hidden, m.dims.vocab  # a language model's: the chunked loss needs its vocab (kit.loss)
+    h, v = m.dims.hidden, m.dims.vocab  # a language model's: a fused loss needs its vocab (kit.loss)
     sbh = b.micro_batch * setup.rank_seq_len * h
+    if KEEPS[setup.zero.loss] == "input":
+        tokens = b.micro_batch * setup.rank_seq_len
+        targets = 8 * tokens if setup.zero.sequence_parallel_size == 1 else 0
+        return Term(
+            norm + p * sbh + FP32 * tokens + targets,
+            f"head: final RMSNorm {norm / sbh:g}sbh + its output {p} B x b s h, Cut Cross-Entropy's fp32 LSE "
+            "4 B x b s" + (" and int64 targets 8 B x b s" if targets else ""),
+        )
     grad_input, grad_weight = p * sbh, p * v * h * trains
     return Term(
         norm + grad_input + grad_weight,

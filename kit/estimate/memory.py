@@ -41,7 +41,7 @@ from kit import sequence_parallel as ulysses
 from kit import trainable as subset
 from kit.components import HELD, Component
 from kit.estimate import baselines, nvme, partition, peak, reserved
-from kit.estimate.activations import activations
+from kit.estimate.activations import activations, host_checkpoints, moved_checkpoints
 from kit.estimate.cpu_matmul import CpuMatmul
 from kit.estimate.paper import zero_paper
 from kit.estimate.result import NONE, Estimate, Term, total
@@ -101,7 +101,7 @@ def estimate(setup: Setup, formula: Formula = "deepspeed", trace: bool = False) 
         "deepspeed",
         terms,
         held.host,
-        held.cpu,
+        cpu_per_node(setup, held),
         _notes(setup),
         side,
         nvme_term=held.disk,
@@ -130,6 +130,13 @@ def states(setup: Setup) -> States:
     held = _faithful_states(setup, rank=rank)
     disk = nvme.nvme_bytes_per_node(setup, held["nvme"]) if "nvme" in held else NONE
     return States(rank, held["device"], held["host"], _cpu_per_node(setup, held["host"]), disk)
+
+
+def cpu_per_node(setup: Setup, held: States) -> Term:
+    """CPU RAM per node: ``held.cpu``, plus what DeepSpeed's ``cpu_checkpointing`` keeps there at
+    ``setup``'s batch (``host_checkpoints``; not in ``States``, which holds for every batch)."""
+    checkpoints = host_checkpoints(setup)
+    return _cpu_per_node(setup, held.host, checkpoints) if checkpoints.bytes else held.cpu
 
 
 def gpu_terms(setup: Setup, device: dict[str, Term], act: Term) -> dict[str, Term]:
@@ -168,6 +175,8 @@ def peak_timeline(
     activations when given, else the formula's or the trace's); ``cpu``: the CPU ranks' matmuls."""
     device = _faithful_states(setup, rank)["device"]
     act = activations if activations is not None else batch_activations(setup)
+    if backend == "gloo":  # CPU ranks: cpu_checkpointing's copy to the CPU is the input, kept in rank memory
+        act += moved_checkpoints(setup)
     return peak.timeline(setup, rank, device, act, implementation=implementation, backend=backend, cpu=cpu)
 
 
@@ -251,9 +260,13 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
     host: dict[str, Term] = dict.fromkeys(HELD, NONE)
     # frozen 16-bit weights (kit.trainable) stay module parameters, whole on every rank at stages 0-2
     still = Term(p * frozen, f"{p} B x {frozen:,} frozen parameters") if frozen else NONE
+    if z.qlora:  # their 4-bit weights packed in bf16 elements among them, and the quant states beside
+        packed = f"{still.formula} (4-bit NF4 weights 4 per bf16 element: {_BNB})"
+        still = dataclasses.replace(still, formula=packed)
+    qstate = _quant_state(setup)
 
     if z.stage == 0:
-        device[Component.PARAMETERS] = Term(p * psi, f"{p} B x Psi = {p} x {psi:,}") + still
+        device[Component.PARAMETERS] = Term(p * psi, f"{p} B x Psi = {p} x {psi:,}") + still + qstate
         device[Component.GRADIENTS] = Term(p * psi, f"{p} B x Psi (full gradients, all-reduced)")
         master = master_bytes(z.precision)
         device[Component.OPTIMIZER_STATES] = Term(
@@ -269,6 +282,7 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
         device[Component.PARAMETERS] = (
             Term(p * flat, f"{p} B x Psi padded to a multiple of 2 x dp = {p} x {flat:,} (bit16_groups_flat)")
             + still
+            + qstate
         )
         where[Component.OPTIMIZER_STATES] = Term(
             (FP32 + FP32 * k) * part,
@@ -302,6 +316,7 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
     params_where[Component.PARAMETERS] = Term(
         p * held, f"{p} B x S, S = sum of ceil(numel / dp) over tensors = {held:,}"
     )
+    device[Component.PARAMETERS] += qstate
     if persist_bytes:
         device[Component.PARAMETERS] += Term(
             persist_bytes, f"{len(persistent)} tensors <= {z.param_persistence_threshold:,} kept whole"
@@ -325,6 +340,25 @@ def _faithful_states(setup: Setup, rank: int) -> dict[str, dict[str, Term]]:
     if z.nvme:  # ZeRO-Infinity: swap files on the drive, pinned swap buffers in RAM (kit.estimate.nvme)
         return nvme.stage3(setup, device, host)
     return {"device": device, "host": host}
+
+
+#: where QLoRA's bytes come from (bitsandbytes needs CUDA)
+_BNB = "bitsandbytes' algorithm, measured on CPU through a plain-PyTorch equivalent"
+
+
+def _quant_state(setup: Setup) -> Term:
+    """QLoRA's quant states (``partition.quant_state``), whole on every rank at every stage: no parameter
+    DeepSpeed partitions."""
+    count, state = partition.quant_state(setup)
+    return (
+        Term(
+            state,
+            f"{count} 4-bit weights' quant states (uint8 absmax per 64, fp32 per 256 absmax, tables): "
+            + _BNB,
+        )
+        if count
+        else NONE
+    )
 
 
 def _hpz_secondary(setup: Setup) -> Term:
@@ -400,9 +434,11 @@ def _transient(setup: Setup) -> dict[str, Term]:
     return out
 
 
-def _cpu_per_node(setup: Setup, host: dict[str, Term]) -> Term:
+def _cpu_per_node(setup: Setup, host: dict[str, Term], checkpoints: Term = NONE) -> Term:
+    """Per node, each rank's process and the larger of building the model and what training keeps in CPU
+    RAM: the offloaded states ``host`` and DeepSpeed's CPU ``checkpoints`` (``host_checkpoints``)."""
     z, g, psi = setup.zero, setup.cluster.gpus_per_node, setup.model.params
-    offloaded = sum(t.bytes for t in host.values())
+    offloaded = sum(t.bytes for t in host.values()) + checkpoints.bytes
     if z.stage == 3 and z.zero_init and z.engine == "deepspeed":
         build = FP32 * setup.model.largest_layer_params
         how = f"zero.Init: {FP32} B x largest layer"
@@ -414,7 +450,9 @@ def _cpu_per_node(setup: Setup, host: dict[str, Term]) -> Term:
     return Term(
         total,
         f"{g} ranks x (process {gib(base)} + max(model construction {gib(build)} [{how}], "
-        f"offloaded states {gib(offloaded)}))",
+        f"offloaded states {gib(offloaded - checkpoints.bytes)}"
+        + (f" + checkpoints {gib(checkpoints.bytes)} [{checkpoints.formula}]" if checkpoints.bytes else "")
+        + "))",
     )
 
 
@@ -437,6 +475,11 @@ def _notes(setup: Setup) -> tuple[str, ...]:
     problem = checkpointing.engine_problem(z)
     if problem:
         notes.append(problem.removeprefix("zero.checkpoint_policy: "))
+    if z.cpu_checkpointing:
+        notes.append(
+            "cpu_checkpointing: acts where the script checkpoints with deepspeed.checkpointing (not HF's "
+            "torch.utils.checkpoint); the caching allocator's replay keeps every checkpoint on the GPU"
+        )
     if subset.is_subset(z):
         notes.append(
             f"{subset.describe(z)}: no replay of the caching allocator yet (max reserved not predicted); "

@@ -1,6 +1,7 @@
 """The activation-shaped terms of one micro-step, at the moments ``kit.estimate.peak`` compares: what the
 blocks and the head save (the family's formula, a trainable subset's op-by-op account, a trace), the loss's
-logits or the chunked loss's chunk (``kit.loss``), the last block's backward working set, a trainable
+logits or a fused loss's working set (``kit.loss``: the chunked loss's chunk, Cut Cross-Entropy's blocks),
+the last block's backward working set, a trainable
 subset's late first gradient hook, and on CPU ranks the RNG states checkpointing stashes and oneDNN's bf16
 matmul scratch (``kit.estimate.cpu_matmul``).
 
@@ -21,10 +22,11 @@ from kit.estimate.activations import (
     _subset_saved,
     also_saved,
     formula,
+    fused_head,
 )
 from kit.estimate.cpu_matmul import CpuMatmul, bf16_mm_scratch
 from kit.estimate.result import NONE, Term
-from kit.loss import chunk_tokens
+from kit.loss import CCE_BLOCK_V, chunk_tokens
 from kit.rules import FP32, element_bytes
 from kit.schema import Setup
 
@@ -68,7 +70,7 @@ def kv_cache(setup: Setup) -> Term:
     one in training too (``use_cache``, its config's default; off under gradient checkpointing, as the
     ranks' checkpointing and transformers' own turn it off): each layer's k and v of the rank's tokens.
     Without Ulysses they are the tensors SDPA saves (no byte more); with it SDPA saves the exchanged ones,
-    so the cache's are extra, alive until the model's output is dropped after its loss (the chunked loss
+    so the cache's are extra, alive until the model's output is dropped after its loss (a fused loss
     drops the decoder's output first)."""
     z, m = setup.zero, setup.model
     if z.sequence_parallel_size == 1 or z.activation_checkpointing or z.loss != "plain":
@@ -110,8 +112,8 @@ class Shape:
             if logits
             else NONE
         )
-        if logits and setup.zero.loss == "chunked":
-            self.loss, self.loss_grads = _chunk(setup, cpu), NONE
+        if logits and setup.zero.loss != "plain":
+            self.loss, self.loss_grads = FUSED[setup.zero.loss](setup, cpu)
         self.batch = Term(TOKEN_ID_BYTES * tokens, "token ids 8 B x b s") if m.vocab else NONE
         formulaic = m.family in FORMULA_FAMILIES and m.is_transformer and not m.source
         self.late, self.first = None, NONE
@@ -157,6 +159,12 @@ class Shape:
                 f"down-projection's input {'and weight gradients ' if down else 'gradient '}and the "
                 "incoming one" + (", and the SwiGLU product's two input gradients" if gated else ""),
             ) + (_weight_grad_scratch(setup, cpu) if down else NONE)
+            dequantized = _dequantized(setup, f * h, cpu)
+            if dequantized.bytes > p * gated * s * mb * f:  # QLoRA: the down projection's backward is larger
+                self.block_backward = dequantized + Term(
+                    p * (s * mb * f + s * mb * h),
+                    f"{p} B x (b s f + b s h): the down projection's input gradient and the incoming one",
+                )
             vh = m.vocab * h if m.vocab else 0
             z = setup.zero
             embedding = trains.embeddings if trains else True  # a frozen tied embedding gets no gradient
@@ -176,7 +184,7 @@ class Shape:
             self.tied = NONE
 
 
-def _chunk(setup: Setup, cpu: CpuMatmul | None) -> Term:
+def _chunk(setup: Setup, cpu: CpuMatmul | None) -> tuple[Term, Term]:
     """The chunked loss's working set in its forward (``kit.loss``): the decoder's output (16-bit b s h, held
     while the loss runs), its shifted copy the loss is given (b (s-1) h) and one chunk at a time: its
     logits (16-bit, ``chunk_tokens`` x v) on a GPU (Liger's Triton kernel turns them into their gradient in
@@ -224,10 +232,111 @@ def _chunk(setup: Setup, cpu: CpuMatmul | None) -> Term:
             logits + scratch(v, chunk, h, True) * head_trains,  # the weight's: addmm_ of its transpose
         )
         how = "a chunk's logits and the largest of its steps (CPU ranks' plain PyTorch, oneDNN scratch)"
-    return Term(
-        held + work,
-        f"chunked loss: {what} + {how}, {chunk:,} of {tokens:,} tokens per chunk",
+    return Term(held + work, f"chunked loss: {what} + {how}, {chunk:,} of {tokens:,} tokens per chunk"), NONE
+
+
+def cce_working_sets(setup: Setup, cpu: CpuMatmul | None) -> tuple[Term, Term]:
+    """Cut Cross-Entropy's working sets (``kit.loss``), in its forward and in its backward, besides what it
+    saves (the decoder's output, the LSE, the targets: ``kit.estimate.activations.fused_head``). Over the
+    rank's b s tokens (each sequence's last one has no target: its logits are computed and left out),
+    the vocabulary in blocks of ``kit.loss.CCE_BLOCK_V``.
+
+    On a GPU (``ml-cross-entropy``'s Triton kernels, their default tiles: 256 tokens x 128 vocabulary
+    entries forward, 128 x 128 backward, in registers and shared memory, none in GPU memory): forward, the
+    negated target logits that become each token's loss (fp32 b s) and the average logit per vocabulary
+    entry it keeps for backward's ordering of the blocks (fp32 v; the gradient filter's); backward, the
+    input's gradient (16-bit b s h, ``zeros_like(e)``), the weight's (16-bit v h) when the head trains, the
+    average logits and the vocabulary ordering (int32 v). Its lock arrays (a word per 128 tokens or
+    vocabulary entries by 64 hidden) are not counted.
+
+    On CPU ranks (``cpu``: the plain-PyTorch version, ``kit.workloads.chunked_loss``), every token at once
+    by one vocabulary block, its b s x block logits a tensor: forward, the picked target logits (fp32 b s)
+    and the largest of the block's steps: its 16-bit logits with the matmul's oneDNN bf16 scratch
+    (``kit.estimate.cpu_matmul``; B a transposed view), or with their fp32 upcast (the softmax, in place);
+    backward, the two gradients, accumulated block by block, each token's gradient scale (fp32 b s) and the
+    largest of the block's steps: the logits' matmul, their upcast, the gradient's 16-bit downcast, the
+    input gradient's ``addmm_`` (the gradient by the block) and the weight's (its transpose by the input,
+    into the block's rows) with their scratch. In fp32 the upcast and the downcast are the tensor itself.
+    Not counted: the indices of a block's targets (at most 2 x 8 B x b s, as many as fall in the block).
+    Measured alone (64 tokens, h = 64, v = 256, bf16, AMX, 2 threads): forward 49,408 B as modelled,
+    backward 100,368 B against 100,352 (the scalars' 16 B); fp32 within 1 KiB (those indices)."""
+    m, b, p = setup.model, setup.batch, element_bytes(setup.zero.precision)
+    v, h = m.dims.vocab, m.dims.hidden
+    tokens = b.micro_batch * setup.rank_seq_len
+    listing = partition.listing(setup)
+    trains = listing is None or "lm_head" in listing.head
+    grads = p * tokens * h + p * v * h * trains
+    grads_what = f"the input's gradient {p} B x b s h" + (f" and the weight's {p} B x v h" if trains else "")
+    if cpu is None:
+        average = FP32 * v
+        return (
+            Term(
+                FP32 * tokens + average,
+                "Cut Cross-Entropy (Triton): the target logits 4 B x b s and the average logits 4 B x v",
+            ),
+            Term(
+                grads + average + 4 * v,
+                f"Cut Cross-Entropy (Triton) backward: {grads_what}, the average logits 4 B x v and the "
+                "vocabulary ordering int32 v",
+            ),
+        )
+    block = min(CCE_BLOCK_V, v)
+    logits = p * tokens * block
+    upcast = FP32 * tokens * block if p != FP32 else 0
+
+    def scratch(rows: int, inner: int, cols: int, transposed_a: bool, transposed_b: bool = False) -> int:
+        if p != 2:
+            return 0
+        return bf16_mm_scratch(rows, inner, cols, transposed_a, cpu, transposed_b=transposed_b)
+
+    product = logits + scratch(tokens, h, block, False, True)  # x @ W_block^T, W_block^T a transposed view
+    # the target logits picked so far (fp32 b s); the block's softmax: its 16-bit logits and their upcast, or
+    # (in fp32, where the upcast is the tensor itself) its logits and their row max and sum (fp32 b s each)
+    forward = FP32 * tokens + max(product, logits + upcast, FP32 * tokens * block + 2 * FP32 * tokens)
+    scale = FP32 * tokens  # each token's gradient scale, through the loop
+    backward = (
+        grads
+        + scale
+        + max(
+            product,
+            logits + upcast,  # the upcast, later the gradient's downcast from it
+            logits + scratch(tokens, block, h, False),  # the input's gradient: addmm_ of it by the block
+            logits + scratch(block, tokens, h, True) * trains,  # the weight's: addmm_ of its transpose by x
+        )
     )
+    how = f"{block} of {v:,} vocabulary entries per block over {tokens:,} tokens (CPU ranks' plain PyTorch)"
+    return (
+        Term(forward, f"Cut Cross-Entropy: the target logits 4 B x b s + a block's logits and upcast, {how}"),
+        Term(backward, f"Cut Cross-Entropy backward: {grads_what} + a block's steps, {how}"),
+    )
+
+
+def _fused(working_sets):
+    """A fused loss's working sets (``working_sets(setup, cpu)``: forward, backward), its backward's or, if
+    larger, the final RMSNorm's right after it: the loss's saved tensors freed (``fused_head``), the input's
+    gradient the norm's incoming one (the weight's handed to the gradients), ``RMSNORM_BACKWARD_FP32`` fp32
+    b s h at once. With the head frozen the norm's is the larger (measured: the shrunk Llama under LoRA at
+    stage 3, tests/test_peak.py: Cut Cross-Entropy's backward +1.05 %, the chunked loss's +2.6 % without
+    it)."""
+
+    def sets(setup: Setup, cpu: CpuMatmul | None) -> tuple[Term, Term]:
+        forward, backward = working_sets(setup, cpu)
+        m, p = setup.model, element_bytes(setup.zero.precision)
+        sbh = setup.batch.micro_batch * setup.rank_seq_len * m.dims.hidden
+        listing = partition.listing(setup)
+        saved = fused_head(setup, 0, listing is None or "lm_head" in listing.head).bytes
+        norm = Term(
+            RMSNORM_BACKWARD_FP32 * FP32 * sbh + p * sbh - saved,
+            f"the final RMSNorm's backward after the loss's: {RMSNORM_BACKWARD_FP32} x 4 B x b s h and its "
+            f"incoming gradient {p} B x b s h, less what the loss saved",
+        )
+        return forward, max(backward, norm, key=lambda t: t.bytes)
+
+    return sets
+
+
+#: each fused loss's working sets, forward and backward (``kit.loss``)
+FUSED = {"chunked": _fused(_chunk), "cce": _fused(cce_working_sets)}
 
 
 #: an RMSNorm's backward in Hugging Face's fp32 upcast: five fp32 b s h temporaries at once (the upcast
@@ -277,6 +386,30 @@ def _late_hook(setup: Setup, act: Term, saved, p: int) -> Late | None:
             f"{RMSNORM_BACKWARD_FP32} x 4 B x b s h + {p} B x b s h (its input norm's backward)",
         ),
         Term(blocks - (p * sbh if ckpt else saved.blocks[-1]), f"{act.formula} - {done}"),
+    )
+
+
+def _dequantized(setup: Setup, n: int, cpu: CpuMatmul | None) -> Term:
+    """With QLoRA, what bitsandbytes' ``MatMul4Bit`` backward holds while it computes the down projection's
+    input gradient (modelled from its algorithm; measured on CPU through ``kit.workloads.nf4``): the
+    ``n``-element weight dequantized to the compute dtype and the fp32 absmax per 64-block it is scaled by;
+    on CPU ranks also the equivalent's scratch, ``DEQUANTIZE_SCRATCH`` B x ``DEQUANTIZE_CHUNK`` elements
+    (its last chunk's, freed before the matmul). The SwiGLU product's backward comes after it, the weight
+    freed."""
+    if not setup.zero.qlora:
+        return NONE
+    p, blocks = element_bytes(setup.zero.precision), -(-n // subset.NF4_BLOCK)
+    weight = Term(
+        p * n + FP32 * blocks,
+        f"{p} B x f h (the 4-bit down projection dequantized) + {FP32} B x f h / {subset.NF4_BLOCK} (its "
+        "absmax)",
+    )
+    if cpu is None:
+        return weight
+    chunk = min(n, subset.DEQUANTIZE_CHUNK)
+    return weight + Term(
+        subset.DEQUANTIZE_SCRATCH * chunk,
+        f"{subset.DEQUANTIZE_SCRATCH} B x {chunk:,} (kit.workloads.nf4's chunk: codes, indices, values)",
     )
 
 

@@ -8,7 +8,9 @@ parameter count is approximated as its largest layer plus one tensor for the res
 With a trainable subset (``kit.trainable``: LoRA, frozen groups) the list is the adapted model's
 (``kit.workloads.adapters.listing``, built on the meta device) and only the trainable tensors are
 flattened at stages 0-2, have fp32 master weights, optimizer states and gradients (``trainable``); every
-tensor, frozen or not, is partitioned and gathered at stage 3 (``numels``).
+tensor, frozen or not, is partitioned and gathered at stage 3 (``numels``). With QLoRA a 4-bit weight's
+tensor is its packed bf16 storage (``kit.trainable.nf4_bytes``), partitioned at stage 3 like any bf16
+parameter that does not train; its quant state is no parameter, whole on every rank (``quant_state``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,16 @@ def trainable_params(setup: Setup) -> int:
 def frozen_params(setup: Setup) -> int:
     """Parameters that do not train (16-bit weights only, whole on every rank at stages 0-2)."""
     return sum(numels(setup)) - trainable_params(setup) if subset.is_subset(setup.zero) else 0
+
+
+def quant_state(setup: Setup) -> tuple[int, int]:
+    """(4-bit weights, bytes of their QuantStates) with QLoRA: modelled from bitsandbytes' algorithm
+    (``kit.trainable.nf4_bytes``), measured on CPU through a plain-PyTorch equivalent (``kit.workloads.nf4``);
+    (0, 0) without."""
+    if not setup.zero.qlora:
+        return 0, 0
+    quantized = listing(setup).quantized
+    return len(quantized), sum(subset.nf4_bytes(n)[1] for n in quantized)
 
 
 def listing(setup: Setup):

@@ -165,7 +165,7 @@ def checkpointing_policies(setup: Setup) -> pd.DataFrame:
     plain = perf.flops_per_token(setup.replace(zero=setup.zero.checkpointing(False)))[0]
     rows: dict[str, dict[str, object]] = {}
     for label, value in checkpointing.CHOICES:
-        s = setup.replace(zero=dict(zip(checkpointing.FIELDS, value, strict=True)))
+        s = setup.replace(zero=checkpointing.choice(setup.zero, value))
         try:
             e = estimate(s)
         except ValueError as error:

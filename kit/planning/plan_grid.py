@@ -88,7 +88,7 @@ def evaluate(
                         saved[key] = memory.batch_activations(candidate)
                     line, overhead = memory.peak_per_gpu(candidate, held, saved[key])
                     per_gpu = line.peak_tensor_bytes + overhead.bytes
-                    cpu, disk = held.cpu.bytes, held.disk.bytes
+                    cpu, disk = memory.cpu_per_node(candidate, held).bytes, held.disk.bytes
                 need = perf.load(candidate)
                 loads.append(need)
                 if calibration is not None:

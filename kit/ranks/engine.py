@@ -68,13 +68,11 @@ def build_engine(setup: Setup, seed: int = 0, *, comms_logger: bool = False) -> 
     mpu = ulysses.register(model, setup) if z.sequence_parallel_size > 1 else None
     if trainable.is_subset(z):
         model = _train_subset(model, setup)
-    checkpointing = (
-        Checkpointing(model, z.checkpoint_every, z.checkpoint_policy) if z.activation_checkpointing else None
-    )
-    if z.loss == "chunked":  # the forward ends in the chunked loss (kit.loss), the head never called
+    checkpointing = Checkpointing.of(model, z) if z.activation_checkpointing else None
+    if z.loss != "plain":  # the forward ends in the fused loss (kit.loss), the head never called
         from kit.workloads import chunked_loss
 
-        model = chunked_loss.wrap(model, 0 if baseline else z.stage)
+        model = chunked_loss.wrap(model, 0 if baseline else z.stage, z.loss)
     if baseline:  # PyTorch's DDP or FSDP, stepped as DeepSpeed steps its engine
         from kit.ranks import baselines
 
@@ -325,23 +323,32 @@ class Checkpointing:
     """Activation checkpointing of a model's blocks as ``kit.checkpointing`` says, and who watches it.
 
     The checkpointed blocks of the model's largest ModuleList (every ``every``-th) run under
-    ``deepspeed.checkpointing.checkpoint`` (policy ``full``), or under ``torch.utils.checkpoint``
+    ``deepspeed.checkpointing.checkpoint`` (policy ``full``, configured with DeepSpeed's ``cpu`` and
+    ``partition`` options: ``kit.checkpointing``), or under ``torch.utils.checkpoint``
     (non-reentrant) with the op policy's contexts (``selective-op``). Within
     ``with checkpointing.observed_by(observer):`` the observer gets ``checkpoint_inputs(tensors)``, what
-    each block keeps for its recomputation (its inputs, and the outputs the op policy keeps: both held by
-    the checkpoint, out of sight of ``saved_tensors_hooks``), and enters ``observer.recomputing()`` while a
-    block is recomputed in backward; a non-reentrant recomputation saves out of the hooks' sight too, so
-    the observer gets ``recomputed(storages)``, those it made that outlive it (its early stop is off
-    while watched). ``kit.ranks.measure.SavedActivations`` is such an observer.
+    each block keeps for its recomputation (its inputs, or what DeepSpeed keeps of them on their device,
+    and the outputs the op policy keeps: all held by the checkpoint, out of sight of
+    ``saved_tensors_hooks``; not the inputs a GPU's offload engine keeps), and enters
+    ``observer.recomputing()`` while a block is recomputed in backward; a non-reentrant recomputation
+    saves out of the hooks' sight too, so the observer gets ``recomputed(storages)``, those it made that
+    outlive it (its early stop is off while watched). ``kit.ranks.measure.SavedActivations`` is such an
+    observer.
     """
 
-    def __init__(self, model, every: int = 1, policy: str = "full"):
+    def __init__(
+        self, model, every: int = 1, policy: str = "full", cpu: bool = False, partition: bool = False
+    ):
         import deepspeed
+        from deepspeed.accelerator import get_accelerator
 
         from kit import checkpointing, workloads
 
         self.observers: list = []
         self.selective = policy == "selective-op"
+        problem = checkpointing.cpu_ranks_problem(cpu, partition)
+        if problem and get_accelerator().device_name() == "cpu":
+            raise ValueError(problem)
         if not workloads.blocks(model):
             raise ValueError("activation_checkpointing: the model has no list of blocks to checkpoint")
         if hasattr(getattr(model, "config", None), "use_cache"):
@@ -356,11 +363,19 @@ class Checkpointing:
                 context_fn=checkpointing.selective_contexts,
             )
         else:
-            deepspeed.checkpointing.configure(None, partition_activations=False)
+            deepspeed.checkpointing.configure(None, partition_activations=partition, checkpoint_in_cpu=cpu)
             checkpoint = deepspeed.checkpointing.checkpoint
         for i, block in enumerate(workloads.blocks(model)):
             if checkpointing.is_checkpointed(i, every):
                 block.forward = self._checkpointed(block.forward, checkpoint)
+
+    @classmethod
+    def of(cls, model, zero) -> Checkpointing:
+        """``model``'s blocks checkpointed as a ``ZeroSettings`` says."""
+        z = zero
+        return cls(
+            model, z.checkpoint_every, z.checkpoint_policy, z.cpu_checkpointing, z.partition_activations
+        )
 
     @contextlib.contextmanager
     def observed_by(self, observer):
@@ -379,8 +394,10 @@ class Checkpointing:
         def run(*args: Any, **kwargs: Any) -> Any:
             # keyword arguments (Hugging Face layers get masks and rotary tables so) ride in a partial:
             # they are alive for the whole step anyway; the positional inputs are what is kept
-            for observer in self.observers:
-                observer.checkpoint_inputs([a for a in args if isinstance(a, torch.Tensor)])
+            inputs = [a for a in args if isinstance(a, torch.Tensor)]
+            if self.selective:  # before the op policy's kept outputs
+                for observer in self.observers:
+                    observer.checkpoint_inputs(inputs)
             watched = self.selective and bool(self.observers)
             calls: list[int] = []
             kept_storages: set[int] = set()  # held by the policy's cache until this block's backward
@@ -408,12 +425,29 @@ class Checkpointing:
                     return out
 
             step = functools.partial(block, **kwargs)
+            if not self.selective:
+                # DeepSpeed's: partition_activations keeps a copy (``saved_data``) and frees the input,
+                # cpu_checkpointing moves it off the device (on CPU ranks: stays, as the copy)
+                devices = [a.device for a in inputs]
+                out = checkpoint(step, *args)
+                kept = [_held(a) for a in inputs]
+                here = [t for t, device in zip(kept, devices, strict=True) if t.device == device]
+                for observer in self.observers:
+                    observer.checkpoint_inputs(here)
+                return out
             if not watched:
                 return checkpoint(step, *args)
             with torch.utils.checkpoint.set_checkpoint_early_stop(False):
                 return checkpoint(step, *args)
 
         return run
+
+
+def _held(tensor):
+    """What DeepSpeed's checkpoint keeps of an input: the copy ``partition_activations`` saves in its
+    ``saved_data`` (the input's own storage emptied), else the input."""
+    saved = getattr(tensor, "saved_data", None)
+    return tensor if saved is None else saved
 
 
 def _outputs(rule, recompute: bool = False):

@@ -99,7 +99,7 @@ def check(setup: Setup) -> None:
     """Refuse, before launch, what cannot run: a model with nothing to build (a bare count), a user's
     model file that fails (the estimate traces it: the error names the file and function), a batch or
     ZeRO combination the estimator or DeepSpeed's own config parser rejects. ValueError, one line."""
-    from kit import checkpointing, estimate, workloads
+    from kit import checkpointing, estimate, trainable, workloads
     from kit.ds_config import to_ds_config, validate_ds_config
 
     workload = workloads.for_model(setup.model)
@@ -128,11 +128,16 @@ def check(setup: Setup) -> None:
                 "compare checkpointing with the ZeRO stages"
             )
         return
-    problem = checkpointing.engine_problem(setup.zero)
+    problem = checkpointing.engine_problem(setup.zero) or trainable.run_problem(setup.zero)
     if problem:
         raise ValueError(problem)
     validate_ds_config(to_ds_config(setup, torch_adam=True), setup.dp)
     if launcher.ranks_accelerator() == "cpu":
+        problem = checkpointing.cpu_ranks_problem(
+            setup.zero.cpu_checkpointing, setup.zero.partition_activations
+        )
+        if problem:
+            raise ValueError(problem)
         for field in ("quantized_weights", "quantized_gradients"):
             if getattr(setup.zero, field):
                 raise ValueError(

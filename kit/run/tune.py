@@ -36,7 +36,7 @@ from typing import Any
 
 import pandas as pd
 
-from kit import checkpointing, grid
+from kit import checkpointing, grid, trainable
 from kit.rules import Offload
 from kit.run import launcher
 from kit.run.calibrate import error
@@ -216,8 +216,10 @@ def tune(
         for c in found
         if c.estimated_bytes > budget_bytes
     ]
-    # a checkpointing the engine cannot run (the op policy at DeepSpeed's stage 3) is estimated, not run
-    unrunnable = {id(c): checkpointing.engine_problem(c.setup.zero) for c in kept}
+    # a checkpointing the engine cannot run (the op policy at DeepSpeed's stage 3), QLoRA: estimated, not run
+    unrunnable = {
+        id(c): checkpointing.engine_problem(c.setup.zero) or trainable.run_problem(c.setup.zero) for c in kept
+    }
     pruned += [(c.label, c.estimated_bytes, problem) for c in kept if (problem := unrunnable[id(c)])]
     kept = [c for c in kept if not unrunnable[id(c)]]
     if not kept and any(unrunnable.values()):

@@ -39,11 +39,18 @@ def apply(model, zero):
             target_modules=trainable.ALL_LINEAR
             if targets == (trainable.ALL_LINEAR,)
             else (list(targets) or None),
-            lora_dropout=0.0,
+            lora_dropout=zero.lora_dropout,
             bias="none",
         )
         # adapters in the model's dtype (peft would upcast 16-bit ones to fp32; DeepSpeed casts them back)
-        return get_peft_model(model, config, autocast_adapter_dtype=False)
+        model = get_peft_model(model, config, autocast_adapter_dtype=False)
+        if zero.lora_dropout:
+            _native_dropout(model)
+        if zero.qlora:  # the base weights in 4-bit NF4 (bitsandbytes' format in plain PyTorch)
+            from kit.workloads import nf4
+
+            nf4.quantize(model)
+        return model
     from kit.workloads import blocks
 
     frozen = list(blocks(model)[: zero.frozen_blocks])
@@ -52,6 +59,25 @@ def apply(model, zero):
     for module in frozen:
         module.requires_grad_(False)
     return model
+
+
+def _native_dropout(model) -> None:
+    """Each adapter's dropout (peft's ``nn.Dropout``) run as ``torch.native_dropout``, the kernel
+    ``F.dropout`` dispatches to on a GPU (ATen's ``dropout``: ``is_fused_kernel_acceptable``), which saves
+    a bool mask for backward. On CPU ``F.dropout`` multiplies by a noise tensor of the input's dtype
+    instead (a mask 2-4 times a GPU's): with this, CPU ranks run and measure what a GPU does."""
+    import torch
+
+    class NativeDropout(torch.nn.Dropout):
+        def forward(self, x):
+            return torch.native_dropout(x, self.p, True)[0] if self.training else x
+
+    for module in list(model.modules()):
+        dropouts = getattr(module, "lora_dropout", None)
+        if isinstance(dropouts, torch.nn.ModuleDict):
+            for name, dropout in dropouts.items():
+                if isinstance(dropout, torch.nn.Dropout):
+                    dropouts[name] = NativeDropout(dropout.p)
 
 
 @dataclass(frozen=True)
@@ -68,12 +94,14 @@ class Block:
 class Listing:
     """Every parameter tensor of the model with its subset, in ``model.parameters()`` order (tied ones once):
     ``(numel, trains)``; each block's ``Block``; whether the input embeddings train; which of the head's
-    ``norm`` and ``lm_head`` train."""
+    ``norm`` and ``lm_head`` train; with QLoRA, the elements of each 4-bit weight (whose tensor in
+    ``tensors`` is its packed storage, ``kit.workloads.nf4``)."""
 
     tensors: tuple[tuple[int, bool], ...]
     blocks: tuple[Block, ...]
     embeddings: bool
     head: frozenset[str]
+    quantized: tuple[int, ...] = ()
 
     @property
     def trainable(self) -> int:
@@ -94,6 +122,7 @@ def _listing(spec: ModelSpec, key: tuple, zero) -> Listing:
     import torch
 
     from kit import workloads
+    from kit.workloads import nf4
 
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # transformers' and peft's deprecation notices: not the user's
@@ -127,4 +156,5 @@ def _listing(spec: ModelSpec, key: tuple, zero) -> Listing:
         tuple(Block(frozenset(t), frozenset(a), n) for t, a, n in zip(trains, adapted, counts, strict=True)),
         embeddings,
         frozenset(head),
+        tuple(m.state.shape.numel() for m in model.modules() if isinstance(m, nf4.Linear4bit)),
     )

@@ -1,13 +1,24 @@
-"""The chunked loss (``kit.loss``) on the ranks: Liger-Kernel's fused linear cross-entropy algorithm in plain
-PyTorch. Imports torch.
+"""The fused losses (``kit.loss``) on the ranks: Liger-Kernel's fused linear cross-entropy and Cut
+Cross-Entropy's algorithms in plain PyTorch. Imports torch.
 
 ``FusedLinearCrossEntropy`` takes the last hidden states, the head's weight and the targets, goes through the
 tokens in chunks of ``kit.loss.chunk_tokens``, computes each chunk's loss and both gradients in the forward
 (as ``LigerFusedLinearCrossEntropyFunction`` does) and keeps only those gradients for backward. Liger's Triton
 kernel turns a chunk's logits into their gradient in registers; here the chunk's softmax is an fp32 tensor
-(the estimate counts it on CPU ranks). ``ChunkedLoss`` wraps a Hugging Face decoder so that its forward ends
-in it; at ZeRO-3 the head's weight is registered on the wrapper (``register_external_parameter``), so
-DeepSpeed gathers it for the wrapper's forward and backward although ``lm_head`` itself never runs.
+(the estimate counts it on CPU ranks).
+
+``CutCrossEntropy`` follows ``ml-cross-entropy``'s ``LinearCrossEntropyFunction``: its forward goes through
+the vocabulary in blocks of ``kit.loss.CCE_BLOCK_V`` entries (every token at once), folding each block's
+log-sum-exp into a running one and picking each token's target logit from the block holding it, and
+saves the input, the targets and the fp32 LSE; its backward recomputes each block's logits, turns them
+into their gradient (``exp(logit - lse)`` less one at the target) and adds that block's share to the
+input's gradient and writes the weight's rows. The Triton kernels keep a block in on-chip tiles; here a
+block's logits and their fp32 upcast are tensors (the estimate counts them on CPU ranks), and no block is
+skipped (CCE's gradient filter, a speed matter, changes no byte).
+
+``ChunkedLoss`` wraps a Hugging Face decoder so that its forward ends in either; at ZeRO-3 the head's
+weight is registered on the wrapper (``register_external_parameter``), so DeepSpeed gathers it for the
+wrapper's forward and backward although ``lm_head`` itself never runs.
 
 What it cannot see: label smoothing, z-loss, a softcap on the logits and a head with a bias.
 """
@@ -16,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from kit.loss import chunk_tokens
+from kit.loss import CCE_BLOCK_V, chunk_tokens
 
 IGNORE = -100
 
@@ -61,31 +72,98 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         return grad_input, grad_weight, None
 
 
-class ChunkedLoss(torch.nn.Module):
-    """A Hugging Face causal LM whose forward ends in ``FusedLinearCrossEntropy`` instead of its logits and
-    ``cross_entropy`` (as Liger's ``lce_forward`` does): labels shifted by one (or ``shift_labels`` as
-    given), the head never called."""
+def _in_block(targets, start: int, width: int):
+    """The tokens whose target is in the vocabulary block ``[start, start + width)`` and their columns in it
+    (``IGNORE`` is in none)."""
+    rows = ((targets >= start) & (targets < start + width)).nonzero()[:, 0]
+    return rows, targets[rows] - start
 
-    def __init__(self, lm) -> None:
+
+class CutCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets`` (``IGNORE`` left out), by vocabulary
+    blocks: the logits are never whole, in the forward nor in the backward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets):
+        tokens, vocab = hidden.shape[0], weight.shape[0]
+        lse = torch.full((tokens,), float("-inf"), dtype=torch.float32, device=hidden.device)
+        picked = torch.zeros(tokens, dtype=torch.float32, device=hidden.device)  # each token's target logit
+        for start in range(0, vocab, CCE_BLOCK_V):
+            logits = (hidden @ weight[start : start + CCE_BLOCK_V].t()).float()
+            rows, columns = _in_block(targets, start, logits.shape[1])
+            picked[rows] = logits[rows, columns]
+            del rows, columns
+            top = logits.amax(dim=1)
+            block_lse = logits.sub_(top[:, None]).exp_().sum(dim=1).log_().add_(top)
+            del logits, top
+            lse = torch.logaddexp(lse, block_lse)
+            del block_lse
+        keep = targets != IGNORE
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        return torch.where(keep, lse - picked, 0.0).sum() / keep.sum().clamp(min=1)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        count = (targets != IGNORE).sum().clamp(min=1)
+        scale = (targets != IGNORE) * (grad_output / count)  # d(loss) / d(a token's logits' softmax)
+        grad_input = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        for start in range(0, weight.shape[0], CCE_BLOCK_V):
+            block = weight[start : start + CCE_BLOCK_V]
+            probs = (hidden @ block.t()).float()  # the block's logits again, upcast: their softmax in place
+            probs.sub_(lse[:, None]).exp_()
+            rows, columns = _in_block(targets, start, probs.shape[1])
+            probs[rows, columns] -= 1.0
+            del rows, columns
+            probs.mul_(scale[:, None])
+            grad = probs.to(hidden.dtype)
+            del probs
+            if grad_input is not None:
+                grad_input.addmm_(grad, block)
+            if grad_weight is not None:
+                grad_weight[start : start + CCE_BLOCK_V].addmm_(grad.t(), hidden)
+            del grad
+        return grad_input, grad_weight, None
+
+
+#: the function each fused loss runs (``kit.loss``)
+FUNCTIONS = {"chunked": FusedLinearCrossEntropy, "cce": CutCrossEntropy}
+
+
+class ChunkedLoss(torch.nn.Module):
+    """A Hugging Face causal LM whose forward ends in a fused loss (``FUNCTIONS``) instead of its logits and
+    ``cross_entropy``, the head never called: the chunked loss takes the decoder's output less each
+    sequence's last token and the labels shifted by one (as Liger's ``lce_forward`` does); Cut
+    Cross-Entropy the decoder's output itself and the shifted labels, each sequence's last token without
+    one (as ``linear_cross_entropy(..., shift=1)``: no shifted copy of the output). ``shift_labels`` (a
+    sequence-parallel split's) give every token its target as they are."""
+
+    def __init__(self, lm, loss: str = "chunked") -> None:
         super().__init__()
-        self.lm = lm
+        self.lm, self.function = lm, FUNCTIONS[loss]
 
     def forward(self, input_ids, labels, shift_labels=None, **kwargs):
         from transformers.modeling_outputs import CausalLMOutput
 
         hidden = self.lm.get_decoder()(input_ids=input_ids, **kwargs).last_hidden_state
-        if shift_labels is None:
+        if shift_labels is not None:  # shifted before a sequence-parallel split (kit.workloads.ulysses)
+            shifted, targets = hidden.view(-1, hidden.shape[-1]), shift_labels.reshape(-1)
+        elif self.function is CutCrossEntropy:  # each token's next one, the last token's IGNORE
+            shifted, targets = hidden.view(-1, hidden.shape[-1]), torch.full_like(labels, IGNORE)
+            targets[:, :-1] = labels[:, 1:]
+            targets = targets.view(-1)
+        else:
             shifted = hidden[:, :-1, :].contiguous().view(-1, hidden.shape[-1])
             targets = labels[:, 1:].contiguous().view(-1)
-        else:  # labels shifted before a sequence-parallel split (kit.workloads.ulysses): every token has one
-            shifted, targets = hidden.view(-1, hidden.shape[-1]), shift_labels.reshape(-1)
-        loss = FusedLinearCrossEntropy.apply(shifted, self.lm.get_output_embeddings().weight, targets)
+        loss = self.function.apply(shifted, self.lm.get_output_embeddings().weight, targets)
         return CausalLMOutput(loss=loss)
 
 
-def wrap(model, stage: int):
-    """``model`` ending in the chunked loss; at ZeRO-3 with the head's weight registered on the wrapper."""
-    wrapped = ChunkedLoss(model)
+def wrap(model, stage: int, loss: str = "chunked"):
+    """``model`` ending in ``loss`` (a fused one); at ZeRO-3 with the head's weight registered on the
+    wrapper."""
+    wrapped = ChunkedLoss(model, loss)
     if stage == 3:
         import deepspeed
 
