@@ -284,7 +284,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "cpu_checkpointing",
-        "checkpoints in CPU RAM",
+        "CPU checkpoints",
         "activation_checkpointing.cpu_checkpointing: deepspeed.checkpointing keeps the checkpointed blocks' "
         "inputs in CPU RAM (on a GPU all but the newest 2; policy full, your script calls its configure)",
         _Z,
@@ -293,7 +293,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "partition_activations",
-        "partition checkpoints",
+        "partition ckpts",
         "activation_checkpointing.partition_activations: deepspeed.checkpointing splits each input over "
         "the model-parallel group (no tensor parallelism here: a whole copy; with CPU RAM, all of them)",
         _Z,

@@ -23,38 +23,30 @@ def test_chunk_size_follows_liger():
     assert loss.chunk_tokens(3, 256, 64) == 1
 
 
-def test_the_chunked_loss_is_the_plain_loss_with_its_gradients():
+@pytest.mark.parametrize(
+    ("fused", "vocab", "scale"),
+    [
+        # the softmax is fp32, as Liger's kernel computes it
+        (chunked_loss.FusedLinearCrossEntropy, 40, 2),
+        # vocabulary blocks of 128, 128 and 44; the log-sum-exp and the softmax fp32, as CCE's kernels
+        (chunked_loss.CutCrossEntropy, 300, 3),
+    ],
+)
+def test_each_fused_loss_is_the_plain_loss_with_its_gradients(fused, vocab, scale):
+    """The loss and both gradients of each fused loss's plain-PyTorch version equal the plain loss's, with
+    ignored targets and a grad_output other than 1 (which scales the saved gradients)."""
     torch.manual_seed(0)
     hidden = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(40, 16, dtype=torch.float64, requires_grad=True)
-    targets = torch.randint(0, 40, (50,))
+    weight = torch.randn(vocab, 16, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, vocab, (50,))
     targets[::7] = chunked_loss.IGNORE
-    fused = chunked_loss.FusedLinearCrossEntropy.apply(hidden, weight, targets)
-    (2 * fused).backward()  # a grad_output other than 1 scales the saved gradients
+    loss = fused.apply(hidden, weight, targets)
+    (scale * loss).backward()
     got = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
     plain = torch.nn.functional.cross_entropy(hidden @ weight.t(), targets, ignore_index=chunked_loss.IGNORE)
-    (2 * plain).backward()
-    # the softmax is fp32, as Liger's kernel computes it
-    assert fused.item() == pytest.approx(plain.item(), rel=1e-6)
-    assert torch.allclose(got[0], hidden.grad, atol=1e-6) and torch.allclose(got[1], weight.grad, atol=1e-6)
-
-
-def test_cut_cross_entropy_is_the_plain_loss_with_its_gradients():
-    # 300 vocabulary entries: blocks of 128, 128 and 44; a grad_output other than 1 scales the gradients
-    torch.manual_seed(0)
-    hidden = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)
-    targets = torch.randint(0, 300, (50,))
-    targets[::7] = chunked_loss.IGNORE
-    cce = chunked_loss.CutCrossEntropy.apply(hidden, weight, targets)
-    (3 * cce).backward()
-    got = hidden.grad.clone(), weight.grad.clone()
-    hidden.grad = weight.grad = None
-    plain = torch.nn.functional.cross_entropy(hidden @ weight.t(), targets, ignore_index=chunked_loss.IGNORE)
-    (3 * plain).backward()
-    # the log-sum-exp and the softmax are fp32, as CCE's kernels compute them
-    assert cce.item() == pytest.approx(plain.item(), rel=1e-6)
+    (scale * plain).backward()
+    assert loss.item() == pytest.approx(plain.item(), rel=1e-6)
     assert torch.allclose(got[0], hidden.grad, atol=1e-6) and torch.allclose(got[1], weight.grad, atol=1e-6)
 
 

@@ -91,6 +91,18 @@ LAYOUT_PROBLEMS = """
       bad.push('label cut off: ' + l.textContent);
     probe.remove();
   }
+  for (const c of panel.querySelectorAll('.widget-label-basic')) {  // a checkbox's text, right of its box
+    const text = c.querySelector('span') || c;
+    if (c.offsetParent === null || !text.textContent.trim()) continue;
+    const probe = document.createElement('span'), style = getComputedStyle(text);
+    probe.style.cssText = 'position:absolute;visibility:hidden;white-space:pre;font:' + style.font;
+    probe.textContent = text.textContent;
+    document.body.appendChild(probe);
+    const box = c.getBoundingClientRect(), room = box.right - text.getBoundingClientRect().left
+      - parseFloat(getComputedStyle(c).paddingRight);
+    if (probe.offsetWidth > room + 1) bad.push('checkbox label cut off: ' + text.textContent);
+    probe.remove();
+  }
   return bad;
 }
 """
