@@ -444,7 +444,8 @@ def _subset_formula(setup: Setup) -> Term:
     z = setup.zero
     saved = _subset_saved(setup)
     what = f"{subset.describe(z)}: each op saves only what a gradient needs"
-    head = Term(saved.head, "head: what the final norm and the fp32 log-softmax save")
+    keeps = {"logits": "the fp32 log-softmax", "gradients": "the chunked loss", "input": "Cut Cross-Entropy"}
+    head = Term(saved.head, f"head: what the final norm and {keeps[KEEPS[z.loss]]} save")
     if not z.activation_checkpointing:
         return Term(sum(saved.blocks), f"{len(saved.blocks)} blocks ({what})") + head
     b, s, p = setup.batch.micro_batch, setup.rank_seq_len, element_bytes(z.precision)
