@@ -87,6 +87,25 @@ def test_stage_0_disables_optimizer_offload(panel):
     assert panel.error is None and panel.setup.zero.offload_optimizer == "none"
 
 
+def test_deepspeeds_checkpointing_options_apply_with_its_checkpoint(panel, llama):
+    """The "CPU checkpoints" and "partition ckpts" boxes are on offer only where DeepSpeed's checkpoint
+    runs (checkpointing on, policy full), and turn off with it: the panel never holds a refused setting."""
+    options = (panel.cpu_checkpointing, panel.partition_activations)
+    assert all(c.disabled for c in options)
+    panel.checkpointing.label = "every block"
+    assert not any(c.disabled for c in options)
+    panel.cpu_checkpointing.value = panel.partition_activations.value = True
+    assert panel.error is None and panel.setup.label.endswith("ckpt-part-cpu")
+    offloaded = llama.replace(
+        zero={"activation_checkpointing": True, **dict.fromkeys(checkpointing.DEEPSPEED_FIELDS, True)}
+    )
+    assert panel.estimate.components == estimate(offloaded).components
+    for label, ends in (("selective (op policy)", "ckpt-op"), ("off", "mb1")):
+        panel.checkpointing.label = label
+        assert all(c.disabled and not c.value for c in options)
+        assert panel.error is None and panel.setup.label.endswith(ends)
+
+
 def test_impossible_global_batch_shows_one_line(panel):
     panel.batch_by.value = "train_batch"
     assert not panel.train_batch.disabled and panel.grad_accum.disabled

@@ -17,7 +17,7 @@ from typing import Any
 
 import ipywidgets as w
 
-from kit import settings
+from kit import checkpointing, settings
 from kit.fit import estimate_fit
 from kit.gpus import gpu_names
 from kit.lab import ui
@@ -29,8 +29,8 @@ from kit.units import GIB, parse_count
 #: each panel control's setting (a composite's first)
 BY_NAME = {s.name: s for s in reversed(SETTINGS)}
 #: the settings whose enabling the panel decides itself (the offloads' reasons, the swap folder's, the
-#: loss's choices for the model)
-OWN_RULES = ("loss", "offload_optimizer", "offload_param", "nvme_path")
+#: loss's choices for the model, DeepSpeed's checkpointing options with its checkpoint)
+OWN_RULES = ("loss", "offload_optimizer", "offload_param", "nvme_path", *checkpointing.DEEPSPEED_FIELDS)
 #: the tooltips of the controls that are not ZeRO settings (those carry their setting's help: ``ui.control``)
 TIPS = {
     "model_source": "where the model comes from: a preset, a Hugging Face config.json or model file, or a "
@@ -331,10 +331,17 @@ class MemoryPanel:
             for name, control in self.controls.items():
                 s = BY_NAME[name]
                 if s.group or s.field in OWN_RULES:
-                    continue  # what trains and the loss: their own choices; the offloads: above
+                    continue  # what trains, the loss: own choices; offloads above, ckpt options below
                 control.disabled = not settings.applies(s, stage, offloads, self.optimizer.value)
                 if control.disabled and s.field in ZEROPP_OFF:
                     control.value = ZEROPP_OFF[s.field]  # ZeRO++ is stage 3 only (kit.rules.zeropp_problem)
+            # DeepSpeed's checkpointing options act in its checkpoint: checkpointing on, policy full
+            on, _, policy = self.checkpointing.value
+            for field in checkpointing.DEEPSPEED_FIELDS:
+                control = self.controls[field]
+                control.disabled = not (on and policy == "full")
+                if control.disabled:
+                    control.value = False
 
     def _render(self) -> None:
         from kit.lab.plots import estimated_memory, peak_timeline
