@@ -28,10 +28,11 @@ Traces are cached per (model, micro batch, sequence length, precision, trainable
 an encoder-decoder model reads ``seq_len`` tokens and learns ``Batch.target_len`` labels), so panels
 stay live. A tensor's size is affine in the micro batch (the batch dimension, or none: a T5 position bias,
 a mask built once), and so are the live bytes after each allocation, though the moment of their peak
-moves with the micro batch (T5's, until 4 samples). Above ``LINE``'s samples a trace is drawn through
-those of 2, 3 and 4: the saved bytes on their line, the peak the largest of the live bytes after each
-allocation on theirs, where all lie on one (``Trace.line``), else traced itself. A search over micro
-batches (``kit.planning.plan.largest_micro_batch``) traces those three.
+moves with the micro batch (T5's, until 4 samples). Once a second micro batch above ``LINE``'s is asked
+of the same model and lengths (a search: ``kit.planning.plan.largest_micro_batch``), it and every later
+one are drawn through the traces of 2, 3 and 4 samples: the saved bytes on their line, the peak the
+largest of the live bytes after each allocation on theirs, where all lie on one (``Trace.line``), else
+traced itself; one micro batch alone is traced, one trace rather than three.
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ def activations(setup: Setup) -> Term:
 LINE = (2, 3, 4)
 #: the figures of a trace
 FIGURES = ("saved_bytes", "checkpointed_bytes", "peak_bytes")
+#: the micro batches above ``LINE`` asked of each (model, lengths, precision, subset): a second means a search
+_ASKED: dict[tuple, set[int]] = {}
 
 
 @lru_cache(maxsize=64)
@@ -124,12 +127,16 @@ def trace(
 ) -> Trace:
     """Trace ``spec``'s workload (``kit.workloads``) for one micro batch, trained with the trainable subset
     whose ``kit.trainable.key`` is ``subset`` (() or every parameter: the whole model), an encoder-decoder
-    model learning ``target_len`` labels (None: ``seq_len``); above ``LINE`` on the line through those
-    where they lie on one; see the module docstring."""
+    model learning ``target_len`` labels (None: ``seq_len``); from the second micro batch asked above
+    ``LINE`` on the line through those where they lie on one; see the module docstring."""
     if micro_batch > LINE[-1]:
-        drawn = _drawn([trace(spec, b, seq_len, precision, subset, target_len) for b in LINE], micro_batch)
-        if drawn is not None:
-            return drawn
+        asked = _ASKED.setdefault((spec, seq_len, precision, subset, target_len), set())
+        asked.add(micro_batch)
+        if len(asked) > 1:  # a search: three traces, then every micro batch off their lines
+            first = [trace(spec, b, seq_len, precision, subset, target_len) for b in LINE]
+            drawn = _drawn(first, micro_batch)
+            if drawn is not None:
+                return drawn
     traced = traced_at(spec, micro_batch, seq_len, precision, subset, target_len)
     return traced if micro_batch in LINE else replace(traced, levels=())
 
