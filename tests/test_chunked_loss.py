@@ -160,7 +160,8 @@ def test_cut_cross_entropy_keeps_no_logits_and_says_what_the_script_calls(capsys
     out = capsys.readouterr().out
     assert "Cut Cross-Entropy (Triton)" in out and "Cut Cross-Entropy's fp32 LSE" in out
     lora = estimate(Setup(model=m, zero={"loss": "cce", "lora_rank": 16}, batch=batch))  # the subset's text
-    assert "head: what the final norm and Cut Cross-Entropy save" in lora.terms["activations"].formula
+    says = lora.terms["activations"].formula
+    assert "head: what the final norm and the Cut Cross-Entropy loss save" in says
     assert main(["launch-cmd", "--model", "llama-3-8b", "--stage", "3", "--loss", "cce"]) == 0
     out = capsys.readouterr().out
     assert "linear_cross_entropy" in out and "register_external_parameter" in out

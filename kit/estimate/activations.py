@@ -21,7 +21,7 @@ from kit import sequence_parallel as ulysses
 from kit import trainable as subset
 from kit.estimate.result import NONE, Term
 from kit.families import FORMULA, SWIGLU
-from kit.loss import KEEPS
+from kit.loss import KEEPS, NAMES
 from kit.models import DIT_DEFAULTS, decoder_biases
 from kit.rules import FP32, element_bytes
 from kit.schema import Setup
@@ -444,8 +444,8 @@ def _subset_formula(setup: Setup) -> Term:
     z = setup.zero
     saved = _subset_saved(setup)
     what = f"{subset.describe(z)}: each op saves only what a gradient needs"
-    keeps = {"logits": "the fp32 log-softmax", "gradients": "the chunked loss", "input": "Cut Cross-Entropy"}
-    head = Term(saved.head, f"head: what the final norm and {keeps[KEEPS[z.loss]]} save")
+    loss = "the fp32 log-softmax" if z.loss == "plain" else f"the {NAMES[z.loss]}"
+    head = Term(saved.head, f"head: what the final norm and {loss} save")
     if not z.activation_checkpointing:
         return Term(sum(saved.blocks), f"{len(saved.blocks)} blocks ({what})") + head
     b, s, p = setup.batch.micro_batch, setup.rank_seq_len, element_bytes(z.precision)
