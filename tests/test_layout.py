@@ -173,13 +173,16 @@ def test_a_wheel_installed_outside_the_repo_answers_estimate(tmp_path):
 
     here = estimate(Setup(model=models.preset("llama-2-7b"), zero={"stage": 3}, batch={}))
     assert json.loads(done.stdout)["per_gpu_bytes"] == here.per_gpu_bytes
-    # the published runs and their models' configs are found inside the installed package
+    # the published runs and their models' configs are found inside the installed package (A18's GPT is
+    # data/published/models/megatron-gpt-18b.json; every row is tests/test_published.py's)
     done = subprocess.run(
-        [fresh / "bin" / "zerokit", "published", "--json"],
+        [fresh / "bin" / "zerokit", "published", "--id", "A18", "--json"],
         capture_output=True, text=True, cwd=elsewhere, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["summary"]["tables"]["memory"]["expressed"] > 0
+    (row,) = json.loads(done.stdout)["rows"]
+    assert row["setup"]["model"]["name"] == "megatron-gpt-18b" and row["reason"] is None
+    assert all(v["predicted_bytes"] > 0 for v in row["values"])
 
 
 def test_the_architecture_page_maps_every_module():

@@ -25,14 +25,15 @@ at their values failed (``aten._local_scalar_dense``, ``aten.nonzero``). DeBERTa
 classifier picks the labelled rows with ``(labels >= 0).nonzero()``. Those ops now run as they would for
 real; what autograd saves and the live bytes are counted alike for real and fake tensors.
 Traces are cached per (model, micro batch, sequence length, precision, trainable subset, decoder length:
-an encoder-decoder model reads ``seq_len`` tokens and learns ``Batch.target_len`` labels), so panels
-stay live. A tensor's size is affine in the micro batch (the batch dimension, or none: a T5 position bias,
-a mask built once), and so are the live bytes after each allocation, though the moment of their peak
-moves with the micro batch (T5's, until 4 samples). Once a second micro batch above ``LINE``'s is asked
-of the same model and lengths (a search: ``kit.planning.plan.largest_micro_batch``), it and every later
-one are drawn through the traces of 2, 3 and 4 samples: the saved bytes on their line, the peak the
-largest of the live bytes after each allocation on theirs, where all lie on one (``Trace.line``), else
-traced itself; one micro batch alone is traced, one trace rather than three.
+an encoder-decoder model reads ``seq_len`` tokens and learns ``Batch.target_len`` labels), in the process
+and on disk (``kit.estimate.trace_store``: a notebook, a search, a panel reopened later read them back),
+so panels stay live. A tensor's size is affine in the micro batch (the batch dimension, or none: a T5
+position bias, a mask built once), and so are the live bytes after each allocation, though the moment of
+their peak moves with the micro batch (T5's, until 4 samples). Once a second micro batch above
+``LINE``'s is asked of the same model and lengths (a search: ``kit.planning.plan.largest_micro_batch``),
+it and every later one are drawn through the traces of 2, 3 and 4 samples: the saved bytes on their line,
+the peak the largest of the live bytes after each allocation on theirs, where all lie on one
+(``Trace.line``), else traced itself; one micro batch alone is traced, one trace rather than three.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from __future__ import annotations
 import json
 import time
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
 from kit import trainable
@@ -137,8 +138,21 @@ def trace(
             drawn = _drawn(first, micro_batch)
             if drawn is not None:
                 return drawn
-    traced = traced_at(spec, micro_batch, seq_len, precision, subset, target_len)
+    traced = _stored(spec, micro_batch, seq_len, precision, subset, target_len)
     return traced if micro_batch in LINE else replace(traced, levels=())
+
+
+def _stored(spec: ModelSpec, *figures) -> Trace:
+    """``traced_at``'s trace, kept on disk by ``kit.estimate.trace_store`` (read back, or traced and kept)."""
+    from kit.estimate import trace_store
+
+    name = trace_store.key(spec, *figures)
+    kept = trace_store.load(name)
+    if kept is not None:
+        return Trace(**{**kept, "levels": tuple(kept["levels"])})
+    traced = traced_at(spec, *figures)
+    trace_store.save(name, {**asdict(traced), "levels": list(traced.levels)})
+    return traced
 
 
 def _drawn(first: list[Trace], micro_batch: int) -> Trace | None:
