@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+from kit.families import SWIGLU
+
 Loss = Literal["plain", "chunked", "cce"]
 LOSSES: tuple[str, ...] = get_args(Loss)
 #: what a panel offers: (label, ``ZeroSettings.loss``)
@@ -69,22 +71,27 @@ def label(loss: str) -> str:
     return {"chunked": "flce", "cce": "cce"}.get(loss, "")
 
 
+#: the families a fused loss is modelled for: Hugging Face's Llama-style decoders and GPT-2 (the kit's toy and
+#: Hugging Face's gpt2 presets, built alike: ``kit.workloads.toymodels.GPT``)
+FAMILIES = (*SWIGLU, "gpt2")
+
+
 def problem(zero, model) -> str | None:
     """Why ``model`` (a ``ModelSpec``) cannot train with ``zero``'s loss in the kit, or None."""
-    from kit.families import SWIGLU
-
     if zero.loss == "plain":
         return None
-    if model.family not in SWIGLU or model.source or not model.vocab:
+    if model.family not in FAMILIES or model.source or not model.vocab:
         return (
-            f"loss: the {NAMES[zero.loss]} is modelled for {', '.join(SWIGLU)} language models; {model.name} "
-            f"({model.family or 'no family'}) is not one"
+            f"loss: the {NAMES[zero.loss]} is modelled for {', '.join(FAMILIES)} language models; "
+            f"{model.name} ({model.family or 'no family'}) is not one"
         )
     return None
 
 
-def in_your_script(zero) -> str | None:
-    """What the training script must do for ``zero``'s loss (no ds_config key says it), or None."""
+def in_your_script(zero, model=None) -> str | None:
+    """What the training script must do for ``zero``'s loss (no ds_config key says it), or None; for a
+    ``model`` (a ``ModelSpec``) outside ``SWIGLU`` only the direct call (Liger's and CCE's patches cover
+    Hugging Face's Llama-style decoders, not GPT-2)."""
     if zero.loss == "plain":
         return None
     gather = (
@@ -93,14 +100,25 @@ def in_your_script(zero) -> str | None:
         if zero.stage == 3
         else ""
     )
+    patched = model is None or model.family in SWIGLU
     if zero.loss == "cce":
+        patch = (
+            "cut_cross_entropy.transformers.cce_patch(model) (its patch_llama, patch_mistral, "
+            "patch_qwen2), or "
+            if patched
+            else ""
+        )
         return (
-            "Cut Cross-Entropy loss: cut_cross_entropy.transformers.cce_patch(model) (its patch_llama, "
-            "patch_mistral, patch_qwen2), or from cut_cross_entropy import linear_cross_entropy; "
+            f"Cut Cross-Entropy loss: {patch}from cut_cross_entropy import linear_cross_entropy; "
             f"linear_cross_entropy(hidden, lm_head.weight, labels, shift=1) in your loop{gather}"
         )
+    patch = (
+        "HF Trainer --use_liger_kernel (liger_kernel.transformers.apply_liger_kernel_to_llama("
+        "fused_linear_cross_entropy=True)), or "
+        if patched
+        else ""
+    )
     return (
-        "chunked loss: HF Trainer --use_liger_kernel (liger_kernel.transformers.apply_liger_kernel_to_llama("
-        "fused_linear_cross_entropy=True)), or LigerFusedLinearCrossEntropyLoss()(lm_head.weight, hidden, "
-        f"labels) in your loop{gather}"
+        f"chunked loss: {patch}LigerFusedLinearCrossEntropyLoss()(lm_head.weight, hidden, labels) in your "
+        f"loop{gather}"
     )

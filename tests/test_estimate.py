@@ -225,9 +225,10 @@ def test_offload_moves_bytes_from_gpu_to_cpu():
 
 
 def gpt2_activation_terms(micro, seq):
-    """GPT-2 small: per-layer 16sbh + 2as^2b + 4sbf (eager attention, no dropout), head 4sbh + 4sbv."""
+    """GPT-2 small: per-layer 16sbh + 2as^2b + 4sbf (eager attention, no dropout) and its bool causal mask
+    s^2, head 4sbh + 4sbv."""
     sb, h, a, f, v = seq * micro, 768, 12, 3072, 50257
-    return 16 * sb * h + 2 * a * seq * sb + 4 * sb * f, 2 * sb * h, 4 * sb * h + 4 * sb * v
+    return 16 * sb * h + 2 * a * seq * sb + 4 * sb * f + seq * seq, 2 * sb * h, 4 * sb * h + 4 * sb * v
 
 
 def test_gpt2_activation_formula_exact():
@@ -235,7 +236,8 @@ def test_gpt2_activation_formula_exact():
     per_layer, _, logits = gpt2_activation_terms(2, 1024)
     assert estimate(s).components["activations"] == 12 * per_layer + logits
     double = s.replace(batch={"micro_batch": 4})
-    assert estimate(double).components["activations"] == 2 * (12 * per_layer + logits)
+    masks = 12 * 1024 * 1024  # one per layer whatever the micro batch
+    assert estimate(double).components["activations"] == 2 * (12 * per_layer + logits) - masks
 
 
 def test_activation_checkpointing_keeps_layer_inputs_and_one_layer():

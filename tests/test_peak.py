@@ -253,6 +253,13 @@ MODES = {
     "llama z3 lora all-linear dropout ckpt": _llama(
         stage=3, lora_rank=4, lora_targets=("all-linear",), lora_dropout=0.1, activation_checkpointing=True
     ),
+    # the toy GPT's fused losses (its labels are the next tokens: no shifted copy; a tied head, gathered at
+    # stage 3 by the wrapper; a LayerNorm's backward after the loss's)
+    "z0 chunked loss": _setup(stage=0, loss="chunked"),
+    "z2 cce": _setup(stage=2, loss="cce"),
+    "z3 chunked loss": _setup(stage=3, loss="chunked"),
+    "z3 cce ckpt": _setup(stage=3, loss="cce", activation_checkpointing=True),
+    "z1 cce fp32": _setup(stage=1, loss="cce", precision="fp32"),
 }
 #: (name, Setup) under DeepSpeed's Ulysses sequence parallelism on 2 ranks (``kit.sequence_parallel``): each
 #: rank holds half of each sequence, gradients are reduced in fp32
@@ -340,6 +347,7 @@ ALL = SETUPS + [s for _, s in ACCURACY]
 FOUR = [
     ("toy z3, 4 ranks", on_ranks(_setup(stage=3), 4)),
     ("toy z2, 4 ranks", on_ranks(_setup(stage=2), 4)),
+    ("toy z3 cce, 4 ranks", on_ranks(_setup(stage=3, loss="cce"), 4)),
     ("file z2, 4 ranks", on_ranks(_file(stage=2), 4)),
     ("file z3, 4 ranks", on_ranks(_file(stage=3), 4)),
     # Ulysses over all 4 (each rank a quarter of each sequence), with the chunked loss and checkpointing,
@@ -552,6 +560,10 @@ def test_each_training_mode_holds_its_states_to_the_byte_and_saves_what_its_grad
         chunked, cce = (config_id(on_ranks(_llama(stage=stage, loss=loss, **more), 2)) for loss in FUSED)
         assert first[chunked, 0] == pytest.approx(first[plain, 0], rel=2e-3)  # bf16 logits, fp32 softmax
         assert first[cce, 0] == pytest.approx(first[plain, 0], rel=2e-3)  # bf16 logits, fp32 LSE
+    # the toy GPT's: the same losses as its plain one's (tests/test_chunked_loss.py checks the gradients)
+    for stage, loss in ((0, "chunked"), (2, "cce"), (3, "chunked")):
+        plain, fused = (config_id(on_ranks(_setup(stage=stage, **more), 2)) for more in ({}, {"loss": loss}))
+        assert first[fused, 0] == pytest.approx(first[plain, 0], rel=2e-3), (stage, loss)
 
 
 def test_deepspeeds_cpu_checkpoints_stay_in_a_cpu_ranks_memory(sweep):

@@ -214,7 +214,8 @@ def test_a_traced_model_takes_frozen_embeddings_and_refuses_lora():
 
 def test_a_panel_offers_only_what_its_model_takes():
     """The comparison panel's dropdowns for a fixed model (``kit.lab.ui.trainable`` / ``loss`` with the
-    model): the toy GPT takes neither a subset nor the chunked loss, a traced model frozen embeddings only."""
+    model): the toy GPT takes no subset but every loss, a traced model frozen embeddings only and the plain
+    loss."""
     from kit import loss as losses
     from kit.lab import ui
     from kit.schema import ZeroSettings
@@ -225,7 +226,8 @@ def test_a_panel_offers_only_what_its_model_takes():
     assert [label for label, _ in trainable.choices(z, toy)] == ["every parameter"]
     assert [label for label, _ in trainable.choices(z, mixtral)] == ["every parameter", "frozen embeddings"]
     assert trainable.choices(z, models.preset("llama-2-7b")) == list(trainable.CHOICES)
-    assert losses.choices(z, toy) == [("plain", "plain")] and losses.choices(z, None) == list(losses.CHOICES)
+    assert losses.choices(z, toy) == losses.choices(z, None) == list(losses.CHOICES)
+    assert losses.choices(z, mixtral) == [("plain", "plain")]
     assert ui.trainable(z, toy).disabled and not ui.trainable(z).disabled
 
 

@@ -82,6 +82,7 @@ MODELS = (
     ("DeBERTa-v2-xlarge-mnli", "deberta-v2-xlarge-mnli.json"),  # its MNLI classifier (``architectures``)
     ("BlenderBot-400M-distill", "blenderbot-400m-distill.json"),
     ("t5-large", "t5-large.json"),
+    ("t5-3b", "t5-3b.json"),
 )
 #: (piece of a row's ``source``, why its sequence length is a maximum): the script pads each batch to its
 #: longest sample, so the run's batches were at most that long (data padding: what a row cannot show)
@@ -101,6 +102,7 @@ GPUS = (
     ("H200", 141, "H200-SXM-141GB"),
     ("H100", 80, "H100-SXM-80GB"),
     ("TITAN RTX", 24, "TITAN-RTX"),
+    ("RTX 3090", 24, "RTX-3090"),
 )
 #: units of ``value`` (``_bytes`` reads Megatron's "MB")
 UNITS = {"GiB": GIB, "MiB": MIB, "GB": 10**9}

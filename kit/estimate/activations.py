@@ -108,6 +108,9 @@ def formula(setup: Setup) -> Term:
         # output 2 x 2sbf (Korthikanti's 34sbh + 5as^2b keeps dropout masks and outputs as well).
         per_layer = (16 * sbh + 2 * as2b + 4 * sbf) * scale
         how = "16sbh + 2as^2b + 4sbf (eager attention, no dropout)"
+        if family == "gpt2":  # the kit's GPT: masked_fill saves each layer's causal mask (bool s x s)
+            per_layer += s * s
+            how = "16sbh + 2as^2b + 4sbf + s^2 (eager attention and its bool causal mask, no dropout)"
     z = setup.zero
     if subset.is_subset(z):
         return _off_the_gpu(setup, _subset_formula(setup))
@@ -292,6 +295,8 @@ def _head_activations(setup: Setup, scale: int) -> Term:
         return Term(
             norm + logits, f"head: final RMSNorm {norm // sbh}sbh, fp32 log-softmax 4sbv, v={m.vocab:,}"
         )
+    if setup.zero.loss != "plain":  # the final LayerNorm's input, and what the fused loss keeps
+        return fused_head(setup, 2 * scale * sbh, True)
     # final norm input and lm_head input 2 x 2sbh
     return Term(
         4 * sbh * scale + logits,
@@ -414,29 +419,37 @@ def _subset_saved(setup: Setup) -> Saved:
 
 def fused_head(setup: Setup, norm: int, trains: bool) -> Term:
     """The head under a fused loss (``kit.loss``): what the final norm keeps besides its output (``norm``
-    bytes) and what the loss keeps for backward instead of the fp32 log-softmax (``kit.loss.KEEPS``). The
-    chunked loss computes the head's gradients in its forward and keeps them: the input's (16-bit, b s h)
-    and, when the head trains, its weight's (16-bit, v h). Cut Cross-Entropy keeps its input, the norm's
-    output (16-bit, b s h, ``linear_cross_entropy(..., shift=1)``: no shifted copy), each token's fp32
-    log-sum-exp and target (int64; CCE's own: the valid tokens' int64 indices; with labels shifted before
-    a sequence-parallel split, the batch's ``shift_labels`` themselves)."""
+    bytes: an RMSNorm's fp32 input and normalised input, a LayerNorm's input) and what the loss keeps for
+    backward instead of the fp32 log-softmax (``kit.loss.KEEPS``). The chunked loss computes the head's
+    gradients in its forward and keeps them: the input's (16-bit, b s h) and, when the head trains, its
+    weight's (16-bit, v h). Cut Cross-Entropy keeps its input, the norm's output (16-bit, b s h,
+    ``linear_cross_entropy(..., shift=1)``: no shifted copy), each token's fp32 log-sum-exp and target
+    (int64; CCE's own: the valid tokens' int64 indices; with labels shifted before a sequence-parallel
+    split, the batch's ``shift_labels`` themselves; the kit's GPT's labels, the next tokens already)."""
     m, b, p = setup.model, setup.batch, element_bytes(setup.zero.precision)
     h, v = m.dims.hidden, m.dims.vocab  # a language model's: a fused loss needs its vocab (kit.loss)
     sbh = b.micro_batch * setup.rank_seq_len * h
+    final = f"final {final_norm(m)} {norm / sbh:g}sbh"
     if KEEPS[setup.zero.loss] == "input":
         tokens = b.micro_batch * setup.rank_seq_len
-        targets = 8 * tokens if setup.zero.sequence_parallel_size == 1 else 0
+        own = setup.zero.sequence_parallel_size == 1 and m.family in SWIGLU_FAMILIES
+        targets = 8 * tokens if own else 0
         return Term(
             norm + p * sbh + FP32 * tokens + targets,
-            f"head: final RMSNorm {norm / sbh:g}sbh + its output {p} B x b s h, Cut Cross-Entropy's fp32 LSE "
-            "4 B x b s" + (" and int64 targets 8 B x b s" if targets else ""),
+            f"head: {final} + its output {p} B x b s h, Cut Cross-Entropy's fp32 LSE 4 B x b s"
+            + (" and int64 targets 8 B x b s" if targets else ""),
         )
     grad_input, grad_weight = p * sbh, p * v * h * trains
     return Term(
         norm + grad_input + grad_weight,
-        f"head: final RMSNorm {norm / sbh:g}sbh, chunked loss's saved gradients {p} B x b s h"
+        f"head: {final}, chunked loss's saved gradients {p} B x b s h"
         + (f" + {p} B x v h (v={m.vocab:,})" if trains else ""),
     )
+
+
+def final_norm(model) -> str:
+    """The final norm's kind in ``model``'s family: Hugging Face's Llama-style RMSNorm, else LayerNorm."""
+    return "RMSNorm" if model.family in SWIGLU_FAMILIES else "LayerNorm"
 
 
 def _subset_formula(setup: Setup) -> Term:

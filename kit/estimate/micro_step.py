@@ -21,6 +21,7 @@ from kit.estimate.activations import (
     _head_activations,
     _subset_saved,
     also_saved,
+    final_norm,
     formula,
     fused_head,
 )
@@ -142,11 +143,17 @@ class Shape:
             per_layer = (full.bytes - head.bytes) // m.dims.layers
             recomputed = per_layer - also_saved(setup) if setup.zero.activation_checkpointing else 0
             self.first = Term(per_layer, "one block's saved activations")
+        self.block_forward = NONE
         if formulaic:
             self.forward = Term(
                 act.bytes - recomputed,
                 act.formula + (" - one layer recomputed in backward only" if recomputed else ""),
             )
+            if setup.zero.activation_checkpointing and (m.family in SWIGLU_FAMILIES or m.family == "gpt2"):
+                self.block_forward = _block_forward(setup, cpu)
+                self.checkpoints = Term(
+                    self.forward.bytes - head.bytes, f"{self.forward.formula} - the head's (not yet saved)"
+                )
             self.blocks = Term(act.bytes - head.bytes, f"{act.formula} - the head's {head.bytes:,} B (freed)")
             s, h, f = setup.rank_seq_len, m.dims.hidden, m.dims.ffn
             mb = b.micro_batch
@@ -186,7 +193,8 @@ class Shape:
 
 def _chunk(setup: Setup, cpu: CpuMatmul | None) -> tuple[Term, Term]:
     """The chunked loss's working set in its forward (``kit.loss``): the decoder's output (16-bit b s h, held
-    while the loss runs), its shifted copy the loss is given (b (s-1) h) and one chunk at a time: its
+    while the loss runs), a Hugging Face decoder's shifted copy the loss is given (b (s-1) h; the kit's GPT's
+    labels are the next tokens already) and one chunk at a time: its
     logits (16-bit, ``chunk_tokens`` x v) on a GPU (Liger's Triton kernel turns them into their gradient in
     registers); on CPU ranks (``cpu``: the plain-PyTorch version, ``kit.workloads.chunked_loss``) the
     largest of its steps, each holding the chunk's 16-bit logits or logit gradient (c x v) and what the step
@@ -204,7 +212,11 @@ def _chunk(setup: Setup, cpu: CpuMatmul | None) -> tuple[Term, Term]:
     new."""
     m, b, p = setup.model, setup.batch, element_bytes(setup.zero.precision)
     v, h, s = m.dims.vocab, m.dims.hidden, setup.rank_seq_len
-    if setup.zero.sequence_parallel_size == 1:  # a language model's: its hidden states, their shifted copy
+    if m.family not in SWIGLU_FAMILIES:  # the kit's GPT: its labels are the next tokens already, no copy
+        tokens = b.micro_batch * s
+        held = p * tokens * h
+        what = f"the decoder's output {p} B x b s h (labels the next tokens already: no copy)"
+    elif setup.zero.sequence_parallel_size == 1:  # a Hugging Face decoder: its output, their shifted copy
         tokens = b.micro_batch * (s - 1)
         held = p * (b.micro_batch * s + tokens) * h
         what = f"the decoder's output and its shifted copy {p} B x b (2s-1) h"
@@ -313,11 +325,12 @@ def cce_working_sets(setup: Setup, cpu: CpuMatmul | None) -> tuple[Term, Term]:
 
 def _fused(working_sets):
     """A fused loss's working sets (``working_sets(setup, cpu)``: forward, backward), its backward's or, if
-    larger, the final RMSNorm's right after it: the loss's saved tensors freed (``fused_head``), the input's
-    gradient the norm's incoming one (the weight's handed to the gradients), ``RMSNORM_BACKWARD_FP32`` fp32
-    b s h at once. With the head frozen the norm's is the larger (measured: the shrunk Llama under LoRA at
-    stage 3, tests/test_peak.py: Cut Cross-Entropy's backward +1.05 %, the chunked loss's +2.6 % without
-    it)."""
+    larger, the final norm's right after it: the loss's saved tensors freed (``fused_head``), the input's
+    gradient the norm's incoming one (the weight's handed to the gradients), and the norm's own: a Hugging
+    Face RMSNorm's ``RMSNORM_BACKWARD_FP32`` fp32 b s h at once, a LayerNorm's input gradient (one fused
+    kernel, ``native_layer_norm_backward``). With the head frozen the RMSNorm's is the larger (measured: the
+    shrunk Llama under LoRA at stage 3, tests/test_peak.py: Cut Cross-Entropy's backward +1.05 %, the
+    chunked loss's +2.6 % without it)."""
 
     def sets(setup: Setup, cpu: CpuMatmul | None) -> tuple[Term, Term]:
         forward, backward = working_sets(setup, cpu)
@@ -325,10 +338,14 @@ def _fused(working_sets):
         sbh = setup.batch.micro_batch * setup.rank_seq_len * m.dims.hidden
         listing = partition.listing(setup)
         saved = fused_head(setup, 0, listing is None or "lm_head" in listing.head).bytes
+        if m.family in SWIGLU_FAMILIES:
+            own, how = RMSNORM_BACKWARD_FP32 * FP32 * sbh, f"{RMSNORM_BACKWARD_FP32} x 4 B x b s h"
+        else:
+            own, how = p * sbh, f"its input's gradient {p} B x b s h"
         norm = Term(
-            RMSNORM_BACKWARD_FP32 * FP32 * sbh + p * sbh - saved,
-            f"the final RMSNorm's backward after the loss's: {RMSNORM_BACKWARD_FP32} x 4 B x b s h and its "
-            f"incoming gradient {p} B x b s h, less what the loss saved",
+            own + p * sbh - saved,
+            f"the final {final_norm(m)}'s backward after the loss's: {how} and its incoming gradient "
+            f"{p} B x b s h, less what the loss saved",
         )
         return forward, max(backward, norm, key=lambda t: t.bytes)
 
@@ -411,6 +428,44 @@ def _dequantized(setup: Setup, n: int, cpu: CpuMatmul | None) -> Term:
         subset.DEQUANTIZE_SCRATCH * chunk,
         f"{subset.DEQUANTIZE_SCRATCH} B x {chunk:,} (kit.workloads.nf4's chunk: codes, indices, values)",
     )
+
+
+def _block_forward(setup: Setup, cpu: CpuMatmul | None) -> Term:
+    """A checkpointed block's forward working set (run without autograd, so every intermediate is freed
+    once its consumer returns), besides its input, at the largest of its moments: GPT-2's (the kit's GPT,
+    eager attention: at its second bmm, or in the MLP the attention residual, the norm's output held by the
+    MLP's call, then the up-projection's output and its GELU, or the GELU's output and the
+    down-projection's), or a Llama-style block's MLP (the norm's output, the SiLU of the gate, the
+    up-projection's output and their product; SDPA's attention holds less). Measured op by op on the kit's
+    GPT (tests/test_peak.py). On CPU ranks in bf16 each
+    projection's ``mm`` also allocates oneDNN's scratch (``kit.estimate.cpu_matmul``: the kit's GPT's
+    ``Conv1D`` multiplies x by its weight, ``nn.Linear`` x by its weight's transpose)."""
+    m, p = setup.model, element_bytes(setup.zero.precision)
+    tokens, h, f = setup.batch.micro_batch * setup.rank_seq_len, m.dims.hidden, m.dims.ffn
+    sbh, sbf = p * tokens * h, p * tokens * f
+    llama = m.family in SWIGLU_FAMILIES
+
+    def scratch(inner: int, cols: int) -> int:
+        if cpu is None or p != 2:
+            return 0
+        return bf16_mm_scratch(tokens, inner, cols, False, cpu, transposed_b=llama)
+
+    if llama:  # at the product, then at down_proj (the product, its output and the mm's scratch)
+        work = max(2 * sbh + 3 * sbf, 3 * sbh + sbf + scratch(f, h), 2 * sbh + 2 * sbf + scratch(h, f))
+        what = "the norm's output, SiLU(gate), up and their product: 2 x b s h + 3 x b s f"
+    else:  # at the GELU, then at the down-projection (c_fc's output freed once the GELU returns); before
+        # them at attention's second bmm: the norm's output, c_attn's (3 b s h), the masked scores and their
+        # softmax (a s^2 b each), v's and the product's b s h, and the causal mask (bool s^2)
+        s, a = setup.rank_seq_len, m.dims.heads
+        attention = 6 * sbh + 2 * p * a * s * s * setup.batch.micro_batch + s * s
+        mlp = max(2 * sbh + 2 * sbf, 3 * sbh + sbf + scratch(f, h), 2 * sbh + sbf + scratch(h, f))
+        work = max(attention, mlp)
+        what = (
+            "attention's (6 x b s h + 2 x a s^2 b + the bool mask) or the MLP's (the attention residual, the "
+            "norm's output, c_fc's output and its GELU: 2 x b s h + 2 x b s f)"
+        )
+    cpu_note = " (and oneDNN's bf16 mm scratch)" if cpu is not None and p == 2 else ""
+    return Term(work, f"a checkpointed block's forward, no autograd: {what}, {p} B each{cpu_note}")
 
 
 def _weight_grad_scratch(setup: Setup, cpu: CpuMatmul | None) -> Term:

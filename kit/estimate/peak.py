@@ -12,7 +12,9 @@ takes the largest of a few moments, each a sum of ``Term``s by category (``CATEG
   at stage 1 with gradient accumulation the ipg bucket of micro-step 0 (released at the boundary); with
   FSDP the root unsharded (every unit with ``fsdp-grad-op``) and the last all-gather's output. At stage 3
   over gloo also at the last all-gather (the blocks' activations, every tensor gathered so far and gloo's
-  flat copy of the one it gathers), if that is larger.
+  flat copy of the one it gathers), and with checkpointing in the last block's forward (every block's
+  input, the block's working set without autograd: ``micro_step._block_forward``; under a fused loss it
+  can exceed the loss's), if that is larger.
 - **backward**, (a) at the loss's backward: every saved activation, plus the fp32 gradients of the
   logits ``nll_loss_backward`` and ``log_softmax_backward`` make (4 B x b s v each); (b) in the last
   block's backward: the gradient bucket stages 1-2 allocate at the first gradient hook
@@ -171,6 +173,13 @@ def timeline(
             Component.BUFFERS: resident[Component.BUFFERS] + held,
             Component.ACTIVATIONS: shape.blocks,
             "temporaries": shape.batch + copy,
+        }
+    if shape.block_forward.bytes:  # checkpointed: the last block's forward, its inputs so far held
+        forwards["in the last block's forward"] = {
+            **resident,
+            Component.BUFFERS: resident[Component.BUFFERS] + held,
+            Component.ACTIVATIONS: shape.checkpoints,
+            "temporaries": shape.batch + shape.block_forward,
         }
     moments["forward"], forward = _largest(forwards)
     backward_at_loss = {

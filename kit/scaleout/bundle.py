@@ -138,7 +138,7 @@ class Bundle:
             "files": files or {},
             "checkpointing": checkpointing.in_your_script(zero),
             "trainable": trainable.in_your_script(zero),
-            "loss": losses.in_your_script(zero),
+            "loss": losses.in_your_script(zero, self.setup.model),
             "sequence_parallel": ulysses.in_your_script(zero),
         }
         if self.request.docker:

@@ -16,9 +16,9 @@ input's gradient and writes the weight's rows. The Triton kernels keep a block i
 block's logits and their fp32 upcast are tensors (the estimate counts them on CPU ranks), and no block is
 skipped (CCE's gradient filter, a speed matter, changes no byte).
 
-``ChunkedLoss`` wraps a Hugging Face decoder so that its forward ends in either; at ZeRO-3 the head's
-weight is registered on the wrapper (``register_external_parameter``), so DeepSpeed gathers it for the
-wrapper's forward and backward although ``lm_head`` itself never runs.
+``ChunkedLoss`` wraps a Hugging Face decoder or the kit's GPT so that its forward ends in either; at ZeRO-3
+the head's weight is registered on the wrapper (``register_external_parameter``), so DeepSpeed gathers it
+for the wrapper's forward and backward although ``lm_head`` itself never runs.
 
 What it cannot see: label smoothing, z-loss, a softcap on the logits and a head with a bias.
 """
@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from kit.loss import CCE_BLOCK_V, chunk_tokens
+from kit.workloads.toymodels import GPT
 
 IGNORE = -100
 
@@ -132,18 +133,22 @@ FUNCTIONS = {"chunked": FusedLinearCrossEntropy, "cce": CutCrossEntropy}
 
 
 class ChunkedLoss(torch.nn.Module):
-    """A Hugging Face causal LM whose forward ends in a fused loss (``FUNCTIONS``) instead of its logits and
-    ``cross_entropy``, the head never called: the chunked loss takes the decoder's output less each
-    sequence's last token and the labels shifted by one (as Liger's ``lce_forward`` does); Cut
-    Cross-Entropy the decoder's output itself and the shifted labels, each sequence's last token without
+    """A causal LM whose forward ends in a fused loss (``FUNCTIONS``) instead of its logits and
+    ``cross_entropy``, the head never called. A Hugging Face decoder's: the chunked loss takes the decoder's
+    output less each sequence's last token and the labels shifted by one (as Liger's ``lce_forward`` does);
+    Cut Cross-Entropy the decoder's output itself and the shifted labels, each sequence's last token without
     one (as ``linear_cross_entropy(..., shift=1)``: no shifted copy of the output). ``shift_labels`` (a
-    sequence-parallel split's) give every token its target as they are."""
+    sequence-parallel split's) give every token its target as they are, as do the kit's GPT's labels (the
+    next tokens already: ``kit.workloads.toymodels.GPT``), whose loss is returned as its forward's is."""
 
     def __init__(self, lm, loss: str = "chunked") -> None:
         super().__init__()
         self.lm, self.function = lm, FUNCTIONS[loss]
 
     def forward(self, input_ids, labels, shift_labels=None, **kwargs):
+        if isinstance(self.lm, GPT):  # labels are the next tokens: every token has its target
+            hidden = self.lm.hidden_states(input_ids)
+            return self.function.apply(hidden.view(-1, hidden.shape[-1]), head(self.lm), labels.reshape(-1))
         from transformers.modeling_outputs import CausalLMOutput
 
         hidden = self.lm.get_decoder()(input_ids=input_ids, **kwargs).last_hidden_state
@@ -156,8 +161,13 @@ class ChunkedLoss(torch.nn.Module):
         else:
             shifted = hidden[:, :-1, :].contiguous().view(-1, hidden.shape[-1])
             targets = labels[:, 1:].contiguous().view(-1)
-        loss = self.function.apply(shifted, self.lm.get_output_embeddings().weight, targets)
+        loss = self.function.apply(shifted, head(self.lm), targets)
         return CausalLMOutput(loss=loss)
+
+
+def head(lm) -> torch.Tensor:
+    """The head's weight of ``lm`` (the kit's GPT or a Hugging Face causal LM)."""
+    return lm.lm_head.weight if isinstance(lm, GPT) else lm.get_output_embeddings().weight
 
 
 def wrap(model, stage: int, loss: str = "chunked"):
@@ -167,5 +177,5 @@ def wrap(model, stage: int, loss: str = "chunked"):
     if stage == 3:
         import deepspeed
 
-        deepspeed.zero.register_external_parameter(wrapped, model.get_output_embeddings().weight)
+        deepspeed.zero.register_external_parameter(wrapped, head(model))
     return wrapped

@@ -143,13 +143,17 @@ class GPT(nn.Module):
         if spec.tied_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The final norm's output: what the head (or a fused loss, ``kit.workloads.chunked_loss``) takes."""
         body = self.transformer
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = body.wte(input_ids) + body.wpe(positions)
         for block in body.h:
             x = block(x)
-        logits = self.lm_head(body.ln_f(x))
+        return body.ln_f(x)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.lm_head(self.hidden_states(input_ids))
         if labels is None:
             return logits
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
