@@ -20,6 +20,13 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def saved_bytes(model: torch.nn.Module, batch: int, seq: int, vocab: int) -> int:
+    """What a Hugging Face causal LM's forward saves on random token ids (its own labels)."""
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
+    return saved_by(model, input_ids=ids, labels=ids)
+
+
+def saved_by(model: torch.nn.Module, *args, **kwargs) -> int:
+    """Bytes of the distinct storages autograd saves in ``model(*args, **kwargs)``, parameters excluded."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
@@ -29,9 +36,8 @@ def saved_bytes(model: torch.nn.Module, batch: int, seq: int, vocab: int) -> int
             seen.setdefault(storage.data_ptr(), storage.nbytes())
         return t
 
-    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids)
+        model(*args, **kwargs)
     return sum(seen.values())
 
 

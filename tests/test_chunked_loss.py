@@ -13,7 +13,7 @@ from kit.cli import main
 from kit.estimate import estimate
 from kit.schema import Setup
 from kit.workloads import adapters, chunked_loss
-from tests.test_activations import DTYPES, TOLERANCE, config_and_setup
+from tests.test_activations import DTYPES, TOLERANCE, config_and_setup, saved_by, saved_bytes
 
 
 def test_chunk_size_follows_liger():
@@ -108,19 +108,7 @@ def test_what_a_fused_loss_keeps_is_the_estimate(loss, config, precision, zero):
     config, setup = config_and_setup(config, precision=precision, loss=loss, **zero)
     torch.manual_seed(0)
     lm = adapters.apply(AutoModelForCausalLM.from_config(config), setup.zero).to(DTYPES[precision]).train()
-    model = chunked_loss.wrap(lm, stage=0, loss=loss)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
-            seen.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        return t
-
-    ids = torch.randint(0, config.vocab_size, (2, 96), generator=torch.Generator().manual_seed(0))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids)
-    saved = sum(seen.values())
+    saved = saved_bytes(chunked_loss.wrap(lm, stage=0, loss=loss), 2, 96, config.vocab_size)
     assert saved == pytest.approx(estimate(setup).components["activations"], rel=TOLERANCE)
 
 
@@ -195,18 +183,8 @@ def test_the_toy_gpt_ends_in_each_fused_loss_with_the_plain_loss_and_gradients(f
     setup = Setup(
         model=spec, zero={"precision": "fp32", "loss": fused}, batch={"micro_batch": 2, "seq_len": 16}
     )
-    wrapped = chunked_loss.wrap(model.float(), stage=2, loss=fused)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
-            seen.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        wrapped(ids, labels)
-    kept = sum(seen.values()) - 8 * ids.numel() * (fused == "cce")  # CCE keeps the batch's labels
+    saved = saved_by(chunked_loss.wrap(model.float(), stage=2, loss=fused), ids, labels)
+    kept = saved - 8 * ids.numel() * (fused == "cce")  # CCE keeps the batch's labels
     assert kept == pytest.approx(estimate(setup).components["activations"], rel=TOLERANCE)
     assert main(["launch-cmd", "--model", "toy", "--stage", "3", "--loss", fused]) == 0
     out = capsys.readouterr().out

@@ -40,6 +40,25 @@ def test_the_matmul_flops_are_six_per_parameter_and_token_less_the_embedding():
     assert ckpt.block_flash_flops == pytest.approx(w.block_flash_flops * 4.5 / 3.5)
 
 
+def test_a_fused_loss_moves_fewer_logit_bytes_and_cut_cross_entropy_computes_them_twice():
+    """The head's matmuls and the loss's logit bytes per loss (``kit.loss``): the chunked loss runs the same
+    three head matmuls with 6 B per logit instead of the plain loss's fp32 38; Cut Cross-Entropy moves none
+    and recomputes the logits in its backward (a fourth head matmul)."""
+    plain, chunked, cce = (
+        kernels.work(setup("llama-3-8b", loss=loss)) for loss in ("plain", "chunked", "cce")
+    )
+    logits = 2 * 4096 * 128_256
+    assert (plain.rest_memory_bytes, chunked.rest_memory_bytes, cce.rest_memory_bytes) == (
+        38 * logits, 6 * logits, 0
+    )  # fmt: skip
+    assert chunked.rest_gemm_flops == plain.rest_gemm_flops
+    assert sum(cce.rest_gemm_flops) == pytest.approx(sum(plain.rest_gemm_flops) * 4 / 3)
+    assert chunked.block_gemm_flops == cce.block_gemm_flops == plain.block_gemm_flops
+    assert "head and Cut Cross-Entropy loss (0 B per logit, the logits computed again" in cce.formula
+    # on an H100 the chunked loss is the faster: the fp32 logits' traffic gone, nothing recomputed
+    assert seconds(setup("llama-3-8b", loss="chunked")) < seconds(setup("llama-3-8b"))
+
+
 def test_eager_attention_multiplies_the_full_scores_and_moves_them_through_memory():
     s = setup("gpt2-xl", micro_batch=1, seq_len=512)
     w = kernels.work(s)
@@ -62,7 +81,7 @@ def test_a_large_step_is_bound_by_its_matmuls_and_a_small_one_by_its_host():
     assert seconds(big) > big.model.layers * w.block_host_s  # the GPU is the slower one
     small = setup("gpt2", micro_batch=1, seq_len=128)
     ws = kernels.work(small)
-    rest = {"rest_gemm_flops": (0.0,) * 3, "rest_gemm_bytes": (0.0,) * 3, "rest_memory_bytes": 0.0}
+    rest = {"rest_gemm_flops": (0.0,) * 4, "rest_gemm_bytes": (0.0,) * 4, "rest_memory_bytes": 0.0}
     rest |= {"rest_host_s": 0.0}
     blocks = kernels.block_seconds(replace(ws, **rest), **H100, efficiency=0.8)
     assert blocks == pytest.approx(small.model.layers * ws.block_host_s)  # every block waits on the host
@@ -161,3 +180,23 @@ def test_the_step_op_counts_are_deepspeeds():
         kernels.STEP_OPS_PER_TENSOR["ddp"],
         kernels.STEP_OPS_PER_TENSOR["fsdp"],
     )
+
+
+def test_qlora_dequantizes_every_block_weight_before_each_matmul_and_lora_dropout_copies_each_input():
+    """QLoRA (bitsandbytes' ``MatMul4Bit``): 0.5 B read and 2 B written per weight element before the
+    forward's and the input gradient's matmul, and the recomputed forward's; LoRA's dropout: each adapted
+    projection's own dropped copy of its input (peft), its mask, and its backward."""
+    lora = {"lora_rank": 16, "lora_targets": ("all-linear",)}
+    plain = kernels.work(setup("llama-2-7b", **lora))
+    qlora = kernels.work(setup("llama-2-7b", qlora=True, **lora))
+    m = models.preset("llama-2-7b")
+    weights = 4 * m.hidden**2 + 3 * m.hidden * m.ffn  # q k v o, gate up down (no GQA)
+    assert qlora.block_memory_bytes - plain.block_memory_bytes == pytest.approx(2.5 * weights * 2)
+    ckpt = kernels.work(setup("llama-2-7b", qlora=True, activation_checkpointing=True, **lora))
+    plain_ckpt = kernels.work(setup("llama-2-7b", activation_checkpointing=True, **lora))
+    assert ckpt.block_memory_bytes - plain_ckpt.block_memory_bytes == pytest.approx(2.5 * weights * 3)
+    assert "4-bit weights dequantized before each matmul" in qlora.formula
+    dropout = kernels.work(setup("llama-2-7b", lora_dropout=0.1, **lora))
+    tokens, dropped = 2 * 4096, 6 * m.hidden + m.ffn  # q k v o gate up read h wide, down f wide
+    assert dropout.block_memory_bytes - plain.block_memory_bytes == pytest.approx(dropped * tokens * (5 + 4))
+    assert seconds(setup("llama-2-7b", lora_dropout=0.1, **lora)) > seconds(setup("llama-2-7b", **lora))

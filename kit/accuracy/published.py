@@ -43,6 +43,7 @@ from kit import models
 from kit.accuracy import published_steps
 from kit.accuracy.published_reasons import feature_reason, fsdp1
 from kit.accuracy.published_steps import Timing
+from kit.estimate import trace
 from kit.estimate.memory import estimate
 from kit.fit import estimate_fit
 from kit.paths import PUBLISHED
@@ -480,39 +481,26 @@ def compare(row: dict[str, Any]) -> Comparison:
         if not values:
             notes.append(f"not compared: the kit predicts no {row['measured_what']!r}")
         return Comparison(row, what, setup, notes=tuple(notes), values=values)
+    with trace.searching():  # the row's micro batches, then the largest that fits: one search
+        return _checked(row, what, setup, notes)
+
+
+def _checked(row: dict[str, Any], what: str, setup: Setup, notes: list[str]) -> Comparison:
+    """A fit row's checks at its micro batches, and the largest micro batch the kit says fits."""
     checks = []
     for micro_batch, fits, largest in _boundaries(row, notes):
-        at = (
-            setup
-            if micro_batch == setup.batch.micro_batch
-            else setup.replace(batch={"micro_batch": micro_batch})
-        )
-        est = estimate(at)
+        est = estimate(setup.replace(batch={"micro_batch": micro_batch}))
         assert est.peak_tensor_bytes is not None  # the deepspeed formula's estimate has a timeline
         verdict = estimate_fit(est)
         measured, predicted = ("fits" if ok else "OOM" for ok in (fits, verdict.ok))
         checks.append(
-            Check(
-                micro_batch,
-                measured,
-                predicted,
-                verdict.need,
-                verdict.capacity,
-                verdict.problem,
-                est.peak_tensor_bytes,
-                largest,
-            )  # fmt: skip
-        )
+            Check(micro_batch, measured, predicted, verdict.need, verdict.capacity, verdict.problem,
+                  est.peak_tensor_bytes, largest)
+        )  # fmt: skip
     reading = _bytes(row, row["value"], row["unit"]) if row.get("value") is not None else None
-    return Comparison(
-        row,
-        what,
-        setup,
-        notes=tuple(notes),
-        checks=tuple(checks),
-        measured_bytes=reading,
-        largest_micro_batch=largest_micro_batch(setup, limit=MAX_MICRO_BATCH),
-    )
+    largest_fitting = largest_micro_batch(setup, limit=MAX_MICRO_BATCH)
+    return Comparison(row, what, setup, notes=tuple(notes), checks=tuple(checks), measured_bytes=reading,
+                      largest_micro_batch=largest_fitting)  # fmt: skip
 
 
 def _predicted(est, quantity: str) -> tuple[int, str]:

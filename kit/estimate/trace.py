@@ -33,7 +33,8 @@ their peak moves with the micro batch (T5's, until 4 samples). Once a second mic
 ``LINE``'s is asked of the same model and lengths (a search: ``kit.planning.plan.largest_micro_batch``),
 it and every later one are drawn through the traces of 2, 3 and 4 samples: the saved bytes on their line,
 the peak the largest of the live bytes after each allocation on theirs, where all lie on one
-(``Trace.line``), else traced itself; one micro batch alone is traced, one trace rather than three.
+(``Trace.line``), else traced itself; one micro batch alone is traced, one trace rather than three, unless
+asked inside ``searching()`` (a search declared as such: drawn from the first).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from __future__ import annotations
 import json
 import time
 import weakref
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
@@ -115,6 +117,20 @@ LINE = (2, 3, 4)
 FIGURES = ("saved_bytes", "checkpointed_bytes", "peak_bytes")
 #: the micro batches above ``LINE`` asked of each (model, lengths, precision, subset): a second means a search
 _ASKED: dict[tuple, set[int]] = {}
+#: open ``searching()`` blocks: their micro batches above ``LINE`` are drawn at once
+_SEARCHES = [0]
+
+
+@contextmanager
+def searching():
+    """A block that will ask several micro batches of the same model (a search, a published row's checks):
+    every one above ``LINE`` is drawn through the traces at ``LINE`` from the first, not only from the
+    second (three small traces instead of one more large one)."""
+    _SEARCHES[0] += 1
+    try:
+        yield
+    finally:
+        _SEARCHES[0] -= 1
 
 
 @lru_cache(maxsize=64)
@@ -133,7 +149,7 @@ def trace(
     if micro_batch > LINE[-1]:
         asked = _ASKED.setdefault((spec, seq_len, precision, subset, target_len), set())
         asked.add(micro_batch)
-        if len(asked) > 1:  # a search: three traces, then every micro batch off their lines
+        if len(asked) > 1 or _SEARCHES[0]:  # a search: three traces, then every micro batch off their lines
             first = [trace(spec, b, seq_len, precision, subset, target_len) for b in LINE]
             drawn = _drawn(first, micro_batch)
             if drawn is not None:

@@ -6,8 +6,10 @@ same ones. Each trace is one JSON file under ``ZEROKIT_CACHE`` (default ``$XDG_C
 ``~/.cache/zerokit``; ``off`` keeps nothing), named by a hash of everything that decides it: the model (its
 settings; for a model file, the file's bytes), the micro batch, the lengths, the precision, the trainable
 subset, the versions of torch, transformers and peft, and every source file of ``kit``: a change to any of
-them traces afresh. A trace that fails is never kept (its error is raised again). Cannot see: what a model
-file imports from elsewhere, and a model given as a module name rather than a file (neither is kept).
+them traces afresh. A trace that fails is never kept (its error is raised again). The ranks of a run trace
+where they run (``kit.ranks.worker`` turns the store off: a model file may behave otherwise there). Cannot
+see: what a model file imports from elsewhere or reads from its environment, and a model given as a module
+name rather than a file (not kept).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from kit import model_files, monitor
 from kit.components import Component
+from kit.estimate import trace_store
 from kit.records import PROBES, append_record, emit
 from kit.rules import Offload
 from kit.specs import SweepConfig, SweepSpec
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     from kit.ranks import engine
 
     spec, rank, world = engine.join(argv, "Run a zero-kit launch spec on this rank.", SweepSpec)
+    # a rank traces its model where it runs (kit.estimate.trace_store off): a model file may behave
+    # otherwise here than in the process that launched it (another environment, another device)
+    os.environ[trace_store.ENV] = "off"
     setups = [c.setup for c in spec.configs]
     if any(s.zero.nvme for s in setups):
         # NVMe offload's async_io op, JIT-built the first time (minutes): during the launch's startup
@@ -91,7 +95,7 @@ def run_config(spec: SweepSpec, config: SweepConfig, rank: int, world: int) -> s
         oom = isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
         # the kit's one-line errors already say where; anything else gets its (user's) last frame
         mine = isinstance(error, ValueError) and str(error).startswith("model: ")
-        text = str(error) if mine else model_files.where(error, setup.model.source)
+        text = str(error) if mine else model_files.blamed(error, setup.model.source)
         append_record(spec.records, {**base, "status": "oom" if oom else "error", "error": text})
         _beat(spec, base, status="failed", error=text.splitlines()[0] if text else None)
         if rank == 0:

@@ -12,7 +12,9 @@ Device, per transformer block and for the head (embedding, final norm, LM head a
   against two), at ``FLASH_EFFICIENCY`` of peak; eager attention multiplies the full s x s scores and
   moves them through memory ``EAGER_PASSES`` times (scale, mask, softmax, their backward);
 - elementwise ops (norms, residual adds, the activation, rotary) move their tensors through memory
-  (``ELEMENTWISE``, element passes per token), the loss its fp32 logits (``LOSS_BYTES_PER_LOGIT``);
+  (``ELEMENTWISE``, element passes per token), the loss its logits (``LOSS_BYTES_PER_LOGIT``: the plain
+  loss's fp32 ones, a fused loss's chunks or none); Cut Cross-Entropy computes the head's logits again in
+  its backward (a fourth head matmul);
 - activation checkpointing runs each block's forward again in backward.
 Host: eager PyTorch launches every op from the CPU (``OPS_PER_BLOCK``, counted by dispatching Hugging
 Face's blocks, x ``HOST_US_PER_OP``) and ZeRO's hooks do Python bookkeeping per parameter tensor
@@ -36,6 +38,7 @@ from typing import Any
 from kit import models
 from kit.estimate import partition
 from kit.estimate.activations import SWIGLU_FAMILIES, projection_flops, recomputed, recomputed_share
+from kit.loss import NAMES
 from kit.rules import Offload, element_bytes
 from kit.schema import ModelSpec, Setup
 
@@ -56,9 +59,14 @@ ELEMENTWISE = {
     "gpt2": {"h": 10, "kv": 0, "f": 2},
     "swiglu": {"h": 20, "kv": 6, "f": 5},
 }
-#: bytes moved per logit by the loss: the 16-bit logits upcast to fp32 (2 + 4), log-softmax (4 + 4 + 4),
-#: its gradient (4 + 4) and the downcast (4 + 2), plus the head's gradient read (2)
-LOSS_BYTES_PER_LOGIT = 38
+#: bytes moved per logit by each loss (``kit.loss``). The plain one: the 16-bit logits upcast to fp32
+#: (2 + 4), log-softmax (4 + 4 + 4), its gradient (4 + 4) and the downcast (4 + 2), plus the head's gradient
+#: read (2). The chunked loss: a chunk's 16-bit logits written by their matmul, read and overwritten by their
+#: gradient in Liger's cross-entropy kernel (2 + 2 + 2). Cut Cross-Entropy: none (its tiles stay on chip)
+LOSS_BYTES_PER_LOGIT = {"plain": 38, "chunked": 6, "cce": 0}
+#: bytes per element a 4-bit NF4 weight's dequantization reads: its packed codes (half a byte), the
+#: double-quantized absmax (a byte per 64 elements) ignored
+NF4_READ = 0.5
 #: aten ops one block dispatches, forward and backward, counted with a TorchDispatchMode on Hugging
 #: Face's GPT2Block and LlamaDecoderLayer (transformers 5, tests/test_kernels.py recounts them), and the
 #: ops outside the blocks (embedding, final norm, head, loss)
@@ -151,9 +159,10 @@ class Work:
 
 
 #: matmul entries per block (4 linears + 2 eager attention matmuls, each forward, input and weight
-#: gradient, and a recomputed forward) and outside the blocks (the head, 3 passes)
+#: gradient, and a recomputed forward) and outside the blocks (the head: 3 passes, Cut Cross-Entropy's
+#: recomputed logits a fourth)
 GEMMS = 24
-REST_GEMMS = 3
+REST_GEMMS = 4
 
 
 def _gemm(m: int, n: int, k: int, p: int, batch: int = 1) -> tuple[float, float, float]:
@@ -183,8 +192,20 @@ def work(setup: Setup) -> Work:
     m, b, z = setup.model, setup.batch, setup.zero
     return _work(
         m, b.micro_batch, b.seq_len, z.precision, _again(setup), z.engine, z.stage, _grads(setup),
-        z.sequence_parallel_size,
+        z.sequence_parallel_size, z.loss, z.qlora, _dropped(setup),
     )  # fmt: skip
+
+
+def _dropped(setup: Setup) -> float:
+    """Elements per token and block that LoRA's dropout drops (each adapted projection's input width, peft's
+    dropout before its A); 0 without it."""
+    z = setup.zero
+    listing = partition.listing(setup) if z.lora_dropout else None
+    if listing is None or not listing.blocks:
+        return 0.0
+    h, f = setup.model.dims.hidden, setup.model.dims.ffn
+    width = {"q": h, "k": h, "v": h, "o": h, "gate": h, "up": h, "down": f}
+    return sum(width.get(n, 0) for block in listing.blocks for n in block.adapted) / len(listing.blocks)
 
 
 #: the four linears a block's work groups, by the parts of ``kit.workloads.adapters.Block``
@@ -229,9 +250,16 @@ def _work(
     stage: int,
     grads: tuple[float, ...] = (1.0,) * 5,
     sp: int = 1,
+    loss: str = "plain",
+    qlora: bool = False,
+    dropped: float = 0.0,
 ) -> Work:
     """``sp`` > 1: Ulysses (``kit.sequence_parallel``): a rank runs every layer but attention on its
-    ``seq / sp`` tokens, attention on the whole sequence with ``heads / sp`` heads."""
+    ``seq / sp`` tokens, attention on the whole sequence with ``heads / sp`` heads. ``loss``: the head's
+    loss (``kit.loss``). ``qlora``: each block linear's 4-bit weight dequantized to 16 bits before each
+    of its matmuls (bitsandbytes' ``MatMul4Bit``: forward, input gradient, recomputed forward), reading
+    ``NF4_READ`` and writing ``p`` bytes per element, one more kernel each. ``dropped``: LoRA dropout's
+    elements per token and block (read, written and a bool mask, forward; read and written, backward)."""
     p = element_bytes(precision)
     tokens = micro * seq // sp
     events = HOOK_EVENTS[engine]
@@ -278,22 +306,35 @@ def _work(
     per_token = passes["h"] * h + passes["kv"] * kv + passes["f"] * f
     memory += per_token * tokens * p * (elementwise + 2)
     ops_forward, ops_backward = OPS_PER_BLOCK[style]
-    block_host = (ops_forward * elementwise + ops_backward) * HOST_US_PER_OP * 1e-6 + hooks / layers
-    head = _train(tokens, m.vocab or 1, h, p, grad=grads[4]) if m.vocab else []
+    extra_ops, extra = 0.0, ""
+    if qlora:  # every block linear's weight dequantized before each of its matmuls
+        uses = [2 + share for share in again[:4]]
+        weights = [n_out * k_in for n_out, k_in in linears]
+        memory += sum((NF4_READ + p) * n * u for n, u in zip(weights, uses, strict=True))
+        extra_ops += len(GROUPS) * sum(uses) / len(uses)
+        extra += ", 4-bit weights dequantized before each matmul"
+    if dropped:  # LoRA's dropout: forward reads, writes and masks; backward reads and writes
+        memory += dropped * tokens * ((2 * p + 1) * elementwise + 2 * p)
+        extra += f", LoRA dropout over {dropped:g} elements per token"
+    ops = ops_forward * elementwise + ops_backward + extra_ops
+    block_host = ops * HOST_US_PER_OP * 1e-6 + hooks / layers
+    recompute = 1.0 if loss == "cce" else 0.0  # CCE's backward computes the logits again
+    head = _train(tokens, m.vocab or 1, h, p, again=recompute, grad=grads[4]) if m.vocab else []
     rest_ops = sum(OPS_OUTSIDE[style])
     flops, nbytes, tiles = _pad(block, GEMMS)
     rest_flops, rest_bytes, rest_tiles = _pad(head, REST_GEMMS)
     formula = (
         f"{layers} blocks x max(device: 4 linears x {2 + sum(grads[:4]) / 4 + sum(again[:4]) / 4:.3g} "
         "matmuls on a roofline at "
-        f"s b = {tokens:,}, {how_attention}, {sum(passes.values())} elementwise passes; host: "
-        f"{ops_forward * elementwise + ops_backward:.3g} ops x {HOST_US_PER_OP:g} us"
+        f"s b = {tokens:,}, {how_attention}, {sum(passes.values())} elementwise passes{extra}; host: "
+        f"{ops:.3g} ops x {HOST_US_PER_OP:g} us"
         + (f" + hooks {events} x {per_event:g} us per tensor" if events else "")
-        + f") + head and loss ({LOSS_BYTES_PER_LOGIT} B per logit)"
+        + f") + head and {NAMES.get(loss, 'loss')} ({LOSS_BYTES_PER_LOGIT[loss]} B per logit"
+        + (", the logits computed again in backward)" if recompute else ")")
     )
     return Work(
         layers, flops, nbytes, tiles, flash, float(memory), block_host, rest_flops, rest_bytes, rest_tiles,
-        float(LOSS_BYTES_PER_LOGIT * tokens * dims.vocab), rest_ops * HOST_US_PER_OP * 1e-6,
+        float(LOSS_BYTES_PER_LOGIT[loss] * tokens * dims.vocab), rest_ops * HOST_US_PER_OP * 1e-6,
         formula,
     )  # fmt: skip
 
