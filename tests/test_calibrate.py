@@ -340,7 +340,7 @@ def test_a_calibration_predicts_configurations_it_never_ran(capsys, tmp_path):
     out = tmp_path / "calibration.json"
     engines = "z0,z3,z2+offload"
     assert (
-        main(["calibrate", "--measure", "--engines", engines, "--steps", "3", "--out", str(out), "--json"])
+        main(["calibrate", "--measure", "--engines", engines, "--steps", "2", "--out", str(out), "--json"])
         == 0
     )
     data = json.loads(capsys.readouterr().out)
@@ -356,7 +356,7 @@ def test_a_calibration_predicts_configurations_it_never_ran(capsys, tmp_path):
         batch={"micro_batch": 2, "seq_len": 64},
     )  # fmt: skip
     chosen = [cal.holdout(base)[i] for i in (0, 3, 4)]  # z0 accum 3, z3 micro 3, z2 offload
-    run_sweep(chosen, sweep="holdout", runs_dir=tmp_path, steps=3, progress=False, instrument=False)
+    run_sweep(chosen, sweep="holdout", runs_dir=tmp_path, steps=2, progress=False, instrument=False)
     assert main(["calibrate", str(tmp_path / "holdout"), "--calibration", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = report["configs"]
