@@ -38,6 +38,9 @@ FIELDS = ("lora_rank", "lora_targets", "freeze_embeddings", "frozen_blocks", "ql
 ALL_LINEAR = "all-linear"
 #: families whose activations are followed op by op with a trainable subset (``kit.estimate.activations``)
 FAMILIES = SWIGLU
+#: families followed op by op with frozen groups only (``freeze_embeddings``, ``frozen_blocks``): the kit's
+#: GPT (the toy and the gpt2 presets)
+FROZEN_FAMILIES = ("gpt2",)
 #: what a panel offers: (label, the values of ``FIELDS``)
 CHOICES: tuple[tuple[str, tuple[int, tuple[str, ...], bool, int, bool, float]], ...] = (
     ("every parameter", (0, (), False, 0, False, 0.0)),
@@ -147,13 +150,19 @@ def problem(zero) -> str | None:
 def model_problem(zero, model) -> str | None:
     """Why ``model`` (a ``ModelSpec``) cannot train ``zero``'s subset in the kit, or None. The families of
     ``FAMILIES`` take every subset (their activations are followed op by op); any other Hugging Face
-    architecture, whose activations are traced (``kit.estimate.trace``), takes frozen embeddings; the
-    kit's other formula families (GPT-2, GPT-NeoX, DiT) and model files none yet."""
+    architecture, whose activations are traced (``kit.estimate.trace``), takes frozen embeddings; the kit's
+    GPT (``FROZEN_FAMILIES``) frozen groups but not LoRA; GPT-NeoX, DiT and model files none yet."""
     if not is_subset(zero):
         return None
     field = next(f for f in FIELDS if getattr(zero, f))
     traced = model.arch and not model.source and model.family not in FORMULA
-    if not traced and (model.family not in FAMILIES or model.source or not model.arch):
+    frozen = model.family in FROZEN_FAMILIES and not model.source and not zero.lora_rank
+    if not traced and not frozen and (model.family not in FAMILIES or model.source or not model.arch):
+        if model.family in FROZEN_FAMILIES and zero.lora_rank:
+            return (
+                f"lora_rank: LoRA on {model.name} ({model.family}) is not modelled yet (peft does not adapt "
+                "the kit's GPT-2 Conv1D projections); freeze_embeddings and frozen_blocks are"
+            )
         return (
             f"{field}: a trainable subset is modelled for {', '.join(FAMILIES)} and traced Hugging Face "
             f"models (presets or config.json files); {model.name} ({model.family or 'no family'}) is not one"

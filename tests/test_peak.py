@@ -260,6 +260,13 @@ MODES = {
     "z3 chunked loss": _setup(stage=3, loss="chunked"),
     "z3 cce ckpt": _setup(stage=3, loss="cce", activation_checkpointing=True),
     "z1 cce fp32": _setup(stage=1, loss="cce", precision="fp32"),
+    # the toy GPT's frozen groups (its position embeddings still train: a gradient from the first block)
+    "z2 frozen embeddings": _setup(stage=2, freeze_embeddings=True),
+    "z3 first block frozen": _setup(stage=3, frozen_blocks=1),
+    "z2 frozen embeddings ckpt chunked loss": _setup(
+        stage=2, freeze_embeddings=True, activation_checkpointing=True, loss="chunked"
+    ),
+    "z0 first block frozen fp32": _setup(stage=0, frozen_blocks=1, precision="fp32"),
 }
 #: (name, Setup) under DeepSpeed's Ulysses sequence parallelism on 2 ranks (``kit.sequence_parallel``): each
 #: rank holds half of each sequence, gradients are reduced in fp32

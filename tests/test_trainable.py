@@ -11,7 +11,7 @@ from kit.cli import main
 from kit.estimate import estimate, partition
 from kit.schema import Setup
 from kit.workloads import adapters
-from tests.test_activations import DTYPES, TOLERANCE, config_and_setup, saved_bytes
+from tests.test_activations import DTYPES, TOLERANCE, config_and_setup, saved_by, saved_bytes
 
 SUBSETS = {
     "lora q,v": {"lora_rank": 8},
@@ -149,10 +149,11 @@ def test_what_is_not_modelled_is_refused_in_one_line(zero, message):
 
 
 def test_a_family_without_the_op_account_is_refused():
+    neox = models.preset("pythia-1b")
     with pytest.raises(
-        ValueError, match="zero.lora_rank: a trainable subset is modelled for llama, mistral, qwen2"
+        ValueError, match="zero.freeze_embeddings: a trainable subset is modelled for llama, mistral, qwen2"
     ):
-        Setup(model=models.toy_spec(), zero={"lora_rank": 4}, batch={"micro_batch": 1, "seq_len": 64})
+        Setup(model=neox, zero={"freeze_embeddings": True}, batch={"micro_batch": 1, "seq_len": 64})
 
 
 def test_cli_flags_estimate_launch_and_plan(capsys, tmp_path):
@@ -214,8 +215,8 @@ def test_a_traced_model_takes_frozen_embeddings_and_refuses_lora():
 
 def test_a_panel_offers_only_what_its_model_takes():
     """The comparison panel's dropdowns for a fixed model (``kit.lab.ui.trainable`` / ``loss`` with the
-    model): the toy GPT takes no subset but every loss, a traced model frozen embeddings only and the plain
-    loss."""
+    model): the toy GPT takes frozen groups but not LoRA, and every loss; a traced model frozen embeddings
+    only and the plain loss."""
     from kit import loss as losses
     from kit.lab import ui
     from kit.schema import ZeroSettings
@@ -223,12 +224,13 @@ def test_a_panel_offers_only_what_its_model_takes():
 
     z = ZeroSettings()
     toy, mixtral = models.toy_spec(), models.from_hf_config(MIXTRAL)
-    assert [label for label, _ in trainable.choices(z, toy)] == ["every parameter"]
+    assert [label for label, _ in trainable.choices(z, toy)] == ["every parameter", "frozen embeddings"]
     assert [label for label, _ in trainable.choices(z, mixtral)] == ["every parameter", "frozen embeddings"]
     assert trainable.choices(z, models.preset("llama-2-7b")) == list(trainable.CHOICES)
     assert losses.choices(z, toy) == losses.choices(z, None) == list(losses.CHOICES)
     assert losses.choices(z, mixtral) == [("plain", "plain")]
-    assert ui.trainable(z, toy).disabled and not ui.trainable(z).disabled
+    assert not ui.trainable(z, toy).disabled and not ui.trainable(z).disabled
+    assert ui.trainable(z, models.preset("pythia-1b")).disabled  # GPT-NeoX: no op-by-op account
 
 
 def test_the_notebook_tables_are_the_estimates():
@@ -285,3 +287,31 @@ def test_lora_dropout_in_the_label_and_the_script():
     assert "target_modules=['q_proj', 'k_proj'], lora_dropout=0.1))" in trainable.in_your_script(z.zero)
     every = z.replace(zero={"lora_targets": ("all-linear",), "lora_dropout": 0.05})
     assert every.label == "z2 bf16 mb1 lora8-all-d0.05"
+
+
+@pytest.mark.parametrize(
+    "zero",
+    [{"freeze_embeddings": True}, {"frozen_blocks": 1}, {"freeze_embeddings": True, "loss": "chunked"}],
+)
+def test_the_toy_gpts_frozen_groups_save_what_the_estimate_says(zero):
+    """The kit's GPT with a frozen group (fp32, in one process): what autograd saves equals the GPT-2
+    op-by-op account (``_gpt2_subset_saved``) within the O(b s) tensors it leaves out (the LayerNorms'
+    statistics, the token ids); its trainable count is the listing's; LoRA on it is refused in one line."""
+    from kit.workloads import chunked_loss
+    from kit.workloads.toymodels import GPT
+
+    spec = models.resolve("toy")
+    setup = Setup(model=spec, zero={"precision": "fp32", **zero}, batch={"micro_batch": 2, "seq_len": 32})
+    torch.manual_seed(0)
+    model = adapters.apply(GPT(spec), setup.zero)
+    trains = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert trains == adapters.listing(spec, setup.zero).trainable < spec.params
+    if setup.zero.loss != "plain":
+        model = chunked_loss.wrap(model, 0, setup.zero.loss)
+    ids, labels = (
+        torch.randint(0, spec.vocab, (2, 32), generator=torch.Generator().manual_seed(i)) for i in (0, 1)
+    )
+    saved = saved_by(model, ids, labels)
+    assert saved == pytest.approx(estimate(setup).components["activations"], rel=TOLERANCE)
+    with pytest.raises(ValueError, match="lora_rank: LoRA on toy-gpt2-2x64 .gpt2. is not modelled yet"):
+        Setup(model=spec, zero={"lora_rank": 4})

@@ -345,6 +345,8 @@ def _subset_saved(setup: Setup) -> Saved:
 
     m, z = setup.model, setup.zero
     listing = partition.listing(setup)
+    if m.family == "gpt2":
+        return _gpt2_subset_saved(setup, listing)
     b, s, p = setup.batch.micro_batch, setup.rank_seq_len, element_bytes(z.precision)
     _, h, a, kv_heads, _, _ = m.dims
     sp = z.sequence_parallel_size  # SDPA keeps the exchanged k and v (kit.sequence_parallel)
@@ -414,6 +416,55 @@ def _subset_saved(setup: Setup) -> Saved:
         head = fused_head(setup, head, "lm_head" in listing.head).bytes
     else:
         head += p * sbh * output_saved + FP32 * s * b * (m.vocab or 0)
+    return Saved(tuple(blocks), recomputed, head, last_norm, output_saved)
+
+
+def _gpt2_subset_saved(setup: Setup, listing) -> Saved:
+    """``_subset_saved`` for the kit's GPT (GPT-2's block, eager attention, no dropout) with frozen groups
+    (its ``Conv1D``s are ``torch.addmm``, which saves its input only for its weight's gradient; ``zero.Init``
+    wraps ``F.linear``, the head's alone): each LayerNorm saves its input where it or its weights need a
+    gradient; c_attn, c_proj, c_fc and the MLP's c_proj their input where their weight trains; the
+    attention (q, k and v copies, the softmax, the causal mask) and the GELU's input where their input needs
+    a gradient. The residual stream needs one from the first block when the position embeddings train (the
+    input embeddings frozen, ``freeze_embeddings``, leave them training) or under checkpointing. With every
+    parameter training this is the family's formula, term for term."""
+    z, m = setup.zero, setup.model
+    b, s, p = setup.batch.micro_batch, setup.rank_seq_len, element_bytes(z.precision)
+    _, h, a, _, f, _ = m.dims
+    sbh, sbf = p * s * b * h, p * s * b * f
+    attention = 3 * sbh + p * a * s * s * b + s * s
+
+    def block(parts, grad: bool) -> tuple[int, bool]:
+        trains = parts.trains
+        norm1 = grad or "norm1" in trains
+        qkv = "q" in trains
+        attended = norm1 or qkv  # c_attn's output needs a gradient
+        mid = grad or attended or "o" in trains
+        norm2 = mid or "norm2" in trains
+        up = norm2 or "up" in trains  # c_fc's output needs a gradient
+        saved = sbh * (norm1 + qkv + ("o" in trains) + norm2 + ("up" in trains)) + attention * attended
+        saved += sbf * (up + ("down" in trains))
+        return saved, mid or up or "down" in trains
+
+    grad = listing.embeddings or listing.positions or z.activation_checkpointing
+    blocks, last_norm = [], 0
+    for parts in listing.blocks:
+        last_norm = sbh * (grad or "norm1" in parts.trains)
+        saved, grad = block(parts, grad)
+        blocks.append(saved)
+    recomputed = max(
+        (block(parts, True)[0] for i, parts in enumerate(listing.blocks)
+         if checkpointing.is_checkpointed(i, z.checkpoint_every)),
+        default=0,
+    )  # fmt: skip
+    normed = grad or "norm" in listing.head  # the final norm's output needs a gradient
+    norm = sbh * normed
+    every_linear = z.engine == "deepspeed" and z.stage == 3 and z.zero_init
+    output_saved = "lm_head" in listing.head or (every_linear and normed)
+    if z.loss != "plain":
+        return Saved(tuple(blocks), recomputed, fused_head(setup, norm, "lm_head" in listing.head).bytes,
+                     last_norm, output_saved)  # fmt: skip
+    head = norm + p * s * b * h * output_saved + FP32 * s * b * (m.vocab or 0)
     return Saved(tuple(blocks), recomputed, head, last_norm, output_saved)
 
 

@@ -58,8 +58,8 @@ def input_leaf(setup: Setup) -> Term:
     needs a gradient, so backward leaves its ``.grad``; the loss's graph (``AccumulateGrad``) holds both
     until the loss is freed, after ``engine.step()``."""
     listing = partition.listing(setup)
-    if not listing or listing.embeddings or not setup.zero.activation_checkpointing:
-        return NONE
+    if not listing or listing.embeddings or listing.positions or not setup.zero.activation_checkpointing:
+        return NONE  # (the kit's GPT: its position embeddings train, the blocks' input needs a gradient)
     b, m, p = setup.batch, setup.model, element_bytes(setup.zero.precision)
     assert m.hidden is not None  # a subset's model: a formula family's or an HF config naming its hidden size
     n = 2 * p * b.micro_batch * setup.rank_seq_len * m.hidden
@@ -121,7 +121,8 @@ class Shape:
         if formulaic and subset.is_subset(setup.zero):
             saved = _subset_saved(setup)
             head = Term(saved.head, "")
-            if logits and setup.zero.loss == "plain" and not saved.output_saved:
+            held = m.family in SWIGLU_FAMILIES and not saved.output_saved  # the kit's GPT holds nothing
+            if logits and setup.zero.loss == "plain" and held:
                 # Hugging Face's ``*ForCausalLM.forward`` keeps ``hidden_states`` (and ``outputs``) while its
                 # ``loss_function`` runs: the decoder's output lives to the loss although no one saves it
                 self.loss += Term(

@@ -92,7 +92,10 @@ def _train_subset(model, setup: Setup):
     from kit.workloads import adapters
 
     model = adapters.apply(model, setup.zero)
-    if setup.zero.activation_checkpointing and not model.get_input_embeddings().weight.requires_grad:
+    frozen = not model.get_input_embeddings().weight.requires_grad
+    # the kit's GPT has no such method and needs none: its position embeddings train, so the blocks' input
+    # needs a gradient anyway
+    if setup.zero.activation_checkpointing and frozen and hasattr(model, "enable_input_require_grads"):
         model.enable_input_require_grads()
     return model
 

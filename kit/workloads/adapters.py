@@ -5,8 +5,9 @@ estimate calls ``listing(spec, zero)``, which builds the same model on the meta 
 and applies the same function, so both see the same tensors in the same order, and peft's own count
 (``print_trainable_parameters``) is the listing's.
 
-What it cannot see: a model whose blocks are not the ``model.layers.N`` of Hugging Face's decoders
-(``Listing.blocks`` is then empty and ``kit.trainable.model_problem`` refuses the setting first).
+What it cannot see: a model whose blocks are neither the ``model.layers.N`` of Hugging Face's decoders nor the
+``transformer.h.N`` of GPT-2's (``Listing.blocks`` is then empty and ``kit.trainable.model_problem`` refuses
+the setting first).
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ _PART = re.compile(
     r"layers\.(\d+)\.(?:self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj|(input_layernorm|post_attention_layernorm))\."
 )
 _NORMS = {"input_layernorm": "norm1", "post_attention_layernorm": "norm2"}
+#: the same in GPT-2's names (the kit's GPT): its fused c_attn is q, k and v, its MLP up and down
+_GPT2_PART = re.compile(r"\bh\.(\d+)\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj|ln_1|ln_2)\.")
+_GPT2_PARTS = {
+    "attn.c_attn": ("q", "k", "v"), "attn.c_proj": ("o",), "mlp.c_fc": ("up",), "mlp.c_proj": ("down",),
+    "ln_1": ("norm1",), "ln_2": ("norm2",),
+}  # fmt: skip
 
 
 def apply(model, zero):
@@ -102,6 +109,9 @@ class Listing:
     embeddings: bool
     head: frozenset[str]
     quantized: tuple[int, ...] = ()
+    #: whether GPT-2's learned position embeddings train (they feed the residual stream: a gradient from the
+    #: first block on); False for a model without them
+    positions: bool = False
 
     @property
     def trainable(self) -> int:
@@ -136,19 +146,26 @@ def _listing(spec: ModelSpec, key: tuple, zero) -> Listing:
     output = model.get_output_embeddings()  # the head's weight, the embedding's own when they are tied
     if output is not None and output.weight.requires_grad:
         head.add("lm_head")
+    positions = False
     for name, p in model.named_parameters():
         tensors.append((p.numel(), p.requires_grad))
-        found = _PART.search(name)
+        found, gpt2 = _PART.search(name), _GPT2_PART.search(name)
+        parts: tuple[str, ...] = ()
         if found:
-            block, part = int(found.group(1)), next(g for g in found.groups()[1:] if g)
-            part = _NORMS.get(part, part)
+            part = next(g for g in found.groups()[1:] if g)
+            block, parts = int(found.group(1)), (_NORMS.get(part, part),)
+        elif gpt2:
+            block, parts = int(gpt2.group(1)), _GPT2_PARTS[gpt2.group(2)]
+        if parts:
             counts[block] += p.numel() if p.requires_grad else 0
             if ".lora_" in name:
-                adapted[block].add(part)
+                adapted[block].update(parts)
             elif p.requires_grad:
-                trains[block].add(part)
+                trains[block].update(parts)
         elif id(p) in embedding:
             embeddings = p.requires_grad
+        elif name.endswith("wpe.weight"):
+            positions = p.requires_grad
         elif p.requires_grad and (output is None or p is not output.weight):
             head.add("norm")
     return Listing(
@@ -157,4 +174,5 @@ def _listing(spec: ModelSpec, key: tuple, zero) -> Listing:
         embeddings,
         frozenset(head),
         tuple(m.state.shape.numel() for m in model.modules() if isinstance(m, nf4.Linear4bit)),
+        positions,
     )

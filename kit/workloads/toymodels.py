@@ -143,6 +143,12 @@ class GPT(nn.Module):
         if spec.tied_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
 
+    def get_input_embeddings(self) -> nn.Embedding:  # Hugging Face's names: what a frozen group freezes
+        return self.transformer.wte
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The final norm's output: what the head (or a fused loss, ``kit.workloads.chunked_loss``) takes."""
         body = self.transformer
