@@ -294,3 +294,18 @@ def test_overrides_shrink_a_preset_for_cpu_runs(capsys):
     assert json.loads(capsys.readouterr().out)["params"] == models.override(small, {"ffn": 96}).params
     assert main(["estimate", "--params", "7B", "--layers", "2"]) == 2
     assert "has no config to change" in capsys.readouterr().err
+
+
+def test_a_declared_search_draws_its_first_large_micro_batch_through_2_3_and_4(monkeypatch):
+    """Inside ``trace.searching()`` (a published row's checks and its largest micro batch) the first micro
+    batch above 4 is drawn through the traces at 2, 3 and 4 at once, with the figures of its own trace."""
+    monkeypatch.setattr(trace, "_ASKED", {})  # no micro batch asked before this test
+    trace.trace.cache_clear()
+    spec = models.resolve(str(EXAMPLES / "mlp.py"))
+    with trace.searching():
+        drawn = trace.trace(spec, 9, 0, "fp32")
+    itself = trace.traced_at(spec, 9, 0, "fp32")
+    assert drawn.line and not itself.line
+    assert {f: getattr(drawn, f) for f in trace.FIGURES} == {f: getattr(itself, f) for f in trace.FIGURES}
+    trace.trace.cache_clear()
+    assert not trace.trace(spec, 9, 0, "fp32").line  # a second first ask outside a search: traced alone
