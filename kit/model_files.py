@@ -138,25 +138,13 @@ def tensor_shapes(source: str) -> tuple[tuple[int, ...], ...]:
         return tuple(tuple(p.shape) for p in build(source).parameters())
 
 
-def blamed(error: BaseException, source: str | None) -> str:
-    """``where``'s line, led by ``model: <source>: `` when the error came from the user's file ``source``
-    (a rank's forward failing in the user's code names the file as the checks before launch do)."""
-    text = where(error, source)
-    frames = traceback.extract_tb(error.__traceback__)
-    if source and any(_is(f.filename, source) for f in frames):
-        return f"model: {source}: {text}"
-    return text
-
-
-def _is(filename: str, source: str) -> bool:
-    return filename == source or Path(filename).stem == Path(source).stem
-
-
 def where(error: BaseException, source: str | None = None) -> str:
     """``ValueError: bad size (my_model.py line 12, in batch)``: the error and its deepest frame in
     the user's file ``source`` (the last frame when none is there, or no source is given)."""
     frames = traceback.extract_tb(error.__traceback__)
-    mine = [f for f in frames if source and _is(f.filename, source)]
+    mine = [
+        f for f in frames if source and (f.filename == source or Path(f.filename).stem == Path(source).stem)
+    ]
     candidates = mine or frames
     frame = candidates[-1] if candidates else None
     text = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"

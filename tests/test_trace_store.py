@@ -34,7 +34,8 @@ def test_a_later_process_reads_the_trace_back_and_an_edited_model_file_is_traced
     assert in_a_process(model, 3, env) == first  # read back: the same figures, the first trace's seconds
     assert list((tmp_path / "cache" / "traces").glob("*.json")) == kept
     model.write_text(model.read_text() + "\n# edited\n")  # the same path, other bytes: traced again
-    assert len(in_a_process(model, 3, env)) == 3
+    again = in_a_process(model, 3, env)  # a comment changes no tensor: the same figures, traced anew
+    assert again[:2] == first[:2]
     assert len(list((tmp_path / "cache" / "traces").glob("*.json"))) == 2
 
 

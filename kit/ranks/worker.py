@@ -95,7 +95,7 @@ def run_config(spec: SweepSpec, config: SweepConfig, rank: int, world: int) -> s
         oom = isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
         # the kit's one-line errors already say where; anything else gets its (user's) last frame
         mine = isinstance(error, ValueError) and str(error).startswith("model: ")
-        text = str(error) if mine else model_files.blamed(error, setup.model.source)
+        text = str(error) if mine else model_files.where(error, setup.model.source)
         append_record(spec.records, {**base, "status": "oom" if oom else "error", "error": text})
         _beat(spec, base, status="failed", error=text.splitlines()[0] if text else None)
         if rank == 0:
