@@ -11,7 +11,7 @@ import transformers
 from pydantic import ValidationError
 
 from kit import hf_models, models, trainable, workloads
-from kit.accuracy import published as P
+from kit.accuracy import published_rows as R
 from kit.accuracy.published_reasons import feature_reason
 from kit.cli import main
 from kit.estimate import estimate, trace
@@ -94,10 +94,10 @@ def test_the_head_architectures_names_is_the_one_counted():
         ("blenderbot-400m-distill.json", "BlenderbotForConditionalGeneration"),
     ):
         cfg = json.loads((PUBLISHED / "models" / source).read_text())
-        spec = P.spec_of(source)
+        spec = R.spec_of(source)
         assert (spec.params, spec.largest_layer_params) == meta_params(cls, cfg), source
     published = [
-        P.spec_of(f"{name}.json").params for name in ("deberta-v2-xlarge-mnli", "blenderbot-400m-distill")
+        R.spec_of(f"{name}.json").params for name in ("deberta-v2-xlarge-mnli", "blenderbot-400m-distill")
     ]
     assert published == [879_876_099, 364_802_560]  # the rows' "900M" and "365M"
 
@@ -214,9 +214,9 @@ def test_the_published_deberta_and_blenderbot_rows_are_expressed():
     """Their head and their lengths no longer keep them out (A29 and A31 trained under PyTorch DDP with fp16
     autocast, which the kit's DDP does not model: tests/test_published.py); "fits at BS=N (max)" is checked
     as the fit rule at N on the row's 24 GB TITAN RTX."""
-    rows = {r["id"]: r for r in P.load("memory")}
+    rows = {r["id"]: r for r in R.load("memory")}
     assert [feature_reason(rows[i]) for i in ("A29", "A30", "A31", "A32")] == [None] * 4
-    a30, a32 = P.express(rows["A30"]).setup, P.express(rows["A32"]).setup
+    a30, a32 = R.express(rows["A30"]).setup, R.express(rows["A32"]).setup
     assert (a30.model.name, a30.batch.micro_batch, a30.batch.seq_len, a30.batch.target_len) == (
         "deberta-v2-xlarge-mnli", 40, 128, None
     )  # fmt: skip

@@ -309,3 +309,17 @@ def test_a_declared_search_draws_its_first_large_micro_batch_through_2_3_and_4(m
     assert {f: getattr(drawn, f) for f in trace.FIGURES} == {f: getattr(itself, f) for f in trace.FIGURES}
     trace.trace.cache_clear()
     assert not trace.trace(spec, 9, 0, "fp32").line  # a second first ask outside a search: traced alone
+
+
+def test_alone_traces_each_micro_batch_itself_even_where_a_search_would_draw_it(monkeypatch):
+    """Inside ``trace.alone()`` (one micro batch at several lengths: ``boundary.longest_sequence``) a micro
+    batch above 4 is traced itself though a second one was asked of the same lengths, and is not counted
+    as asked: the next ask outside it is the first again."""
+    monkeypatch.setattr(trace, "_ASKED", {})
+    trace.trace.cache_clear()
+    spec = models.resolve(str(EXAMPLES / "mlp.py"))
+    assert not trace.trace(spec, 9, 0, "fp32").line  # the first ask: traced alone
+    with trace.alone(), trace.searching():
+        assert not trace.trace(spec, 10, 0, "fp32").line
+    assert {(spec, 0, "fp32", (), None): {9}} == trace._ASKED
+    assert trace.trace(spec, 11, 0, "fp32").line  # the second ask outside it: a search, drawn

@@ -10,7 +10,7 @@ import pytest
 from kit import models
 from kit.estimate import estimate
 from kit.gpus import gpu, prices
-from kit.planning import plan
+from kit.planning import boundary, plan
 from kit.schema import Setup
 from kit.steptime import perf
 from kit.units import GIB
@@ -48,7 +48,7 @@ def test_smallest_cluster_is_the_first_that_fits(llama7b):
 
 def test_largest_micro_batch_is_the_boundary(llama7b):
     ckpt = llama7b.replace(zero={"stage": 3, "activation_checkpointing": True})
-    micro = plan.largest_micro_batch(ckpt)
+    micro = boundary.largest_micro_batch(ckpt)
     # 8 x H100 80 GB, seq 2048: 2sbh per layer kept, one layer recomputed, and at the loss's backward the
     # fp32 logits' two gradients (their component sum, without them, said 49)
     assert micro == 46
@@ -57,8 +57,32 @@ def test_largest_micro_batch_is_the_boundary(llama7b):
     too_big = Setup(
         model=models.preset("llama-2-70b"), cluster={"gpus_per_node": 1}, batch={"micro_batch": 1}
     )
-    assert plan.largest_micro_batch(too_big) == 0
-    assert plan.largest_micro_batch(ckpt, limit=10) == 10  # 46 fit: the limit is the answer
+    assert boundary.largest_micro_batch(too_big) == 0
+    assert boundary.largest_micro_batch(ckpt, limit=10) == 10  # 46 fit: the limit is the answer
+
+
+def test_longest_sequence_is_the_boundary_by_lines_as_by_scanning(monkeypatch):
+    """The longest sequence a micro batch fits (a padded published run's bound): found by lines from the
+    estimate at the limit, in a handful of estimates, as a scan of every length finds it."""
+    setup = Setup(
+        model=models.preset("qwen2.5-0.5b"),
+        cluster={"gpu": "RTX-4090"},
+        zero={"stage": 2, "activation_checkpointing": True},
+        batch={"micro_batch": 1, "seq_len": 32768},
+    )
+    asked = []
+    fits = boundary._fits
+    monkeypatch.setattr(boundary, "_fits", lambda s: asked.append(s.batch.seq_len) or fits(s))
+    longest = boundary.longest_sequence(setup, 32768, 256)
+    assert asked[0] == 32768 and len(asked) <= 6  # the limit, then lines
+    scan = [n for n in range(256, 32768, 256) if fits(setup.replace(batch={"seq_len": n}))[0]]
+    assert longest == max(scan) == 11520 and scan == list(range(256, longest + 1, 256))
+    too_big = setup.replace(model=models.preset("llama-2-70b"), batch={"seq_len": 4096})
+    assert boundary.longest_sequence(too_big, 4096, 256) == 0  # not even 256 tokens fit
+    with pytest.raises(ValueError, match="32768 tokens fit"):
+        boundary.longest_sequence(setup.replace(zero={"stage": 3, "loss": "chunked"}), 32768, 256)
+    with pytest.raises(ValueError, match="step must be 1..4095 tokens"):
+        boundary.longest_sequence(setup, 4096, 4096)
 
 
 @pytest.mark.parametrize(
@@ -73,7 +97,7 @@ def test_largest_micro_batch_is_the_boundary(llama7b):
 def test_largest_micro_batch_is_the_boundary_by_lines_as_by_scanning(model, zero, gpu):
     """The search by lines (a few estimates) finds what estimating every micro batch would."""
     setup = Setup(model=models.preset(model), cluster={"gpu": gpu}, zero=zero, batch={"seq_len": 1024})
-    micro = plan.largest_micro_batch(setup)
+    micro = boundary.largest_micro_batch(setup)
 
     def fits(m: int) -> bool:
         return estimate(setup.replace(batch={"micro_batch": m})).fits[gpu]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kit.accuracy import published as P
+from kit.accuracy import published_rows as R
 from kit.accuracy.published_reasons import feature_reason
 from kit.cli import main
 from kit.estimate import estimate
@@ -20,7 +21,9 @@ from kit.paths import PUBLISHED
 from kit.units import GIB, MIB
 
 REPO = Path(__file__).resolve().parent.parent
-MEMORY = {row["id"]: row for row in P.load("memory")}
+#: the fit rows whose scripts pad each batch to its longest sample (``published_rows.LONGEST``)
+PADDED = ("A25", "A27", "A28", "A30")
+MEMORY = {row["id"]: row for row in R.load("memory")}
 
 #: every memory row: the reason the kit cannot express it, or None where it compares it
 REASONS = {
@@ -79,7 +82,7 @@ def test_the_published_rows_load_with_their_ids_and_sources():
         "models",
         "throughput.jsonl",
     ]
-    memory, throughput = P.load("memory"), P.load("throughput")
+    memory, throughput = R.load("memory"), R.load("throughput")
     assert (len(memory), len(throughput)) == (32, 36)  # as data/published/README.md says
     every = memory + throughput
     assert all(isinstance(r["id"], str) and r["id"] and r["source"] for r in every)
@@ -87,7 +90,7 @@ def test_the_published_rows_load_with_their_ids_and_sources():
     assert {r["table"] for r in memory} == {"memory"} and {r["table"] for r in throughput} == {"throughput"}
     assert P.ids("memory") == list(REASONS) and P.ids() == list(REASONS) + [f"B{i:02}" for i in range(1, 37)]
     with pytest.raises(ValueError, match="^table: choose one of memory, throughput, got 'speed'"):
-        P.load("speed")
+        R.load("speed")
 
 
 def test_every_memory_row_is_expressed_or_says_why(report):
@@ -103,7 +106,7 @@ def test_every_memory_row_is_expressed_or_says_why(report):
 
 
 def test_a18_is_the_zeropp_tutorials_zero3_baseline():
-    s = P.express(MEMORY["A18"]).setup
+    s = R.express(MEMORY["A18"]).setup
     z, c, b = s.zero, s.cluster, s.batch
     assert (z.engine, z.stage, z.precision, z.offload_optimizer, z.offload_param) == (
         "deepspeed", 3, "fp16", "none", "none"
@@ -119,7 +122,7 @@ def test_a18_is_the_zeropp_tutorials_zero3_baseline():
         "megatron-gpt-18b", 40, 6144, 32, 24576, 50304, True
     )  # fmt: skip
     assert m.params == 18_434_813_952  # "~18B"
-    a19 = P.express(MEMORY["A19"]).setup  # the same run with ZeRO++'s three flags
+    a19 = R.express(MEMORY["A19"]).setup  # the same run with ZeRO++'s three flags
     assert (a19.zero.hpz_partition_size, a19.zero.quantized_weights, a19.zero.quantized_gradients) == (
         16,
         True,
@@ -131,7 +134,7 @@ def test_a18_is_the_zeropp_tutorials_zero3_baseline():
 
 
 def test_frameworks_gpus_and_batches_map_faithfully():
-    setups = {i: P.express(MEMORY[i]) for i, reason in REASONS.items() if reason is None}
+    setups = {i: R.express(MEMORY[i]) for i, reason in REASONS.items() if reason is None}
     zero = {i: (e.setup.zero.engine, e.setup.zero.stage, e.setup.zero.precision) for i, e in setups.items()}
     assert zero == {
         **dict.fromkeys(("A01", "A03", "A07", "A08", "A09"), ("fsdp", 3, "bf16")),  # torchtitan, FSDP2
@@ -191,6 +194,11 @@ def test_frameworks_gpus_and_batches_map_faithfully():
     assert (a30.model.name, a30.batch.seq_len, a30.batch.target_len, a30.cluster.gpu) == (
         "deberta-v2-xlarge-mnli", 128, None, "TITAN-RTX"
     )  # fmt: skip
+    why = setups["A30"].notes[-1]  # Accelerate's classification script: dynamic padding
+    assert "run_cls_no_trainer.py" in why and "pad_to_max_length" in why
+    # the scripts that pad each batch to its longest sample: their runs' lengths are only a maximum (the
+    # same blog's seq2seq runs, A31 and A32, padded to the maximum)
+    assert sorted(i for i, e in setups.items() if e.padded) == list(PADDED)
     # torchtitan's selective checkpointing: its op policy, or (A07) its layer option's default of 2
     policies = {i: (setups[i].setup.zero.checkpoint_policy, setups[i].setup.zero.checkpoint_every) for i in
                 ("A01", "A03", "A07", "A08", "A09")}  # fmt: skip
@@ -213,11 +221,11 @@ def test_frameworks_gpus_and_batches_map_faithfully():
 
 
 def test_model_files_are_the_rows_shapes_megatrons_with_the_vocabulary_padded():
-    every = [*MEMORY.values(), *P.load("throughput")]
-    for piece, source in P.MODELS:
+    every = [*MEMORY.values(), *R.load("throughput")]
+    for piece, source in R.MODELS:
         if not source.endswith(".json"):
             continue
-        spec = P.spec_of(source)
+        spec = R.spec_of(source)
         assert "_source" in json.loads((PUBLISHED / "models" / source).read_text())
         rows = [r for r in every if piece in r["model"]]
         assert rows, piece
@@ -289,6 +297,9 @@ def test_fit_rows_ask_the_fit_rule_at_the_published_micro_batch(report):
             verdict = estimate_fit(estimate(c.setup.replace(batch={"micro_batch": check.micro_batch})))
             assert (check.measured, check.predicted) == (outcome, "fits" if verdict.ok else "OOM"), i
             assert (check.predicted_bytes, check.capacity_bytes) == (verdict.need, verdict.capacity)
+        if i in PADDED:  # the lengths the run saw are not published: the kit's longest instead
+            assert c.largest_micro_batch is None
+            continue
         assert c.agrees == all(check.measured == check.predicted for check in c.checks)
         largest = c.largest_micro_batch  # it fits (0: none does), one more does not
         assert largest == 0 or estimate_fit(estimate(c.setup.replace(batch={"micro_batch": largest}))).ok
@@ -300,6 +311,35 @@ def test_fit_rows_ask_the_fit_rule_at_the_published_micro_batch(report):
     assert checked["A20"].measured_bytes == 32290 * MIB and checked["A22"].measured_bytes == round(
         29.09 * GIB
     )
+
+
+def test_a_padded_run_is_checked_against_the_longest_sequence_the_kit_fits(report):
+    """A run that padded each batch to its longest sample saw batches of at most its script's maximum: where
+    it fit and the kit says OOM there, the check is open, with the longest sequence (a multiple of 8) at
+    which the kit fits its micro batch; one that ran out of memory where the kit says OOM at the maximum
+    agrees. The lengths the runs saw are not published, so an open check is neither."""
+    comparisons = by_id(report)
+    assert report.summary()["fit"]["open"] == list(PADDED) and report.summary()["fit"]["disagree"] == []
+    bounds = {}
+    for i in PADDED:
+        c = comparisons[i]
+        assert c.verdict == "open" and c.agrees is None and c.largest_micro_batch is None
+        for k in c.checks:
+            at = c.setup.replace(batch={"micro_batch": k.micro_batch})
+            if k.measured == "OOM":  # A25 at 30: OOM at the maximum, as the run ran out of memory
+                assert (k.predicted, k.verdict, k.agrees, k.longest_fitting) == ("OOM", "agrees", True, None)
+                continue
+            assert (k.predicted, k.verdict, k.agrees) == ("OOM", "open", None)
+            n = k.longest_fitting
+            assert n % 8 == 0 and 0 < n < 128
+            assert estimate_fit(estimate(at.replace(batch={"seq_len": n}))).ok
+            assert not estimate_fit(estimate(at.replace(batch={"seq_len": n + 8}))).ok
+            note = f"micro batch {k.micro_batch}: the kit fits it up to {n} tokens, not at 128"
+            assert note in " ".join(c.notes)
+            bounds[i, k.micro_batch] = n
+    assert bounds == {("A25", 20): 64, ("A27", 40): 80, ("A28", 50): 80, ("A30", 40): 96}
+    # a fit row of known lengths: agrees or not, never open
+    assert {comparisons[i].verdict for i in ("A07", "A10", "A22", "A32", "A33")} == {"agrees"}
 
 
 def test_step_time_rows_are_converted_as_their_source_measured_them(report):
@@ -370,9 +410,11 @@ def test_cli_json_is_one_object_whose_counts_add_up(capsys):
     checked = [r for r in rows if r["checks"]]
     assert summary["fit"] == {
         "rows": 14,
-        "agree": sum(r["agrees"] for r in checked),
-        "disagree": [r["id"] for r in checked if not r["agrees"]],
+        "agree": sum(r["verdict"] == "agrees" for r in checked),
+        "disagree": [r["id"] for r in checked if r["verdict"] == "disagrees"],
+        "open": [r["id"] for r in checked if r["verdict"] == "open"],
     }
+    assert all(r["agrees"] is None for r in checked if r["verdict"] == "open")
     a18 = next(r for r in rows if r["id"] == "A18")
     assert a18["setup"]["zero"]["stage"] == 3 and a18["label"].startswith(
         "megatron-gpt-18b: z3 fp16 mb1 ckpt"

@@ -509,17 +509,17 @@ def test_a_record_of_named_values_is_a_one_column_table_not_a_series():
 
 
 def test_largest_micro_batches_without_and_with_checkpointing(llama7b):
-    from kit.planning import plan
+    from kit.planning import boundary
 
     h100 = llama7b.replace(cluster={"gpus_per_node": 8, "gpu": "H100-SXM-80GB"}, zero={"stage": 3})
     table = batches.largest_micro_batches(h100)
     assert list(table.columns) == ["largest micro batch that fits"]
     on = h100.replace(zero={"activation_checkpointing": True})
     assert table["largest micro batch that fits"].to_dict() == {
-        "without activation checkpointing": plan.largest_micro_batch(h100),
-        "with activation checkpointing": plan.largest_micro_batch(on),
+        "without activation checkpointing": boundary.largest_micro_batch(h100),
+        "with activation checkpointing": boundary.largest_micro_batch(on),
     }
-    assert plan.largest_micro_batch(on) > plan.largest_micro_batch(h100) > 0
+    assert boundary.largest_micro_batch(on) > boundary.largest_micro_batch(h100) > 0
 
 
 def test_a_trace_reads_in_mib_or_gib_with_the_unit_in_each_row():

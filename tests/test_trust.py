@@ -104,9 +104,17 @@ def test_published_fits_puts_each_boundary_at_its_share_of_the_gpu(published_rep
     (line,) = ax.lines
     assert list(line.get_xdata()) == [100, 100]
     verdicts = [t.get_text() for t in ax.texts]
-    assert [v.split(":")[0] for v in verdicts] == ["agrees" if k.agrees else "DISAGREES" for _, k in checks]
-    agree = sum(k.agrees for _, k in checks)
-    assert ax.get_title().startswith(f"Fit or OOM: {agree} of {len(checks)} verdicts agree, ")
+    shown = {"agrees": "agrees", "disagrees": "DISAGREES", "open": "open"}
+    assert [v.split(":")[0] for v in verdicts] == [shown[k.verdict] for _, k in checks]
+    agree, held = (sum(k.verdict == v for _, k in checks) for v in ("agrees", "open"))
+    assert held == 4  # A25, A27, A28, A30: batches padded to their longest, lengths not published
+    rows = len({c.id for c, _ in checks})
+    assert ax.get_title() == (
+        f"Fit or OOM on {rows} of {len(published_report.comparisons)} published rows: {agree} of "
+        f"{len(checks)} verdicts agree, {held} open"
+    )
+    a27 = next(v for v, (c, _) in zip(verdicts, checks, strict=True) if c.id == "A27")
+    assert a27 == "open: fits up to 80 of 128 tokens"  # where the kit fits its micro batch of 40
     page = fig.bbox
     everything = [ax.title, ax.xaxis.label, *ax.texts, *ax.get_yticklabels(), *fig.legends[0].get_texts()]
     boxes = [t.get_window_extent(renderer) for t in everything]
@@ -157,10 +165,14 @@ def test_published_table_shows_each_number_and_boundary_as_a_reader_reads_it(pub
         "check": "fit at mb 7 (max)",
         "measured": "fits",
         "predicted": f"{check.predicted} ({check.predicted_bytes / GIB:.2f} of {capacity} GiB)",
-        "error": "agrees" if check.agrees else "DISAGREES",
+        "error": "agrees",
         "confidence": "low",
         "setup": f"{a33.label}; the kit's largest mb {a33.largest_micro_batch}",
     }
+    (a30,) = table[table["id"] == "A30"].to_dict("records")  # a padded run: its bound, not a largest mb
+    assert a30["error"] == "fits to 96 tok" and a30["setup"].endswith(
+        "batches padded to at most 128 tokens; the kit fits mb 40 up to 96 tokens"
+    )
     assert row["predicted"].endswith(" of 23.65 GiB)")  # a TITAN RTX's 24 GB
     expressed = [c for c in published_report.comparisons if c.expressed]
     assert len(table) == sum(len(c.values) + len(c.checks) + len(c.timings) for c in expressed)

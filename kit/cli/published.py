@@ -112,12 +112,9 @@ def _cells(c) -> list[tuple[str, ...]]:
         measured, predicted = _gib(v.measured_bytes), _gib(v.predicted_bytes)
         out.append((c.id, QUANTITY_TEXT[v.quantity], measured, predicted, f"{100 * v.error:+.1f} %", conf))
     for k in c.checks:
-        if k.problem == "precision":
-            predicted = f"{k.predicted} (no {c.setup.zero.precision})"
-        else:
-            predicted = f"{k.predicted} ({k.predicted_bytes / GIB:.2f} of {k.capacity_bytes / GIB:.2f} GiB)"
         check = f"fit at mb {k.micro_batch}" + (" (max)" if k.largest else "")
-        out.append((c.id, check, k.measured, predicted, "agrees" if k.agrees else "DISAGREES", conf))
+        predicted = k.predicted_text(c.setup.zero.precision)
+        out.append((c.id, check, k.measured, predicted, k.verdict_text(), conf))
     for t in c.timings:
         out.append(
             (
@@ -134,7 +131,7 @@ def _cells(c) -> list[tuple[str, ...]]:
 
 def _setup_text(c) -> str:
     if c.checks:
-        return f"{c.label}; kit's largest mb {c.largest_micro_batch}"
+        return f"{c.label}; {c.fit_text()}"
     if c.timings:
         t = c.timings[0]
         rate = f"{t.measured_value:.4g} measured, {t.predicted_value:.4g} predicted {t.unit}"
@@ -194,7 +191,13 @@ def summary_lines(summary: dict) -> list[str]:
     fit = summary["fit"]
     if fit["rows"]:
         disagree = f"; disagree: {', '.join(fit['disagree'])}" if fit["disagree"] else ""
-        lines.append(f"fit / OOM: {fit['agree']} of {fit['rows']} row(s) agree{disagree}")
+        held = (
+            f"; open: {', '.join(fit['open'])} (batches padded to their longest, lengths not published: "
+            "see the notes)"
+            if fit["open"]
+            else ""
+        )
+        lines.append(f"fit / OOM: {fit['agree']} of {fit['rows']} row(s) agree{disagree}{held}")
     return lines
 
 

@@ -30,11 +30,12 @@ and on disk (``kit.estimate.trace_store``: a notebook, a search, a panel reopene
 so panels stay live. A tensor's size is affine in the micro batch (the batch dimension, or none: a T5
 position bias, a mask built once), and so are the live bytes after each allocation, though the moment of
 their peak moves with the micro batch (T5's, until 4 samples). Once a second micro batch above
-``LINE``'s is asked of the same model and lengths (a search: ``kit.planning.plan.largest_micro_batch``),
+``LINE``'s is asked of the same model and lengths (a search: ``kit.planning.boundary.largest_micro_batch``),
 it and every later one are drawn through the traces of 2, 3 and 4 samples: the saved bytes on their line,
 the peak the largest of the live bytes after each allocation on theirs, where all lie on one
 (``Trace.line``), else traced itself; one micro batch alone is traced, one trace rather than three, unless
-asked inside ``searching()`` (a search declared as such: drawn from the first).
+asked inside ``searching()`` (a search declared as such: drawn from the first), and always inside ``alone()``
+(one micro batch at several lengths).
 """
 
 from __future__ import annotations
@@ -117,8 +118,10 @@ LINE = (2, 3, 4)
 FIGURES = ("saved_bytes", "checkpointed_bytes", "peak_bytes")
 #: the micro batches above ``LINE`` asked of each (model, lengths, precision, subset): a second means a search
 _ASKED: dict[tuple, set[int]] = {}
-#: open ``searching()`` blocks: their micro batches above ``LINE`` are drawn at once
+#: open ``searching()`` blocks: their micro batches above ``LINE`` are drawn at once; open ``alone()``
+#: blocks: traced themselves
 _SEARCHES = [0]
+_ALONE = [0]
 
 
 @contextmanager
@@ -131,6 +134,18 @@ def searching():
         yield
     finally:
         _SEARCHES[0] -= 1
+
+
+@contextmanager
+def alone():
+    """A block that asks one micro batch at each of several lengths (``kit.planning.boundary``'s
+    ``longest_sequence``, a padded published row's checks): each traced itself, never drawn, and not
+    counted as a search of its lengths (one trace rather than three)."""
+    _ALONE[0] += 1
+    try:
+        yield
+    finally:
+        _ALONE[0] -= 1
 
 
 @lru_cache(maxsize=64)
@@ -146,7 +161,7 @@ def trace(
     whose ``kit.trainable.key`` is ``subset`` (() or every parameter: the whole model), an encoder-decoder
     model learning ``target_len`` labels (None: ``seq_len``); from the second micro batch asked above
     ``LINE`` on the line through those where they lie on one; see the module docstring."""
-    if micro_batch > LINE[-1]:
+    if micro_batch > LINE[-1] and not _ALONE[0]:
         asked = _ASKED.setdefault((spec, seq_len, precision, subset, target_len), set())
         asked.add(micro_batch)
         if len(asked) > 1 or _SEARCHES[0]:  # a search: three traces, then every micro batch off their lines

@@ -159,7 +159,7 @@ def checkpointing_policies(setup: Setup) -> pd.DataFrame:
     from kit import checkpointing
     from kit.estimate import estimate
     from kit.fit import estimate_fit
-    from kit.planning import plan
+    from kit.planning import boundary
     from kit.steptime import perf
 
     plain = perf.flops_per_token(setup.replace(zero=setup.zero.checkpointing(False)))[0]
@@ -175,7 +175,7 @@ def checkpointing_policies(setup: Setup) -> pd.DataFrame:
             "activations GiB": e.components[Component.ACTIVATIONS] / GIB,
             "peak / GPU GiB": e.per_gpu_bytes / GIB,
             "fits": "yes" if estimate_fit(e).ok else "no",
-            "largest micro batch": plan.largest_micro_batch(s),
+            "largest micro batch": boundary.largest_micro_batch(s),
             "compute per token": f"{perf.flops_per_token(s)[0] / plain:.2f}x",
         }
     return pd.DataFrame.from_dict(rows, orient="index").round(2)

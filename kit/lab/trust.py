@@ -54,25 +54,17 @@ def table(report) -> pd.DataFrame:
                 }
                 | common
             )
-        n = c.largest_micro_batch
-        largest = f"the kit's largest mb {n}" if n else "the kit fits no micro batch"
         for k in c.checks:
-            if k.problem == "precision":
-                predicted = f"{k.predicted} (no {c.setup.zero.precision} on the GPU)"
-            else:
-                predicted = (
-                    f"{k.predicted} ({k.predicted_bytes / GIB:.2f} of {k.capacity_bytes / GIB:.2f} GiB)"
-                )
             rows.append(
                 {
                     "id": c.id,
                     "check": f"fit at mb {k.micro_batch}" + (" (max)" if k.largest else ""),
                     "measured": k.measured,
-                    "predicted": predicted,
-                    "error": "agrees" if k.agrees else "DISAGREES",
+                    "predicted": k.predicted_text(c.setup.zero.precision),
+                    "error": k.verdict_text(),
                 }
                 | common
-                | {"setup": f"{c.label}; {largest}"}
+                | {"setup": f"{c.label}; {c.fit_text()}"}
             )
         for t in c.timings:
             rows.append(
@@ -165,7 +157,12 @@ def answer(report, own=()) -> str:
     fit = summary["fit"]
     if fit["rows"]:
         disagree = f" (not {', '.join(fit['disagree'])})" if fit["disagree"] else ""
-        parts.append(f"{fit['agree']} of {fit['rows']} fit / OOM rows agree{disagree}")
+        held = (
+            f", {len(fit['open'])} hang on lengths their runs did not publish ({', '.join(fit['open'])})"
+            if fit["open"]
+            else ""
+        )
+        parts.append(f"{fit['agree']} of {fit['rows']} fit / OOM rows agree{disagree}{held}")
     counts = summary["tables"].get("memory")
     if counts:
         parts.append(f"{counts['expressed']} of {counts['rows']} published memory rows are expressed")
@@ -227,6 +224,8 @@ ENGINE_MARKERS = {
 }  # fmt: skip
 #: each measured quantity's colour in ``figure``
 QUANTITY_COLORS = {"max_allocated": "#4C72B0", "max_reserved": "#DD8452"}
+#: a fit / OOM verdict's colour beside its row (``Check.verdict``)
+VERDICT_COLORS = {"agrees": "black", "disagrees": "#C62828", "open": "#8D6E00"}
 
 
 def figure(report, band: float = 0.10) -> Figure:
@@ -315,18 +314,20 @@ def fits_figure(report) -> Figure:
     """The fit / OOM boundaries of published runs beside the kit's verdict (``kit.fit.estimate_fit``): per
     boundary the predicted peak per GPU as a share of the GPU's memory (the verdict's capacity), marked by
     whether the run fit (a green dot) or ran out of memory (a red cross), with a line at 100 %: a dot left
-    of it and a cross right of it agree. Beside each row, whether the verdict agrees."""
+    of it and a cross right of it agree. Beside each row, whether the verdict agrees; a padded run's open
+    check (``Check.verdict``) is drawn at the script's maximum length, its bound beside it in amber."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     checks = [(c, k) for c in report.comparisons for k in c.checks]
     rows = len({c.id for c, _ in checks})
-    agree = sum(k.agrees for _, k in checks)
+    agree = sum(k.verdict == "agrees" for _, k in checks)
+    held = sum(k.verdict == "open" for _, k in checks)
     fig = Figure(figsize=(8.6, 1.8 + 0.5 * max(len(checks), 2)), layout="constrained")
     ax = fig.subplots()
     ax.set_title(
-        f"Fit or OOM: {agree} of {len(checks)} verdicts agree, {rows} of the "
-        f"{len(report.comparisons)} published rows"
+        f"Fit or OOM on {rows} of {len(report.comparisons)} published rows: {agree} of {len(checks)} "
+        "verdicts agree" + (f", {held} open" if held else "")
     )
     if not checks:
         empty(ax, "no row of this report has a fit / OOM boundary")
@@ -347,15 +348,16 @@ def fits_figure(report) -> Figure:
             f"{c.id} {setup.model.name} ({c.row['confidence']})\n{setup.label}, "
             f"{cluster.world_size} x {cluster.gpu}"
         )
-        verdict = "agrees" if k.agrees else "DISAGREES"
-        if k.problem == "precision":
-            verdict += f": no {setup.zero.precision} on the GPU"
+        if k.verdict == "open":
+            verdict = f"open: fits up to {k.longest_fitting} of {setup.batch.seq_len} tokens"
+        elif k.problem == "precision":
+            verdict = f"{k.verdict_text()}: no {setup.zero.precision} on the GPU"
         else:
-            verdict += f": {k.predicted_bytes / GIB:,.2f} of {k.capacity_bytes / GIB:,.2f} GiB"
+            need, capacity = k.predicted_bytes / GIB, k.capacity_bytes / GIB
+            verdict = f"{k.verdict_text()}: {need:,.2f} of {capacity:,.2f} GiB"
         ax.annotate(verdict, (1.0, y), xycoords=("axes fraction", "data"), xytext=(6, 0),
-                    textcoords="offset points", va="center", fontsize=8,
-                    color="black" if k.agrees else "#C62828",
-                    fontweight="normal" if k.agrees else "bold")  # fmt: skip
+                    textcoords="offset points", va="center", fontsize=8, color=VERDICT_COLORS[k.verdict],
+                    fontweight="bold" if k.verdict == "disagrees" else "normal")  # fmt: skip
     ax.set_yticks(range(len(checks)), labels, fontsize=8)
     ax.set_ylim(len(checks) - 0.5, -0.5)  # the first row on top
     ax.set_xlim(0, right)

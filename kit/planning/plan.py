@@ -10,7 +10,6 @@ one setup fit; ``smallest_cluster`` and ``batch_options`` answer the two narrowe
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -186,47 +185,6 @@ def batch_options(setup: Setup, train_batch: int) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
-
-
-#: ``largest_micro_batch``'s first try after micro batch 1
-FIRST_PROBE = 64
-
-
-def largest_micro_batch(setup: Setup, limit: int = 65536) -> int:
-    """The largest micro batch per GPU that ``kit.estimate`` says fits (0 if not even 1 does).
-
-    Past the micro batches where something else leads the peak, it grows about linearly with the
-    activations, so the search goes by lines: from micro batch 1 it tries ``FIRST_PROBE``, then where the
-    line through the last two estimates meets the GPU's memory, inside the bracket (fits at ``low``, not
-    at ``high``), halving it instead when two lines in a row did not; a handful of estimates instead of a
-    doubling search's dozen (each a trace for a traced model), exact as long as more micro batch never
-    needs less memory."""
-    from kit.estimate import estimate
-
-    name, capacity = setup.cluster.gpu, gpu(setup.cluster.gpu).memory_bytes
-    peaks: dict[int, int] = {}
-
-    def fits(micro: int) -> bool:
-        e = estimate(setup.replace(batch={"micro_batch": micro}))
-        peaks[micro] = e.per_gpu_bytes
-        return e.fits[name]
-
-    if not fits(1):
-        return 0
-    low, high, tried, slow = 1, limit + 1, [1], 0
-    while high - low > 1:
-        a, b = tried[-2:] if len(tried) > 1 else (1, 1)
-        guess = FIRST_PROBE if len(tried) == 1 else 0
-        if slow < 2 and peaks[a] != peaks[b]:  # the last micro batch the line fits, kept inside the bracket
-            crossing = b + (capacity - peaks[b]) * (b - a) / (peaks[b] - peaks[a])
-            guess = min(max(math.floor(crossing), low + 1), high - 1)
-        if not low < guess < high:  # no line, or a bracket it cannot narrow: halve it, or double
-            guess, slow = ((low + high) // 2 if high <= limit else min(limit, 2 * low)), 0
-        width = high - low
-        tried.append(guess)
-        low, high = (guess, high) if fits(guess) else (low, guess)
-        slow = slow + 1 if high - low > width // 2 else 0
-    return low
 
 
 def _powers_of_two_up_to(n: int) -> list[int]:

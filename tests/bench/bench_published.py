@@ -36,6 +36,7 @@ def main() -> None:
     fit = summary["fit"]
     disagree = f" (disagree: {', '.join(fit['disagree'])})" if fit["disagree"] else ""
     print(f"published_fit_agree: {fit['agree']}/{fit['rows']} rows{disagree}")
+    print(f"published_fit_open: {len(fit['open'])} rows ({', '.join(fit['open']) or 'none'}: padded batches)")
     print(f"published_report_wall: {wall:.2f} s")
     own = reference.configurations()
     for quantity, q in reference.summary(own).items():

@@ -44,13 +44,14 @@ def schedule_table(setup: Setup, accelerator: str = "cuda") -> pd.DataFrame:
 
 
 def largest_micro_batches(setup: Setup) -> pd.DataFrame:
-    """The largest micro batch per GPU of ``setup`` that fits its GPU (``plan.largest_micro_batch``; 0: not
-    even 1 does), without activation checkpointing and with it (``setup``'s policy, else every block)."""
-    from kit.planning import plan
+    """The largest micro batch per GPU of ``setup`` that fits its GPU (``boundary.largest_micro_batch``;
+    0: not even 1 does), without activation checkpointing and with it (``setup``'s policy, else every
+    block)."""
+    from kit.planning import boundary
 
     return record(
         {
-            f"{label} activation checkpointing": plan.largest_micro_batch(
+            f"{label} activation checkpointing": boundary.largest_micro_batch(
                 setup.replace(zero=setup.zero.checkpointing(on))
             )
             for label, on in (("without", False), ("with", True))
