@@ -362,12 +362,15 @@ def test_step_time_rows_are_converted_as_their_source_measured_them(report):
         assert t.error == pytest.approx(t.predicted_s / t.measured_s - 1)
     # the fabric from the row's text, or its DGX's, said in its notes
     assert timed["B14"].fabric == "ib-hdr-8x200" and timed["B22"].fabric == "roce-8x200"
-    assert timed["B13"].fabric == "ib-edr-8x100" and any("not stated" in n for n in rows["B13"].notes)
-    # the ZeRO++ tutorial's cluster (its blog's V100s at 100 Gb/s per node)
-    assert timed["B09"].fabric == timed["B10"].fabric == "ib-edr-1x100"
-    assert any(
-        n.startswith("inter-node network not stated: taken as ib-edr-1x100") for n in rows["B09"].notes
-    )
+    assert timed["B26"].fabric == "ib-ndr-8x400"  # no network named: its DGX's
+    assert "inter-node network not stated: taken as the DGX's ib-ndr-8x400" in rows["B26"].notes
+    # the ZeRO and ZeRO++ tutorials' cluster (the DeepSpeed team's V100-SXM3s, at 100 Gb/s per node)
+    assert timed["B09"].fabric == timed["B10"].fabric == timed["B13"].fabric == "ib-edr-1x100"
+    for i in ("B09", "B13"):
+        assert any(
+            n.startswith("inter-node network not stated: taken as ib-edr-1x100, the DeepSpeed team's")
+            for n in rows[i].notes
+        )
     assert timed["B04"].fabric is None and rows["B05"].setup.zero.stage == 2
     assert rows["B07"].reason == "tensor and pipeline parallelism (TP=4, PP=12)"
     assert (rows["B28"].reason, rows["B31"].reason) == ("torch.compile", "Float8 linears")

@@ -31,15 +31,17 @@ from kit.steptime.perf import hardware, step_time
 #: a multi-node row's GPU (a piece of data/gpus.csv's name) -> the fabric of its DGX, where the row
 #: names none
 DGX = (("V100", "ib-edr-8x100"), ("A100", "ib-hdr-8x200"), ("H100", "ib-ndr-8x400"), ("H200", "ib-ndr-8x400"))
-#: (a piece of a row's ``source``, the fabric, why) for rows whose page names no network but whose cluster
-#: is known: the ZeRO++ tutorial ran on the DeepSpeed team's V100 cluster, which the ZeRO++ blog measures at
-#: 4 x 100 Gb/s per node (ZeRO++ 1.28-1.36x faster than ZeRO-3) and at 100 Gb/s (2-2.2x faster)
+#: (pieces of a row's ``source``, the fabric, why) for rows whose page names no network but whose cluster
+#: is known: DeepSpeed's ZeRO and ZeRO++ tutorials ran on the DeepSpeed team's V100-SXM3 cluster (16-GPU
+#: nodes, hosts worker-N in both tutorials' logs), which the ZeRO++ blog measures at 4 x 100 Gb/s per node
+#: (ZeRO++ 1.28-1.36x faster than ZeRO-3) and at 100 Gb/s (2-2.2x faster)
 SOURCES = (
     (
-        "deepspeed.ai/tutorials/zeropp",
+        ("deepspeed.ai/tutorials/zeropp", "deepspeed.ai/tutorials/zero/"),
         "ib-edr-1x100",
-        "the DeepSpeed team's V100 cluster at 100 Gb/s per node, the one of the ZeRO++ blog's two settings "
-        "where ZeRO++ is 2-2.2x faster than ZeRO-3 (this tutorial's runs: 2.7x; 4 x 100 Gb/s gave 1.3x)",
+        "the DeepSpeed team's V100-SXM3 cluster (16-GPU nodes, hosts worker-N in the ZeRO and ZeRO++ "
+        "tutorials' logs) at 100 Gb/s per node, the one of the ZeRO++ blog's two settings where ZeRO++ is "
+        "2-2.2x faster than ZeRO-3 (the ZeRO++ tutorial's runs: 2.7x; 4 x 100 Gb/s gave 1.3x)",
     ),
 )
 #: the row's columns that make rows one setup whose stages are compared (of ``source`` its first word,
@@ -66,8 +68,8 @@ def fabric(row: dict[str, Any], gpu: str, gpus_per_node: int, notes: list[str]) 
             return named[0]
         notes.append(f"fabric of {gbits} Gb/s per node is not in data/networks.csv")
         return None
-    for piece, name, why in SOURCES:
-        if piece in row["source"]:
+    for pieces, name, why in SOURCES:
+        if any(piece in row["source"] for piece in pieces):
             notes.append(f"inter-node network not stated: taken as {name}, {why}")
             return name
     chosen = next((name for piece, name in DGX if piece in gpu), None)
