@@ -193,13 +193,15 @@ def timeline(
         **resident,
         # stage 0 without checkpointing: on CPU ranks the last block's backward holds the head's gradients
         # only (measured: the chunked loss's z0), on an H200 it held every later one (GPT-2 XL z0: +0.1 %
-        # with them, -1.4 % without), a difference between the two paths not yet explained
+        # with them, -1.4 % without), a difference between the two paths not yet explained; stage 1 without
+        # overlap_comm holds the head's on both (GPT-2 XL z1 on an H200: -0.2 %; with every later one
+        # +3.5 %); checkpointed, the peak is the first block's recomputation, every later gradient held
         Component.GRADIENTS: resident[Component.GRADIENTS]
         + _grads_so_far(
             setup,
             device,
             resident[Component.GRADIENTS],
-            first=setup.zero.activation_checkpointing or backend == "nccl",
+            first=setup.zero.activation_checkpointing or (backend == "nccl" and setup.zero.stage == 0),
         ),
         Component.BUFFERS: bucketed + gathered,
         Component.ACTIVATIONS: shape.blocks,
@@ -285,21 +287,30 @@ def _resident(setup: Setup, device: dict[str, Term]) -> dict[str, Term]:
 
 
 def _grads_so_far(setup: Setup, device: dict[str, Term], held: Term, first: bool = True) -> Term:
-    """DeepSpeed's stage 0 reduces after backward: when the first block's backward runs (``first``),
-    ``.grad`` holds every gradient but the first block's and the embedding's (a block: the parameters
-    outside the embeddings over the layers; a tied embedding's gradient from the head is autograd's until
-    the embedding's own backward adds to it: ``tied``); when the last block's runs, the head's (an untied
-    ``lm_head`` that trains, the final norm). Nothing where they were held already or are reduced as they
-    come."""
+    """DeepSpeed's stage 0 reduces after backward, and so does stage 1 without ``overlap_comm`` (its
+    gradient hooks reduce only when ``partition_gradients or overlap_comm``; ``reduce_gradients`` walks
+    every ``.grad`` after backward): when the first block's backward runs (``first``), ``.grad`` holds every
+    gradient but the first block's and the embedding's (a block: the parameters outside the embeddings
+    over the layers; a tied embedding's gradient from the head is autograd's until the embedding's own
+    backward adds to it: ``tied``); when the last block's runs, the head's (an untied ``lm_head`` that
+    trains, the final norm). Nothing where they were held already or are reduced as they come."""
     m, z = setup.model, setup.zero
-    if z.engine != "deepspeed" or z.stage != 0 or held.bytes or not (m.layers and m.hidden and m.vocab):
+    after = z.engine == "deepspeed" and (z.stage == 0 or (z.stage == 1 and not z.overlap))
+    if not after or held.bytes or not (m.layers and m.hidden and m.vocab):
         return NONE
     psi = partition.trainable_params(setup)
     listing = partition.listing(setup)
+    # stage 0's gradients are the device's (DeepSpeed's fp16 optimizer: the parameters' own); stage 1's
+    # .grad is a 16-bit (or fp32) gradient of every parameter, outside the partitioned states
+    grads = (
+        device[Component.GRADIENTS]
+        if z.stage == 0
+        else Term(element_bytes(z.precision) * psi, f"{element_bytes(z.precision)} B x Psi (.grad, stage 1)")
+    )
     if not first:
         head = m.vocab * (not m.tied_embeddings and (listing is None or "lm_head" in listing.head))
         n = (head + 1) * m.hidden
-        return Term(device[Component.GRADIENTS].bytes * n // psi, f"the head's gradients: {n:,} elements")
+        return Term(grads.bytes * n // psi, f"the head's gradients: {n:,} elements")
     if listing:  # a trainable subset's own first block and embedding (kit.trainable)
         embedding = m.vocab * m.hidden if listing.embeddings else 0
         later = psi - listing.blocks[0].params - embedding
@@ -307,7 +318,6 @@ def _grads_so_far(setup: Setup, device: dict[str, Term], held: Term, first: bool
         embedding = m.vocab * m.hidden
         block = (m.params - embedding * (1 if m.tied_embeddings else 2)) // m.layers
         later = m.params - block - embedding
-    grads = device[Component.GRADIENTS]
     return Term(
         grads.bytes * later // psi,
         f"{grads.formula} x {later:,} / {psi:,} (all but the first block's and the embedding's)",
