@@ -249,6 +249,23 @@ def test_a_small_bucket_is_only_explained():
     assert finding(e, "zero_optimization.overlap_comm").severity == "info"
 
 
+def test_stage_1_without_overlap_comm_is_said_to_hold_every_gradient_until_backward_ends():
+    """Stage 1's gradient hooks reduce only with overlap_comm (stage 2's always): without it ``.grad``
+    holds every gradient until ``reduce_gradients`` after backward (measured on CPU ranks: the toy's
+    checkpointed recomputation, tests/test_peak.py "z1 ckpt")."""
+
+    def overlap_off(stage: int):
+        config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}}
+        config["zero_optimization"] = {"stage": stage, "overlap_comm": False}
+        return finding(explained(config, model=LLAMA), "zero_optimization.overlap_comm")
+
+    one, two = overlap_off(1), overlap_off(2)
+    held = f"holds every gradient in .grad, 2 B x {LLAMA.params:,} = {2 * LLAMA.params / GIB:.2f} GiB per GPU"
+    assert held in one.message
+    assert one.suggestion.endswith("or if the gradients held in .grad are what does not fit")
+    assert ".grad" not in two.message and ".grad" not in two.suggestion
+
+
 def test_a_prefetch_bucket_many_layers_deep_costs_memory():
     zero = {"stage": 3, "stage3_prefetch_bucket_size": 5e8}
     e = explained({"train_batch_size": 8, "bf16": {"enabled": True}, "zero_optimization": zero})

@@ -331,6 +331,7 @@ ACCURACY = [
     # stage 1 without overlap_comm reduces after backward (its hooks reduce only with partition_gradients or
     # overlap_comm): the first block's recomputation holds every later .grad (+3.5 % before it was modelled)
     ("z1 ckpt", _setup(stage=1, activation_checkpointing=True)),
+    ("z1 ckpt overlap", _setup(stage=1, activation_checkpointing=True, overlap_comm=True)),  # hooks reduce
     ("z3 gas3", _setup(stage=3, batch=GAS3)),
     ("z1 overlap bucket 77,777", _setup(stage=1, reduce_bucket_size=77_777, overlap_comm=True)),
     ("z3 all released", _setup(stage=3, param_persistence_threshold=0)),

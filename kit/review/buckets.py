@@ -80,13 +80,21 @@ def overlap(x: Context) -> list[Finding]:
     rbs, p = x.z.reduce_bucket_size, x.p
     if not x.z.overlap:
         extra = -x.delta(overlap_comm=True)
+        # stage 1's hooks reduce only with overlap_comm (stage 2's always): .grad holds every gradient
+        held = (
+            f" (stage 1 meanwhile holds every gradient in .grad, {p} B x {x.trainable:,} = "
+            f"{size(p * x.trainable)} per GPU by the end of backward)"
+            if x.stage == 1
+            else ""
+        )
         return [
             Finding(
                 key,
                 "info",
-                f"{key} false: gradients are reduced after backward, not during it; turning it on adds a "
-                f"second buffer of reduce_bucket_size: 1 x {p} B x {rbs:,} = {size(extra)} per GPU",
-                "turn it on if the bucket is small (hidden^2) and the step is communication-bound",
+                f"{key} false: gradients are reduced after backward, not during it{held}; turning it on adds "
+                f"a second buffer of reduce_bucket_size: 1 x {p} B x {rbs:,} = {size(extra)} per GPU",
+                "turn it on if the bucket is small (hidden^2) and the step is communication-bound"
+                + (", or if the gradients held in .grad are what does not fit" if held else ""),
             )
         ]
     extra = x.delta(overlap_comm=False)

@@ -59,6 +59,13 @@ class Context:
         return self.allocated() - self.allocated(self.setup.replace(zero=zero))
 
     @property
+    def trainable(self) -> int:
+        """The parameters that get a gradient (a trainable subset's, ``kit.trainable``)."""
+        from kit.estimate import partition
+
+        return partition.trainable_params(self.setup)
+
+    @property
     def hidden(self) -> int | None:
         return self.setup.model.hidden
 
