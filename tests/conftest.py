@@ -111,8 +111,8 @@ def _once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
     return folder
 
 
-#: the published rows whose comparisons trace the most (T5), compared apart from the others so that two
-#: workers share the report's work (about 30 s of the 70 s each)
+#: published rows compared apart from the others (two T5s and BlenderBot: about 30 s of traces of the
+#: report's 70 s) so that two workers share the report's work
 TRACED_ROWS = ("A25", "A27", "A32")
 
 

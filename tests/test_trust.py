@@ -216,7 +216,10 @@ def test_published_answer_is_built_from_the_summary(published_report):
         f"The tensor peak is within {100 * abs(allocated['worst_error']):.1f} % of max allocated on 2 rows "
         f"(median {100 * allocated['median_abs_error']:.1f} %); "
     )
-    assert f"; {fit['agree']} of {fit['rows']} fit / OOM rows agree" in answer
+    assert (
+        f"; {fit['agree']} of {fit['rows']} fit / OOM rows agree, 4 hang on lengths their runs did not "
+        "publish (A25, A27, A28, A30);" in answer
+    )
     assert f"{100 * reserved['median_abs_error']:.1f} % (median; worst" in answer
     assert "; 18 of 32 published memory rows are expressed;" in answer
     zero3 = [c for c in published_report.comparisons if c.id in ("A18", "A19")]
