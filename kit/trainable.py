@@ -24,8 +24,8 @@ module parameters, whole on every rank at stages 0-2 and partitioned like the ot
 ranks build it with ``kit.workloads.adapters``; the estimate lists the same model on the meta device.
 
 What it cannot see: DoRA, peft's ``prepare_model_for_kbit_training`` (it casts the 16-bit weights to
-fp32; TRL skips it for sharded QLoRA), adapters on embeddings or convolutions; the kit's own GPT-2 and DiT,
-GPT-NeoX and model files (``model_problem``).
+fp32; TRL skips it for sharded QLoRA), adapters on embeddings or convolutions; QLoRA on the kit's GPT;
+the kit's DiT, GPT-NeoX and model files (``model_problem``).
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ FIELDS = ("lora_rank", "lora_targets", "freeze_embeddings", "frozen_blocks", "ql
 ALL_LINEAR = "all-linear"
 #: families whose activations are followed op by op with a trainable subset (``kit.estimate.activations``)
 FAMILIES = SWIGLU
-#: families followed op by op with frozen groups only (``freeze_embeddings``, ``frozen_blocks``): the kit's
-#: GPT (the toy and the gpt2 presets)
-FROZEN_FAMILIES = ("gpt2",)
+#: the kit's GPT (the toy and the gpt2 presets), followed op by op too, with LoRA on its ``Conv1D``s
+GPT_FAMILIES = ("gpt2",)
 #: what a panel offers: (label, the values of ``FIELDS``)
 CHOICES: tuple[tuple[str, tuple[int, tuple[str, ...], bool, int, bool, float]], ...] = (
     ("every parameter", (0, (), False, 0, False, 0.0)),
@@ -55,7 +54,9 @@ CHOICES: tuple[tuple[str, tuple[int, tuple[str, ...], bool, int, bool, float]], 
 
 def choices(zero, model=None) -> list[tuple[str, tuple]]:
     """``CHOICES`` (those ``model``, a ``ModelSpec``, takes when given, and ``zero``'s precision: QLoRA's
-    is bf16), and ``zero``'s own settings (a ``ZeroSettings``) where they are none of them."""
+    is bf16), and ``zero``'s own settings (a ``ZeroSettings``) where they are none of them. A traced model
+    is offered no LoRA: the choices' targets are peft's defaults and all-linear, which peft may not build
+    on it (a mixture of experts' experts take no dropout); its own targets go through the settings."""
     offered = [
         (label, values)
         for label, values in CHOICES
@@ -63,6 +64,7 @@ def choices(zero, model=None) -> list[tuple[str, tuple]]:
         and (
             model is None
             or not model_problem(zero.model_copy(update=dict(zip(FIELDS, values, strict=True))), model)
+            and not (_traced(model) and values[FIELDS.index("lora_rank")])
         )
     ]
     own = key(zero)
@@ -150,32 +152,36 @@ def problem(zero) -> str | None:
 def model_problem(zero, model) -> str | None:
     """Why ``model`` (a ``ModelSpec``) cannot train ``zero``'s subset in the kit, or None. The families of
     ``FAMILIES`` take every subset (their activations are followed op by op); any other Hugging Face
-    architecture, whose activations are traced (``kit.estimate.trace``), takes frozen embeddings; the kit's
-    GPT (``FROZEN_FAMILIES``) frozen groups but not LoRA; GPT-NeoX, DiT and model files none yet."""
+    architecture, whose activations are traced (``kit.estimate.trace``), takes frozen embeddings and LoRA;
+    the kit's GPT (``GPT_FAMILIES``) every subset but QLoRA; GPT-NeoX, DiT and model files none yet."""
     if not is_subset(zero):
         return None
-    field = next(f for f in FIELDS if getattr(zero, f))
-    traced = model.arch and not model.source and model.family not in FORMULA
-    frozen = model.family in FROZEN_FAMILIES and not model.source and not zero.lora_rank
-    if not traced and not frozen and (model.family not in FAMILIES or model.source or not model.arch):
-        if model.family in FROZEN_FAMILIES and zero.lora_rank:
-            return (
-                f"lora_rank: LoRA on {model.name} ({model.family}) is not modelled yet (peft does not adapt "
-                "the kit's GPT-2 Conv1D projections); freeze_embeddings and frozen_blocks are"
-            )
+    field, traced = next(f for f in FIELDS if getattr(zero, f)), _traced(model)
+    gpt = model.family in GPT_FAMILIES and not model.source
+    if (gpt or traced) and zero.qlora:
+        return (
+            f"qlora: 4-bit base weights are modelled for {', '.join(FAMILIES)} (their nn.Linear layers); "
+            f"{model.name}'s {'GPT-2 Conv1D projections are' if gpt else 'traced layers are'} not yet"
+        )
+    if not traced and not gpt and (model.family not in FAMILIES or model.source or not model.arch):
         return (
             f"{field}: a trainable subset is modelled for {', '.join(FAMILIES)} and traced Hugging Face "
             f"models (presets or config.json files); {model.name} ({model.family or 'no family'}) is not one"
         )
-    if traced and (zero.frozen_blocks or zero.lora_rank):
-        field = "frozen_blocks" if zero.frozen_blocks else "lora_rank"
+    if traced and zero.frozen_blocks:
         return (
-            f"{field}: {model.name} is traced (kit.estimate.trace), which takes frozen embeddings only yet "
-            "(peft's adapters are not built under FakeTensorMode; a traced model's blocks are not named)"
+            f"frozen_blocks: {model.name} is traced (kit.estimate.trace), which takes frozen embeddings and "
+            "LoRA only yet (a traced model's blocks are not named)"
         )
     if model.layers and zero.frozen_blocks >= model.layers:
         return f"frozen_blocks: must be in [0, {model.layers - 1}] (the model's blocks, one left to train)"
     return None
+
+
+def _traced(model) -> bool:
+    """Whether ``model``'s activations are traced (``kit.estimate.trace``): a Hugging Face architecture
+    without a formula."""
+    return bool(model.arch and not model.source and model.family not in FORMULA)
 
 
 def run_problem(zero) -> str | None:

@@ -1,6 +1,7 @@
 """Real 2-rank runs of models that are not the kit's toys, stages 0-3 in one launch: a shrunk Llama
-(Hugging Face), a shrunk Mixtral (mixture of experts; also with frozen embeddings at stages 2 and 3, traced
-with them), a shrunk BART whose decoder learns 16 tokens of 32 (stages 0 and 3) and a model file.
+(Hugging Face), a shrunk Mixtral (mixture of experts; also with frozen embeddings at stages 2 and 3, and with
+LoRA on every linear layer at stage 3, traced with them), a shrunk BART whose decoder learns 16 tokens of
+32 (stages 0 and 3) and a model file.
 Measured model-state bytes equal the estimate exactly on every rank; activations match the formula or
 the trace; a model file that fails inside the ranks becomes an error record naming its line, and the
 sweep goes on. They run in the session's shared 2-rank sweep (tests/conftest.py)."""
@@ -60,6 +61,10 @@ def declared(root: Path) -> tuple[dict[str, list[Setup]], Setup, Path]:
         "llama": setups(models.override(models.preset("llama-2-7b"), SMALL)),
         "mixtral": setups(models.from_hf_config(MIXTRAL)),
         "mixtral frozen embeddings": setups(models.from_hf_config(MIXTRAL), (2, 3), freeze_embeddings=True),
+        # LoRA through peft on every linear layer and, as peft does for a mixture of experts, its experts
+        "mixtral lora": setups(
+            models.from_hf_config(MIXTRAL), (3,), lora_rank=4, lora_targets=("all-linear",)
+        ),
         "file": setups(models.resolve(str(EXAMPLES / "conv_net.py"))),
         "bart, 16 target tokens": [
             s.replace(batch={"target_len": 16}) for s in setups(models.from_hf_config(BART), (0, 3))
@@ -113,7 +118,8 @@ def test_the_failing_model_file_is_an_error_record_naming_its_line(sweep):
 
 @pytest.mark.distributed
 @pytest.mark.parametrize(
-    "group", ["llama", "mixtral", "mixtral frozen embeddings", "file", "bart, 16 target tokens"]
+    "group",
+    ["llama", "mixtral", "mixtral frozen embeddings", "mixtral lora", "file", "bart, 16 target tokens"],
 )
 def test_measured_model_states_equal_the_estimate_on_every_rank(sweep, group):
     results, groups, _, _ = sweep
@@ -136,11 +142,12 @@ def test_measured_model_states_equal_the_estimate_on_every_rank(sweep, group):
 
 @pytest.mark.distributed
 @pytest.mark.parametrize(
-    "group", ["llama", "mixtral", "mixtral frozen embeddings", "file", "bart, 16 target tokens"]
+    "group",
+    ["llama", "mixtral", "mixtral frozen embeddings", "mixtral lora", "file", "bart, 16 target tokens"],
 )
 def test_measured_activations_match_the_estimate(sweep, group):
-    """Llama by its formula, Mixtral (with frozen embeddings too), the model file and BART with its own
-    target length by their traces: within 3 % of autograd's."""
+    """Llama by its formula, Mixtral (with frozen embeddings and LoRA too), the model file and BART with its
+    own target length by their traces: within 3 % of autograd's."""
     results, groups, _, _ = sweep
     table = results.summary().set_index("config_id")
     for setup in groups[group]:

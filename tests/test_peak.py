@@ -267,6 +267,17 @@ MODES = {
         stage=2, freeze_embeddings=True, activation_checkpointing=True, loss="chunked"
     ),
     "z0 first block frozen fp32": _setup(stage=0, frozen_blocks=1, precision="fp32"),
+    # LoRA on the toy GPT (peft on transformers' Conv1D): c_attn only has the first gradient hook in the last
+    # block's attention (its input LayerNorm's backward after it); all-linear at stage 1 holds every .grad;
+    # checkpointed, the embeddings' output made to need a gradient
+    "z2 lora": _setup(stage=2, lora_rank=4),
+    "z1 lora all-linear dropout fp32": _setup(
+        stage=1, lora_rank=4, lora_targets=("all-linear",), lora_dropout=0.1, precision="fp32"
+    ),
+    "z3 lora ckpt": _setup(stage=3, lora_rank=4, activation_checkpointing=True),
+    "z2 lora all-linear ckpt": _setup(
+        stage=2, lora_rank=4, lora_targets=("all-linear",), activation_checkpointing=True
+    ),
 }
 #: (name, Setup) under DeepSpeed's Ulysses sequence parallelism on 2 ranks (``kit.sequence_parallel``): each
 #: rank holds half of each sequence, gradients are reduced in fp32

@@ -27,7 +27,10 @@ SUBSETS = {
 
 def _setup(model, **zero) -> Setup:
     return Setup(
-        model=model, cluster={"gpus_per_node": 8}, zero=zero, batch={"micro_batch": 1, "seq_len": 4096}
+        model=model,
+        cluster={"gpus_per_node": 8},
+        zero=zero,
+        batch={"micro_batch": 1, "seq_len": min(4096, model.max_seq_len or 4096)},
     )
 
 
@@ -59,6 +62,13 @@ def _peft_counts(name: str, **lora) -> tuple[int, int]:
             {"r": 8, "target_modules": ["q_proj", "o_proj"]},
         ),
         ("qwen2.5-0.5b", {"lora_rank": 8, "lora_dropout": 0.1}, {"r": 8, "lora_dropout": 0.1}),
+        # the kit's GPT against transformers' GPT-2: peft's default c_attn, all-linear without the head
+        ("gpt2-xl", {"lora_rank": 16}, {"r": 16}),
+        (
+            "gpt2-medium",
+            {"lora_rank": 8, "lora_targets": ("all-linear",)},
+            {"r": 8, "target_modules": "all-linear"},
+        ),
     ],
 )
 def test_lora_counts_are_pefts(name, zero, lora):
@@ -68,6 +78,8 @@ def test_lora_counts_are_pefts(name, zero, lora):
     assert partition.trainable_params(s) == listing.trainable
     if name == "llama-2-7b" and "lora_targets" not in zero:  # peft's docs: 32 layers x q, v x r (4096 + 4096)
         assert listing.trainable == 32 * 2 * 16 * (4096 + 4096) == 8_388_608
+    if name == "gpt2-xl":  # 48 layers x c_attn x r (1600 in + 4800 out)
+        assert listing.trainable == 48 * 16 * (1600 + 4800) == 4_915_200
 
 
 def test_frozen_groups_and_a_tied_head():
@@ -198,10 +210,16 @@ def test_a_panel_choice_is_a_setting():
     )
 
 
-def test_a_traced_model_takes_frozen_embeddings_and_refuses_lora():
-    """Mixtral is traced (no formula): frozen embeddings apply in the trace (measured on ranks in
-    tests/test_own_model_runs.py); peft's adapters cannot be built under FakeTensorMode yet."""
-    from tests.test_own_model_runs import MIXTRAL
+def test_a_traced_model_takes_frozen_embeddings_and_lora():
+    """Mixtral and BART are traced (no formula): frozen embeddings and LoRA apply in the trace (peft's
+    adapters built on the meta device, then made fake: ``kit.estimate.trace._with_subset``; measured on ranks
+    in tests/test_own_model_runs.py). LoRA's trainable count is peft's own on transformers' model; with LoRA
+    on BART what autograd saves in one process is the trace's; frozen blocks and QLoRA are refused, and what
+    peft refuses is one line."""
+    from peft import LoraConfig, get_peft_model
+
+    from kit import workloads
+    from tests.test_own_model_runs import BART, MIXTRAL
 
     mixtral = models.from_hf_config(MIXTRAL)
     batch = {"micro_batch": 2, "seq_len": 32}
@@ -209,14 +227,52 @@ def test_a_traced_model_takes_frozen_embeddings_and_refuses_lora():
     frozen = estimate(Setup(model=mixtral, zero={"freeze_embeddings": True}, batch=batch))
     assert frozen.components["activations"] < full.components["activations"]  # the first norm saves nothing
     assert frozen.components["optimizer_states"] < full.components["optimizer_states"]
-    with pytest.raises(ValueError, match="zero.lora_rank: .* is traced"):
-        Setup(model=mixtral, zero={"lora_rank": 4}, batch=batch)
+    lora = Setup(model=mixtral, zero={"lora_rank": 4, "lora_targets": ("q_proj", "v_proj")}, batch=batch)
+    listing = adapters.listing(lora.model, lora.zero)
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**MIXTRAL))
+    peft = get_peft_model(
+        hf, LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    ).get_nb_trainable_parameters()
+    assert (
+        (listing.trainable, listing.total)
+        == peft
+        == (2 * 4 * (64 + 64 + 64 + 32), mixtral.params + 1792)  # 2 blocks: q (64 -> 64), v (64 -> 2 x 16)
+    )
+    traced = estimate(lora).components
+    assert traced["activations"] < full.components["activations"]
+    assert traced["optimizer_states"] == 12 * listing.trainable // 8  # 1,792 adapters' elements on 8 GPUs
+    bart = Setup(
+        model=models.from_hf_config(BART), zero={"lora_rank": 4, "lora_targets": ("all-linear",)}, batch=batch
+    )
+    workload = workloads.for_model(bart.model)
+    torch.manual_seed(0)
+    model = adapters.apply(workload.build().to(torch.bfloat16), bart.zero).train()
+    args, kwargs = workload.micro_batch([0, 1], 32, 0)
+    assert saved_by(model, *args, **kwargs) == pytest.approx(
+        estimate(bart).components["activations"], rel=TOLERANCE
+    )
+    with pytest.raises(
+        ValueError, match="zero.frozen_blocks: mixtral is traced .* takes frozen embeddings and LoRA"
+    ):
+        Setup(model=mixtral, zero={"frozen_blocks": 1}, batch=batch)
+    with pytest.raises(ValueError, match="zero.qlora: .*; mixtral's traced layers are not yet"):
+        Setup(model=mixtral, zero={"lora_rank": 4, "qlora": True}, batch=batch)
+    experts = Setup(
+        model=mixtral,
+        zero={"lora_rank": 4, "lora_targets": ("all-linear",), "lora_dropout": 0.1},
+        batch=batch,
+    )
+    with pytest.raises(
+        ValueError, match="^lora_rank: peft cannot build these adapters on the model: lora.Param"
+    ):
+        estimate(experts)
 
 
 def test_a_panel_offers_only_what_its_model_takes():
     """The comparison panel's dropdowns for a fixed model (``kit.lab.ui.trainable`` / ``loss`` with the
-    model): the toy GPT takes frozen groups but not LoRA, and every loss; a traced model frozen embeddings
-    only and the plain loss."""
+    model): the toy GPT takes every subset but QLoRA, and every loss; a traced model frozen embeddings
+    only (its LoRA targets are the user's: ``trainable.choices``) and the plain loss."""
     from kit import loss as losses
     from kit.lab import ui
     from kit.schema import ZeroSettings
@@ -224,7 +280,9 @@ def test_a_panel_offers_only_what_its_model_takes():
 
     z = ZeroSettings()
     toy, mixtral = models.toy_spec(), models.from_hf_config(MIXTRAL)
-    assert [label for label, _ in trainable.choices(z, toy)] == ["every parameter", "frozen embeddings"]
+    assert [label for label, _ in trainable.choices(z, toy)] == [
+        label for label, _ in trainable.CHOICES if "QLoRA" not in label
+    ]
     assert [label for label, _ in trainable.choices(z, mixtral)] == ["every parameter", "frozen embeddings"]
     assert trainable.choices(z, models.preset("llama-2-7b")) == list(trainable.CHOICES)
     assert losses.choices(z, toy) == losses.choices(z, None) == list(losses.CHOICES)
@@ -291,12 +349,20 @@ def test_lora_dropout_in_the_label_and_the_script():
 
 @pytest.mark.parametrize(
     "zero",
-    [{"freeze_embeddings": True}, {"frozen_blocks": 1}, {"freeze_embeddings": True, "loss": "chunked"}],
+    [
+        {"freeze_embeddings": True},
+        {"frozen_blocks": 1},
+        {"freeze_embeddings": True, "loss": "chunked"},
+        {"lora_rank": 4},
+        {"lora_rank": 4, "lora_targets": ("c_fc",)},
+        {"lora_rank": 4, "lora_targets": ("all-linear",), "lora_dropout": 0.1},
+        {"lora_rank": 8, "lora_targets": ("attn.c_proj", "mlp.c_proj"), "lora_dropout": 0.1},
+    ],
 )
-def test_the_toy_gpts_frozen_groups_save_what_the_estimate_says(zero):
-    """The kit's GPT with a frozen group (fp32, in one process): what autograd saves equals the GPT-2
+def test_the_toy_gpts_subsets_save_what_the_estimate_says(zero):
+    """The kit's GPT with a frozen group or LoRA (fp32, in one process): what autograd saves equals the GPT-2
     op-by-op account (``_gpt2_subset_saved``) within the O(b s) tensors it leaves out (the LayerNorms'
-    statistics, the token ids); its trainable count is the listing's; LoRA on it is refused in one line."""
+    statistics, the token ids); its trainable count is the listing's; QLoRA on it is refused in one line."""
     from kit.workloads import chunked_loss
     from kit.workloads.toymodels import GPT
 
@@ -313,5 +379,12 @@ def test_the_toy_gpts_frozen_groups_save_what_the_estimate_says(zero):
     )
     saved = saved_by(model, ids, labels)
     assert saved == pytest.approx(estimate(setup).components["activations"], rel=TOLERANCE)
-    with pytest.raises(ValueError, match="lora_rank: LoRA on toy-gpt2-2x64 .gpt2. is not modelled yet"):
-        Setup(model=spec, zero={"lora_rank": 4})
+    with pytest.raises(ValueError, match="qlora: 4-bit base weights are modelled for llama, mistral, qwen2 "):
+        Setup(model=spec, zero={"lora_rank": 4, "qlora": True})
+    llama_names = Setup(model=spec, zero={"lora_rank": 4, "lora_targets": ("q_proj",)}, batch=setup.batch)
+    layers = r"c_attn, c_proj, c_fc, lm_head \(or 'all-linear'\)$"
+    with pytest.raises(
+        ValueError,
+        match=r"^lora_targets: \['q_proj'\] name no layer of the model; its linear layers: " + layers,
+    ):
+        estimate(llama_names)

@@ -420,31 +420,45 @@ def _subset_saved(setup: Setup) -> Saved:
 
 
 def _gpt2_subset_saved(setup: Setup, listing) -> Saved:
-    """``_subset_saved`` for the kit's GPT (GPT-2's block, eager attention, no dropout) with frozen groups
-    (its ``Conv1D``s are ``torch.addmm``, which saves its input only for its weight's gradient; ``zero.Init``
-    wraps ``F.linear``, the head's alone): each LayerNorm saves its input where it or its weights need a
-    gradient; c_attn, c_proj, c_fc and the MLP's c_proj their input where their weight trains; the
-    attention (q, k and v copies, the softmax, the causal mask) and the GELU's input where their input needs
-    a gradient. The residual stream needs one from the first block when the position embeddings train (the
-    input embeddings frozen, ``freeze_embeddings``, leave them training) or under checkpointing. With every
-    parameter training this is the family's formula, term for term."""
+    """``_subset_saved`` for the kit's GPT (GPT-2's block, eager attention, no dropout) with frozen groups or
+    LoRA (its ``Conv1D``s are ``torch.addmm``, which saves its input only for its weight's gradient;
+    ``zero.Init`` wraps ``F.linear``: the head's and the adapters'): each LayerNorm saves its input where it
+    or its weights need a gradient; c_attn, c_proj, c_fc and the MLP's c_proj their input where their weight
+    trains or an adapter's A takes it (with LoRA dropout, A's own dropped copy and, where the input needs a
+    gradient, the bool mask), each adapter its A's output (b s r, for B); the attention (q, k and v copies,
+    the softmax, the causal mask) and the GELU's input where their input needs a gradient (an adapted
+    c_attn's or c_fc's output does). The residual stream needs one from the first block when the position
+    embeddings train (the input embeddings frozen, ``freeze_embeddings``, leave them training) or under
+    checkpointing. With every parameter training this is the family's formula, term for term."""
     z, m = setup.zero, setup.model
     b, s, p = setup.batch.micro_batch, setup.rank_seq_len, element_bytes(z.precision)
     _, h, a, _, f, _ = m.dims
     sbh, sbf = p * s * b * h, p * s * b * f
     attention = 3 * sbh + p * a * s * s * b + s * s
+    dropout = z.lora_dropout > 0
 
     def block(parts, grad: bool) -> tuple[int, bool]:
-        trains = parts.trains
+        trains, adapted = parts.trains, parts.adapted
+
+        def projection(width: int, grad_in: bool, name: str) -> int:
+            """What the ``Conv1D`` ``name`` and its adapter save: its input (``width`` wide, needing a
+            gradient if ``grad_in``), the adapter's dropped copy and mask, and its A's output."""
+            lora = name in adapted
+            own = name in trains or (lora and not dropout)
+            dropped = lora * dropout * (p + DROPOUT_MASK * grad_in)
+            return s * b * (width * (p * own + dropped) + lora * z.lora_rank * p)
+
+        def grads(name: str) -> bool:  # the projection's output needs a gradient for its own weights
+            return name in trains or name in adapted
+
         norm1 = grad or "norm1" in trains
-        qkv = "q" in trains
-        attended = norm1 or qkv  # c_attn's output needs a gradient
-        mid = grad or attended or "o" in trains
+        attended = norm1 or grads("q")  # c_attn's output needs a gradient
+        saved = sbh * norm1 + projection(h, norm1, "q") + attention * attended + projection(h, attended, "o")
+        mid = grad or attended or grads("o")
         norm2 = mid or "norm2" in trains
-        up = norm2 or "up" in trains  # c_fc's output needs a gradient
-        saved = sbh * (norm1 + qkv + ("o" in trains) + norm2 + ("up" in trains)) + attention * attended
-        saved += sbf * (up + ("down" in trains))
-        return saved, mid or up or "down" in trains
+        up = norm2 or grads("up")  # c_fc's output needs a gradient
+        saved += sbh * norm2 + projection(h, norm2, "up") + sbf * up + projection(f, up, "down")
+        return saved, mid or up or grads("down")
 
     grad = listing.embeddings or listing.positions or z.activation_checkpointing
     blocks, last_norm = [], 0

@@ -167,6 +167,13 @@ class Shape:
                 f"down-projection's input {'and weight gradients ' if down else 'gradient '}and the "
                 "incoming one" + (", and the SwiGLU product's two input gradients" if gated else ""),
             ) + (_weight_grad_scratch(setup, cpu) if down else NONE)
+            if not gated:  # then the GELU's backward: its incoming and input gradients, and the residual's
+                activation = Term(
+                    p * (2 * s * mb * f + s * mb * h),
+                    f"{p} B x (2 b s f + b s h): the MLP activation's input and incoming gradients and the "
+                    "residual's",
+                )
+                self.block_backward = max(self.block_backward, activation, key=lambda t: t.bytes)
             dequantized = _dequantized(setup, f * h, cpu)
             if dequantized.bytes > p * gated * s * mb * f:  # QLoRA: the down projection's backward is larger
                 self.block_backward = dequantized + Term(
@@ -335,19 +342,10 @@ def _fused(working_sets):
 
     def sets(setup: Setup, cpu: CpuMatmul | None) -> tuple[Term, Term]:
         forward, backward = working_sets(setup, cpu)
-        m, p = setup.model, element_bytes(setup.zero.precision)
-        sbh = setup.batch.micro_batch * setup.rank_seq_len * m.dims.hidden
-        listing = partition.listing(setup)
+        m, listing = setup.model, partition.listing(setup)
         saved = fused_head(setup, 0, listing is None or "lm_head" in listing.head).bytes
-        if m.family in SWIGLU_FAMILIES:
-            own, how = RMSNORM_BACKWARD_FP32 * FP32 * sbh, f"{RMSNORM_BACKWARD_FP32} x 4 B x b s h"
-        else:
-            own, how = p * sbh, f"its input's gradient {p} B x b s h"
-        norm = Term(
-            own + p * sbh - saved,
-            f"the final {final_norm(m)}'s backward after the loss's: {how} and its incoming gradient "
-            f"{p} B x b s h, less what the loss saved",
-        )
+        norm = _norm_backward(setup, f"the final {final_norm(m)}'s backward after the loss's")
+        norm = Term(norm.bytes - saved, f"{norm.formula}, less what the loss saved")
         return forward, max(backward, norm, key=lambda t: t.bytes)
 
     return sets
@@ -361,6 +359,19 @@ FUSED = {"chunked": _fused(_chunk), "cce": _fused(cce_working_sets)}
 #: gradient, its products with the rsqrt and with the input, the mean's and the square's gradients), measured
 #: in the last block's input norm on CPU ranks
 RMSNORM_BACKWARD_FP32 = 5
+
+
+def _norm_backward(setup: Setup, what: str) -> Term:
+    """A norm's backward working set in ``setup``'s family (``what`` it is): a Hugging Face RMSNorm's
+    ``RMSNORM_BACKWARD_FP32`` fp32 b s h at once, a LayerNorm's input gradient (one fused kernel,
+    ``native_layer_norm_backward``), and the incoming gradient."""
+    p = element_bytes(setup.zero.precision)
+    sbh = setup.batch.micro_batch * setup.rank_seq_len * setup.model.dims.hidden
+    if setup.model.family in SWIGLU_FAMILIES:
+        own, how = RMSNORM_BACKWARD_FP32 * FP32 * sbh, f"{RMSNORM_BACKWARD_FP32} x 4 B x b s h"
+    else:
+        own, how = p * sbh, f"its input's gradient {p} B x b s h"
+    return Term(own + p * sbh, f"{what}: {how} and its incoming gradient {p} B x b s h")
 
 
 class Late(NamedTuple):
@@ -377,9 +388,9 @@ def _late_hook(setup: Setup, act: Term, saved, p: int) -> Late | None:
     first gradient hook, where stages 1-2 allocate their bucket, inside the last block's attention: the
     block's MLP and attention saved tensors are freed by then. Two moments follow with the bucket: the
     backward of the last block's input norm (the activations less the head's and the last block's, what
-    that norm keeps, and the norm's working set: ``RMSNORM_BACKWARD_FP32`` fp32 b s h and the residual
-    gradient), and the backward of the block below (the activations less the head's and the last block's;
-    a checkpointed last block leaves its recomputation to the block below). None when the bucket comes
+    that norm keeps, and the norm's working set, ``_norm_backward``), and the backward of the block below
+    (the activations less the head's and the last block's; a checkpointed last block leaves its
+    recomputation to the block below). None when the bucket comes
     with the head's or the MLP's gradients, as without a subset."""
     z, listing = setup.zero, partition.listing(setup)
     if z.engine != "deepspeed" or z.stage not in (1, 2) or listing.head or not listing.blocks:
@@ -399,10 +410,7 @@ def _late_hook(setup: Setup, act: Term, saved, p: int) -> Late | None:
             blocks - (saved.recomputed if ckpt else saved.blocks[-1]) + saved.last_norm,
             f"{act.formula} - {done} but its input norm's",
         ),
-        Term(
-            RMSNORM_BACKWARD_FP32 * FP32 * sbh + p * sbh,
-            f"{RMSNORM_BACKWARD_FP32} x 4 B x b s h + {p} B x b s h (its input norm's backward)",
-        ),
+        _norm_backward(setup, "its input norm's backward"),
         Term(blocks - (p * sbh if ckpt else saved.blocks[-1]), f"{act.formula} - {done}"),
     )
 

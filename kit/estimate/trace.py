@@ -238,11 +238,7 @@ def traced_at(
         with mode:
             model = workload.shapes()
             if any(subset):  # the same LoRA or frozen parts the ranks apply (kit.workloads.adapters)
-                from kit.workloads import adapters
-
-                model = adapters.apply(
-                    model, ZeroSettings(**dict(zip(trainable.FIELDS, subset, strict=True)))
-                )
+                model = _with_subset(model, ZeroSettings(**dict(zip(trainable.FIELDS, subset, strict=True))))
             fake = [_fake(mode, x, dtype) for x in args]
             fake_kw = {k: _fake(mode, x, dtype) for k, x in kwargs.items()}
             counter = _SavedByBlock(model)
@@ -271,6 +267,25 @@ def traced_at(
         seconds=round(time.perf_counter() - start, 3),
         levels=tuple(live.levels),
     )
+
+
+def _with_subset(model, zero: ZeroSettings):
+    """``kit.workloads.adapters.apply`` under FakeTensorMode. peft moves each new adapter to its base layer's
+    device with ``Module.to``, which cannot swap a fake parameter (FakeTensorMode keeps a weak reference to
+    it); adapters built on the meta device are left alone (peft skips those) and made fake parameters on the
+    model's device here."""
+    import torch
+
+    from kit.workloads import adapters
+
+    with torch.device("meta"):
+        model = adapters.apply(model, zero)
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.device.type == "meta":
+                fake = torch.empty(p.shape, dtype=p.dtype)
+                module._parameters[name] = torch.nn.Parameter(fake, requires_grad=p.requires_grad)
+    return model
 
 
 class _SavedByBlock:

@@ -85,17 +85,17 @@ def build_engine(setup: Setup, seed: int = 0, *, comms_logger: bool = False) -> 
 
 def _train_subset(model, setup: Setup):
     """``model`` with ``setup``'s trainable subset (``kit.workloads.adapters``; LoRA adapters built after
-    ``zero.Init``, which DeepSpeed's stage 3 partitions at ``initialize``). With checkpointing and frozen
-    embeddings the blocks' inputs are made to need a gradient (``enable_input_require_grads``, as
+    ``zero.Init``, which DeepSpeed's stage 3 partitions at ``initialize``). With checkpointing and every
+    embedding frozen the blocks' inputs are made to need a gradient (``enable_input_require_grads``, as
     transformers does under gradient checkpointing), else a reentrant checkpoint would give the
     adapters none."""
-    from kit.workloads import adapters
+    from kit.workloads import adapters, toymodels
 
     model = adapters.apply(model, setup.zero)
-    frozen = not model.get_input_embeddings().weight.requires_grad
-    # the kit's GPT has no such method and needs none: its position embeddings train, so the blocks' input
-    # needs a gradient anyway
-    if setup.zero.activation_checkpointing and frozen and hasattr(model, "enable_input_require_grads"):
+    embeddings = [model.get_input_embeddings().weight]
+    if isinstance(getattr(model, "transformer", None), toymodels.GPTBody):  # the kit's GPT: its positions
+        embeddings.append(model.transformer.wpe.weight)
+    if setup.zero.activation_checkpointing and not any(p.requires_grad for p in embeddings):
         model.enable_input_require_grads()
     return model
 

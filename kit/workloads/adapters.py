@@ -16,6 +16,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import cast
 
 from kit import trainable
 from kit.schema import ModelSpec
@@ -38,19 +39,42 @@ def apply(model, zero):
     groups' ``requires_grad`` off. Every parameter trains when ``zero`` sets no subset."""
     if zero.lora_rank:
         from peft import LoraConfig, get_peft_model
+        from peft.utils.error import NoMatchingPeftModuleError
 
         targets = zero.lora_targets
+        modules = trainable.ALL_LINEAR if targets == (trainable.ALL_LINEAR,) else (list(targets) or None)
+        exclude, gpt = None, _hf_projections(model)
+        if gpt:  # the kit's GPT has no Hugging Face config: its model type's default targets, its head here
+            from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+            modules = modules or DEFAULTS["gpt2"]
+            exclude = ["lm_head"] if modules == trainable.ALL_LINEAR else None
         config = LoraConfig(
             r=zero.lora_rank,
             lora_alpha=2 * zero.lora_rank,
-            target_modules=trainable.ALL_LINEAR
-            if targets == (trainable.ALL_LINEAR,)
-            else (list(targets) or None),
+            target_modules=modules,
+            exclude_modules=exclude,
+            fan_in_fan_out=gpt,  # Conv1D's (in, out) weight
             lora_dropout=zero.lora_dropout,
             bias="none",
         )
+        layers = _linear_names(model)
         # adapters in the model's dtype (peft would upcast 16-bit ones to fp32; DeepSpeed casts them back)
-        model = get_peft_model(model, config, autocast_adapter_dtype=False)
+        try:
+            with warnings.catch_warnings():  # peft reads transformers' deprecated flags: not the user's notice
+                warnings.simplefilter("ignore", FutureWarning)
+                model = get_peft_model(model, config, autocast_adapter_dtype=False)
+        except NoMatchingPeftModuleError as error:
+            what = (
+                f"{list(targets)} name no layer of the model"
+                if targets
+                else "peft found no default in the model"
+            )
+            raise ValueError(
+                f"lora_targets: {what}; its linear layers: {', '.join(layers)} (or {trainable.ALL_LINEAR!r})"
+            ) from error
+        except ValueError as error:  # e.g. a mixture of experts' expert weights take no dropout in peft
+            raise ValueError(f"lora_rank: peft cannot build these adapters on the model: {error}") from error
         if zero.lora_dropout:
             _native_dropout(model)
         if zero.qlora:  # the base weights in 4-bit NF4 (bitsandbytes' format in plain PyTorch)
@@ -66,6 +90,31 @@ def apply(model, zero):
     for module in frozen:
         module.requires_grad_(False)
     return model
+
+
+def _linear_names(model) -> list[str]:
+    """The names peft's ``target_modules`` may give of ``model``'s linear layers (their last part), head
+    included, in order."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    linear = [name for name, module in model.named_modules() if isinstance(module, (torch.nn.Linear, Conv1D))]
+    return list(dict.fromkeys(name.rsplit(".", 1)[-1] for name in linear))
+
+
+def _hf_projections(model) -> bool:
+    """The ``Conv1D``s of the kit's GPT (``kit.workloads.toymodels``) made transformers' own class, which
+    peft adapts (the same parameters, attributes and ``x @ W + b``); whether ``model`` is that GPT."""
+    from transformers.pytorch_utils import Conv1D
+
+    from kit.workloads import toymodels
+
+    if not isinstance(model, toymodels.GPT):
+        return False
+    for module in model.modules():
+        if isinstance(module, toymodels.Conv1D):
+            module.__class__ = cast(type, Conv1D)  # a class of the same attributes: Python allows the swap
+    return True
 
 
 def _native_dropout(model) -> None:

@@ -21,10 +21,13 @@ from kit.schema import ModelSpec
 
 
 class Conv1D(nn.Module):
-    """HF GPT-2's projection: ``x @ weight + bias`` with ``weight`` stored (in, out)."""
+    """HF GPT-2's projection: ``x @ weight + bias`` with ``weight`` stored (in, out), and transformers'
+    ``Conv1D``'s attributes (``nf`` out, ``nx`` in): LoRA makes it that class (``kit.workloads.adapters``),
+    which peft adapts; it is not imported here, as transformers costs each rank 0.6 s."""
 
     def __init__(self, n_in: int, n_out: int):
         super().__init__()
+        self.nf, self.nx = n_out, n_in
         self.weight = nn.Parameter(torch.empty(n_in, n_out))
         self.bias = nn.Parameter(torch.zeros(n_out))
         nn.init.normal_(self.weight, std=0.02)
@@ -131,6 +134,11 @@ class GPT(nn.Module):
     Labels are the next tokens (already shifted by the caller), shape (batch, seq).
     """
 
+    #: Hugging Face's flag, off as in its models: the kit checkpoints blocks itself (``kit.checkpointing``).
+    #: peft reads it, taking a model without it for checkpointed, whose embeddings' output it then makes
+    #: need a gradient (saving every frozen block's input)
+    is_gradient_checkpointing = False
+
     def __init__(self, spec: ModelSpec):
         super().__init__()
         if spec.family != "gpt2":
@@ -148,6 +156,11 @@ class GPT(nn.Module):
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
+
+    def enable_input_require_grads(self) -> None:
+        """Hugging Face's: the input embeddings' output needs a gradient, so that a reentrant checkpoint
+        gives the blocks' adapters theirs when every embedding is frozen (LoRA)."""
+        self.transformer.wte.register_forward_hook(lambda module, args, output: output.requires_grad_(True))
 
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The final norm's output: what the head (or a fused loss, ``kit.workloads.chunked_loss``) takes."""
