@@ -6,13 +6,13 @@ import pytest
 from kit import Setup
 from kit.estimate import estimate, memory, partition
 from kit.estimate.allocator import Alloc, EmptyCache, Free, Mark, replay
-from kit.estimate.reserved import DEFAULT, GATHER, REDUCE, _Step, blocks
+from kit.estimate.deepspeed_events import DEFAULT, GATHER, REDUCE, Step, blocks
 from kit.models import preset
 
 
 def step(setup):
     held = memory.states(setup)
-    return _Step(setup, held.device, memory.batch_activations(setup)).events()
+    return Step(setup, held.device, memory.batch_activations(setup)).events()
 
 
 def test_a_model_is_its_embeddings_its_repeated_block_and_its_head():
@@ -89,8 +89,48 @@ def test_zero_init_partitions_are_freed_and_the_cache_emptied():
 
 def test_what_it_does_not_replay_says_none():
     base = Setup(model=preset("gpt2"), cluster={"gpus_per_node": 8}, batch={"micro_batch": 1})
-    others = ({"engine": "fsdp", "stage": 3}, {"engine": "ddp", "stage": 0})
-    for zero in (*others, {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}):
+    for zero in (
+        {"engine": "ddp", "stage": 0},
+        {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+    ):
         e = estimate(base.replace(zero=zero))
         assert e.reserved is None and e.reserved_bytes is None and e.to_dict()["reserved_bytes"] is None
     assert estimate(base, formula="zero-paper").reserved is None
+
+
+@pytest.mark.parametrize("stage", [3, 2])  # fsdp, fsdp-grad-op (reshard_after_forward=False)
+def test_fsdp2_gathers_each_unit_reduces_it_in_fp32_and_keeps_only_its_states(stage):
+    """FSDP2 (kit.estimate.fsdp_events): each block's flat all-gather output (8 x its padded shards, bf16)
+    on the copy-in stream, in forward and again in backward (``fsdp``: resharded after forward) or in forward
+    only (``fsdp-grad-op``), the root's once a step; one fp32 reduce-scatter output per unit per step on the
+    reduce-scatter stream; after the two steps only the fp32 shards and Adam's two moments of each are live;
+    the replay's own tensor peak within its grain of the timeline's (the root's unsharded gradients held to
+    the end of the backward and the fp32 reduce-scatter input are the replay's alone)."""
+    from kit.estimate.fsdp_events import FsdpStep
+
+    s = Setup(
+        model=preset("gpt2"),
+        cluster={"gpus_per_node": 8},
+        zero={"engine": "fsdp", "stage": stage},
+        batch={"micro_batch": 2},
+    )
+    held = memory.states(s)
+    events = FsdpStep(s, held.device, memory.batch_activations(s)).events()
+    before, block, after, count = blocks(s.model)
+    flat = 2 * sum(partition.padded(t, 8) for t in block)
+    gathers = [e for e in events if isinstance(e, Alloc) and e.stream == GATHER and e.size == flat]
+    assert len(gathers) == 2 * count * (2 if stage == 3 else 1)  # two steps
+    outputs = [e.size for e in events if isinstance(e, Alloc) and e.stream == REDUCE]
+    root = 4 * sum(partition.padded(t, 8) for t in (*before, *after)) // 8
+    assert outputs == 2 * ([4 * flat // 2 // 8] * count + [root])
+    live: dict[int, int] = {}
+    for e in events:
+        if isinstance(e, Alloc):
+            live[e.key] = e.size
+        elif isinstance(e, Free):
+            live.pop(e.key, None)
+    shards = [4 * partition.padded(t, 8) // 8 for t in partition.numels(s)]
+    assert sorted(live.values()) == sorted(shards * 3)  # the shards, exp_avg, exp_avg_sq
+    e = estimate(s)
+    assert 0 <= e.reserved.allocated / e.peak_tensor_bytes - 1 <= 0.10
+    assert e.reserved_bytes == e.peak_tensor_bytes + e.reserved.cached > e.peak_tensor_bytes

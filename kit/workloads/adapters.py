@@ -61,7 +61,7 @@ def apply(model, zero):
         layers = _linear_names(model)
         # adapters in the model's dtype (peft would upcast 16-bit ones to fp32; DeepSpeed casts them back)
         try:
-            with warnings.catch_warnings():  # peft reads transformers' deprecated flags: not the user's notice
+            with warnings.catch_warnings():  # peft reads transformers' deprecated flags
                 warnings.simplefilter("ignore", FutureWarning)
                 model = get_peft_model(model, config, autocast_adapter_dtype=False)
         except NoMatchingPeftModuleError as error:

@@ -1,0 +1,412 @@
+"""A DeepSpeed step as the allocations and frees ``kit.estimate.reserved`` replays, in order, from its
+code (0.19, ``stage_1_and_2.py``, ``stage3.py``, ``partition_parameters.py``,
+``partitioned_param_coordinator.py``); ``Step`` also writes what every engine shares (a block's
+activations, the loss), which ``kit.estimate.fsdp_events`` builds on:
+
+- **before the first step**: the resident states as DeepSpeed builds them. Stage 3's ``zero.Init`` builds
+  every tensor whole on the device and partitions it at once (its own partition, the whole freed), and
+  ``_create_fp16_partitions_with_defragmentation`` (``zero/utils.py`` ``defragment``) copies the
+  partitions to the host, frees them, empties the cache (``EmptyCache``) and copies them back into one flat
+  buffer. The fp32 master copy is built then; Adam's two states in the first step. Optimizer offload
+  keeps the fp32 gradients and the step on the host.
+- **stage 3's gathers** run on their own stream (``__allgather_stream``: the fetch, its prefetch and the
+  ``torch.cat`` of a coalesced handle all allocate there): a module's parameters gathered alone
+  (``_all_gather_sequential``: one buffer each), a prefetch of several as one flat buffer and a copy of
+  each (``_all_gather_coalesced``; the flat buffer lives until every parameter of the call was waited
+  for). Prefetch takes the trace's next parameters up to ``stage3_prefetch_bucket_size`` elements
+  within ``stage3_max_live_parameters``; a parameter used again within ``stage3_max_reuse_distance``
+  stays gathered to its backward; the others are released after their module.
+- **gradient reductions** run on the reduction stream with ``overlap_comm`` (stage 1-2's
+  ``reduction_stream``: ``allreduce_bucket``'s flat copy; stage 3's ``reduce_and_partition_stream``:
+  ``reduce_scatter_coalesced``'s padded flat copy and its output partitions), else on the default stream.
+- **activations, gradients and temporaries** on the default stream, a block at a time: a transformer
+  block's saved tensors as tensors of ``s b h`` and ``s b f`` elements (and the eager attention scores);
+  with checkpointing the block's input, the block recomputed in its backward.
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import lru_cache
+
+from kit import checkpointing
+from kit.components import Component
+from kit.estimate import partition
+from kit.estimate.activations import (
+    FORMULA_FAMILIES,
+    SWIGLU_FAMILIES,
+    _head_activations,
+    also_saved,
+    formula,
+    kept_by_policy,
+)
+from kit.estimate.allocator import Alloc, EmptyCache, Event, Free, Mark
+from kit.estimate.result import Term
+from kit.rules import DS_SUB_GROUP_SIZE, FP32, Offload, element_bytes, fallback_copies, optimizer_states
+from kit.schema import ModelSpec, Setup
+
+#: the streams a DeepSpeed step allocates on
+DEFAULT, GATHER, REDUCE = 0, 1, 2
+#: steps replayed: the first builds the optimizer's states, the second runs from the cache it left
+STEPS = 2
+
+
+@lru_cache(maxsize=256)
+def blocks(model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]:
+    """The model's tensors as ``(before, block, after, count)``: what precedes its repeated block (the
+    embeddings), one block's tensors, what follows (the final norm, an untied head) and how many blocks;
+    a model without ``layers`` copies of one block is one block of every tensor."""
+    numels = partition.numels(Setup(model=model, batch={}))
+    layers = model.layers or 1
+    n = len(numels)
+    for size in range(1, n // layers + 1):
+        for start in range(n - layers * size + 1):
+            span = numels[start : start + layers * size]
+            if all(span[i] == span[i % size] for i in range(len(span))):
+                return numels[:start], span[:size], numels[start + layers * size :], layers
+    return (), numels, (), 1
+
+
+class Step:
+    """The events of ``STEPS`` steps (see the module's doc); one instance per replay."""
+
+    def __init__(self, setup: Setup, device: dict[str, Term], act: Term) -> None:
+        self.setup, self.device, self.act = setup, device, act
+        self.z = setup.zero
+        self.p = element_bytes(self.z.precision)
+        self.out: list[Event] = []
+        self.keys = itertools.count()
+        before, block, after, count = blocks(setup.model)
+        self.count = count
+        # every tensor's numel, in the forward's order, grouped: -1 before the blocks, count after them
+        self.tensors = [(-1, t) for t in before]
+        self.tensors += [(i, t) for i in range(count) for t in block]
+        self.tensors += [(count, t) for t in after]
+        self.grads: list[int] = []  # gradient keys held to the optimizer (stage 0; stages 1-2's partition)
+        self.bucket: list[int] = []  # numels of the gradients in the ipg bucket
+        self.ipg: int | None = None  # stages 1-2: the contiguous ipg buffer(s), from the first hook
+        self.held_full = False  # stage 1 with accumulation: every full gradient is held in .grad
+        # stage 3's gathers (parameters on the device): what is gathered, the coalesced calls' flat
+        # buffers, the elements live, the trace of released tensors (forward, then backward) and those
+        # kept gathered to their backward
+        z = self.z
+        self.stage3 = z.engine == "deepspeed" and z.stage == 3 and z.offload_param is Offload.NONE
+        self.available: dict[int, int] = {}
+        self.flats: list[tuple[set[int], int]] = []
+        self.live = 0
+        released = [i for i, (_, t) in enumerate(self.tensors) if t > z.param_persistence_threshold]
+        self.trace = [(True, i) for i in released] + [(False, i) for i in reversed(released)]
+        self.position = {entry: k for k, entry in enumerate(self.trace)}
+        self.kept = partition.kept_to_backward(setup)
+
+    # ----- the sequence ------------------------------------------------------------------------------
+    def events(self) -> list[Event]:
+        self._resident()
+        for step in range(STEPS):
+            for micro in range(self.setup.batch.grad_accum):
+                self.out.append(Mark("forward"))
+                saved, tokens = self._forward()
+                self.out.append(Mark("backward"))
+                self._backward(saved, tokens, boundary=micro == self.setup.batch.grad_accum - 1)
+            self.out.append(Mark("optimizer"))
+            self._optimizer(first=step == 0)
+        return self.out
+
+    def alloc(self, size: int, stream: int = DEFAULT) -> int:
+        key = next(self.keys)
+        self.out.append(Alloc(key, max(int(size), 0), stream))
+        return key
+
+    def free(self, *keys: int | None) -> None:
+        self.out.extend(Free(k) for k in keys if k is not None)
+
+    # ----- before the first step ---------------------------------------------------------------------
+    def _resident(self) -> None:
+        """The states DeepSpeed allocates at ``initialize``; stage 3's tensors built whole by ``zero.Init``
+        and partitioned at once, the partitions copied into the flat buffer and freed; the fp32 master
+        copy (a third of the optimizer states with Adam: Adam's moments come in the first step)."""
+        z, d = self.z, self.device
+        if z.engine == "deepspeed" and z.stage == 3 and d[Component.PARAMETERS].bytes:
+            n, parts = self.setup.zero_dp, []
+            for _, t in self.tensors:  # zero.Init: the tensor built whole on the device, then partitioned
+                whole = self.alloc(self.p * t)
+                parts.append(self.alloc(self.p * -(-t // n)))
+                self.free(whole)
+            self.free(*parts)  # defragment: the partitions copied to the host, freed, the cache emptied,
+            self.out.append(EmptyCache())  # then one flat buffer copied back
+            self.alloc(d[Component.PARAMETERS].bytes)
+        else:
+            self.alloc(d[Component.PARAMETERS].bytes)
+        self.alloc(self.master)
+        if z.engine == "deepspeed" and z.stage == 3:
+            self.alloc(d[Component.GRADIENTS].bytes)  # grad_partitions_flat_buffer
+        self.alloc(d[Component.BUFFERS].bytes)  # stage 3's ipg bucket, hpZ's secondary partition
+
+    @property
+    def master(self) -> int:
+        """Bytes of the fp32 master partition among the optimizer states (all of them without moments)."""
+        states = self.device[Component.OPTIMIZER_STATES].bytes
+        k = optimizer_states(self.z.optimizer, self.z.momentum)
+        return states // (1 + k) if states else 0
+
+    # ----- one micro-step ----------------------------------------------------------------------------
+    def _shape(self) -> tuple[int, int, int, int]:
+        """Elements of ``s b h`` and ``s b f``, the eager attention scores' (0 under SDPA), and the logits."""
+        m, b = self.setup.model, self.setup.batch
+        tokens = b.micro_batch * self.setup.rank_seq_len
+        hidden = m.hidden or 0
+        ffn = m.ffn or 4 * hidden
+        eager = m.family == "gpt2" and m.is_transformer
+        scores = (m.heads or 0) * b.seq_len * tokens if eager else 0
+        lm = m.family in FORMULA_FAMILIES and m.family != "dit" and m.vocab and not m.source
+        return tokens * hidden, tokens * ffn, scores, tokens * (m.vocab or 0) if lm else 0
+
+    def _checkpointed(self, block: int) -> bool:
+        z = self.z
+        return z.activation_checkpointing and checkpointing.is_checkpointed(block, z.checkpoint_every)
+
+    def _block_saved(self, kept: int = 0) -> list[int]:
+        """One block's saved activations as tensors (bytes), less ``kept`` (what a selective policy's
+        recomputation does not save again): the bytes per block cut into the shapes a transformer block
+        saves, its MLP's two ``s b f`` and the eager scores first."""
+        sbh, sbf, scores, logits = self._shape()
+        p, per_block = self.p, max(self._per_block() - kept, 0)
+        out = []
+        for size, count in ((p * sbf, 2 if sbh else 0), (p * scores, 1 if scores else 0)):
+            for _ in range(count):
+                if per_block >= size > 0:
+                    out.append(size)
+                    per_block -= size
+        unit = p * sbh if sbh else per_block
+        while unit and per_block >= unit:
+            out.append(unit)
+            per_block -= unit
+        return out + ([per_block] if per_block > 0 else [])
+
+    def _per_block(self) -> int:
+        """Saved bytes of one block without checkpointing (the activations less the head's, per block)."""
+        m = self.setup.model
+        if m.family in FORMULA_FAMILIES and m.is_transformer and not m.source:
+            plain = self.setup.replace(zero=self.z.checkpointing(False))
+            head = _head_activations(self.setup, self.p // 2).bytes
+            return max(formula(plain).bytes - head, 0) // max(m.layers or 1, 1)
+        return self.act.bytes // self.count
+
+    def _forward(self) -> tuple[list[list[int]], int]:
+        """The forward: per block its gathers (stage 3), its saved tensors (with checkpointing its input,
+        the rest made and freed), the loss's logits; returns the saved keys per block and the token ids'."""
+        sbh, _, _, logits = self._shape()
+        p = self.p
+        tokens = self.alloc(8 * self.setup.batch.micro_batch * self.setup.rank_seq_len)
+        saved: list[list[int]] = []
+        self._gather_tensors(-1, forward=True)
+        kept = kept_by_policy(self.setup).bytes
+        for i in range(self.count):
+            self._gather_tensors(i, forward=True)
+            keys = [self.alloc(size) for size in self._block_saved()]
+            if self._checkpointed(i):
+                held = [self.alloc(p * sbh)]  # the block's input, saved by the checkpoint
+                held += [self.alloc(kept)] if kept else []  # what a selective policy keeps
+                self.free(*keys)
+                keys = held
+            saved.append(keys)
+            self._release_tensors(i, forward=True)
+        self._gather_tensors(self.count, forward=True)
+        if logits:  # 16-bit logits, their fp32 upcast; log-softmax's fp32 output is saved
+            low = self.alloc(p * logits)
+            up = self.alloc(FP32 * logits) if p != FP32 else None
+            saved.append([self.alloc(FP32 * logits), low])
+            self.free(up)
+        self._release_tensors(self.count, forward=True)
+        return saved, tokens
+
+    def _backward(self, saved: list[list[int]], tokens: int, boundary: bool) -> None:
+        sbh, sbf, _, logits = self._shape()
+        p, m = self.p, self.setup.model
+        gated = 3 if m.family in SWIGLU_FAMILIES else 1
+        head = saved.pop() if logits else []
+        if logits:  # nll_loss and log_softmax backward: two fp32 gradients, then the 16-bit one
+            a, b = self.alloc(FP32 * logits), self.alloc(FP32 * logits)
+            self.free(a, *head)
+            grad = self.alloc(p * logits)
+            self.free(b)
+        else:
+            grad = None
+        self._gather_tensors(self.count, forward=False)
+        self._gradients(self.count)
+        self.free(grad)
+        flowing = self.alloc(p * sbh)
+        for i in reversed(range(self.count)):
+            self._gather_tensors(i, forward=False)
+            recomputed = (
+                [self.alloc(size) for size in self._block_saved(also_saved(self.setup))]
+                if self._checkpointed(i)
+                else []
+            )
+            work = [self.alloc(p * sbf) for _ in range(gated)]  # the MLP's input gradients
+            self._gradients(i)
+            self.free(*work, *recomputed, *saved[i])
+            incoming, flowing = flowing, self.alloc(p * sbh)
+            self.free(incoming)
+            self._release_tensors(i, forward=False)
+        self._gather_tensors(-1, forward=False)
+        self._gradients(-1)
+        self.free(flowing, tokens)
+        if self._holds:
+            self.held_full = True
+            if boundary and self.z.engine == "deepspeed" and self.z.stage == 0:  # each bucket's flat copy
+                numels = [t for _, t in self.tensors]
+                for elements in fallback_copies(numels):
+                    self.free(self.alloc(self.p * elements) if elements else None)
+            if boundary and self.z.stage == 1:  # engine.allreduce_gradients: the held ones through buckets
+                for _, t in reversed(self.tensors):
+                    if sum(self.bucket) + t > self.z.reduce_bucket_size and self.bucket:
+                        self._reduce()
+                    self.bucket.append(t)
+        self._reduce()
+        self._release_tensors(-1, forward=False)
+        if boundary or self.z.stage != 1:
+            self.free(self.ipg)
+            self.ipg = None
+
+    # ----- gradients and their reduction -------------------------------------------------------------
+    @property
+    def _holds(self) -> bool:
+        """Whether full gradients stay in ``.grad`` to the optimizer: stage 0 (reduced after backward,
+        through flat copies), stage 1 with accumulation (reduced at the boundary only), the PyTorch
+        baselines."""
+        z = self.z
+        return z.engine != "deepspeed" or z.stage == 0 or (z.stage == 1 and self.setup.batch.grad_accum > 1)
+
+    def _gradients(self, group: int) -> None:
+        """Each tensor's gradient of ``group``, in backward order, and what its hook does with it."""
+        z, p = self.z, self.p
+        holds = self._holds
+        for _, t in reversed([x for x in self.tensors if x[0] == group]):
+            staged = z.engine == "deepspeed" and z.stage in (1, 2) and z.contiguous_gradients
+            if staged and self.ipg is None:  # setup_buckets at the first hook (stage 1: to the boundary)
+                self.ipg = self.alloc((2 if z.overlap else 1) * p * z.reduce_bucket_size)
+            if holds and self.held_full:  # a later micro-step: autograd adds its gradient into .grad
+                self.free(self.alloc(p * t))
+                continue
+            grad = self.alloc(p * t)
+            if holds:
+                self.grads.append(grad)
+                continue
+            full = sum(self.bucket) + t > z.reduce_bucket_size
+            if full and self.bucket:
+                self._reduce()
+            if z.contiguous_gradients and t <= z.reduce_bucket_size:
+                self.free(grad)  # copied into the ipg bucket
+                self.bucket.append(t)
+            else:
+                self.bucket.append(t)
+                self._reduce(held=[grad])
+
+    def _reduce(self, held: list[int] | None = None) -> None:
+        """A bucket's reduction: stage 1-2 ``allreduce_bucket``'s flat copy (and, at the first, this rank's
+        gradient partition buffer, held to the optimizer); stage 3 ``reduce_scatter_coalesced``'s padded
+        flat copy and its output partitions."""
+        z, p, n = self.z, self.p, self.setup.zero_dp
+        if not self.bucket:
+            self.free(*(held or []))
+            return
+        stream = REDUCE if z.overlap else DEFAULT
+        if z.stage == 3:
+            padded = sum(partition.padded(t, n) for t in self.bucket)
+            flat = (
+                self.alloc(p * padded, stream) if len(self.bucket) > 1 or padded != self.bucket[0] else None
+            )
+            outputs = self.alloc(p * padded // n, stream)
+            self.free(flat, *(held or []), outputs)
+        else:
+            if not self.grads and self.device[Component.GRADIENTS].bytes:
+                self.grads.append(self.alloc(self.device[Component.GRADIENTS].bytes))
+            flat = self.alloc(p * sum(self.bucket), stream) if n > 1 else None
+            self.free(flat, *(held or []))
+        self.bucket = []
+
+    # ----- stage 3's gathers -------------------------------------------------------------------------
+    def _gather_tensors(self, group: int, forward: bool) -> None:
+        if not self.stage3:
+            return
+        for index in self._released_in(group, forward):
+            if index in self.available:
+                continue
+            self._fetch([index])
+            # prefetch: the trace's next parameters up to the bucket, within max live
+            position = self.position[(forward, index)]
+            room = min(self.z.prefetch_bucket_size, self.z.max_live_parameters - self.live)
+            group_: list[int] = []
+            taken = 0
+            for _, j in self.trace[position + 1 :]:
+                if taken >= room:
+                    break
+                if j in self.available or j in group_:
+                    continue
+                group_.append(j)
+                taken += self.tensors[j][1]
+            if group_:
+                self._fetch(group_)
+
+    def _fetch(self, indices: list[int]) -> None:
+        """One ``all_gather_coalesced`` call on the gather stream: alone, a buffer; several, a flat buffer
+        and a copy of each, the flat buffer freed once the last of them is used."""
+        n, p = self.setup.zero_dp, self.p
+        padded = [partition.padded(self.tensors[i][1], n) for i in indices]
+        if len(indices) == 1:
+            self.available[indices[0]] = self.alloc(p * padded[0], GATHER)
+        else:
+            flat = self.alloc(p * sum(padded), GATHER)
+            for i, size in zip(indices, padded, strict=True):
+                self.available[i] = self.alloc(p * size, GATHER)
+            self.flats.append((set(indices), flat))
+        self.live += sum(self.tensors[i][1] for i in indices)
+
+    def _release_tensors(self, group: int, forward: bool) -> None:
+        if not self.stage3:
+            return
+        for index in self._released_in(group, forward):
+            for waiting, flat in list(self.flats):  # the coalesced call's flat buffer, once all were used
+                waiting.discard(index)
+                if not waiting:
+                    self.free(flat)
+                    self.flats.remove((waiting, flat))
+            if forward and index in self.kept:
+                continue
+            key = self.available.pop(index, None)
+            if key is not None:
+                self.free(key)
+                self.live -= self.tensors[index][1]
+
+    def _released_in(self, group: int, forward: bool) -> list[int]:
+        threshold = self.z.param_persistence_threshold
+        indices = [i for i, (g, t) in enumerate(self.tensors) if g == group and t > threshold]
+        return indices if forward else list(reversed(indices))
+
+    # ----- the optimizer -----------------------------------------------------------------------------
+    def _optimizer(self, first: bool) -> None:
+        """Stages 1-2: the fp32 gradient partition; stage 3: a sub group's; stage 0: fp32 copies of the
+        16-bit gradients. Adam's moments are made in the first step, while the gradient is live."""
+        z, d = self.z, self.device
+        k = optimizer_states(z.optimizer, z.momentum)
+        moments = d[Component.OPTIMIZER_STATES].bytes - self.master
+        if z.engine == "deepspeed" and z.offload_optimizer is not Offload.NONE:
+            sub = 0  # the fp32 gradient partitions and the step are on the host (or NVMe)
+        elif z.engine == "deepspeed" and z.stage == 3:
+            sub = FP32 * min(partition.partition_numel(self.setup), DS_SUB_GROUP_SIZE)
+        elif z.engine == "deepspeed" and z.stage in (1, 2):
+            sub = d[Component.OPTIMIZER_STATES].bytes and FP32 * partition.partition_numel(self.setup)
+        else:  # stage 0 in 16 bits (FP16_Optimizer): the fp32 gradients' flat copy for the step
+            sub = FP32 * self.setup.model.params if self.p != FP32 else 0
+        copies = []
+        if z.engine == "deepspeed" and z.stage == 0 and self.p != FP32:
+            # FP16_Optimizer.step: every gradient's fp32 copy, then their flat copy; the list is dropped
+            copies = [self.alloc(FP32 * t) for _, t in self.tensors]
+        grad = self.alloc(sub) if sub else None
+        self.free(*copies, *self.grads)
+        self.grads, self.held_full = [], False
+        if first and k and moments:
+            for _ in range(k):
+                self.alloc(moments // k)
+        self.free(grad)
