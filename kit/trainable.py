@@ -140,9 +140,10 @@ def problem(zero) -> str | None:
         return f"{field}: LoRA already freezes every base weight; drop it or lora_rank"
     if is_subset(zero) and zero.engine != "deepspeed":
         return f"engine: a trainable subset is modelled for DeepSpeed's ZeRO; engine {zero.engine!r} is not"
-    if is_subset(zero) and zero.checkpoint_policy != "full":
+    if zero.qlora and zero.checkpoint_policy != "full":
         return (
-            "checkpoint_policy: selective checkpointing with a trainable subset is not modelled yet; use full"
+            "checkpoint_policy: selective checkpointing with QLoRA is not modelled yet (the 4-bit layers' "
+            "matmuls are not counted by the op policy's rule here); use full"
         )
     if is_subset(zero) and zero.nvme:
         return "offload: NVMe offload with a trainable subset is not modelled yet; use 'none' or 'cpu'"

@@ -53,21 +53,38 @@ class Recorded(SavedActivations):
         super().checkpoint_inputs(tensors)
 
 
+#: what trains under the op policy: every parameter, LoRA (an adapter's A and B are two more matmuls each,
+#: counted by the policy), frozen embeddings
+SUBSETS = {
+    "all": {},
+    "lora q,v": {"lora_rank": 4},
+    "lora all-linear": {"lora_rank": 4, "lora_targets": ("all-linear",)},
+    "lora v,up": {"lora_rank": 8, "lora_targets": ("v_proj", "up_proj")},
+    "frozen embeddings": {"freeze_embeddings": True},
+}
+
+
+@pytest.mark.parametrize("subset", list(SUBSETS))
 @pytest.mark.parametrize("name", ["llama-gqa", "qwen2"])
-def test_selective_checkpointing_keeps_what_the_estimate_says(name):
+def test_selective_checkpointing_keeps_what_the_estimate_says(name, subset):
+    from kit.workloads import adapters
+
     fields = dict(CONFIGS[name])
     implementation = fields.pop("attn_implementation")
     config = AutoConfig.for_model(**fields, max_position_embeddings=128, use_cache=False)
     config._attn_implementation = implementation
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16).train()
     batch, seq = 2, 96
     setup = Setup(
         model=from_hf_config(config.to_dict()),
         cluster={"nodes": 1, "gpus_per_node": 1},
-        zero={"precision": "bf16", **SELECTIVE},
+        zero={"precision": "bf16", **SELECTIVE, **SUBSETS[subset]},
         batch={"micro_batch": batch, "seq_len": seq},
     )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16).train()
+    if subset != "all":  # as a rank does (kit.ranks.engine): the subset, the embeddings' output a leaf
+        model = adapters.apply(model, setup.zero)
+        model.enable_input_require_grads()
     ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
     counter = Recorded()
     with counter.watch(model, Checkpointing(model, 1, "selective-op")):

@@ -275,6 +275,20 @@ MODES = {
         stage=1, lora_rank=4, lora_targets=("all-linear",), lora_dropout=0.1, precision="fp32"
     ),
     "z3 lora ckpt": _setup(stage=3, lora_rank=4, activation_checkpointing=True),
+    # torchtitan's op policy with a subset: the adapters' matmuls counted by it, the kept outputs its
+    # recomputation frees, torch's checkpoint's RNG state gone with the graph's saved tensors before the step
+    "llama z2 lora ckpt-op": _llama(
+        stage=2, lora_rank=4, activation_checkpointing=True, checkpoint_policy="selective-op"
+    ),
+    "llama z1 lora v,up dropout ckpt-op/2": _llama(
+        stage=1,
+        lora_rank=4,
+        lora_targets=("v_proj", "up_proj"),
+        lora_dropout=0.1,
+        activation_checkpointing=True,
+        checkpoint_policy="selective-op",
+        checkpoint_every=2,
+    ),
     "z2 lora all-linear ckpt": _setup(
         stage=2, lora_rank=4, lora_targets=("all-linear",), activation_checkpointing=True
     ),

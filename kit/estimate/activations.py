@@ -194,7 +194,8 @@ def recomputed(setup: Setup) -> Recomputed:
     if not z.activation_checkpointing or not m.layers:
         return Recomputed(dict.fromkeys(names, 0.0), 0.0, 0.0)
     share = (m.layers // z.checkpoint_every) / m.layers
-    kept = {name for name, _ in _kept_linears(setup)} if z.checkpoint_policy == "selective-op" else set()
+    selective = z.checkpoint_policy == "selective-op"
+    kept = {name for name, part, _ in _kept_matmuls(setup) if part == "base"} if selective else set()
     linears = {name: 0.0 if name in kept else share for name in names}
     attention = 0.0 if z.checkpoint_policy == "selective-op" and m.family in SWIGLU_FAMILIES else share
     return Recomputed(linears, attention, share)
@@ -226,20 +227,37 @@ SAVED_PROJECTIONS = ("v", "gate", "up")
 
 def also_saved(setup: Setup) -> int:
     """Bytes of what the op policy keeps that the block's autograd saves as well (the kept ``v``,
-    ``gate`` or ``up`` and SDPA's output and logsumexp): its recomputation saves all but these. Measured
-    exactly on CPU ranks (the recomputation's saved storages, ``kit.ranks.engine.Checkpointing``); a
-    backward peak measured in one process was one ``2sbh`` tensor lower still (1.9 % of a toy's)."""
+    ``gate`` or ``up`` where no adapter adds to it, a LoRA adapter's kept A output, which its B saves, and
+    SDPA's output and logsumexp): its recomputation saves all but these. Measured exactly on CPU ranks (the
+    recomputation's saved storages, ``kit.ranks.engine.Checkpointing``); a backward peak measured in one
+    process was one ``2sbh`` tensor lower still (1.9 % of a toy's)."""
     kept = kept_by_policy(setup)
     if not kept.bytes:
         return 0
     b, s, p = setup.batch.micro_batch, setup.rank_seq_len, element_bytes(setup.zero.precision)
-    not_saved = [width for name, width in _kept_linears(setup) if name not in SAVED_PROJECTIONS]
+    adapted = _adapted(setup)
+    not_saved = [
+        width
+        for name, part, width in _kept_matmuls(setup)
+        if not (part == "A" or (part == "base" and name in SAVED_PROJECTIONS and name not in adapted))
+    ]
     return kept.bytes - sum(p * s * b * width for width in not_saved)
 
 
-def _kept_linears(setup: Setup) -> list[tuple[str, int]]:
-    """The projections whose outputs the op policy keeps in a Llama-style block: (name, output width);
-    [] for the other families (every linear has a bias, so none is an ``aten.mm``)."""
+def _adapted(setup: Setup) -> frozenset[str]:
+    """The projections of a block that carry LoRA adapters (the same in every block: peft's targets)."""
+    from kit.estimate import partition
+
+    listing = partition.listing(setup) if subset.is_subset(setup.zero) else None
+    return listing.blocks[0].adapted if listing and listing.blocks else frozenset()
+
+
+def _kept_matmuls(setup: Setup) -> list[tuple[str, str, int]]:
+    """The matmuls whose outputs the op policy keeps in a Llama-style block: (projection, ``base``, ``A``
+    or ``B``, output width). The policy counts the block's ``aten.mm`` calls in forward order and keeps
+    every second from the first: each bias-free projection's, and with LoRA its adapter's A and B (peft
+    runs them after the base layer: A's output is r wide), so an adapted projection shifts none of the
+    others. [] for the other families (every linear has a bias, so none is an ``aten.mm``)."""
     m = setup.model
     if m.family not in SWIGLU_FAMILIES or not m.hidden:
         return []
@@ -250,8 +268,12 @@ def _kept_linears(setup: Setup) -> list[tuple[str, int]]:
         ("q", h, qkv_bias), ("k", kv, qkv_bias), ("v", kv, qkv_bias), ("o", h, o_bias),
         ("gate", ffn, mlp_bias), ("up", ffn, mlp_bias), ("down", h, mlp_bias),
     )  # fmt: skip
-    plain = [(name, width) for name, width, bias in linears if not bias]
-    return [(name, width) for i, (name, width) in enumerate(plain, 1) if checkpointing.keeps_matmul(i)]
+    adapted, r = _adapted(setup), setup.zero.lora_rank
+    matmuls = []
+    for name, width, bias in linears:
+        matmuls += [] if bias else [(name, "base", width)]
+        matmuls += [(name, "A", r), (name, "B", width)] if name in adapted else []
+    return [mm for i, mm in enumerate(matmuls, 1) if checkpointing.keeps_matmul(i)]
 
 
 def kept_by_policy(setup: Setup) -> Term:
@@ -265,10 +287,10 @@ def kept_by_policy(setup: Setup) -> Term:
         # attention is eager, so the op policy keeps nothing a full recomputation would not rebuild
         return Term(0, "")
     b, s, p = setup.batch.micro_batch, setup.rank_seq_len, element_bytes(z.precision)
-    kept = _kept_linears(setup)
-    matmuls = sum(p * s * b * width for _, width in kept)
+    kept = _kept_matmuls(setup)
+    matmuls = sum(p * s * b * width for _, _, width in kept)
     attention = p * s * b * (m.hidden or 0) + FP32 * (m.heads or 1) * b * s
-    names = "+".join(name for name, _ in kept)
+    names = "+".join(name if part == "base" else f"{name}'s lora_{part}" for name, part, _ in kept)
     return Term(matmuls + attention, f"{names} outputs + SDPA output and fp32 logsumexp")
 
 
@@ -409,7 +431,7 @@ def _subset_saved(setup: Setup) -> Saved:
             if checkpointing.is_checkpointed(i, every)
         ),
         default=0,
-    )
+    ) - also_saved(setup)  # what the op policy keeps a recomputed block does not save again
     head = norm_input * grad + normalised * ("norm" in listing.head)
     output_saved = "lm_head" in listing.head or every_linear
     if z.loss != "plain":
@@ -528,13 +550,17 @@ def _subset_formula(setup: Setup) -> Term:
         return Term(sum(saved.blocks), f"{len(saved.blocks)} blocks ({what})") + head
     b, s, p = setup.batch.micro_batch, setup.rank_seq_len, element_bytes(z.precision)
     marked = [checkpointing.is_checkpointed(i, z.checkpoint_every) for i in range(len(saved.blocks))]
-    kept = sum(marked) * p * s * b * setup.model.dims.hidden
+    policy = kept_by_policy(setup)
+    kept = sum(marked) * (p * s * b * setup.model.dims.hidden + policy.bytes)
     rest = sum(n for n, ckpt in zip(saved.blocks, marked, strict=True) if not ckpt)
+    held = f" + {policy.formula}" if policy.bytes else ""
+    less = ", less the kept tensors it saves too" if policy.bytes else ""
     return (
         Term(
             kept + rest + saved.recomputed,
-            f"checkpointing {checkpointing.describe(z.checkpoint_every, z.checkpoint_policy)}: {sum(marked)} "
-            f"blocks x 2sbh input + the other blocks + one block recomputed in backward ({what})",
+            f"checkpointing {checkpointing.describe(z.checkpoint_every, z.checkpoint_policy)}: "
+            f"{sum(marked)} blocks x (2sbh input{held}) + the other blocks + one block recomputed in "
+            f"backward ({what}{less})",
         )
         + head
     )

@@ -24,6 +24,7 @@ from kit.estimate.activations import (
     final_norm,
     formula,
     fused_head,
+    kept_by_policy,
 )
 from kit.estimate.cpu_matmul import CpuMatmul, bf16_mm_scratch
 from kit.estimate.result import NONE, Term
@@ -40,10 +41,11 @@ CPU_RNG_STATE_BYTES = 5056
 
 
 def rng_states(setup: Setup) -> Term:
-    """On CPU ranks, the RNG states each checkpointed block's call stashes for its recomputation, alive
-    with the loss's graph (forward, backward and ``engine.step()``): DeepSpeed's checkpoint keeps the CPU
-    state and the accelerator's, the CPU's again (``fwd_cpu_rng_state``, ``fwd_cuda_rng_state``);
-    ``torch.utils.checkpoint`` the CPU's. On a GPU they are host tensors."""
+    """On CPU ranks, the RNG states each checkpointed block's call stashes for its recomputation: DeepSpeed's
+    checkpoint keeps the CPU state and the accelerator's, the CPU's again (``fwd_cpu_rng_state``,
+    ``fwd_cuda_rng_state``) on its autograd node, alive with the loss's graph (forward, backward and
+    ``engine.step()``); ``torch.utils.checkpoint`` (the op policy's, non-reentrant) the CPU's in its frame,
+    freed with the saved tensors at the end of backward. On a GPU they are host tensors."""
     z, layers = setup.zero, setup.model.layers or 0
     if not z.activation_checkpointing or not layers:
         return NONE
@@ -59,7 +61,7 @@ def input_leaf(setup: Setup) -> Term:
     until the loss is freed, after ``engine.step()``."""
     listing = partition.listing(setup)
     if not listing or listing.embeddings or listing.positions or not setup.zero.activation_checkpointing:
-        return NONE  # (the kit's GPT: its position embeddings train, the blocks' input needs a gradient)
+        return NONE  # (the kit's GPT with frozen input embeddings: its position embeddings still train)
     b, m, p = setup.batch, setup.model, element_bytes(setup.zero.precision)
     assert m.hidden is not None  # a subset's model: a formula family's or an HF config naming its hidden size
     n = 2 * p * b.micro_batch * setup.rank_seq_len * m.hidden
@@ -155,7 +157,12 @@ class Shape:
                 self.checkpoints = Term(
                     self.forward.bytes - head.bytes, f"{self.forward.formula} - the head's (not yet saved)"
                 )
-            self.blocks = Term(act.bytes - head.bytes, f"{act.formula} - the head's {head.bytes:,} B (freed)")
+            freed = _freed_by_recompute(setup, m.dims.layers - 1)
+            self.blocks = Term(
+                act.bytes - head.bytes - freed,
+                f"{act.formula} - the head's {head.bytes:,} B (freed)"
+                + (f" - the last block's kept outputs its recomputation frees, {freed:,} B" if freed else ""),
+            )
             s, h, f = setup.rank_seq_len, m.dims.hidden, m.dims.ffn
             mb = b.micro_batch
             gated = 2 if m.family in SWIGLU_FAMILIES else 0  # the product's backward: gate and up b s f
@@ -400,19 +407,34 @@ def _late_hook(setup: Setup, act: Term, saved, p: int) -> Late | None:
         return None
     m, b = setup.model, setup.batch
     sbh = b.micro_batch * setup.rank_seq_len * m.dims.hidden
-    ckpt = z.activation_checkpointing and checkpointing.is_checkpointed(
-        len(listing.blocks) - 1, z.checkpoint_every
-    )
+    last = len(listing.blocks) - 1
+    ckpt = z.activation_checkpointing and checkpointing.is_checkpointed(last, z.checkpoint_every)
+    kept = kept_by_policy(setup).bytes if ckpt else 0  # the op policy's outputs, freed with the block
     blocks = act.bytes - saved.head
     done = "the head's and the last block's"
     return Late(
         Term(
-            blocks - (saved.recomputed if ckpt else saved.blocks[-1]) + saved.last_norm,
+            blocks - (saved.recomputed + kept if ckpt else saved.blocks[-1]) + saved.last_norm,
             f"{act.formula} - {done} but its input norm's",
         ),
         _norm_backward(setup, "its input norm's backward"),
-        Term(blocks - (p * sbh if ckpt else saved.blocks[-1]), f"{act.formula} - {done}"),
+        Term(
+            blocks - (p * sbh + kept if ckpt else saved.blocks[-1]) - _freed_by_recompute(setup, last - 1),
+            f"{act.formula} - {done}",
+        ),
     )
+
+
+def _freed_by_recompute(setup: Setup, block: int) -> int:
+    """What block ``block``'s op-policy cache (``kit.checkpointing``) holds that its recomputation frees at
+    the start of its backward: the kept outputs no autograd op saves (0 under full checkpointing, or where
+    the block is not checkpointed)."""
+    z = setup.zero
+    if block < 0 or not (
+        z.activation_checkpointing and checkpointing.is_checkpointed(block, z.checkpoint_every)
+    ):
+        return 0
+    return kept_by_policy(setup).bytes - also_saved(setup)
 
 
 def _dequantized(setup: Setup, n: int, cpu: CpuMatmul | None) -> Term:

@@ -248,7 +248,8 @@ def timeline(
     rng = micro_step.rng_states(setup) if backend == "gloo" else NONE
     forward["temporaries"] += rng
     backward["temporaries"] += rng
-    optimizer["temporaries"] += rng + micro_step.input_leaf(setup)
+    reentrant = setup.zero.checkpoint_policy == "full"  # DeepSpeed's checkpoint, not torch's (the op policy)
+    optimizer["temporaries"] += (rng if reentrant else NONE) + micro_step.input_leaf(setup)
     phases = {
         name: {k: terms[k] for k in CATEGORIES}
         for name, terms in zip(PHASES, (forward, backward, optimizer), strict=True)
