@@ -232,6 +232,9 @@ MODES = {
     "llama z2 frozen embeddings": _llama(stage=2, freeze_embeddings=True),
     "llama z3 first block frozen": _llama(stage=3, frozen_blocks=1),
     "llama z2 lora ckpt": _llama(stage=2, lora_rank=4, activation_checkpointing=True),
+    # LoRA on the MLP alone: the first block's attention needs no gradient, transformers' KV cache alone
+    # holds its k and v to the loss
+    "llama z2 lora up": _llama(stage=2, lora_rank=4, lora_targets=("up_proj",)),
     "llama z3 lora ckpt/2": _llama(stage=3, lora_rank=4, activation_checkpointing=True, checkpoint_every=2),
     "llama z0 chunked loss": _llama(stage=0, loss="chunked"),
     "llama z2 chunked loss": _llama(stage=2, loss="chunked"),

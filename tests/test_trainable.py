@@ -393,3 +393,25 @@ def test_the_toy_gpts_subsets_save_what_the_estimate_says(zero):
         match=r"^lora_targets: \['q_proj'\] name no layer of the model; its linear layers: " + layers,
     ):
         estimate(llama_names)
+
+
+def test_transformers_kv_cache_is_counted_where_no_attention_saves_its_k_and_v():
+    """A Hugging Face decoder keeps its KV cache in training (``use_cache``) to the loss: the k and v SDPA
+    saves anyway, but for the blocks whose attention needs no gradient (LoRA on the MLP alone: the first
+    block's), where only the cache holds them (measured on 2 CPU ranks: tests/test_peak.py "llama z2 lora
+    up", +3.5 % at the loss without them)."""
+    from kit.estimate import micro_step
+    from kit.estimate.memory import peak_timeline
+
+    m = models.preset("llama-2-7b")
+    up = _setup(m, lora_rank=16, lora_targets=("up_proj",))
+    cache = micro_step.kv_cache(up)
+    assert cache.bytes == 1 * 2 * 2 * 1 * 4096 * 4096  # one block x k, v x 2 B x b s x kv (MHA: kv = h)
+    assert cache.formula.startswith("1 blocks whose attention needs no gradient")
+    forward = peak_timeline(up, 0).phases["forward"]["temporaries"]
+    assert cache.formula in forward.formula
+    for zero in (
+        {"lora_rank": 16},
+        {"lora_rank": 16, "lora_targets": ("up_proj",), "activation_checkpointing": True},
+    ):
+        assert micro_step.kv_cache(_setup(m, **zero)).bytes == 0  # every attention adapted; no cache

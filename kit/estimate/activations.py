@@ -336,13 +336,15 @@ class Saved(NamedTuple):
     checkpointing, the most one checkpointed block saves when it is recomputed, the head's, what the
     last block's input norm keeps for its backward (its fp32 input, its normalised input), and whether
     the head saves the decoder's output (``lm_head``'s input: when it trains, or under stage 3's
-    ``zero.Init``)."""
+    ``zero.Init``); how many blocks' attention needs no gradient (SDPA saves nothing there, so only
+    transformers' KV cache holds their k and v: ``kit.estimate.micro_step.kv_cache``)."""
 
     blocks: tuple[int, ...]
     recomputed: int
     head: int
     last_norm: int
     output_saved: bool
+    unattended: int = 0
 
 
 def _subset_saved(setup: Setup) -> Saved:
@@ -383,6 +385,7 @@ def _subset_saved(setup: Setup) -> Saved:
     # only (the F.linear inside its forward runs without autograd); the head and the adapters stay nn.Linear
     block_linear = every_linear and not z.qlora
     dropout = z.lora_dropout > 0
+    attends: list[bool] = []  # per block called: whether its attention needs a gradient
 
     def block(parts: adapters.Block, grad: bool) -> tuple[int, bool]:
         def needs(name: str) -> bool:
@@ -404,6 +407,7 @@ def _subset_saved(setup: Setup) -> Saved:
         normed = grad or "norm1" in parts.trains
         saved += inputs(h, normed, *"qkv")  # the q, k, v projections' input
         attention = normed or any(map(needs, "qkv"))
+        attends.append(attention)
         if attention:  # rotated q, k, v, the output and the fp32 logsumexp
             saved += p * (2 * sbh + 2 * s * b * kv) + FP32 * a * b * s
         # o_proj's input: SDPA's output, saved by SDPA when it needs a gradient (not when exchanged back)
@@ -423,6 +427,7 @@ def _subset_saved(setup: Setup) -> Saved:
         last_norm = norm_input * grad + normalised * ("norm1" in parts.trains)
         saved, grad = block(parts, grad)
         blocks.append(saved)
+    unattended = attends.count(False)
     every = z.checkpoint_every
     recomputed = max(
         (
@@ -438,7 +443,7 @@ def _subset_saved(setup: Setup) -> Saved:
         head = fused_head(setup, head, "lm_head" in listing.head).bytes
     else:
         head += p * sbh * output_saved + FP32 * s * b * (m.vocab or 0)
-    return Saved(tuple(blocks), recomputed, head, last_norm, output_saved)
+    return Saved(tuple(blocks), recomputed, head, last_norm, output_saved, unattended)
 
 
 def _gpt2_subset_saved(setup: Setup, listing) -> Saved:
