@@ -134,3 +134,22 @@ def test_fsdp2_gathers_each_unit_reduces_it_in_fp32_and_keeps_only_its_states(st
     e = estimate(s)
     assert 0 <= e.reserved.allocated / e.peak_tensor_bytes - 1 <= 0.10
     assert e.reserved_bytes == e.peak_tensor_bytes + e.reserved.cached > e.peak_tensor_bytes
+
+
+def test_the_cli_shows_fsdps_replayed_reserve_beside_its_peak(capsys):
+    """``zerokit estimate`` on FSDP2 prints the replayed max reserved, and where the published runs stand."""
+    from kit.cli import main
+
+    argv = ["estimate", "--model", "gpt2", "--stage", "fsdp", "--micro-batch", "2", "--seq-len", "1024"]
+    assert main(argv) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("max reserved"))
+    e = estimate(
+        Setup(
+            model=preset("gpt2"),
+            cluster={"gpus_per_node": 8},
+            zero={"engine": "fsdp", "stage": 3},
+            batch={"micro_batch": 2, "seq_len": 1024},
+        )
+    )
+    assert f"{e.reserved_bytes / 2**30:9.2f}" in line
+    assert line.endswith("how close it came on published runs: zerokit published")

@@ -272,6 +272,13 @@ def test_a_traced_model_takes_frozen_embeddings_and_lora():
         ValueError, match="^lora_rank: peft cannot build these adapters on the model: lora.Param"
     ):
         estimate(experts)
+    default = Setup(model=mixtral, zero={"lora_rank": 4}, batch=batch)  # no target peft finds by default
+    with pytest.raises(ValueError) as refused:
+        estimate(default)
+    assert str(refused.value) == (
+        "lora_targets: peft found no default in the model; its linear layers: q_proj, k_proj, v_proj, "
+        "o_proj, lm_head (or 'all-linear')"
+    )
 
 
 def test_a_panel_offers_only_what_its_model_takes():
