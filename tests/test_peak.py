@@ -274,6 +274,8 @@ MODES = {
     # block's attention (its input LayerNorm's backward after it); all-linear at stage 1 holds every .grad;
     # checkpointed, the embeddings' output made to need a gradient
     "z2 lora": _setup(stage=2, lora_rank=4),
+    # LoRA on c_fc alone: the first gradient hook at its adapter's B, after the GELU's backward
+    "z2 lora c_fc": _setup(stage=2, lora_rank=4, lora_targets=("c_fc",)),
     "z1 lora all-linear dropout fp32": _setup(
         stage=1, lora_rank=4, lora_targets=("all-linear",), lora_dropout=0.1, precision="fp32"
     ),

@@ -211,12 +211,12 @@ def timeline(
     end[Component.GRADIENTS] = _end_gradients(setup, device, resident[Component.GRADIENTS])
     end["temporaries"] = _allreduce_copy(setup)
     late = {}
-    if shape.late:  # a trainable subset's first gradient hook comes after the last block's MLP
+    if shape.late:  # a trainable subset's first gradient hook comes inside the last block
         hooked = {**block, Component.BUFFERS: bucketed + gathered}
-        late["at the last block's input norm, after the first gradient hook"] = {
+        late[f"{shape.late.where}, after the first gradient hook"] = {
             **hooked,
-            Component.ACTIVATIONS: shape.late.at_norm,
-            "temporaries": shape.late.norm_work + shape.batch,
+            Component.ACTIVATIONS: shape.late.at_hook,
+            "temporaries": shape.late.hook_work + shape.batch,
         }
         late["in the block below's backward, after the first gradient hook"] = {
             **hooked,
