@@ -124,7 +124,7 @@ class FsdpStep(Step):
         """Autograd's unsharded gradients of ``group``'s tensors, held to its unit's post-backward."""
         n = self.setup.zero_dp
         grads = self.unit_grads.setdefault(self._unit(group), [])
-        grads += [self.alloc(self.p * partition.padded(t, n)) for _, t in self.tensors if _ == group]
+        grads += [self.alloc(self.p * partition.padded(t, n)) for g, t in self.tensors if g == group]
 
     def _reduce_unit(self, unit: int) -> None:
         """``foreach_reduce``: the fp32 flat input on the default stream, the gradients freed, the output on

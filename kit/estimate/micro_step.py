@@ -89,7 +89,8 @@ def kv_cache(setup: Setup) -> Term:
     _, h, a, kv_heads, _, _ = m.dims
     b, p = setup.batch.micro_batch, element_bytes(z.precision)
     n = layers * 2 * p * b * setup.rank_seq_len * kv_heads * (h // a)
-    return Term(n, f"{what} x 2 x {p} B x b s x kv (transformers' KV cache, use_cache)") if n else NONE
+    tokens = "b s/sp" if z.sequence_parallel_size > 1 else "b s"
+    return Term(n, f"{what} x 2 x {p} B x {tokens} x kv (transformers' KV cache, use_cache)") if n else NONE
 
 
 class Shape:
