@@ -58,7 +58,7 @@ class Recorded(SavedActivations):
 SUBSETS = {
     "all": {},
     "lora q,v": {"lora_rank": 4},
-    "lora all-linear": {"lora_rank": 4, "lora_targets": ("all-linear",)},
+    "lora all-linear dropout": {"lora_rank": 4, "lora_targets": ("all-linear",), "lora_dropout": 0.1},
     "lora v,up": {"lora_rank": 8, "lora_targets": ("v_proj", "up_proj")},
     "frozen embeddings": {"freeze_embeddings": True},
 }

@@ -15,6 +15,7 @@ import functools
 import gc
 import inspect
 import os
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -403,7 +404,7 @@ class Checkpointing:
                     observer.checkpoint_inputs(inputs)
             watched = self.selective and bool(self.observers)
             calls: list[int] = []
-            kept_storages: set[int] = set()  # held by the policy's cache until this block's backward
+            kept_storages: list = []  # weak references: held by the policy's cache until they are reused
 
             def block(*args, **kwargs):
                 calls.append(len(calls))
@@ -414,7 +415,7 @@ class Checkpointing:
                         out = forward(*args, **kwargs)
                     for observer in self.observers:
                         observer.checkpoint_inputs(kept.tensors)
-                    kept_storages.update(t.untyped_storage().data_ptr() for t in kept.tensors)
+                    kept_storages.extend(weakref.ref(t.untyped_storage()) for t in kept.tensors)
                     return out
                 with contextlib.ExitStack() as stack:  # the recomputation in backward
                     for observer in self.observers:
@@ -480,9 +481,12 @@ def _outputs(rule, recompute: bool = False):
                 self.tensors += leaves
             return out
 
-        def outliving(self, out, kept: set[int]) -> list:
+        def outliving(self, out, kept: list) -> list:
+            """The recomputation's storages still alive but ``out``'s and the kept ones still alive (weak
+            references): a kept output the recomputation used and freed leaves its address to a new one."""
             leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-            other = kept | {t.untyped_storage().data_ptr() for t in leaves}  # views of these are theirs
+            held = {s.data_ptr() for s in (ref() for ref in kept) if s is not None}
+            other = held | {t.untyped_storage().data_ptr() for t in leaves}  # views of these are theirs
             alive = [ref() for ref in self.storages]
             return [s for s in alive if s is not None and s.data_ptr() not in other]
 
