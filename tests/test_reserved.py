@@ -132,7 +132,8 @@ def test_fsdp2_gathers_each_unit_reduces_it_in_fp32_and_keeps_only_its_states(st
     shards = [4 * partition.padded(t, 8) // 8 for t in partition.numels(s)]
     assert sorted(live.values()) == sorted(shards * 3)  # the shards, exp_avg, exp_avg_sq
     e = estimate(s)
-    assert 0 <= e.reserved.allocated / e.peak_tensor_bytes - 1 <= 0.10
+    # measured: +7.0 % (fsdp), +7.4 % (fsdp-grad-op)
+    assert 0.065 <= e.reserved.allocated / e.peak_tensor_bytes - 1 <= 0.075
     assert e.reserved_bytes == e.peak_tensor_bytes + e.reserved.cached > e.peak_tensor_bytes
 
 

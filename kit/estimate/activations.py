@@ -197,7 +197,7 @@ def recomputed(setup: Setup) -> Recomputed:
     selective = z.checkpoint_policy == "selective-op"
     kept = {name for name, part, _ in _kept_matmuls(setup) if part == "base"} if selective else set()
     linears = {name: 0.0 if name in kept else share for name in names}
-    attention = 0.0 if z.checkpoint_policy == "selective-op" and m.family in SWIGLU_FAMILIES else share
+    attention = 0.0 if selective and m.family in SWIGLU_FAMILIES else share
     return Recomputed(linears, attention, share)
 
 
@@ -421,7 +421,7 @@ def _subset_saved(setup: Setup) -> Saved:
         saved += inputs(f, gate or up, "down")
         return saved, grad or gate or up or needs("down")
 
-    grad = listing.embeddings or z.activation_checkpointing
+    grad = listing.inputs_need_grad or z.activation_checkpointing
     blocks, last_norm = [], 0
     for parts in listing.blocks:
         last_norm = norm_input * grad + normalised * ("norm1" in parts.trains)
@@ -487,7 +487,7 @@ def _gpt2_subset_saved(setup: Setup, listing) -> Saved:
         saved += sbh * norm2 + projection(h, norm2, "up") + sbf * up + projection(f, up, "down")
         return saved, mid or up or grads("down")
 
-    grad = listing.embeddings or listing.positions or z.activation_checkpointing
+    grad = listing.inputs_need_grad or z.activation_checkpointing
     blocks, last_norm = [], 0
     for parts in listing.blocks:
         last_norm = sbh * (grad or "norm1" in parts.trains)

@@ -60,7 +60,7 @@ def input_leaf(setup: Setup) -> Term:
     needs a gradient, so backward leaves its ``.grad``; the loss's graph (``AccumulateGrad``) holds both
     until the loss is freed, after ``engine.step()``."""
     listing = partition.listing(setup)
-    if not listing or listing.embeddings or listing.positions or not setup.zero.activation_checkpointing:
+    if not listing or listing.inputs_need_grad or not setup.zero.activation_checkpointing:
         return NONE  # (the kit's GPT with frozen input embeddings: its position embeddings still train)
     b, m, p = setup.batch, setup.model, element_bytes(setup.zero.precision)
     assert m.hidden is not None  # a subset's model: a formula family's or an HF config naming its hidden size

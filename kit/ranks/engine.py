@@ -90,13 +90,10 @@ def _train_subset(model, setup: Setup):
     embedding frozen the blocks' inputs are made to need a gradient (``enable_input_require_grads``, as
     transformers does under gradient checkpointing), else a reentrant checkpoint would give the
     adapters none."""
-    from kit.workloads import adapters, toymodels
+    from kit.workloads import adapters
 
     model = adapters.apply(model, setup.zero)
-    embeddings = [model.get_input_embeddings().weight]
-    if isinstance(getattr(model, "transformer", None), toymodels.GPTBody):  # the kit's GPT: its positions
-        embeddings.append(model.transformer.wpe.weight)
-    if setup.zero.activation_checkpointing and not any(p.requires_grad for p in embeddings):
+    if setup.zero.activation_checkpointing and not adapters.listing(setup.model, setup.zero).inputs_need_grad:
         model.enable_input_require_grads()
     return model
 

@@ -94,7 +94,7 @@ def _backward_widths(setup: Setup, h: int, kv: int) -> int:
     listing = partition.listing(setup)
     if listing is None:
         return setup.model.dims.layers * (2 * h + 2 * kv)
-    flows = listing.embeddings or setup.zero.activation_checkpointing
+    flows = listing.inputs_need_grad or setup.zero.activation_checkpointing
     total = 0
     for block in listing.blocks:
         own = block.trains | block.adapted

@@ -163,6 +163,12 @@ class Listing:
     positions: bool = False
 
     @property
+    def inputs_need_grad(self) -> bool:
+        """Whether the blocks' input needs a gradient without checkpointing: an embedding trains (the input
+        embeddings, or GPT-2's positions)."""
+        return self.embeddings or self.positions
+
+    @property
     def trainable(self) -> int:
         return sum(n for n, trains in self.tensors if trains)
 
