@@ -17,7 +17,9 @@ Read from DeepSpeed 0.19.8 (``runtime/sequence_parallel/ulysses_sp.py``, ``paral
   training, is no longer what SDPA saves (``kit.estimate.micro_step.kv_cache``);
 - it needs heads divisible by ``sp``, kv heads divisible by ``sp`` or ``sp`` by them, a sequence length
   divisible by ``sp``, and a Hugging Face model whose attention goes through transformers' registry
-  (sdpa, flash or flex; eager is refused).
+  (sdpa, flash or flex; eager is refused), or the kit's GPT: its explicit attention runs between the
+  exchanges (``kit.workloads.ulysses``), so a rank holds the scores of ``heads / sp`` heads over the
+  whole sequence and the causal mask of the whole sequence.
 
 What it cannot see: DeepSpeed's other sequence-parallel paths (the older ``DistributedAttention`` for
 Megatron-style models, FPDT's chunked attention, AutoSP), Arctic's tiled MLP and tiled logits
@@ -29,6 +31,9 @@ from __future__ import annotations
 
 from kit.families import SWIGLU
 
+#: the family of the kit's GPT (``kit.workloads.toymodels.GPT``: the toy and the gpt2 presets), whose
+#: explicit attention DeepSpeed's Ulysses attention wraps on the ranks (``kit.workloads.ulysses``)
+KIT_GPT = "gpt2"
 #: DeepSpeed's ``seq_parallel_communication_data_type`` default (runtime/constants.py): with ``sp`` > 1 the
 #: engine takes it as its ``communication_data_type`` (engine.py), so ZeRO reduces gradients in fp32: stage
 #: 3's ipg bucket and reduce-scatters are fp32, stages 1-2 upcast each bucket before reducing it
@@ -62,10 +67,11 @@ def problem(zero, model, world: int, batch) -> str | None:
         return f"{field}: Ulysses sequence parallelism is DeepSpeed's; engine {zero.engine!r} has none"
     if world % sp:
         return f"{field}: must divide the number of GPUs ({world}), got {sp}"
-    if model.family not in SWIGLU or model.source or not model.arch or not model.heads:
+    hf_decoder = model.family in SWIGLU and model.arch
+    if model.source or not (hf_decoder or model.family == KIT_GPT) or not model.heads:
         return (
             f"{field}: DeepSpeed's Ulysses attention is modelled for the Hugging Face decoders "
-            f"{', '.join(SWIGLU)}; {model.name} ({model.family or 'no family'}) is not one"
+            f"{', '.join(SWIGLU)} and the kit's GPT; {model.name} ({model.family or 'no family'}) is not one"
         )
     heads, kv = model.heads, model.kv_heads or model.heads
     if heads % sp:
@@ -89,11 +95,24 @@ def problem(zero, model, world: int, batch) -> str | None:
     return None
 
 
-def in_your_script(zero) -> str | None:
-    """What the training script must do for sequence parallelism (DeepSpeed's Ulysses), or None."""
+def in_your_script(zero, model=None) -> str | None:
+    """What the training script must do for sequence parallelism (DeepSpeed's Ulysses), or None; for the kit's
+    GPT (``model``), how its attention is wrapped instead of transformers' kernel."""
     sp = zero.sequence_parallel_size
     if sp == 1:
         return None
+    if model is not None and model.family == KIT_GPT and not model.source:
+        return (
+            "parallel_state_sp.initialize_sequence_parallel(sequence_parallel_size="
+            f"{sp}), then one UlyssesSPAttentionHF(attn=<the attention between the exchanges>, batch_size="
+            "micro_batch, attn_head_count=heads, attn_head_size=hidden // heads, kv_head_count=heads, "
+            f"num_hidden_layers=layers, process_group=parallel_state_sp.get_sequence_parallel_group(), "
+            f"local_seq_length=seq_len // {sp}, global_seq_length=seq_len) called by each block's attention "
+            "with the rank's global position_ids (deepspeed.runtime.sequence_parallel.ulysses_sp; "
+            "kit.workloads.ulysses does this for the kit's GPT); deepspeed.initialize(..., "
+            "mpu=parallel_state_sp); each rank takes its seq_len / "
+            f"{sp} consecutive tokens and their targets"
+        )
     return (
         "mpu = UlyssesSPAttentionHF.register_with_transformers(model, 'sdpa', "
         f"{sp}, micro_batch, seq_length=seq_len, seq_length_is_variable=False) before "

@@ -221,6 +221,12 @@ def _file(**zero) -> Setup:  # a model file (data/examples/mlp.py: 256-wide resi
     return _other(models.resolve(str(EXAMPLES / "mlp.py")), **zero)
 
 
+def _long(**zero) -> Setup:  # the toy GPT on sequences of 256 tokens
+    return _setup(**zero).replace(model=models.toy_spec(seq_len=256).model_dump(), batch={"seq_len": 256})
+
+
+#: the toy's batch when its 2 ranks are one sequence-parallel group
+ONE_GROUP = {"train_batch": 2}
 SMALL_LLAMA = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 256}
 #: (name, Setup) of the training modes measured in the launch: trainable subsets (``kit.trainable``) and
 #: the chunked loss (``kit.loss``)
@@ -312,6 +318,14 @@ ULYSSES = {
     "llama z2 sp2 ckpt": _llama(stage=2, sequence_parallel_size=2, activation_checkpointing=True),
     "llama z3 sp2 chunked loss": _llama(stage=3, sequence_parallel_size=2, loss="chunked"),
     "llama z3 sp2 lora": _llama(stage=3, sequence_parallel_size=2, lora_rank=4),
+    # the kit's GPT: its explicit attention between DeepSpeed's exchanges, a rank's scores those of half the
+    # heads over the whole sequence; at 256 tokens they outweigh its MLP, and the last block's softmax
+    # backward is the backward's peak (with every .grad so far held at stage 1 without overlap_comm)
+    "z2 sp2": _setup(stage=2, sequence_parallel_size=2, batch=ONE_GROUP),
+    "z1 sp2 fp32, 256 tokens": _long(stage=1, sequence_parallel_size=2, precision="fp32", batch=ONE_GROUP),
+    "z3 sp2 ckpt, 256 tokens": _long(
+        stage=3, sequence_parallel_size=2, activation_checkpointing=True, batch=ONE_GROUP
+    ),
 }
 #: (name, Setup) with DeepSpeed's own checkpointing options (``kit.checkpointing``): partition_activations
 #: (at model-parallel size 1 a clone replaces each input) with cpu_checkpointing, whose copy to the CPU is the
@@ -394,6 +408,10 @@ FOUR = [
     # Ulysses over all 4 (each rank a quarter of each sequence), with the chunked loss and checkpointing,
     # and over two groups of 2 (two data-parallel groups)
     ("llama z3 sp4, 4 ranks", on_ranks(_llama(stage=3), 4).replace(zero={"sequence_parallel_size": 4})),
+    (
+        "toy z3 sp4 256 tokens, 4 ranks",
+        on_ranks(_long(stage=3), 4).replace(zero={"sequence_parallel_size": 4}, batch={"train_batch": 2}),
+    ),
     ("llama z2 sp2, 4 ranks", on_ranks(_llama(stage=2), 4).replace(zero={"sequence_parallel_size": 2})),
     (
         "llama z3 sp4 chunked loss ckpt, 4 ranks",
@@ -655,7 +673,7 @@ def test_ulysses_sends_the_predicted_all_to_alls_and_fp32_gradients(sweep, sweep
                 r["estimate_comm_wire_bytes"],
             )
             checked += 1
-    assert checked == 2 * len(ULYSSES) + 4 * 3
+    assert checked == 2 * len(ULYSSES) + 4 * sum(" sp" in name for name, _ in FOUR)
 
 
 def test_predicted_peak_per_phase_matches_every_rank_of_4(sweep4):

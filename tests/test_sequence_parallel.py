@@ -48,8 +48,9 @@ def test_groups_of_sp_ranks_are_one_data_parallel_rank_and_zero_shards_over_all(
         ),
         (
             {"sequence_parallel_size": 2},
-            {"model": models.toy_spec()},
-            "DeepSpeed's Ulysses attention is modelled for the Hugging Face decoders",
+            {"model": models.toy_spec("dit")},
+            "DeepSpeed's Ulysses attention is modelled for the Hugging Face decoders llama, mistral, "
+            "qwen2 and the kit's GPT; toy-dit-2x64 (dit) is not one",
         ),
         (
             {"sequence_parallel_size": 2, "offload_optimizer": "nvme", "nvme_path": "/nvme"},
@@ -114,6 +115,29 @@ def test_a_rank_holds_the_activations_of_its_part_of_each_sequence():
     # a trainable subset follows the same ops: LoRA on q and v, o_proj frozen, keeps none at stage 2
     lora, plain = (_setup(gpus=2, stage=2, lora_rank=4, **z) for z in ({"sequence_parallel_size": 2}, {}))
     assert activations(lora).bytes == activations(plain.replace(batch={"seq_len": 16})).bytes
+
+
+def test_the_kit_gpts_rank_holds_its_heads_scores_over_the_whole_sequence():
+    """The kit's GPT (explicit attention inside DeepSpeed's exchanges, ``kit.workloads.ulysses``): a rank's
+    tensors of b x s/sp tokens as the model on s/sp tokens, but its scores those of a/sp heads over all s
+    tokens and its causal mask the whole sequence's (measured on 2 CPU ranks, test_peak.py); in its step
+    time the score matmuls are those of a/sp heads."""
+    from kit.estimate.activations import eager_scores
+    from kit.steptime.kernels import work
+
+    toy = models.toy_spec(seq_len=32)
+    sp2 = _setup(gpus=2, model=toy, sequence_parallel_size=2)
+    half = _setup(gpus=2, model=toy, batch={"seq_len": 16})
+    b, layers, heads = 2, 2, 4
+    assert eager_scores(sp2) == (heads // 2 * 32 * 32 * b, 32 * 32)
+    assert eager_scores(half) == (heads * 16 * 16 * b, 16 * 16)
+    # per layer: the softmax's output (16-bit) and the bool mask; the rest as on 16 tokens
+    more = layers * (2 * (heads // 2 * 32 * 32 - heads * 16 * 16) * b + (32 * 32 - 16 * 16))
+    assert activations(sp2).bytes - activations(half).bytes == more
+    one, two = work(_setup(gpus=2, model=toy)), work(sp2)
+    assert sum(two.block_gemm_flops) == pytest.approx(sum(one.block_gemm_flops) / 2)
+    assert two.block_memory_bytes == pytest.approx(one.block_memory_bytes / 2)
+    assert "a/2 heads each" in two.formula
 
 
 def test_gradients_are_reduced_in_fp32_under_sequence_parallelism():
@@ -226,3 +250,9 @@ def test_launch_cmd_says_what_the_script_does_beside_the_ds_config_key(capsys):
     assert main([*argv, "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert plain["sequence_parallel"] is None and "sequence_parallel_size" not in plain["ds_config"]
+    # the kit's GPT has no kernel in transformers' registry: one attention instance around its own
+    gpt = ["launch-cmd", "--model", "gpt2-large", "--stage", "3", "--seq-len", "1024"]
+    assert main([*gpt, "--sequence-parallel-size", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sequence_parallel"].startswith("parallel_state_sp.initialize_sequence_parallel(")
+    assert "local_seq_length=seq_len // 4" in out["sequence_parallel"]

@@ -80,7 +80,8 @@ def formula(setup: Setup) -> Term:
     # under sequence parallelism s is a rank's part and SDPA keeps the exchanged k and v: kv heads repeated
     # up to sp, over the whole sequence (kit.sequence_parallel)
     kv = ulysses.exchanged_kv_heads(kv_heads, setup.zero.sequence_parallel_size) * (h // a)
-    sbh, sbf, as2b = s * b * h, s * b * ffn, a * s * s * b
+    sbh, sbf, sp = s * b * h, s * b * ffn, setup.zero.sequence_parallel_size
+    as2b, mask = eager_scores(setup)
     family = m.family or "gpt2"
     if family in SWIGLU_FAMILIES:
         # Hugging Face's decoder, SDPA attention (flash / memory-efficient: no s^2 term), fitted to
@@ -109,8 +110,10 @@ def formula(setup: Setup) -> Term:
         per_layer = (16 * sbh + 2 * as2b + 4 * sbf) * scale
         how = "16sbh + 2as^2b + 4sbf (eager attention, no dropout)"
         if family == "gpt2":  # the kit's GPT: masked_fill saves each layer's causal mask (bool s x s)
-            per_layer += s * s
+            per_layer += mask
             how = "16sbh + 2as^2b + 4sbf + s^2 (eager attention and its bool causal mask, no dropout)"
+            if sp > 1:
+                how += f"; under Ulysses s^2 of the whole sequence, a / {sp} heads"
     z = setup.zero
     if subset.is_subset(z):
         return _off_the_gpu(setup, _subset_formula(setup))
@@ -133,6 +136,15 @@ def formula(setup: Setup) -> Term:
         + ")",
     )
     return _off_the_gpu(setup, body + _head_activations(setup, scale))
+
+
+def eager_scores(setup: Setup) -> tuple[int, int]:
+    """A layer's eager attention on a rank: its scores' elements, ``a s^2 b`` (under Ulysses ``a / sp`` heads
+    over the whole sequence, ``kit.sequence_parallel``), and its bool causal mask's bytes (the whole
+    sequence squared)."""
+    sp = setup.zero.sequence_parallel_size
+    whole = setup.rank_seq_len * sp
+    return setup.model.dims.heads // sp * whole * whole * setup.batch.micro_batch, whole * whole
 
 
 def _checkpoint_inputs(setup: Setup) -> tuple[int, int]:
@@ -461,7 +473,8 @@ def _gpt2_subset_saved(setup: Setup, listing) -> Saved:
     b, s, p = setup.batch.micro_batch, setup.rank_seq_len, element_bytes(z.precision)
     _, h, a, _, f, _ = m.dims
     sbh, sbf = p * s * b * h, p * s * b * f
-    attention = 3 * sbh + p * a * s * s * b + s * s
+    scores, mask = eager_scores(setup)
+    attention = 3 * sbh + p * scores + mask
     dropout = z.lora_dropout > 0
 
     def block(parts, grad: bool) -> tuple[int, bool]:

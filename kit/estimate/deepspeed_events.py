@@ -37,6 +37,7 @@ from kit.estimate.activations import (
     SWIGLU_FAMILIES,
     _head_activations,
     also_saved,
+    eager_scores,
     formula,
     kept_by_policy,
 )
@@ -157,7 +158,7 @@ class Step:
         hidden = m.hidden or 0
         ffn = m.ffn or 4 * hidden
         eager = m.family == "gpt2" and m.is_transformer
-        scores = (m.heads or 0) * b.seq_len * tokens if eager else 0
+        scores = eager_scores(self.setup)[0] if eager else 0
         lm = m.family in FORMULA_FAMILIES and m.family != "dit" and m.vocab and not m.source
         return tokens * hidden, tokens * ffn, scores, tokens * (m.vocab or 0) if lm else 0
 

@@ -486,12 +486,18 @@ def _notes(setup: Setup) -> tuple[str, ...]:
             "the verdict is the peak per GPU"
         )
     if z.sequence_parallel_size > 1:
+        sp = z.sequence_parallel_size
+        own = (
+            f"its attention's scores those of a / {sp} heads over the whole sequence"
+            if setup.model.family == ulysses.KIT_GPT
+            else "the plain loss's forward holds transformers' KV cache"
+        )
         notes.append(
-            f"sequence parallelism (Ulysses, {z.sequence_parallel_size} ranks per sequence): each rank's "
+            f"sequence parallelism (Ulysses, {sp} ranks per sequence): each rank's "
             f"activations, head and loss are those of its {setup.rank_seq_len:,} tokens, gradients are "
-            "reduced in fp32 (DeepSpeed's seq_parallel_communication_data_type), the plain loss's forward "
-            "holds transformers' KV cache; the exchanges' transient copies inside attention are not "
-            "counted, nor is the caching allocator replayed: the verdict is the peak per GPU"
+            f"reduced in fp32 (DeepSpeed's seq_parallel_communication_data_type), {own}; the exchanges' "
+            "transient copies inside attention are not counted, nor is the caching allocator replayed: "
+            "the verdict is the peak per GPU"
         )
     if not partition.is_exact(setup):
         notes.append("bare parameter count: per-tensor padding and stage 3 persistence approximated")

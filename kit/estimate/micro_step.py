@@ -21,6 +21,7 @@ from kit.estimate.activations import (
     _head_activations,
     _subset_saved,
     also_saved,
+    eager_scores,
     final_norm,
     formula,
     fused_head,
@@ -128,7 +129,7 @@ class Shape:
             self.loss, self.loss_grads = FUSED[setup.zero.loss](setup, cpu)
         self.batch = Term(TOKEN_ID_BYTES * tokens, "token ids 8 B x b s") if m.vocab else NONE
         formulaic = m.family in FORMULA_FAMILIES and m.is_transformer and not m.source
-        self.late, self.first = None, NONE
+        self.late, self.first, self.attention = None, NONE, None
         if formulaic and subset.is_subset(setup.zero):
             saved = _subset_saved(setup)
             head = Term(saved.head, "")
@@ -190,6 +191,8 @@ class Shape:
                     "residual's",
                 )
                 self.block_backward = max(self.block_backward, activation, key=lambda t: t.bytes)
+                if m.family == "gpt2" and not trains:
+                    self.attention = _attention_backward(setup, self.blocks, p)
             dequantized = _dequantized(setup, f * h, cpu)
             if dequantized.bytes > p * gated * s * mb * f:  # QLoRA: the down projection's backward is larger
                 self.block_backward = dequantized + Term(
@@ -453,6 +456,32 @@ def _late_hook(setup: Setup, act: Term, saved, p: int) -> Late | None:
     )
 
 
+def _attention_backward(setup: Setup, blocks: Term, p: int) -> tuple[Term, Term]:
+    """The kit's GPT's last block at its softmax's backward (eager attention), every parameter training:
+    what is live there (the activations less that block's MLP tensors, its second norm's input and the
+    output projection's; under Ulysses also the exchanged v, freed by the second bmm's backward), and the
+    working set: the softmax's incoming and input gradients (``eager_scores`` each) beside the residual's
+    gradient and v's. Where the scores outweigh the MLP (long sequences; Ulysses keeps a rank's scores
+    those of the whole sequence) the block's backward peaks here (measured, 2 ranks, 256 tokens, sp 2:
+    -3.1 % and -5.9 % checkpointed before it was modelled)."""
+    m = setup.model
+    tokens = setup.batch.micro_batch * setup.rank_seq_len
+    h, f = m.dims.hidden, m.dims.ffn
+    exchanged_v = setup.zero.sequence_parallel_size > 1
+    freed = p * tokens * ((3 + exchanged_v) * h + 2 * f)
+    at = Term(
+        blocks.bytes - freed,
+        f"{blocks.formula} - the last block's MLP tensors and projection inputs"
+        + (" and exchanged v" if exchanged_v else ""),
+    )
+    scores, _ = eager_scores(setup)
+    work = Term(
+        p * (2 * scores + 2 * tokens * h),
+        f"{p} B x (2 a s^2 b + 2 b s h): the softmax's incoming and input gradients, the residual's and v's",
+    )
+    return at, work
+
+
 def _freed_by_recompute(setup: Setup, block: int) -> int:
     """What block ``block``'s op-policy cache (``kit.checkpointing``) holds that its recomputation frees at
     the start of its backward: the kept outputs no autograd op saves (0 under full checkpointing, or where
@@ -515,8 +544,8 @@ def _block_forward(setup: Setup, cpu: CpuMatmul | None) -> Term:
     else:  # at the GELU, then at the down-projection (c_fc's output freed once the GELU returns); before
         # them at attention's second bmm: the norm's output, c_attn's (3 b s h), the masked scores and their
         # softmax (a s^2 b each), v's and the product's b s h, and the causal mask (bool s^2)
-        s, a = setup.rank_seq_len, m.dims.heads
-        attention = 6 * sbh + 2 * p * a * s * s * setup.batch.micro_batch + s * s
+        scores, mask = eager_scores(setup)
+        attention = 6 * sbh + 2 * p * scores + mask
         mlp = max(2 * sbh + 2 * sbf, 3 * sbh + sbf + scratch(f, h), 2 * sbh + sbf + scratch(h, f))
         work = max(attention, mlp)
         what = (

@@ -189,6 +189,7 @@ def timeline(
     }
     backward_at_loss[Component.BUFFERS] += held + baselines.unsharded_at_loss(setup, backward=True)
     bucketed = resident[Component.BUFFERS] + _bucket(setup)
+    first_block = setup.zero.activation_checkpointing or (backend == "nccl" and setup.zero.stage == 0)
     block = {
         **resident,
         # stage 0 without checkpointing: on CPU ranks the last block's backward holds the head's gradients
@@ -197,12 +198,7 @@ def timeline(
         # overlap_comm holds the head's on both (GPT-2 XL z1 on an H200: -0.2 %; with every later one
         # +3.5 %); checkpointed, the peak is the first block's recomputation, every later gradient held
         Component.GRADIENTS: resident[Component.GRADIENTS]
-        + _grads_so_far(
-            setup,
-            device,
-            resident[Component.GRADIENTS],
-            first=setup.zero.activation_checkpointing or (backend == "nccl" and setup.zero.stage == 0),
-        ),
+        + _grads_so_far(setup, device, resident[Component.GRADIENTS], first=first_block),
         Component.BUFFERS: bucketed + gathered,
         Component.ACTIVATIONS: shape.blocks,
         "temporaries": shape.tied + shape.block_backward + shape.batch + _autocast_copies(setup, head=False),
@@ -224,6 +220,15 @@ def timeline(
         }
         block[Component.BUFFERS] = resident[Component.BUFFERS] + gathered  # the bucket is not there yet
     candidates = {"at the loss's backward": backward_at_loss, "in the last block's backward": block, **late}
+    if shape.attention:  # the kit's GPT: the last block's softmax backward, its MLP's and projections' done
+        at, work = shape.attention
+        candidates["in the last block's attention backward"] = {
+            **block,
+            Component.GRADIENTS: resident[Component.GRADIENTS]
+            + _grads_so_far(setup, device, resident[Component.GRADIENTS], first=first_block, mlp=True),
+            Component.ACTIVATIONS: at,
+            "temporaries": shape.tied + work + shape.batch + _autocast_copies(setup, head=False),
+        }
     first = _grads_so_far(setup, device, resident[Component.GRADIENTS])
     if first.bytes and shape.first and not setup.zero.activation_checkpointing:
         # stage 0: the first block's backward, its own activations beside every later gradient
@@ -287,14 +292,18 @@ def _resident(setup: Setup, device: dict[str, Term]) -> dict[str, Term]:
     return out
 
 
-def _grads_so_far(setup: Setup, device: dict[str, Term], held: Term, first: bool = True) -> Term:
+def _grads_so_far(
+    setup: Setup, device: dict[str, Term], held: Term, first: bool = True, mlp: bool = False
+) -> Term:
     """DeepSpeed's stage 0 reduces after backward, and so does stage 1 without ``overlap_comm`` (its
     gradient hooks reduce only when ``partition_gradients or overlap_comm``; ``reduce_gradients`` walks
     every ``.grad`` after backward): when the first block's backward runs (``first``), ``.grad`` holds every
     gradient but the first block's and the embedding's (a block: the parameters outside the embeddings
     over the layers; a tied embedding's gradient from the head is autograd's until the embedding's own
     backward adds to it: ``tied``); when the last block's runs, the head's (an untied ``lm_head`` that
-    trains, the final norm). Nothing where they were held already or are reduced as they come."""
+    trains, the final norm), and with ``mlp`` in its attention's backward also its MLP's, second norm's and
+    output projection's (the kit's GPT). Nothing where they were held already or are reduced as they
+    come."""
     m, z = setup.model, setup.zero
     after = z.engine == "deepspeed" and (z.stage == 0 or (z.stage == 1 and not z.overlap))
     if not after or held.bytes or not (m.layers and m.hidden and m.vocab):
@@ -311,7 +320,12 @@ def _grads_so_far(setup: Setup, device: dict[str, Term], held: Term, first: bool
     if not first:
         head = m.vocab * (not m.tied_embeddings and (listing is None or "lm_head" in listing.head))
         n = (head + 1) * m.hidden
-        return Term(grads.bytes * n // psi, f"the head's gradients: {n:,} elements")
+        what = "the head's gradients"
+        if mlp:  # c_proj (h h + h), ln_2 (2 h), c_fc (h f + f), the MLP's c_proj (f h + h)
+            h, f = m.dims.hidden, m.dims.ffn
+            n += h * h + 4 * h + 2 * h * f + f
+            what += " and the last block's MLP's, second norm's and output projection's"
+        return Term(grads.bytes * n // psi, f"{what}: {n:,} elements")
     if listing:  # a trainable subset's own first block and embedding (kit.trainable)
         embedding = m.vocab * m.hidden if listing.embeddings else 0
         later = psi - listing.blocks[0].params - embedding

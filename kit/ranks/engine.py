@@ -177,7 +177,7 @@ def micro_batch(workload, setup: Setup, step: int, rank: int, world: int, micro:
     if sp > 1:
         from kit.workloads import ulysses
 
-        kwargs = ulysses.shard(kwargs, member, sp)
+        args, kwargs = ulysses.shard(args, kwargs, member, sp)
     return args, kwargs
 
 

@@ -139,7 +139,7 @@ class Bundle:
             "checkpointing": checkpointing.in_your_script(zero),
             "trainable": trainable.in_your_script(zero),
             "loss": losses.in_your_script(zero, self.setup.model),
-            "sequence_parallel": ulysses.in_your_script(zero),
+            "sequence_parallel": ulysses.in_your_script(zero, self.setup.model),
         }
         if self.request.docker:
             result |= {

@@ -293,11 +293,13 @@ def _work(
     flash = 0.0
     memory = 0.0
     if eager:  # scores q k^T (s x d by d x s) and scores x v (s x s by s x d), per sequence and head
-        block += _train(seq, seq, d, p, batch=micro * a, again=again[4])
-        block += _train(seq, d, seq, p, batch=micro * a, again=again[4])
+        mine = a // sp  # under Ulysses a rank's share of the heads, over the whole sequence
+        block += _train(seq, seq, d, p, batch=micro * mine, again=again[4])
+        block += _train(seq, d, seq, p, batch=micro * mine, again=again[4])
         score_passes = EAGER_PASSES["forward"] * forward + EAGER_PASSES["backward"]
-        memory += score_passes * p * micro * a * seq * seq
-        how_attention = f"eager scores: 4 matmuls x 3 passes, {score_passes:g} passes over a s^2 b"
+        memory += score_passes * p * micro * mine * seq * seq
+        split = f" ({sp} ranks: a/{sp} heads each)" if sp > 1 else ""
+        how_attention = f"eager scores: 4 matmuls x 3 passes, {score_passes:g} passes over a s^2 b{split}"
     else:
         flash = 0.5 * 4.0 * micro * seq * seq * h / sp * (forward + 2.5)
         heads = f"h/{sp}" if sp > 1 else "h"

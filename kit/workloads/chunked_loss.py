@@ -147,7 +147,7 @@ class ChunkedLoss(torch.nn.Module):
 
     def forward(self, input_ids, labels, shift_labels=None, **kwargs):
         if isinstance(self.lm, GPT):  # labels are the next tokens: every token has its target
-            hidden = self.lm.hidden_states(input_ids)
+            hidden = self.lm.hidden_states(input_ids, kwargs.get("position_ids"))
             return self.function.apply(hidden.view(-1, hidden.shape[-1]), head(self.lm), labels.reshape(-1))
         from transformers.modeling_outputs import CausalLMOutput
 

@@ -58,16 +58,31 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(b, s, n * d)
 
 
+def _core_attention(module: nn.Module, q, k, v, mask, **kwargs) -> tuple[torch.Tensor, None]:
+    """``attention`` with a Hugging Face attention function's signature and output layout (batch, seq,
+    heads, head_dim): what DeepSpeed's Ulysses attention runs between its exchanges (``exchange``)."""
+    return attention(q, k, v, causal=True).transpose(1, 2), None
+
+
 class GPTAttention(nn.Module):
+    """GPT-2's attention. Under Ulysses sequence parallelism ``exchange`` is DeepSpeed's
+    ``UlyssesSPAttentionHF`` (set by ``kit.workloads.ulysses.register``): it exchanges q, k and v for every
+    token of a share of the heads, runs ``_core_attention`` there and exchanges the output back."""
+
+    exchange = None
+
     def __init__(self, hidden: int, heads: int):
         super().__init__()
         self.heads = heads
         self.c_attn = Conv1D(hidden, 3 * hidden)
         self.c_proj = Conv1D(hidden, hidden)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         q, k, v = (split_heads(t, self.heads) for t in self.c_attn(x).chunk(3, dim=-1))
-        return self.c_proj(merge_heads(attention(q, k, v, causal=True)))
+        if self.exchange is None:
+            return self.c_proj(merge_heads(attention(q, k, v, causal=True)))
+        out, _ = self.exchange(self, q, k, v, None, position_ids=position_ids)
+        return self.c_proj(out)
 
 
 class GPTMLP(nn.Module):
@@ -89,8 +104,8 @@ class GPTBlock(nn.Module):
         self.ln_2 = nn.LayerNorm(hidden)
         self.mlp = GPTMLP(hidden, ffn)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), position_ids)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -162,17 +177,29 @@ class GPT(nn.Module):
         gives the blocks' adapters theirs when every embedding is frozen (LoRA)."""
         self.transformer.wte.register_forward_hook(lambda module, args, output: output.requires_grad_(True))
 
-    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The final norm's output: what the head (or a fused loss, ``kit.workloads.chunked_loss``) takes."""
+    def hidden_states(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The final norm's output: what the head (or a fused loss, ``kit.workloads.chunked_loss``) takes.
+        ``position_ids``: the tokens' places in their sequences (a sequence-parallel rank's part of them,
+        which its attention needs), else 0, 1, ..."""
         body = self.transformer
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = body.wte(input_ids) + body.wpe(positions)
+        if position_ids is None:
+            x = body.wte(input_ids) + body.wpe(torch.arange(input_ids.shape[1], device=input_ids.device))
+        else:
+            x = body.wte(input_ids) + body.wpe(position_ids)
+        given = {} if position_ids is None else {"position_ids": position_ids}
         for block in body.h:
-            x = block(x)
+            x = block(x, **given)
         return body.ln_f(x)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        logits = self.lm_head(self.hidden_states(input_ids))
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        logits = self.lm_head(self.hidden_states(input_ids, position_ids))
         if labels is None:
             return logits
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
