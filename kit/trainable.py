@@ -24,7 +24,7 @@ module parameters, whole on every rank at stages 0-2 and partitioned like the ot
 ranks build it with ``kit.workloads.adapters``; the estimate lists the same model on the meta device.
 
 What it cannot see: DoRA, peft's ``prepare_model_for_kbit_training`` (it casts the 16-bit weights to
-fp32; TRL skips it for sharded QLoRA), adapters on embeddings or convolutions; QLoRA on the kit's GPT;
+fp32; TRL skips it for sharded QLoRA), adapters on embeddings or convolutions; QLoRA on traced models;
 the kit's DiT, GPT-NeoX and model files (``model_problem``).
 """
 
@@ -154,15 +154,15 @@ def model_problem(zero, model) -> str | None:
     """Why ``model`` (a ``ModelSpec``) cannot train ``zero``'s subset in the kit, or None. The families of
     ``FAMILIES`` take every subset (their activations are followed op by op); any other Hugging Face
     architecture, whose activations are traced (``kit.estimate.trace``), takes frozen embeddings and LoRA;
-    the kit's GPT (``GPT_FAMILIES``) every subset but QLoRA; GPT-NeoX, DiT and model files none yet."""
+    the kit's GPT (``GPT_FAMILIES``) every subset too; GPT-NeoX, DiT and model files none yet."""
     if not is_subset(zero):
         return None
     field, traced = next(f for f in FIELDS if getattr(zero, f)), _traced(model)
     gpt = model.family in GPT_FAMILIES and not model.source
-    if (gpt or traced) and zero.qlora:
+    if traced and zero.qlora:
         return (
-            f"qlora: 4-bit base weights are modelled for {', '.join(FAMILIES)} (their nn.Linear layers); "
-            f"{model.name}'s {'GPT-2 Conv1D projections are' if gpt else 'traced layers are'} not yet"
+            f"qlora: 4-bit base weights are modelled for {', '.join(FAMILIES)} and the kit's GPT; "
+            f"{model.name}'s traced layers are not yet"
         )
     if not traced and not gpt and (model.family not in FAMILIES or model.source or not model.arch):
         return (

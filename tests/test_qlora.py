@@ -20,7 +20,7 @@ def _setup(stage: int, model=None, gpus: int = 8, **zero) -> Setup:
         model=model or models.preset("llama-2-7b"),
         cluster={"nodes": 1, "gpus_per_node": gpus},
         zero=zero,
-        batch={"micro_batch": 1, "seq_len": 4096},
+        batch={"micro_batch": 1, "seq_len": 4096 if model is None else 32},
     )
 
 
@@ -129,18 +129,28 @@ def test_dequantized_weights_are_nf4_values_times_their_block_absmax():
     )
 
 
-def test_the_built_4bit_weights_take_the_estimates_frozen_bytes():
-    """A shrunk Llama in bf16 with peft's LoRA and its linear layers swapped for the plain-PyTorch
-    ``Linear4bit``: the storages of its frozen parameters and quant states (every byte, scalars too) are
-    what the estimate holds beside the adapters at stage 0 (whole on every rank as at stages 0-2)."""
+#: the models the one-process checks build: a shrunk Llama, and the kit's GPT (its ``Conv1D`` projections
+#: quantized transposed, as transformers' bitsandbytes integration quantizes GPT-2's)
+SMALL = {"llama": models.override(models.preset("llama-2-7b"), SMALL_LLAMA), "toy": models.toy_spec()}
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_the_built_4bit_weights_take_the_estimates_frozen_bytes(name):
+    """A shrunk Llama and the toy GPT in bf16 with peft's LoRA and their linear layers swapped for the
+    plain-PyTorch ``Linear4bit``: the storages of their frozen parameters and quant states (every byte,
+    scalars too) are what the estimate holds beside the adapters at stage 0 (whole on every rank as at
+    stages 0-2)."""
     import torch
 
     from kit import workloads
     from kit.rules import element_bytes
     from kit.workloads import adapters, nf4
 
-    setup = _setup(0, model=models.override(models.preset("llama-2-7b"), SMALL_LLAMA), gpus=1)
+    setup = _setup(0, model=SMALL[name], gpus=1)
     model = adapters.apply(workloads.for_model(setup.model).build().to(torch.bfloat16), setup.zero)
+    # every block projection is 4-bit, the head (tied to the embeddings for the GPT) stays 16-bit
+    quantized = [m for m in model.modules() if isinstance(m, nf4.Linear4bit)]
+    assert len(quantized) == setup.model.layers * (7 if name == "llama" else 4)
     frozen = [p for p in model.parameters() if not p.requires_grad]
     states = [b for m in model.modules() if isinstance(m, nf4.Linear4bit) for b in m.state.buffers()]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in frozen + states}
@@ -151,8 +161,8 @@ def test_the_built_4bit_weights_take_the_estimates_frozen_bytes():
     assert sum(nf4.stored_bytes(model)) == sum(sum(trainable.nf4_bytes(n)) for n in quantized)
 
 
-def _small(stage: int = 0, **batch) -> Setup:
-    setup = _setup(stage, model=models.override(models.preset("llama-2-7b"), SMALL_LLAMA), gpus=1)
+def _small(stage: int = 0, name: str = "llama", **batch) -> Setup:
+    setup = _setup(stage, model=SMALL[name], gpus=1)
     return setup.replace(zero={"lora_rank": 4}, batch={"micro_batch": 2, "seq_len": 32, **batch})
 
 
@@ -160,7 +170,11 @@ def _live(tensors) -> dict[int, int]:
     return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
 
 
-def test_dequantizing_holds_the_weight_its_absmax_and_one_chunk():
+@pytest.mark.parametrize(
+    "name, down",
+    [("llama", "model.layers.1.mlp.down_proj"), ("toy", "transformer.h.1.mlp.c_proj")],
+)
+def test_dequantizing_holds_the_weight_its_absmax_and_one_chunk(name, down):
     """``MatMul4Bit``'s transient, measured with torch's CPU memory accounting (``StepMemory``): the last
     block's down projection dequantized is the estimate's term for it (``_dequantized``: 2 B x f h + 4 B x
     f h / 64, and on CPU the equivalent's chunk, 9 B x min(f h, 1,024)), to the byte."""
@@ -172,9 +186,9 @@ def test_dequantizing_holds_the_weight_its_absmax_and_one_chunk():
     from kit.ranks.memory_timeline import StepMemory
     from kit.workloads import adapters, nf4
 
-    setup = _small()
+    setup = _small(name=name)
     model = adapters.apply(workloads.for_model(setup.model).build().to(torch.bfloat16), setup.zero)
-    down = model.get_submodule("base_model.model.model.layers.1.mlp.down_proj.base_layer")
+    down = model.get_submodule(f"base_model.model.{down}.base_layer")
     known = _live([down.weight, *down.state.buffers()])
     memory = StepMemory(device=known)
     with memory.recording(), memory.phase("forward"):
@@ -186,11 +200,14 @@ def test_dequantizing_holds_the_weight_its_absmax_and_one_chunk():
     assert memory.result()["phases"]["forward"] - sum(known.values()) == expected
 
 
-def test_a_step_on_4bit_weights_peaks_where_the_estimate_says():
-    """The shrunk Llama with LoRA r=4 on every linear layer over its 4-bit weights, micro batch 2 of 32
-    tokens, one forward and backward in one process on one thread: each phase's peak above the model's own
-    tensors is within 3 % of the estimate's activations and working set at that phase's moment (stage 0:
-    the states the estimate holds beside them, DeepSpeed's, are no part of this process)."""
+@pytest.mark.parametrize("name", list(SMALL))
+@pytest.mark.parametrize("targets", [("all-linear",), ()], ids=["all-linear", "peft's default"])
+def test_a_step_on_4bit_weights_peaks_where_the_estimate_says(name, targets):
+    """The shrunk Llama and the toy GPT with LoRA r=4 on every linear layer (or peft's default targets) over
+    their 4-bit weights, micro batch 2 of 32 tokens, one forward and backward in one process on one thread:
+    each phase's peak above the model's own tensors is within 3 % of the estimate's activations and working
+    set at that phase's moment (stage 0: the states the estimate holds beside them, DeepSpeed's, are no part
+    of this process)."""
     import torch
 
     from kit import workloads
@@ -198,7 +215,7 @@ def test_a_step_on_4bit_weights_peaks_where_the_estimate_says():
     from kit.ranks.memory_timeline import StepMemory
     from kit.workloads import adapters
 
-    setup = _small()
+    setup = _small(name=name).replace(zero={"lora_targets": targets})
     workload = workloads.for_model(setup.model)
     torch.manual_seed(0)
     threads = torch.get_num_threads()

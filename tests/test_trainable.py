@@ -283,8 +283,9 @@ def test_a_traced_model_takes_frozen_embeddings_and_lora():
 
 def test_a_panel_offers_only_what_its_model_takes():
     """The comparison panel's dropdowns for a fixed model (``kit.lab.ui.trainable`` / ``loss`` with the
-    model): the toy GPT takes every subset but QLoRA, and every loss; a traced model frozen embeddings
-    only (its LoRA targets are the user's: ``trainable.choices``) and the plain loss."""
+    model): the toy GPT takes every subset (QLoRA estimated only, as for Llama) and every loss; a traced
+    model frozen embeddings only (its LoRA targets are the user's: ``trainable.choices``) and the plain
+    loss."""
     from kit import loss as losses
     from kit.lab import ui
     from kit.schema import ZeroSettings
@@ -292,9 +293,7 @@ def test_a_panel_offers_only_what_its_model_takes():
 
     z = ZeroSettings()
     toy, mixtral = models.toy_spec(), models.from_hf_config(MIXTRAL)
-    assert [label for label, _ in trainable.choices(z, toy)] == [
-        label for label, _ in trainable.CHOICES if "QLoRA" not in label
-    ]
+    assert trainable.choices(z, toy) == list(trainable.CHOICES)
     assert [label for label, _ in trainable.choices(z, mixtral)] == ["every parameter", "frozen embeddings"]
     assert trainable.choices(z, models.preset("llama-2-7b")) == list(trainable.CHOICES)
     assert losses.choices(z, toy) == losses.choices(z, None) == list(losses.CHOICES)
@@ -374,7 +373,7 @@ def test_lora_dropout_in_the_label_and_the_script():
 def test_the_toy_gpts_subsets_save_what_the_estimate_says(zero):
     """The kit's GPT with a frozen group or LoRA (fp32, in one process): what autograd saves equals the GPT-2
     op-by-op account (``_gpt2_subset_saved``) within the O(b s) tensors it leaves out (the LayerNorms'
-    statistics, the token ids); its trainable count is the listing's; QLoRA on it is refused in one line."""
+    statistics, the token ids); its trainable count is the listing's (QLoRA on it: tests/test_qlora.py)."""
     from kit.workloads import chunked_loss
     from kit.workloads.toymodels import GPT
 
@@ -391,8 +390,6 @@ def test_the_toy_gpts_subsets_save_what_the_estimate_says(zero):
     )
     saved = saved_by(model, ids, labels)
     assert saved == pytest.approx(estimate(setup).components["activations"], rel=TOLERANCE)
-    with pytest.raises(ValueError, match="qlora: 4-bit base weights are modelled for llama, mistral, qwen2 "):
-        Setup(model=spec, zero={"lora_rank": 4, "qlora": True})
     llama_names = Setup(model=spec, zero={"lora_rank": 4, "lora_targets": ("q_proj",)}, batch=setup.batch)
     layers = r"c_attn, c_proj, c_fc, lm_head \(or 'all-linear'\)$"
     with pytest.raises(

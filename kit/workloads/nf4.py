@@ -158,12 +158,18 @@ class MatMul4Bit(torch.autograd.Function):
 
 class Linear4bit(torch.nn.Module):
     """An ``nn.Linear``'s weight in NF4 (``packed``: a frozen bf16 parameter of ``(numel + 1) // 4``
-    elements, shape ``(-1, 1)`` as bitsandbytes stores it) with its ``QuantState``; the bias stays."""
+    elements, shape ``(-1, 1)`` as bitsandbytes stores it) with its ``QuantState``; the bias stays. A GPT-2
+    ``Conv1D`` (``nx`` in, ``nf`` out, its weight stored (in, out)) is quantized transposed, as transformers'
+    bitsandbytes integration quantizes GPT-2's: the same ``x @ W + b``."""
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Module):
         super().__init__()
         weight, device = linear.weight.detach(), linear.weight.device
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        if hasattr(linear, "nf"):  # a Conv1D
+            weight = weight.t()
+            self.in_features, self.out_features = linear.nx, linear.nf
+        else:
+            self.in_features, self.out_features = linear.in_features, linear.out_features
         storage = torch.empty(((weight.numel() + 1) // 4, 1), dtype=torch.bfloat16, device=device)
         self.state = QuantState(weight.shape, device)
         if device.type != "meta":
@@ -179,16 +185,19 @@ class Linear4bit(torch.nn.Module):
 
 
 def quantize(model: Any) -> Any:
-    """``model`` with every ``nn.Linear`` but its output head and peft's adapters (``lora_A``, ``lora_B``)
-    replaced by a ``Linear4bit`` (in place); after ``get_peft_model``, each adapted layer's ``base_layer``
-    (transformers quantizes before peft wraps: the same modules in the same order). ``model``: a Hugging
-    Face model, or peft's around one."""
+    """``model`` with every ``nn.Linear`` (and GPT-2 ``Conv1D``) but its output head and peft's adapters
+    (``lora_A``, ``lora_B``) replaced by a ``Linear4bit`` (in place); after ``get_peft_model``, each adapted
+    layer's ``base_layer`` (transformers quantizes before peft wraps: the same modules in the same order).
+    ``model``: a Hugging Face model or the kit's GPT, or peft's around one."""
+    from transformers.pytorch_utils import Conv1D
+
     head = model.get_output_embeddings()
     for path, parent in list(model.named_modules()):
         if ".lora_" in f".{path}":
             continue
         for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear) and child is not head and not name.startswith("lora_"):
+            linear = isinstance(child, (torch.nn.Linear, Conv1D))
+            if linear and child is not head and not name.startswith("lora_"):
                 setattr(parent, name, Linear4bit(child))
     return model
 
