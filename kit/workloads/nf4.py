@@ -22,7 +22,7 @@ defensive ``result.clone()`` in its ``bnb.Linear4bit`` LoRA layer (this module s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -164,7 +164,8 @@ class Linear4bit(torch.nn.Module):
 
     def __init__(self, linear: torch.nn.Module):
         super().__init__()
-        weight, device = linear.weight.detach(), linear.weight.device
+        stored = cast(torch.Tensor, linear.weight)
+        weight, device = stored.detach(), stored.device
         if hasattr(linear, "nf"):  # a Conv1D
             weight = weight.t()
             self.in_features, self.out_features = linear.nx, linear.nf
