@@ -79,6 +79,12 @@ class ModelSpec(_Frozen):
     vocab: int | None = Field(None, gt=0)
     max_seq_len: int | None = Field(None, gt=0)
     tied_embeddings: bool = False
+    head_weight_external: bool = Field(
+        False,
+        description="the logits are the word embeddings' weight times the output in the model's own forward, "
+        "no head module (Megatron's GPTModel): under ZeRO-3 an external parameter of the top module "
+        "(kit.estimate.partition.external_head)",
+    )
     arch: str | None = Field(
         None, description="canonical JSON of the config settings the counts were read from (exact tensors)"
     )

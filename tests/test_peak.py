@@ -303,6 +303,19 @@ MODES = {
     "z2 lora all-linear ckpt": _setup(
         stage=2, lora_rank=4, lora_targets=("all-linear",), activation_checkpointing=True
     ),
+    # the fused losses at stage 3 read the head's weight in the top module's forward: an external parameter
+    # of it, held gathered all step beside the tensors released after each use (and counted by max_live)
+    "z3 cce released, odd prefetch": _setup(
+        stage=3,
+        loss="cce",
+        param_persistence_threshold=0,
+        max_reuse_distance=0,
+        prefetch_bucket_size=33_333,
+        max_live_parameters=40_001,
+    ),
+    "llama z3 chunked loss released at once": _llama(
+        stage=3, loss="chunked", param_persistence_threshold=0, max_reuse_distance=0, prefetch_bucket_size=0
+    ),
     # LoRA on the MLP's c_proj: its base's input gradient and its adapter's, both b s f, before autograd
     # sums them (-3.6 % before they were)
     "z2 lora c_proj": _setup(stage=2, lora_rank=4, lora_targets=("c_proj",)),

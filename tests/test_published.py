@@ -122,6 +122,8 @@ def test_a18_is_the_zeropp_tutorials_zero3_baseline():
         "megatron-gpt-18b", 40, 6144, 32, 24576, 50304, True
     )  # fmt: skip
     assert m.params == 18_434_813_952  # "~18B"
+    # Megatron's GPTModel multiplies by the word embeddings' weight in its own forward
+    assert m.head_weight_external and not R.spec_of("megatron-gpt-18b.json").head_weight_external
     a19 = R.express(MEMORY["A19"]).setup  # the same run with ZeRO++'s three flags
     assert (a19.zero.hpz_partition_size, a19.zero.quantized_weights, a19.zero.quantized_gradients) == (
         16,
@@ -131,6 +133,48 @@ def test_a18_is_the_zeropp_tutorials_zero3_baseline():
     off = {"hpz_partition_size": 1, "quantized_weights": False, "quantized_gradients": False}
     assert a19.zero.overlap_comm is None and a19.zero.overlap  # not given in its row: stage 3's default, on
     assert a19.replace(zero={**off, "overlap_comm": True}) == s
+
+
+def test_megatrons_head_weight_stays_gathered_for_the_whole_step():
+    """A18's word embeddings, an external parameter of Megatron's top module at ZeRO-3
+    (``partition.external_head``): the tensor peak's gathered parameters hold them beside the layers in
+    turn; the replayed step gathers them once, before the first block's forward, and frees them after the
+    last block's backward."""
+    from kit.estimate import partition
+    from kit.estimate.allocator import Alloc, Free, Mark
+    from kit.estimate.deepspeed_events import GATHER, Step
+    from kit.estimate.memory import batch_activations, states
+    from kit.estimate.peak import _gathered
+
+    s = R.express(MEMORY["A18"]).setup
+    plain = s.replace(model=s.model.model_copy(update={"head_weight_external": False}))
+    head = 6144 * 50304
+    assert partition.external_head(s) == head and partition.external_head(plain) == 0
+    assert partition.external_head(s.replace(zero={"stage": 2})) == 0
+
+    def lifetimes(setup):
+        """Per gather of the embeddings in the second step, the phases that begin while it is held."""
+        events = Step(setup, states(setup).device, batch_activations(setup)).events()
+        marks = [(i, e.name) for i, e in enumerate(events) if isinstance(e, Mark)]
+        second = marks[3][0]  # step 2's forward
+        born = {e.key: i for i, e in enumerate(events) if isinstance(e, Alloc) and e.stream == GATHER
+                and e.size == 2 * head and i > second}  # fmt: skip
+        out = []
+        for i, e in enumerate(events):
+            if isinstance(e, Free) and e.key in born:
+                phases = [name for j, name in marks if born[e.key] < j < i]
+                out.append(phases)
+        return out
+
+    # the replay gathers what precedes the blocks with the step's first hook and holds it to the backward's
+    # end either way
+    assert lifetimes(s) == lifetimes(plain) == [["backward"]]
+    # the tensor peak's gathered parameters: beside the held embeddings the largest other tensor (an MLP
+    # matrix) is the one in use; at the loss the head itself, with the prefetch only
+    kept, fc, prefetch = partition.gathered_padded(s)[1], 6144 * 24576, s.zero.prefetch_bucket_size
+    assert _gathered(s).bytes == 2 * (head + kept + fc + prefetch)
+    assert _gathered(s, at_head=True).bytes == 2 * (head + kept + prefetch)
+    assert _gathered(plain).bytes == 2 * (kept + head + prefetch)  # the embedding the largest in use
 
 
 def test_frameworks_gpus_and_batches_map_faithfully():

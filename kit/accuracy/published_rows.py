@@ -268,9 +268,18 @@ def _model(row: dict[str, Any], notes: list[str]) -> ModelSpec | None:
     source = next((s for piece, s in MODELS if piece in row["model"]), None)
     if source is None:
         return None
+    spec = spec_of(source)
     if source.endswith(".json") and "Megatron" in row["model"]:
-        notes.append(f"vocabulary {row['vocab']:,} padded to {spec_of(source).vocab:,} as Megatron does")
-    return spec_of(source)
+        notes.append(f"vocabulary {row['vocab']:,} padded to {spec.vocab:,} as Megatron does")
+    if "Megatron" in row["framework"] and spec.tied_embeddings:
+        # GPTModel.forward: parallel_lm_logits(lm_output, self.word_embeddings_weight(), ...)
+        spec = spec.model_copy(update={"head_weight_external": True})
+        if row["zero_stage"] == 3:
+            notes.append(
+                "Megatron's GPTModel multiplies by the word embeddings' weight in its own forward: under "
+                "ZeRO-3 an external parameter of the top module, gathered for the whole step"
+            )
+    return spec
 
 
 @cache

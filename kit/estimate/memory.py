@@ -415,6 +415,11 @@ def _transient(setup: Setup) -> dict[str, Term]:
             f"+ {p} B x largest {'trainable tensor' if grad != largest else 'layer'} {grad:,} full "
             "gradient before reduce-scatter",
         )
+        head = partition.external_head(setup)
+        if head:
+            gathered += Term(
+                p * head, f"{p} B x v h {head:,} (the word embeddings, the top module's external parameter)"
+            )
         if z.offload_optimizer is Offload.NONE:
             # _prepare_fp32_grad_for_sub_group: an fp32 copy of one sub group's gradient partition
             sub = min(partition.partition_numel(setup), DS_SUB_GROUP_SIZE)

@@ -134,6 +134,23 @@ def _kept(tensors: tuple[int, ...], threshold: int, reuse_distance: int) -> froz
     return frozenset(kept)
 
 
+def external_head(setup: Setup) -> int:
+    """Elements of the tied word embeddings stage 3 holds gathered for the whole step, 0 if none. A model
+    whose forward multiplies by the embeddings' weight itself, outside a head module
+    (``ModelSpec.head_weight_external``: Megatron's ``GPTModel`` calls ``parallel_lm_logits`` with
+    ``word_embeddings_weight()``), reads it through ``ZeROOrderedDict.__getitem__`` while the engine's
+    forward runs, which registers it as an external parameter of the module running, the top one
+    (DeepSpeed 0.8-0.19, ``parameter_offload.py``): fetched with that module's forward and held until its
+    backward ends, from the step's first hook to its last."""
+    m, z = setup.model, setup.zero
+    fused = z.loss != "plain"
+    if not ((m.head_weight_external and m.tied_embeddings) or fused) or not (m.vocab and m.hidden):
+        return 0
+    if z.engine != "deepspeed" or z.stage != 3 or m.vocab * m.hidden <= z.param_persistence_threshold:
+        return 0
+    return m.vocab * m.hidden
+
+
 def gathered_padded(setup: Setup) -> tuple[int, int]:
     """Elements, each tensor padded to the ranks, of every released tensor and of those
     ``kept_to_backward`` (what stage 3 holds gathered at most, and to the backward)."""

@@ -162,7 +162,8 @@ def timeline(
     }
     moments = {}
     gathered = _gathered(setup)
-    held = gathered + _held_bucket(setup)  # what the forward and the loss's backward hold besides
+    # what the forward and the loss's backward hold besides (the head the tensor in use)
+    held = _gathered(setup, at_head=True) + _held_bucket(setup)
     forward[Component.BUFFERS] += held + baselines.unsharded_at_loss(setup)
     forward["temporaries"] += _autocast_copies(setup)
     forwards = {"at the loss": forward}
@@ -429,25 +430,35 @@ def _held_bucket(setup: Setup) -> Term:
     return Term(bucket.bytes, f"{bucket.formula}, held across micro-steps") if bucket.bytes else NONE
 
 
-def _gathered(setup: Setup) -> Term:
+def _gathered(setup: Setup, at_head: bool = False) -> Term:
     """Stage 3: parameters gathered in flight, of the tensors it releases (persistent ones are resident).
 
     ``release_sub_module`` keeps a module's parameters gathered after its forward when they recur within
     ``max_reuse_distance`` (``kit.estimate.partition.kept_to_backward``): those stay gathered until their
-    backward; beside them, the layer in use and the prefetch (``kit.rules.stage3_gathered``)."""
+    backward; beside them, the layer in use and the prefetch (``kit.rules.stage3_gathered``), and a head
+    weight used outside its module, held all step (``kit.estimate.partition.external_head``): ``at_head``,
+    at the loss, that head is the tensor in use, beside it the prefetch only."""
     z = setup.zero
     if z.engine != "deepspeed" or z.stage != 3:
         return NONE
-    released = partition.released(setup)
+    released = list(partition.released(setup))
     if not released:
         return NONE
     p = element_bytes(z.precision)
     padded, kept = partition.gathered_padded(setup)
-    flight = stage3_gathered(sum(released), max(released), z.prefetch_bucket_size, z.max_live_parameters)
-    n = min(padded, kept + flight)
+    head = partition.external_head(setup)
+    if head:  # held for the whole step: the rest are gathered around it
+        released.remove(head)
+        head = partition.padded(head, setup.zero_dp)
+    in_use = 0 if head and at_head else max(released, default=0)
+    live = max(0, z.max_live_parameters - head)  # the held head counts among the live parameters
+    flight = stage3_gathered(sum(released), in_use, z.prefetch_bucket_size, live)
+    n = head + min(padded - head, kept + flight)
     how = "largest released tensor + prefetch, capped by max_live"
     if kept:
         how = f"{kept:,} kept to their backward (reuse within max_reuse_distance) + {how}"
+    if head:
+        how = f"the word embeddings {head:,}, an external parameter of the top module held all step + {how}"
     return Term(p * n, f"{p} B x {n:,} gathered ({how}; at most every released tensor)")
 
 
