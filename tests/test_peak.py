@@ -425,6 +425,26 @@ FOUR = [
     ("toy z3, 4 ranks", on_ranks(_setup(stage=3), 4)),
     ("toy z2, 4 ranks", on_ranks(_setup(stage=2), 4)),
     ("toy z3 cce, 4 ranks", on_ranks(_setup(stage=3, loss="cce"), 4)),
+    # what trains and how it is checkpointed, on 4 ranks: LoRA with dropout under the op policy, LoRA on the
+    # toy with DeepSpeed's partition_activations at stage 3
+    (
+        "llama z2 lora all-linear dropout ckpt-op, 4 ranks",
+        on_ranks(
+            _llama(
+                stage=2,
+                lora_rank=4,
+                lora_targets=("all-linear",),
+                lora_dropout=0.1,
+                activation_checkpointing=True,
+                checkpoint_policy="selective-op",
+            ),
+            4,
+        ),
+    ),
+    (
+        "toy z3 lora ckpt part, 4 ranks",
+        on_ranks(_setup(stage=3, lora_rank=4, activation_checkpointing=True, partition_activations=True), 4),
+    ),
     ("file z2, 4 ranks", on_ranks(_file(stage=2), 4)),
     ("file z3, 4 ranks", on_ranks(_file(stage=3), 4)),
     # Ulysses over all 4 (each rank a quarter of each sequence), with the chunked loss and checkpointing,
