@@ -15,10 +15,11 @@ parameter that does not train; its quant state is no parameter, whole on every r
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 from kit import trainable as subset
-from kit.models import spec_tensors
+from kit.models import spec_shapes, spec_tensors
 from kit.rules import NCCL_ALIGNMENT, Offload
 from kit.schema import Setup
 
@@ -66,6 +67,26 @@ def trainable(setup: Setup) -> tuple[int, ...]:
     if subset.is_subset(setup.zero):
         return tuple(n for n, trains in listing(setup).tensors if trains)
     return numels(setup)
+
+
+def computed_with(setup: Setup) -> tuple[int, ...]:
+    """Per trainable tensor (``trainable``'s order), the elements of the tensor before it in the same
+    module, whose gradient one backward node computes with its own and whose hook runs after its (the
+    hooks walk the model backwards): a linear layer's weight before its bias, a 1-D tensor as long as one
+    of the weight's dimensions and not followed by a 1-D tensor of its length (a norm's weight starts such
+    a run, as after an embedding or a Llama MLP; a bias followed by a norm is missed, counted alone). 0
+    throughout for a trainable subset or a bare count."""
+    shapes = None if subset.is_subset(setup.zero) else spec_shapes(setup.model)
+    if shapes is None:
+        return (0,) * len(trainable(setup))
+    out = [0] * len(shapes)
+    for i in range(1, len(shapes)):
+        weight, bias = shapes[i - 1], shapes[i]
+        following = shapes[i + 1] if i + 1 < len(shapes) else None
+        norm = following is not None and len(following) == 1 and following[0] == bias[0]
+        if len(weight) == 2 and len(bias) == 1 and bias[0] in weight and not norm:
+            out[i] = math.prod(weight)
+    return tuple(out)
 
 
 def trainable_params(setup: Setup) -> int:

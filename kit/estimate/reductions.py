@@ -16,7 +16,7 @@ from functools import lru_cache
 from kit import sequence_parallel as ulysses
 from kit.components import Component
 from kit.estimate import partition
-from kit.estimate.result import Term
+from kit.estimate.result import NONE, Term
 from kit.rules import element_bytes
 from kit.schema import Setup
 
@@ -31,7 +31,9 @@ def flushes(setup: Setup, rank: int, end: dict[str, Term], held: Term) -> dict[s
     so a bucket that is one rank's alone is a single slice, reduced in place (no copy). A gradient hook
     that finds the bucket full reduces it (``reduce_independent_p_g_buckets_and_remove_grads``) while its
     own tensor's gradient is live, the epilogue (``independent_gradient_partition_epilogue``) what is
-    left; the hooks run in the reverse of the model's order. This rank's partition gradient buffer
+    left; the hooks run in the reverse of the model's order. A tensor larger than the bucket is never
+    copied into it (``extra_large_param_to_reduce``): its own gradient waits, beside the next hook's, until
+    that hook reduces it. This rank's partition gradient buffer
     (``copy_grads_in_partition``) is allocated after the first reduction of a tensor in its partition:
     before it, only what is ``held`` across micro-steps."""
     z = setup.zero
@@ -41,24 +43,35 @@ def flushes(setup: Setup, rank: int, end: dict[str, Term], held: Term) -> dict[s
     c = ulysses.reduction_bytes(z, p)
 
     def copy(content: int, owners: int) -> Term:
+        own = (
+            Term(p * content, f"{p} B x {content:,} (a tensor larger than the bucket: its own gradient)")
+            if content > z.reduce_bucket_size
+            else NONE
+        )
         up = Term(c * content, f"{c} B x {content:,} (its fp32 copy for the reduction)")
         if owners == 1:
-            return (
+            return own + (
                 up
                 if c != p
                 else Term(0, f"none: the bucket's {content:,} elements are one rank's, reduced in place")
             )
         flat = Term(p * content, f"{p} B x {content:,} (the bucket's flat copy)")
-        return flat + up if c != p else flat
+        return own + (flat + up if c != p else flat)
 
     out: dict[str, dict[str, Term]] = {}
-    before, after, last = _flush_sizes(partition.trainable(setup), part, rank, z.reduce_bucket_size)
+    before, after, last = _flush_sizes(
+        partition.trainable(setup), partition.computed_with(setup), part, rank, z.reduce_bucket_size
+    )
     # the largest flush: before this rank's partition buffer exists (what is held across micro-steps
     # beside it) or after (the end's gradients)
     options = [(f, held) for f in (before,) if f] + [(f, end[Component.GRADIENTS]) for f in (after,) if f]
     if options:
-        (t, content, owners), grads = max(options, key=lambda o: p * _flush_elements(o[0]) + o[1].bytes)
-        flat = Term(p * t, f"{p} B x {t:,} (a hook's gradient)") + copy(content, owners)
+        (t, content, owners), grads = max(
+            options, key=lambda o: p * _flush_elements(o[0], z.reduce_bucket_size) + o[1].bytes
+        )
+        flat = Term(p * t, f"{p} B x {t:,} (a hook's gradient and its module's others)") + copy(
+            content, owners
+        )
         out["at a bucket flush"] = {**end, Component.GRADIENTS: grads, "temporaries": flat}
     content, owners, allocated = last
     last = {"temporaries": copy(content, owners)} | ({} if allocated else {"gradients": held})
@@ -67,21 +80,28 @@ def flushes(setup: Setup, rank: int, end: dict[str, Term], held: Term) -> dict[s
 
 
 @lru_cache(maxsize=256)
-def _flush_sizes(numels: tuple[int, ...], part: int, rank: int, bucket_size: int):
+def _flush_sizes(numels: tuple[int, ...], siblings: tuple[int, ...], part: int, rank: int, bucket_size: int):
     """``_flushes``' walk of the hooks over the trainable tensors ``numels`` (the flat buffer's), in
     elements: the largest flush before this rank's partition buffer is allocated and the largest after it,
-    each ``(hook's tensor, bucket's content, its owners)`` or None; and the epilogue's
-    ``(content, owners, allocated)``."""
+    each ``(hook's tensor and the gradients computed with it, bucket's content, its owners)`` or None; and
+    the epilogue's ``(content, owners, allocated)``. ``siblings``: ``partition.computed_with``."""
     ends = itertools.accumulate(numels)  # each tensor's end in the flat buffer
     largest: list = [None, None]  # before, after
     owners: list[int] = []
     content, ours, allocated = 0, False, False
-    for t, stop in zip(reversed(numels), reversed(list(ends)), strict=True):
+    walk = zip(reversed(numels), reversed(siblings), reversed(list(ends)), strict=True)
+    for t, with_it, stop in walk:
         if content + t > bucket_size:
-            flush = (t, content, len(owners))
-            best = largest[allocated]
-            if best is None or _flush_elements(flush) > _flush_elements(best):
-                largest[allocated] = flush
+            flush = (t + with_it, content, len(owners))
+            # the flush that reduces the first of this rank's tensors allocates its partition buffer
+            # (``copy_grads_in_partition``, after the reduction: its flat copy freed, the rest still live)
+            moments = [(allocated, flush)] + (
+                [(True, (t + with_it, content, 1))] if ours and not allocated else []
+            )
+            for after, moment in moments:
+                best = largest[after]
+                if best is None or _flush_elements(moment, bucket_size) > _flush_elements(best, bucket_size):
+                    largest[after] = moment
             allocated, content, owners, ours = allocated or ours, 0, [], False
         content += t
         for owner in range((stop - t) // part, (stop - 1) // part + 1):  # the tensor's slices, merged
@@ -91,10 +111,11 @@ def _flush_sizes(numels: tuple[int, ...], part: int, rank: int, bucket_size: int
     return largest[0], largest[1], (content, len(owners), allocated)
 
 
-def _flush_elements(flush: tuple[int, int, int]) -> int:
-    """A flush's live elements: the hook's tensor and the bucket's flat copy (none for one rank's slices)."""
+def _flush_elements(flush: tuple[int, int, int], bucket_size: int) -> int:
+    """A flush's live elements: the hook's tensor, the bucket's flat copy (none for one rank's slices), and
+    a tensor larger than the bucket its own gradient."""
     t, content, owners = flush
-    return t + (content if owners > 1 else 0)
+    return t + (content if owners > 1 else 0) + (content if content > bucket_size else 0)
 
 
 def scatters(
