@@ -58,7 +58,7 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(b, s, n * d)
 
 
-def _core_attention(module: nn.Module, q, k, v, mask, **kwargs) -> tuple[torch.Tensor, None]:
+def core_attention(module: nn.Module, q, k, v, mask, **kwargs) -> tuple[torch.Tensor, None]:
     """``attention`` with a Hugging Face attention function's signature and output layout (batch, seq,
     heads, head_dim): what DeepSpeed's Ulysses attention runs between its exchanges (``exchange``)."""
     return attention(q, k, v, causal=True).transpose(1, 2), None
@@ -67,7 +67,7 @@ def _core_attention(module: nn.Module, q, k, v, mask, **kwargs) -> tuple[torch.T
 class GPTAttention(nn.Module):
     """GPT-2's attention. Under Ulysses sequence parallelism ``exchange`` is DeepSpeed's
     ``UlyssesSPAttentionHF`` (set by ``kit.workloads.ulysses.register``): it exchanges q, k and v for every
-    token of a share of the heads, runs ``_core_attention`` there and exchanges the output back."""
+    token of a share of the heads, runs ``core_attention`` there and exchanges the output back."""
 
     exchange = None
 

@@ -44,7 +44,7 @@ def register(model, setup):
     parallel_state_sp.initialize_sequence_parallel(sequence_parallel_size=sp)
     d = setup.model.dims
     exchange = UlyssesSPAttentionHF(
-        attn=toymodels._core_attention,
+        attn=toymodels.core_attention,
         batch_size=b.micro_batch,
         attn_head_count=d.heads,
         attn_head_size=d.hidden // d.heads,
