@@ -79,19 +79,13 @@ class ModelSpec(_Frozen):
     vocab: int | None = Field(None, gt=0)
     max_seq_len: int | None = Field(None, gt=0)
     tied_embeddings: bool = False
-    head_weight_external: bool = Field(
-        False,
-        description="the logits are the word embeddings' weight times the output in the model's own forward, "
-        "no head module (Megatron's GPTModel): under ZeRO-3 an external parameter of the top module "
-        "(kit.estimate.partition.external_head)",
-    )
-    arch: str | None = Field(
-        None, description="canonical JSON of the config settings the counts were read from (exact tensors)"
-    )
-    source: str | None = Field(
-        None,
-        description="a model file's absolute path or a module with model() and batch() (kit.model_files)",
-    )
+    #: the logits are the tied embeddings' weight times the output in the model's own forward, no head
+    #: module (Megatron's GPTModel): an external parameter of the top module (partition.external_head)
+    head_weight_external: bool = False
+    #: canonical JSON of the config settings the counts were read from (exact tensors)
+    arch: str | None = None
+    #: a model file's absolute path or a module with model() and batch() (kit.model_files)
+    source: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
