@@ -375,3 +375,27 @@ def test_a_stage_2_flush_holds_a_tensor_larger_than_the_bucket_beside_the_next_m
     assert (
         "a tensor larger than the bucket: its own gradient" in line.phases["backward"]["temporaries"].formula
     )
+
+
+def test_a_fused_losss_head_is_held_all_step_at_stage_3_and_counted_once():
+    """The fused losses read the head's weight in the top module's forward: at ZeRO-3 an external
+    parameter of it, gathered all step (``partition.external_head``; measured on 2 CPU ranks with every
+    tensor released, tests/test_peak.py). Llama-3-8B's untied head (128,256 x 4,096) is the last tensor,
+    which ``max_reuse_distance`` keeps to its backward anyway: it is counted once, beside the largest other
+    tensor in use (its input embeddings, as large: the first forward gathers them with the head already
+    held) and the prefetch; at the loss the head itself is in use, the prefetch beside it."""
+    from kit.estimate import partition
+    from kit.estimate.peak import _gathered
+
+    plain = Setup(model=preset("llama-3-8b"), zero={"stage": 3}, batch={"micro_batch": 1, "seq_len": 8192})
+    fused = plain.replace(zero={"loss": "chunked"})
+    head, n = 128_256 * 4_096, plain.zero_dp
+    assert partition.external_head(fused) == head and partition.external_head(plain) == 0
+    assert partition.gathered_padded(fused)[1] == partition.padded(head, n)  # kept to backward: the head
+    embeddings, prefetch = 128_256 * 4_096, fused.zero.prefetch_bucket_size
+    # the held head counts among stage3_max_live_parameters (1e9): beside it and the embeddings in use no
+    # room is left to prefetch
+    assert _gathered(fused).bytes == 2 * (partition.padded(head, n) + embeddings)
+    assert _gathered(fused, at_head=True).bytes == 2 * (partition.padded(head, n) + prefetch)
+    # without the fused loss: the head kept, the embeddings in use and the prefetch
+    assert _gathered(plain).bytes == 2 * (partition.padded(head, n) + embeddings + prefetch)

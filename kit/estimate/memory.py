@@ -418,7 +418,7 @@ def _transient(setup: Setup) -> dict[str, Term]:
         head = partition.external_head(setup)
         if head:
             gathered += Term(
-                p * head, f"{p} B x v h {head:,} (the word embeddings, the top module's external parameter)"
+                p * head, f"{p} B x v h {head:,} (the head's weight, an external parameter of the top module)"
             )
         if z.offload_optimizer is Offload.NONE:
             # _prepare_fp32_grad_for_sub_group: an fp32 copy of one sub group's gradient partition

@@ -446,8 +446,11 @@ def _gathered(setup: Setup, at_head: bool = False) -> Term:
         return NONE
     p = element_bytes(z.precision)
     padded, kept = partition.gathered_padded(setup)
-    head = partition.external_head(setup)
-    if head:  # held for the whole step: the rest are gathered around it
+    head = partition.external_head(setup) if partition.external_head(setup) in released else 0
+    if head:  # held for the whole step: the rest are gathered around it (an untied head is kept anyway)
+        tensors = partition.numels(setup)
+        if any(tensors[i] == head for i in partition.kept_to_backward(setup)):
+            kept -= partition.padded(head, setup.zero_dp)
         released.remove(head)
         head = partition.padded(head, setup.zero_dp)
     in_use = 0 if head and at_head else max(released, default=0)
@@ -458,7 +461,7 @@ def _gathered(setup: Setup, at_head: bool = False) -> Term:
     if kept:
         how = f"{kept:,} kept to their backward (reuse within max_reuse_distance) + {how}"
     if head:
-        how = f"the word embeddings {head:,}, an external parameter of the top module held all step + {how}"
+        how = f"the head's weight {head:,}, an external parameter of the top module held all step + {how}"
     return Term(p * n, f"{p} B x {n:,} gathered ({how}; at most every released tensor)")
 
 
