@@ -446,14 +446,17 @@ def _gathered(setup: Setup, at_head: bool = False) -> Term:
         return NONE
     p = element_bytes(z.precision)
     padded, kept = partition.gathered_padded(setup)
+    m, tensors = setup.model, partition.numels(setup)
+    vh = (m.vocab or 0) * (m.hidden or 0)  # the head's weight
+    head_kept = bool(vh) and any(tensors[i] == vh for i in partition.kept_to_backward(setup))
     head = partition.external_head(setup) if partition.external_head(setup) in released else 0
     if head:  # held for the whole step: the rest are gathered around it (an untied head is kept anyway)
-        tensors = partition.numels(setup)
-        if any(tensors[i] == head for i in partition.kept_to_backward(setup)):
+        if head_kept:
             kept -= partition.padded(head, setup.zero_dp)
         released.remove(head)
         head = partition.padded(head, setup.zero_dp)
-    in_use = 0 if head and at_head else max(released, default=0)
+    # at the loss the head is the tensor in use: already counted where it is held or kept
+    in_use = 0 if at_head and (head or head_kept) else max(released, default=0)
     live = max(0, z.max_live_parameters - head)  # the held head counts among the live parameters
     flight = stage3_gathered(sum(released), in_use, z.prefetch_bucket_size, live)
     n = head + min(padded - head, kept + flight)
