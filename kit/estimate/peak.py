@@ -449,7 +449,8 @@ def _gathered(setup: Setup, at_head: bool = False) -> Term:
     m, tensors = setup.model, partition.numels(setup)
     vh = (m.vocab or 0) * (m.hidden or 0)  # the head's weight
     head_kept = bool(vh) and any(tensors[i] == vh for i in partition.kept_to_backward(setup))
-    head = partition.external_head(setup) if partition.external_head(setup) in released else 0
+    head = partition.external_head(setup)
+    head = head if head in released else 0
     if head:  # held for the whole step: the rest are gathered around it (an untied head is kept anyway)
         if head_kept:
             kept -= partition.padded(head, setup.zero_dp)
