@@ -180,7 +180,7 @@ class Shape:
             last = trains.blocks[-1] if trains else None
             down = "down" in last.trains if last else True
             # the kit's GPT with an adapter on its down projection: the base's input gradient and the
-            # adapter's, before autograd sums them (measured: -3.6 % without the second)
+            # adapter's, before autograd sums them (measured 3.6 % above the estimate without the second)
             twice = not gated and last is not None and "down" in last.adapted
             self.block_backward = Term(
                 p * ((1 + gated + twice) * s * mb * f + f * h * down + s * mb * h),
@@ -192,7 +192,7 @@ class Shape:
             ) + (_weight_grad_scratch(setup, cpu) if down else NONE)
             if not gated:  # then the GELU's backward: its incoming and input gradients, and the residual's;
                 # its output freed by then where the down projection or its adapter's A saved it (measured:
-                # +4.7 % of a stage-0 fp32 backward under the op policy while it was counted)
+                # 4.7 % below a stage-0 fp32 backward under the op policy while it was counted)
                 kept = down or (twice and not setup.zero.lora_dropout)
                 activation = Term(
                     p * ((2 - kept) * s * mb * f + s * mb * h),
@@ -475,7 +475,7 @@ def _attention_backward(setup: Setup, blocks: Term, p: int) -> tuple[Term, Term]
     working set: the softmax's incoming and input gradients (``eager_scores`` each) beside the residual's
     gradient and v's. Where the scores outweigh the MLP (long sequences; Ulysses keeps a rank's scores
     those of the whole sequence) the block's backward peaks here (measured, 2 ranks, 256 tokens, sp 2:
-    -3.1 % and -5.9 % checkpointed before it was modelled)."""
+    3.1 % and 5.9 % checkpointed above the estimate before it was modelled)."""
     m = setup.model
     tokens = setup.batch.micro_batch * setup.rank_seq_len
     h, f = m.dims.hidden, m.dims.ffn
