@@ -85,13 +85,15 @@ libaio:
 bench: install
 	$(PY) -m tests.bench
 
-# On a GPU machine: the stage sweep on a ~1.5B model (GPT-2 XL's shape), records kept in data/reference/.
+# On a GPU machine: the stage sweep on a ~1.5B model (GPT-2 XL's shape), records kept in data/reference/;
+# then rank 0 of 64 and 32 ranks on one GPU, the caching allocator's traces (kit.accuracy.traces).
 GPUS ?= 1
 gpu-reference: install
 	$(PY) -m kit run --model gpt2-xl --stages 0,1,2,3 --offload-optimizer none,cpu --micro-batch 4 \
 		--nprocs $(GPUS) --steps 10 --sweep gpu-$(GPUS)x --runs-dir data/reference --no-progress
 	$(PY) -m kit run --model qwen2.5-0.5b --stages 0,3 --micro-batch 4 --seq-len 2048 \
 		--nprocs $(GPUS) --steps 6 --sweep gpu-$(GPUS)x-qwen --runs-dir data/reference --no-progress
+	$(PY) -m tests.fixtures.allocator_trace --out data/reference/allocator-traces
 
 # JupyterLab as make e2e tests it (kit.lab.server: without a GPU its kernels get DS_ACCELERATOR=cpu)
 lab: install

@@ -15,7 +15,11 @@ from functools import cache
 from typing import Any
 
 from kit.paths import DATA
-from kit.units import GIB
+from kit.units import GIB, MIB
+
+#: CUDA context + cuBLAS/cuDNN workspaces of a PyTorch process on an H100: ~500 MiB in nvidia-smi
+#: beyond what torch.cuda.memory_reserved() reports.
+CUDA_CONTEXT_BYTES = 512 * MIB
 
 
 @dataclass(frozen=True)

@@ -282,3 +282,19 @@ def test_the_kits_own_gpu_runs_in_a_table_and_the_answer(published_report):
     )
     assert text.endswith(f"{summary['step_time']['worst']}).")
     assert "own runs" not in trust.answer(published_report)
+
+
+def test_the_traces_table_sets_the_replay_and_the_estimate_beside_the_device():
+    """Notebook 11's traces: one row per recorded run, measured / replayed / estimated with the estimate's
+    error; the replay's number is the device's (the allocator's rules, checked on real allocations)."""
+    from kit.accuracy import traces
+
+    runs = traces.runs()
+    table = trust.traces_table(runs)
+    assert list(table.columns) == ["run", "ranks", "max allocated, GiB", "max reserved, GiB"]
+    assert list(table["run"]) == [r.name for r in runs] and list(table["ranks"]) == [r.ranks for r in runs]
+    for cell, r in zip(table["max reserved, GiB"], runs, strict=True):
+        measured, replayed, estimate = cell.split(" / ")
+        assert measured == replayed == f"{r.max_reserved / GIB:.2f}"
+        assert estimate == f"{r.predicted[1] / GIB:.2f} ({100 * r.errors()['max_reserved']:+.1f} %)"
+    assert max(len(str(cell)) for cell in table.to_numpy().ravel()) <= 32  # narrow enough to read

@@ -46,7 +46,7 @@ def published_command(args: argparse.Namespace) -> int:
 
     if args.table not in TABLE_CHOICES:
         raise UsageError(f"--table: choose one of {', '.join(TABLE_CHOICES)}, got {args.table!r}")
-    from kit.accuracy import reference
+    from kit.accuracy import reference, traces
 
     if args.table == "reference" and args.ids:
         raise UsageError("--id: the reference table's runs have no ids; leave --id out")
@@ -58,16 +58,19 @@ def published_command(args: argparse.Namespace) -> int:
         )
     result = None if args.table == "reference" else published.report(args.table, args.ids)
     own = reference.configurations() if args.table in ("all", "reference") and not args.ids else None
+    runs = traces.runs() if own is not None else []
     if args.json:
         data = result.to_dict() if result else {}
         if own is not None:
             data["reference"] = {
                 "configurations": [c.to_dict() for c in own],
                 "summary": reference.summary(own),
+                "traces": [r.to_dict() for r in runs],
             }
         print_json(data)
     else:
         parts = ([text(result)] if result else []) + ([reference_text(own)] if own is not None else [])
+        parts += [traces_text(runs)] if runs else []
         print("\n\n".join(parts))
     return 0
 
@@ -240,6 +243,33 @@ def reference_text(configs) -> str:
             notes.setdefault(c.unpredicted, []).append(f"{c.sweep} {c.label}")
     if notes:
         lines += ["notes:"] + [f"  {', '.join(labels)}: {note}" for note, labels in notes.items()]
+    return "\n".join(lines)
+
+
+def traces_text(runs) -> str:
+    """The allocator traces (``kit.accuracy.traces``): per run the device's max allocated and reserved,
+    the replay of its own allocations and the kit's estimate, with the estimate's error."""
+    lines = [
+        "Rank 0 of many on one GPU (data/reference/allocator-traces: a fake process group, every allocation "
+        "real, no collective run)",
+        "(measured / the allocator's replay of the recorded allocations / the kit's estimate, its error)",
+        "",
+    ]
+    header = ("run", "ranks", "max allocated GiB", "max reserved GiB")
+    rows = [header]
+    for r in runs:
+        replayed, predicted, errors = r.replayed(), r.predicted, r.errors()
+        cells = [r.name, str(r.ranks)]
+        for i, quantity in enumerate(("max_allocated", "max_reserved")):
+            measured, again = getattr(r, quantity), getattr(replayed, quantity)
+            ours = predicted[i]
+            tail = "-" if ours is None else f"{ours / GIB:.2f} {100 * errors[quantity]:+6.1f} %"
+            cells.append(f"{measured / GIB:.2f} / {again / GIB:.2f} / {tail}")
+        rows.append(tuple(cells))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines += ["  ".join(f"{c:<{w}}" for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines += ["", f"{runs[0].device}, {runs[0].versions}", "runs:"]
+    lines += [f"  {r.name}: {r.what}" for r in runs]
     return "\n".join(lines)
 
 

@@ -7,21 +7,24 @@ activations, the loss), which ``kit.estimate.fsdp_events`` builds on:
   every tensor whole on the device and partitions it at once (its own partition, the whole freed), and
   ``_create_fp16_partitions_with_defragmentation`` (``zero/utils.py`` ``defragment``) copies the
   partitions to the host, frees them, empties the cache (``EmptyCache``) and copies them back into one flat
-  buffer. The fp32 master copy is built then; Adam's two states in the first step. Optimizer offload
-  keeps the fp32 gradients and the step on the host.
-- **stage 3's gathers** run on their own stream (``__allgather_stream``: the fetch, its prefetch and the
-  ``torch.cat`` of a coalesced handle all allocate there): a module's parameters gathered alone
-  (``_all_gather_sequential``: one buffer each), a prefetch of several as one flat buffer and a copy of
-  each (``_all_gather_coalesced``; the flat buffer lives until every parameter of the call was waited
-  for). Prefetch takes the trace's next parameters up to ``stage3_prefetch_bucket_size`` elements
-  within ``stage3_max_live_parameters``; a parameter used again within ``stage3_max_reuse_distance``
-  stays gathered to its backward; the others are released after their module.
-- **gradient reductions** run on the reduction stream with ``overlap_comm`` (stage 1-2's
-  ``reduction_stream``: ``allreduce_bucket``'s flat copy; stage 3's ``reduce_and_partition_stream``:
-  ``reduce_scatter_coalesced``'s padded flat copy and its output partitions), else on the default stream.
-- **activations, gradients and temporaries** on the default stream, a block at a time: a transformer
-  block's saved tensors as tensors of ``s b h`` and ``s b f`` elements (and the eager attention scores);
-  with checkpointing the block's input, the block recomputed in its backward.
+  buffer; the fp32 master copy, ``initialize_optimizer_states``' zero fp32 gradients (freed), and
+  ``create_reduce_and_remove_grad_hooks`` gathering every tensor once, one at a time. Stages 1-2 flatten
+  the module's 16-bit tensors into one buffer on the device beside them where the card has room
+  (``flatten_on_accelerator``), else through the host. Adam's two states come in the first step.
+  Optimizer offload keeps the fp32 gradients and the step on the host.
+- **stage 3's gathers** on their own stream, module by module as DeepSpeed's coordinator makes them
+  (``kit.estimate.zero3_gathers``: the first step records the trace, the next prefetch from it).
+- **gradients**: a module's together, then each one's hook; one larger than ``reduce_bucket_size`` waits
+  in the bucket for the next hook's reduction; a tied head's is held to the embeddings'. Reductions run
+  on the reduction stream with ``overlap_comm`` (stage 1-2's ``reduction_stream``: ``allreduce_bucket``'s
+  flat copy; stage 3's ``reduce_and_partition_stream``: ``reduce_scatter_coalesced``'s padded flat copy and
+  its output partitions, and fp16's ``has_overflow``), else on the default stream.
+- **activations and temporaries** on the default stream, a block at a time: a transformer block's saved
+  tensors as tensors of ``s b h`` and ``s b f`` elements (and the eager attention scores); with
+  checkpointing the block's input, the block recomputed in its backward.
+- **the update**: stage 3's gradients flattened, then their fp32 copy, ``get_grad_norm_direct``'s fp64
+  copy of each partition, the torch optimizer's own temporaries (``implementation``: torch_adam's foreach
+  ``_foreach_sqrt``, none for a fused Adam), the persistent tensors gathered again after it.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ from __future__ import annotations
 import itertools
 from functools import lru_cache
 
-from kit import checkpointing
+from kit import checkpointing, gpus
 from kit.components import Component
-from kit.estimate import partition
+from kit.estimate import partition, peak
 from kit.estimate.activations import (
     FORMULA_FAMILIES,
     SWIGLU_FAMILIES,
@@ -41,8 +44,9 @@ from kit.estimate.activations import (
     formula,
     kept_by_policy,
 )
-from kit.estimate.allocator import Alloc, EmptyCache, Event, Free, Mark
+from kit.estimate.allocator import Alloc, EmptyCache, Event, Free, Mark, allocation_size, round_size
 from kit.estimate.result import Term
+from kit.estimate.zero3_gathers import Gathers, Module
 from kit.rules import DS_SUB_GROUP_SIZE, FP32, Offload, element_bytes, fallback_copies, optimizer_states
 from kit.schema import ModelSpec, Setup
 
@@ -71,8 +75,11 @@ def blocks(model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...], tuple[in
 class Step:
     """The events of ``STEPS`` steps (see the module's doc); one instance per replay."""
 
-    def __init__(self, setup: Setup, device: dict[str, Term], act: Term) -> None:
+    def __init__(
+        self, setup: Setup, device: dict[str, Term], act: Term, implementation: peak.Implementation = "fused"
+    ) -> None:
         self.setup, self.device, self.act = setup, device, act
+        self.implementation = implementation  # the torch optimizer's path (kit.estimate.peak.Implementation)
         self.z = setup.zero
         self.p = element_bytes(self.z.precision)
         self.out: list[Event] = []
@@ -85,22 +92,34 @@ class Step:
         self.tensors += [(count, t) for t in after]
         self.grads: list[int] = []  # gradient keys held to the optimizer (stage 0; stages 1-2's partition)
         self.bucket: list[int] = []  # numels of the gradients in the ipg bucket
+        self.pending: list[int] = []  # keys of gradients larger than the bucket, waiting in it
         self.ipg: int | None = None  # stages 1-2: the contiguous ipg buffer(s), from the first hook
         self.held_full = False  # stage 1 with accumulation: every full gradient is held in .grad
-        # stage 3's gathers (parameters on the device): what is gathered, the coalesced calls' flat
-        # buffers, the elements live, the trace of released tensors (forward, then backward) and those
-        # kept gathered to their backward
+        # stage 3's gathers (parameters on the device): DeepSpeed's coordinator over the tensors
         z = self.z
         self.stage3 = z.engine == "deepspeed" and z.stage == 3 and z.offload_param is Offload.NONE
-        self.available: dict[int, int] = {}
-        self.flats: list[tuple[set[int], int]] = []
-        self.live = 0
-        released = [i for i, (_, t) in enumerate(self.tensors) if t > z.param_persistence_threshold]
-        self.trace = [(True, i) for i in released] + [(False, i) for i in reversed(released)]
-        self.position = {entry: k for k, entry in enumerate(self.trace)}
-        self.kept = partition.kept_to_backward(setup)
+        self.head = self._tied_head()  # the tied head's weight: the embeddings' tensor index
+        self.head_grad: int | None = None  # the tied head's gradient, from the loss to the embeddings'
+        external = (self.head,) if self.head is not None and partition.external_head(setup) else ()
+        self.gathers = Gathers(
+            [t for _, t in self.tensors],
+            self.p,
+            setup.zero_dp,
+            z,
+            self.alloc,
+            self.free,
+            (DEFAULT, GATHER),
+            external,
+        )
 
     # ----- the sequence ------------------------------------------------------------------------------
+    def _tied_head(self) -> int | None:
+        """The index of the embeddings' weight a tied language-model head multiplies by, else None."""
+        m = self.setup.model
+        if not (m.tied_embeddings and m.vocab and m.hidden and self._shape()[3]):
+            return None
+        return next((k for k, (g, t) in enumerate(self.tensors) if g < 0 and t == m.vocab * m.hidden), None)
+
     def events(self) -> list[Event]:
         self._resident()
         for step in range(STEPS):
@@ -136,12 +155,37 @@ class Step:
             self.free(*parts)  # defragment: the partitions copied to the host, freed, the cache emptied,
             self.out.append(EmptyCache())  # then one flat buffer copied back
             self.alloc(d[Component.PARAMETERS].bytes)
+        elif z.engine == "deepspeed" and z.stage in (1, 2) and d[Component.PARAMETERS].bytes:
+            # the module moved to the device tensor by tensor, then flattened into one buffer: on the
+            # device while the tensors are live if the card has room for it, else through the host
+            module = [self.alloc(self.p * t) for _, t in self.tensors]
+            flat = d[Component.PARAMETERS].bytes
+            if self._room_to_flatten(flat):
+                self.alloc(flat)
+                self.free(*module)
+            else:
+                self.free(*module)
+                self.out.append(EmptyCache())
+                self.alloc(flat)
         else:
             self.alloc(d[Component.PARAMETERS].bytes)
         self.alloc(self.master)
-        if z.engine == "deepspeed" and z.stage == 3:
+        stage3 = z.engine == "deepspeed" and z.stage == 3
+        if stage3 and z.offload_optimizer is Offload.NONE:  # initialize_optimizer_states' zero gradients
+            self.free(self.alloc(FP32 * min(partition.partition_numel(self.setup), DS_SUB_GROUP_SIZE)))
+        if stage3:
             self.alloc(d[Component.GRADIENTS].bytes)  # grad_partitions_flat_buffer
         self.alloc(d[Component.BUFFERS].bytes)  # stage 3's ipg bucket, hpZ's secondary partition
+        if stage3 and self.stage3:  # create_reduce_and_remove_grad_hooks: each tensor gathered, released
+            for _, t in self.tensors:
+                self.free(self.alloc(self.p * partition.padded(t, self.setup.zero_dp)))
+
+    def _room_to_flatten(self, flat: int) -> bool:
+        """``DeepSpeedZeroOptimizer``'s ``flatten_on_accelerator``: the card's free memory (NVML's: less the
+        CUDA context and the module's tensors) holds the flat 16-bit buffer."""
+        module = sum(allocation_size(round_size(self.p * t)) for _, t in self.tensors)
+        free = gpus.gpu(self.setup.cluster.gpu).memory_bytes - gpus.CUDA_CONTEXT_BYTES - module
+        return free >= flat
 
     @property
     def master(self) -> int:
@@ -200,7 +244,12 @@ class Step:
         p = self.p
         tokens = self.alloc(8 * self.setup.batch.micro_batch * self.setup.rank_seq_len)
         saved: list[list[int]] = []
+        if self.stage3:  # reset_step at the forward's start; an external head fetched with the top module
+            self.gathers.reset()
+            if self.gathers.external:
+                self.gathers.fetch(tuple(self.gathers.external))
         self._gather_tensors(-1, forward=True)
+        self._release_tensors(-1, forward=True)
         kept = kept_by_policy(self.setup).bytes
         for i in range(self.count):
             self._gather_tensors(i, forward=True)
@@ -231,6 +280,8 @@ class Step:
             self.free(a, *head)
             grad = self.alloc(p * logits)
             self.free(b)
+            if self.head is not None:  # the head's weight gradient, summed into the embeddings' later
+                self.head_grad = self.alloc(p * self.tensors[self.head][1])
         else:
             grad = None
         self._gather_tensors(self.count, forward=False)
@@ -252,7 +303,8 @@ class Step:
             self._release_tensors(i, forward=False)
         self._gather_tensors(-1, forward=False)
         self._gradients(-1)
-        self.free(flowing, tokens)
+        self.free(flowing, tokens, self.head_grad)
+        self.head_grad = None
         if self._holds:
             self.held_full = True
             if boundary and self.z.engine == "deepspeed" and self.z.stage == 0:  # each bucket's flat copy
@@ -280,29 +332,54 @@ class Step:
         return z.engine != "deepspeed" or z.stage == 0 or (z.stage == 1 and self.setup.batch.grad_accum > 1)
 
     def _gradients(self, group: int) -> None:
-        """Each tensor's gradient of ``group``, in backward order, and what its hook does with it."""
+        """Each tensor's gradient of ``group``, in backward order, and what its hook does with it; at
+        stage 3 module by module, each fetched before (its pre-backward hook) and released after."""
+        if not self.stage3:
+            for index in reversed([k for k, x in enumerate(self.tensors) if x[0] == group]):
+                self._gradient(index)
+            return
+        modules = list(reversed(self._modules(group)))
+        if group < 0:  # the embeddings' outputs are summed: their pre-backward hooks fire together
+            for module in modules:
+                self.gathers.fetch(module)
+        for module in modules:
+            self.gathers.fetch(module) if group >= 0 else None
+            # autograd makes a module's gradients together, then their hooks run (the tied head's is
+            # held, ``head_grad``, to the embeddings')
+            indices = [i for i in reversed(module) if not (i == self.head and group == self.count)]
+            made = [self.alloc(self.p * self.tensors[i][1]) for i in indices]
+            for index, grad in zip(indices, made, strict=True):
+                self._gradient(index, grad)
+            self.gathers.release(module)
+
+    def _gradient(self, index: int, grad: int | None = None) -> None:
+        """Tensor ``index``'s gradient (``grad``: made already; the tied embeddings': the head's summed
+        into it) and its hook."""
         z, p = self.z, self.p
+        t = self.tensors[index][1]
         holds = self._holds
-        for _, t in reversed([x for x in self.tensors if x[0] == group]):
-            staged = z.engine == "deepspeed" and z.stage in (1, 2) and z.contiguous_gradients
-            if staged and self.ipg is None:  # setup_buckets at the first hook (stage 1: to the boundary)
-                self.ipg = self.alloc((2 if z.overlap else 1) * p * z.reduce_bucket_size)
-            if holds and self.held_full:  # a later micro-step: autograd adds its gradient into .grad
-                self.free(self.alloc(p * t))
-                continue
-            grad = self.alloc(p * t)
-            if holds:
-                self.grads.append(grad)
-                continue
-            full = sum(self.bucket) + t > z.reduce_bucket_size
-            if full and self.bucket:
-                self._reduce()
-            if z.contiguous_gradients and t <= z.reduce_bucket_size:
-                self.free(grad)  # copied into the ipg bucket
-                self.bucket.append(t)
-            else:
-                self.bucket.append(t)
-                self._reduce(held=[grad])
+        staged = z.engine == "deepspeed" and z.stage in (1, 2) and z.contiguous_gradients
+        if staged and self.ipg is None:  # setup_buckets at the first hook (stage 1: to the boundary)
+            self.ipg = self.alloc((2 if z.overlap else 1) * p * z.reduce_bucket_size)
+        grad = self.alloc(p * t) if grad is None else grad
+        if holds and self.held_full:  # a later micro-step: autograd adds its gradient into .grad
+            self.free(grad)
+            return
+        if index == self.head and self.head_grad is not None:
+            self.free(self.head_grad)
+            self.head_grad = None
+        if holds:
+            self.grads.append(grad)
+            return
+        full = sum(self.bucket) + t > z.reduce_bucket_size
+        if full and self.bucket:
+            self._reduce()
+        if z.contiguous_gradients and t <= z.reduce_bucket_size:
+            self.free(grad)  # copied into the ipg bucket
+            self.bucket.append(t)
+        else:  # larger than the bucket: the gradient itself waits in it for the next flush
+            self.bucket.append(t)
+            self.pending.append(grad)
 
     def _reduce(self, held: list[int] | None = None) -> None:
         """A bucket's reduction: stage 1-2 ``allreduce_bucket``'s flat copy (and, at the first, this rank's
@@ -310,7 +387,8 @@ class Step:
         flat copy and its output partitions."""
         z, p, n = self.z, self.p, self.setup.zero_dp
         if not self.bucket:
-            self.free(*(held or []))
+            self.free(*(held or []), *self.pending)
+            self.pending = []
             return
         stream = REDUCE if z.overlap else DEFAULT
         if z.stage == 3:
@@ -319,71 +397,43 @@ class Step:
                 self.alloc(p * padded, stream) if len(self.bucket) > 1 or padded != self.bucket[0] else None
             )
             outputs = self.alloc(p * padded // n, stream)
-            self.free(flat, *(held or []), outputs)
+            self.free(flat, *(held or []), *self.pending, outputs)
         else:
             if not self.grads and self.device[Component.GRADIENTS].bytes:
                 self.grads.append(self.alloc(self.device[Component.GRADIENTS].bytes))
             flat = self.alloc(p * sum(self.bucket), stream) if n > 1 else None
-            self.free(flat, *(held or []))
-        self.bucket = []
+            self.free(flat, *(held or []), *self.pending)
+        self.bucket, self.pending = [], []
 
-    # ----- stage 3's gathers -------------------------------------------------------------------------
+    # ----- stage 3's gathers (``kit.estimate.zero3_gathers``) ------------------------------------------
+    def _modules(self, group: int) -> list[Module]:
+        """``group``'s modules in the forward's order; after the blocks, the tied head's last."""
+        modules = self.gathers.modules([k for k, (g, _) in enumerate(self.tensors) if g == group])
+        return modules + [(self.head,)] if group == self.count and self.head is not None else modules
+
     def _gather_tensors(self, group: int, forward: bool) -> None:
+        """Stage 3 before ``group``'s work: in the forward its first module fetched; before a
+        checkpointed block's backward, its forward recomputed (every module fetched, released as the
+        reuse distance allows)."""
         if not self.stage3:
             return
-        for index in self._released_in(group, forward):
-            if index in self.available:
-                continue
-            self._fetch([index])
-            # prefetch: the trace's next parameters up to the bucket, within max live
-            position = self.position[(forward, index)]
-            room = min(self.z.prefetch_bucket_size, self.z.max_live_parameters - self.live)
-            group_: list[int] = []
-            taken = 0
-            for _, j in self.trace[position + 1 :]:
-                if taken >= room:
-                    break
-                if j in self.available or j in group_:
-                    continue
-                group_.append(j)
-                taken += self.tensors[j][1]
-            if group_:
-                self._fetch(group_)
-
-    def _fetch(self, indices: list[int]) -> None:
-        """One ``all_gather_coalesced`` call on the gather stream: alone, a buffer; several, a flat buffer
-        and a copy of each, the flat buffer freed once the last of them is used."""
-        n, p = self.setup.zero_dp, self.p
-        padded = [partition.padded(self.tensors[i][1], n) for i in indices]
-        if len(indices) == 1:
-            self.available[indices[0]] = self.alloc(p * padded[0], GATHER)
-        else:
-            flat = self.alloc(p * sum(padded), GATHER)
-            for i, size in zip(indices, padded, strict=True):
-                self.available[i] = self.alloc(p * size, GATHER)
-            self.flats.append((set(indices), flat))
-        self.live += sum(self.tensors[i][1] for i in indices)
+        modules = self._modules(group)
+        if forward:
+            self.gathers.fetch(modules[0]) if modules else None
+        elif 0 <= group < self.count and self._checkpointed(group):
+            for module in modules:
+                self.gathers.fetch(module)
+                self.gathers.release(module)
 
     def _release_tensors(self, group: int, forward: bool) -> None:
-        if not self.stage3:
+        """Stage 3 after ``group``'s forward: its first module released, the others fetched and released
+        one by one (the backward releases module by module in ``_gradients``)."""
+        if not (self.stage3 and forward):
             return
-        for index in self._released_in(group, forward):
-            for waiting, flat in list(self.flats):  # the coalesced call's flat buffer, once all were used
-                waiting.discard(index)
-                if not waiting:
-                    self.free(flat)
-                    self.flats.remove((waiting, flat))
-            if forward and index in self.kept:
-                continue
-            key = self.available.pop(index, None)
-            if key is not None:
-                self.free(key)
-                self.live -= self.tensors[index][1]
-
-    def _released_in(self, group: int, forward: bool) -> list[int]:
-        threshold = self.z.param_persistence_threshold
-        indices = [i for i, (g, t) in enumerate(self.tensors) if g == group and t > threshold]
-        return indices if forward else list(reversed(indices))
+        modules = self._modules(group)
+        for k, module in enumerate(modules):
+            self.gathers.fetch(module) if k else None
+            self.gathers.release(module)
 
     # ----- the optimizer -----------------------------------------------------------------------------
     def _optimizer(self, first: bool) -> None:
@@ -392,9 +442,12 @@ class Step:
         z, d = self.z, self.device
         k = optimizer_states(z.optimizer, z.momentum)
         moments = d[Component.OPTIMIZER_STATES].bytes - self.master
+        if self.stage3:  # _partition_all_parameters
+            self.gathers.end()
         if z.engine == "deepspeed" and z.offload_optimizer is not Offload.NONE:
             sub = 0  # the fp32 gradient partitions and the step are on the host (or NVMe)
         elif z.engine == "deepspeed" and z.stage == 3:
+            self._stage3_checks()
             sub = FP32 * min(partition.partition_numel(self.setup), DS_SUB_GROUP_SIZE)
         elif z.engine == "deepspeed" and z.stage in (1, 2):
             sub = d[Component.OPTIMIZER_STATES].bytes and FP32 * partition.partition_numel(self.setup)
@@ -404,10 +457,32 @@ class Step:
         if z.engine == "deepspeed" and z.stage == 0 and self.p != FP32:
             # FP16_Optimizer.step: every gradient's fp32 copy, then their flat copy; the list is dropped
             copies = [self.alloc(FP32 * t) for _, t in self.tensors]
+        # stage 3's _prepare_fp32_grad_for_sub_group: the 16-bit gradients flattened, then their fp32 copy
+        flat = self.alloc(sub // FP32 * self.p) if sub and self.stage3 and self.p != FP32 else None
         grad = self.alloc(sub) if sub else None
-        self.free(*copies, *self.grads)
+        self.free(flat, *copies, *self.grads)
         self.grads, self.held_full = [], False
         if first and k and moments:
             for _ in range(k):
                 self.alloc(moments // k)
+        # the torch optimizer's own temporaries (torch_adam's _foreach_sqrt; none fused)
+        temporaries = peak.optimizer_temporaries(self.setup, [sub // FP32], self.implementation).bytes
+        self.free(self.alloc(temporaries) if temporaries else None)
         self.free(grad)
+        if self.stage3:
+            self.gathers.regather_persistent()
+
+    def _stage3_checks(self) -> None:
+        """Before stage 3's step: with fp16, ``has_overflow`` on the reduction stream (``isinf`` of the
+        flat gradient partition through its ``abs``, then ``isnan``: a 16-bit copy and two bool masks);
+        ``get_grad_norm_direct``'s fp64 copy of each gradient partition, one at a time (the largest)."""
+        if self.z.offload_optimizer is not Offload.NONE:
+            return
+        n = partition.partition_numel(self.setup)
+        if self.z.precision == "fp16":
+            stream = REDUCE if self.z.overlap else DEFAULT
+            magnitude, mask = self.alloc(self.p * n, stream), self.alloc(n, stream)
+            self.free(magnitude, mask)
+            self.free(self.alloc(n, stream))
+        largest = max(-(-t // self.setup.zero_dp) for _, t in self.tensors)
+        self.free(self.alloc(8 * largest))

@@ -45,6 +45,7 @@ from kit.estimate.activations import activations, host_checkpoints, moved_checkp
 from kit.estimate.cpu_matmul import CpuMatmul
 from kit.estimate.paper import zero_paper
 from kit.estimate.result import NONE, Estimate, Term, total
+from kit.gpus import CUDA_CONTEXT_BYTES
 from kit.rules import (
     BIG_BUFFER_BYTES,
     DS_SUB_GROUP_SIZE,
@@ -64,10 +65,8 @@ from kit.units import GIB, MIB, gib
 Formula = Literal["deepspeed", "zero-paper"]
 FORMULAS: tuple[str, ...] = ("deepspeed", "zero-paper")
 
-#: Runtime overhead constants (explicit allowances, not derived from a Setup).
-#: CUDA context + cuBLAS/cuDNN workspaces of a PyTorch process on an H100: ~500 MiB in nvidia-smi
-#: beyond what torch.cuda.memory_reserved() reports.
-CUDA_CONTEXT_BYTES = 512 * MIB
+#: Runtime overhead constants (explicit allowances, not derived from a Setup; the CUDA context's is
+#: ``kit.gpus.CUDA_CONTEXT_BYTES``).
 #: NCCL communicator buffers: NCCL_BUFFSIZE (4 MiB) x channels (up to 32 on NVLink) x 2 directions.
 NCCL_BUFFER_BYTES = 256 * MIB
 #: Caching-allocator slack: reserved minus allocated, as a fraction of the allocated peak.

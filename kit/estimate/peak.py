@@ -469,7 +469,7 @@ def _gathered(setup: Setup, at_head: bool = False) -> Term:
     return Term(p * n, f"{p} B x {n:,} gathered ({how}; at most every released tensor)")
 
 
-def _temporaries(setup: Setup, tensors: list[int], implementation: Implementation) -> Term:
+def optimizer_temporaries(setup: Setup, tensors: list[int], implementation: Implementation) -> Term:
     """The torch optimizer's own allocations stepping fp32 tensors of ``tensors`` elements."""
     z = setup.zero
     if not optimizer_states(z.optimizer, z.momentum) or z.optimizer == "sgd" or implementation == "fused":
@@ -492,7 +492,7 @@ def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[s
             "during the update": {
                 **base,
                 Component.GRADIENTS: device[Component.GRADIENTS],
-                "temporaries": _temporaries(setup, tensors, implementation),
+                "temporaries": optimizer_temporaries(setup, tensors, implementation),
             }
         }
     if z.stage == 0:
@@ -504,7 +504,7 @@ def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[s
             "during the update": {
                 **base,
                 Component.GRADIENTS: grads,
-                "temporaries": _temporaries(setup, tensors, implementation),
+                "temporaries": optimizer_temporaries(setup, tensors, implementation),
             }
         }
         if p != FP32 and implementation == "fused":
@@ -524,7 +524,7 @@ def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[s
             out["during the update"] = {
                 **base,
                 Component.GRADIENTS: Term(FP32 * part, f"4 B x P (fp32 gradient partition, P = {part:,})"),
-                "temporaries": _temporaries(setup, [part], implementation),
+                "temporaries": optimizer_temporaries(setup, [part], implementation),
             }
         else:
             out["during the update"] = base
@@ -550,7 +550,7 @@ def _optimizer(setup, rank, device, resident, implementation, backend) -> dict[s
             Component.PARAMETERS: params,
             Component.GRADIENTS: base[Component.GRADIENTS]
             + Term(FP32 * sub, f"4 B x {sub:,} (a sub group's fp32 gradient)"),
-            "temporaries": _temporaries(setup, [sub], implementation),
+            "temporaries": optimizer_temporaries(setup, [sub], implementation),
         }
     else:
         out["during the update"] = base

@@ -156,14 +156,15 @@ def scatters(
     )
     last = _scatter_sizes(*sizes)[-1]
     largest = _largest_scatter(*sizes, gathered.bytes // p, copies)
-    if largest:  # the largest hook's reduction: what is still gathered and its flat copy
-        before, padded = largest
+    if largest:  # the largest hook's reduction: what is still gathered, its flat copy, a waiting gradient
+        before, padded, waiting = largest
         still = min(gathered.bytes, p * before)
+        own = Term(p * waiting, f"{p} B x {waiting:,} (a tensor larger than the bucket: its own gradient)")
         out["at a gradient reduce-scatter"] = {
             **block,
             Component.BUFFERS: bucketed
             + Term(still, f"{p} B x {still // p:,} gathered (not yet through backward)"),
-            "temporaries": block["temporaries"] + flat(padded),
+            "temporaries": block["temporaries"] + flat(padded) + (own if waiting else NONE),
         }
     out["at the epilogue's reduce-scatter"] = {**end, "temporaries": flat(last[1])}
     return out
@@ -178,21 +179,24 @@ def _largest_scatter(
     threshold: int,
     gathered: int,
     copies: int,
-) -> tuple[int, int] | None:
+) -> tuple[int, int, int] | None:
     """The hook's reduction (``_scatter_sizes``, but the epilogue) with the most elements live: those
-    still gathered (at most ``gathered``) and its flat copy, ``copies`` times; None without one."""
+    still gathered (at most ``gathered``), its flat copy, ``copies`` times, and a waiting gradient; None
+    without one."""
     flushes = _scatter_sizes(numels, trains, dp, bucket_size, threshold)[:-1]
-    return max(flushes, key=lambda f: min(gathered, f[0]) + copies * f[1], default=None)
+    return max(flushes, key=lambda f: min(gathered, f[0]) + copies * f[1] + f[2], default=None)
 
 
 @lru_cache(maxsize=256)
 def _scatter_sizes(
     numels: tuple[int, ...], trains: tuple[bool, ...] | None, dp: int, bucket_size: int, threshold: int
-) -> tuple[tuple[int, int], ...]:
+) -> tuple[tuple[int, int, int], ...]:
     """Stage 3's gradient reductions in backward order (``_scatters``) over the tensors ``numels`` (those
     whose ``trains`` flag is False have no gradient; None: all train): per reduction, the padded elements
     of the released tensors at or before the hook's tensor in the forward (those that can still be
-    gathered) and the elements of its flat copy (none for a lone tensor dp divides); the epilogue last."""
+    gathered), the elements of its flat copy (none for a lone tensor dp divides) and those of a gradient
+    waiting in the bucket (``__add_grad_to_ipg_bucket`` copies none larger than it: it stays its own
+    tensor until this hook reduces it, beside the hook's); the epilogue last."""
     released = [partition.padded(t, dp) if t > threshold else 0 for t in numels]
     before = list(itertools.accumulate(released))  # before[i]: released elements up to tensor i
     out, count, total, padded = [], 0, 0, 0
@@ -200,8 +204,9 @@ def _scatter_sizes(
         if trains is not None and not trains[i]:
             continue
         if count and total + numels[i] > bucket_size:
-            out.append((before[i], 0 if count == 1 and total % dp == 0 else padded))
+            waiting = total if count == 1 and total > bucket_size else 0
+            out.append((before[i], 0 if count == 1 and total % dp == 0 else padded, waiting))
             count, total, padded = 0, 0, 0
         count, total, padded = count + 1, total + numels[i], padded + partition.padded(numels[i], dp)
-    out.append((0, 0 if count == 1 and total % dp == 0 else padded))
+    out.append((0, 0 if count == 1 and total % dp == 0 else padded, 0))
     return tuple(out)

@@ -79,8 +79,9 @@ class Estimate:
     #: the GPU-only overheads beside the tensors: CUDA context, NCCL buffers, allocator slack on the peak
     #: (on CPU ranks ``cpu_overheads``: none)
     peak_overhead: Term = NONE
-    #: the caching allocator's replay of its steps, run when asked (``kit.estimate.reserved.reserved``)
-    replay: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
+    #: the caching allocator's replay of its steps, run when asked (``kit.estimate.reserved.reserved``;
+    #: ``implementation=`` another torch optimizer path than the fused default)
+    replay: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
     #: what the ranks run on (``ACCELERATORS``): ``"cuda"`` (GPUs, the default) or ``"cpu"`` (CPU ranks)
     accelerator: str = "cuda"
 

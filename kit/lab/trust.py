@@ -131,6 +131,26 @@ def reference_heading(configs) -> str:
     return f"{len(configs)} runs on {', '.join(devices)}; each cell measured / predicted (error):"
 
 
+def traces_table(runs) -> pd.DataFrame:
+    """The allocator traces (``kit.accuracy.traces.runs``), one row per run: its ranks, then max allocated
+    and max reserved (GiB), each "measured / the allocator's replay of the recorded allocations / the kit's
+    estimate" and the estimate's error."""
+    rows = []
+    for r in runs:
+        replayed, predicted, errors = r.replayed(), r.predicted, r.errors()
+        row = {"run": r.name, "ranks": r.ranks}
+        for i, (quantity, name) in enumerate(
+            (("max_allocated", "max allocated"), ("max_reserved", "max reserved"))
+        ):
+            ours = predicted[i]
+            estimate = "-" if ours is None else f"{ours / GIB:.2f} ({100 * errors[quantity]:+.1f} %)"
+            row[f"{name}, GiB"] = (
+                f"{getattr(r, quantity) / GIB:.2f} / {getattr(replayed, quantity) / GIB:.2f} / {estimate}"
+            )
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def answer(report, own=()) -> str:
     """How far to trust the kit, in one paragraph built from ``report.summary()``: how close the tensor
     peak is to max allocated, how far max reserved is off, how many fit / OOM rows agree, how many rows

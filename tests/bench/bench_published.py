@@ -3,13 +3,14 @@
 allocated, max reserved, step time) the median |error| and the worst error with its row, the step times
 within 25 % and within 2x, the stage-order sets ranked right, how many fit / OOM verdicts agree, the
 report's wall time (pure estimation, no launch), and the same errors on the kit's own GPU runs
-(``data/reference``, ``kit.accuracy.reference``). The expressed count is a figure to raise; the errors
-are a test set's, not a fit's (``data/published/README.md``).
+(``data/reference``, ``kit.accuracy.reference``) and on the allocator traces (``kit.accuracy.traces``:
+the replay of each trace, exact or not, and the estimate's errors). The expressed count is a figure to
+raise; the errors are a test set's, not a fit's (``data/published/README.md``).
 """
 
 import time
 
-from kit.accuracy import published, reference
+from kit.accuracy import published, reference, traces
 
 
 def main() -> None:
@@ -43,3 +44,9 @@ def main() -> None:
         print(f"reference_{quantity}_configurations: {q['configurations']} ({own[0].device})")
         print(f"reference_{quantity}_median_abs_error: {q['median_abs_error']:.3f} ratio")
         print(f"reference_{quantity}_worst_error: {q['worst_error']:+.3f} ratio ({q['worst']})")
+    for run in traces.runs():
+        replayed, errors = run.replayed(), run.errors()
+        exact = (replayed.max_reserved, replayed.max_allocated) == (run.max_reserved, run.max_allocated)
+        print(f"trace_{run.name}_replay_exact: {exact} (rank 0 of {run.ranks}, {run.device})")
+        for quantity in ("max_allocated", "max_reserved"):
+            print(f"trace_{run.name}_{quantity}_error: {errors[quantity]:+.3f} ratio")

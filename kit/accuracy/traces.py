@@ -1,0 +1,135 @@
+"""Allocator traces of GPU runs beside the kit's replay (``data/reference/allocator-traces``).
+
+Each run is rank 0 of a ZeRO run of ``ranks`` ranks on one GPU: torch's fake process group turns the
+collectives into no-ops while every allocation of rank 0 happens as it would (partitions, gathers,
+buckets and reductions sized for ``ranks``), and ``torch.cuda.memory._record_memory_history`` records
+them (``tests/fixtures/allocator_trace.py``, ``make gpu-reference``). Two checks per run:
+
+- ``replayed``: the trace's own allocations and frees through ``kit.estimate.allocator``, beside the
+  device's ``max_memory_reserved`` / ``max_memory_allocated``: the caching allocator's rules alone;
+- ``predicted``: the kit's estimate of the run's setup (the peak timeline and ``kit.estimate.reserved``
+  with the run's torch optimizer path), beside the same: the step's sequence written from DeepSpeed's code.
+
+What it cannot see: step times (no collective ran); a free a ``record_stream`` defers comes back in the
+trace when the device got there (``free_completed``), so the replay follows the device's timing, the
+estimate does not.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from kit.estimate.allocator import Alloc, EmptyCache, Event, Free, Replay, replay
+from kit.estimate.peak import Implementation
+from kit.paths import REFERENCE
+from kit.schema import Setup
+
+#: the runs' folder: ``runs.json`` and one gzipped trace per run
+TRACES = REFERENCE / "allocator-traces"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One recorded run: what ran (``what``, ``setup`` of ``ranks`` ranks, the torch optimizer's
+    ``implementation``, ``expandable_segments``), where, its steps and the device's peaks after them."""
+
+    name: str
+    what: str
+    setup: Setup
+    ranks: int
+    implementation: Implementation
+    expandable_segments: bool
+    device: str
+    versions: str
+    steps: int
+    max_allocated: int
+    max_reserved: int
+    trace: Path
+
+    def events(self) -> list[Event]:
+        """The trace as the replay's events: an allocation and the free the device completed (a
+        ``record_stream``'s comes when the other stream got there); a run of segments given back
+        (``torch.cuda.empty_cache``) is one ``EmptyCache``."""
+        with gzip.open(self.trace, "rt") as f:
+            entries = json.load(f)
+        out: list[Event] = []
+        live: dict[int, int] = {}
+        for index, (action, address, size, stream) in enumerate(entries):
+            if action == "alloc":
+                live[address] = index
+                out.append(Alloc(index, size, stream))
+            elif action == "free_completed":
+                out.append(Free(live.pop(address)))
+            elif action in ("segment_free", "segment_unmap") and not (
+                out and isinstance(out[-1], EmptyCache)
+            ):
+                out.append(EmptyCache())
+        return out
+
+    def replayed(self) -> Replay:
+        return replay(self.events(), expandable_segments=self.expandable_segments)
+
+    @cached_property
+    def predicted(self) -> tuple[int, int | None]:
+        """The kit's max allocated since the start (the peak timeline's, or the states' construction
+        where that is larger) and max reserved (None where not replayed)."""
+        from kit.estimate import estimate, memory
+
+        peak = memory.peak_timeline(self.setup, implementation=self.implementation).peak_tensor_bytes
+        replay_of = estimate(self.setup).replay
+        r = replay_of(implementation=self.implementation) if replay_of else None
+        if r is None:
+            return peak, None
+        cached = r.expandable_cached if self.expandable_segments else r.cached
+        return max(peak, r.initialize), peak + cached
+
+    def errors(self) -> dict[str, float | None]:
+        """predicted / measured - 1 of max allocated and max reserved."""
+        allocated, reserved = self.predicted
+        return {
+            "max_allocated": allocated / self.max_allocated - 1,
+            "max_reserved": None if reserved is None else reserved / self.max_reserved - 1,
+        }
+
+    def to_dict(self) -> dict:
+        replayed = self.replayed()
+        allocated, reserved = self.predicted
+        return {
+            "name": self.name,
+            "what": self.what,
+            "ranks": self.ranks,
+            "device": self.device,
+            "versions": self.versions,
+            "measured": {"max_allocated": self.max_allocated, "max_reserved": self.max_reserved},
+            "replayed": {"max_allocated": replayed.max_allocated, "max_reserved": replayed.max_reserved},
+            "predicted": {"max_allocated": allocated, "max_reserved": reserved},
+            "errors": self.errors(),
+        }
+
+
+def runs(root: str | Path = TRACES) -> list[Run]:
+    """The recorded runs under ``root`` (none without a ``runs.json``), in its order."""
+    path = Path(root) / "runs.json"
+    if not path.exists():
+        return []
+    return [
+        Run(
+            name=r["name"],
+            what=r["what"],
+            setup=Setup.model_validate(r["setup"]),
+            ranks=r["ranks"],
+            implementation=r["implementation"],
+            expandable_segments=r["expandable_segments"],
+            device=r["device"],
+            versions=f"torch {r['torch']}, DeepSpeed {r['deepspeed']}",
+            steps=r["steps"],
+            max_allocated=r["max_allocated"],
+            max_reserved=r["max_reserved"],
+            trace=Path(root) / r["trace"],
+        )
+        for r in json.loads(path.read_text())
+    ]
