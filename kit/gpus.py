@@ -37,10 +37,24 @@ class Gpu:
     host_link: str
     host_link_gbps: float
     source: str
+    #: the architecture torch reads from the device: ``sm_90`` (compute capability 9.0), ``gfx942``
+    #: (ROCm); "" for a GPU defined on the command line
+    arch: str = ""
 
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gib * GIB)
+
+    @property
+    def blas_workspace_bytes(self) -> int:
+        """The workspace torch gives each cuBLAS handle and stream from the caching allocator, never freed
+        (``CublasHandlePool.cpp``'s ``parseChosenWorkspaceSize`` without ``CUBLAS_WORKSPACE_CONFIG``):
+        32 MiB from Hopper on (compute capability 9 to 12) and on ROCm (128 MiB on gfx942, gfx950,
+        gfx1250), else ``:4096:2:16:8`` (8 MiB + 128 KiB); a defined GPU's architecture is unknown: 32."""
+        if self.arch.startswith("gfx"):
+            return (128 if self.arch[:6] in ("gfx942", "gfx950") or self.arch == "gfx1250" else 32) * MIB
+        major = int(self.arch[3:-1]) if self.arch.startswith("sm_") else 9
+        return 32 * MIB if 9 <= major <= 12 else (4096 * 2 + 16 * 8) * 1024
 
     def peak_tflops(self, precision: str) -> float:
         """Peak dense TFLOP/s at a training precision (0 where the GPU lacks it, e.g. bf16 on a V100)."""
@@ -126,7 +140,7 @@ def define_gpu(spec: str, field: str = "--define-gpu") -> Gpu:
                 "host_link_gbps": 32.0}  # fmt: skip
     fields = {**defaults, **fields}
     made = Gpu(name=name, vendor="defined", interconnect="given", host_link="given",
-               source=f"defined on the command line: {spec}", sms=sms, **fields)  # fmt: skip
+               source=f"defined on the command line: {spec}", sms=sms, arch="", **fields)  # fmt: skip
     DEFINED_GPUS[name] = made
     return made
 

@@ -3,7 +3,7 @@ peak timeline's, each stream allocates from its own pool, and what is not replay
 
 import pytest
 
-from kit import Setup
+from kit import Setup, gpus
 from kit.estimate import estimate, memory, partition
 from kit.estimate.allocator import Alloc, EmptyCache, Free, Mark, replay
 from kit.estimate.deepspeed_events import DEFAULT, GATHER, REDUCE, Step, blocks
@@ -130,10 +130,11 @@ def test_fsdp2_gathers_each_unit_reduces_it_in_fp32_and_keeps_only_its_states(st
         elif isinstance(e, Free):
             live.pop(e.key, None)
     shards = [4 * partition.padded(t, 8) // 8 for t in partition.numels(s)]
-    assert sorted(live.values()) == sorted(shards * 3)  # the shards, exp_avg, exp_avg_sq
+    workspace = gpus.gpu(s.cluster.gpu).blas_workspace_bytes  # the forward's and the backward's, for good
+    assert sorted(live.values()) == sorted(shards * 3 + [workspace] * 2)  # the shards, exp_avg, exp_avg_sq
     e = estimate(s)
-    # measured: +7.0 % (fsdp), +7.4 % (fsdp-grad-op)
-    assert 0.065 <= e.reserved.allocated / e.peak_tensor_bytes - 1 <= 0.075
+    # the replay's grain against the timeline's: +1.9 % (fsdp), +2.6 % (fsdp-grad-op)
+    assert 0.015 <= e.reserved.allocated / e.peak_tensor_bytes - 1 <= 0.03
     assert e.reserved_bytes == e.peak_tensor_bytes + e.reserved.cached > e.peak_tensor_bytes
 
 

@@ -2,8 +2,6 @@
 small enough to follow by hand, and the kit's step of the kit's GPT with A18's shape beside the H100's
 allocator trace of the same (data/reference/allocator-traces)."""
 
-import pytest
-
 from kit.accuracy import traces
 from kit.estimate import deepspeed_events, memory
 from kit.estimate.allocator import Alloc, EmptyCache, Free, replay
@@ -101,17 +99,17 @@ def _streams(events) -> dict[int, int]:
 
 def test_the_step_of_a18s_shape_beside_an_h100s_trace():
     """The kit's GPT with A18's shape at ZeRO-3, rank 0 of 64 ranks on an H100 (fp16, torch's foreach
-    AdamW), per stream: the gathers' pool (9 segments: 3 x 590, 596, 3 x 360, 2 x 288 MiB, from the
-    embeddings gathered for the forward, the tied head and the backward, and the coalesced prefetches)
-    and the reduction stream's (``has_overflow``'s 16-bit magnitudes and bool masks of the flat gradient
-    partition) reserve what the device's did, to within 1 %; the default stream's, 6.4 % under (it misses
-    two 288 MiB segments the backward's first weight gradients took from a cache the forward's smaller
-    tensors had split differently)."""
+    AdamW): each stream's pool reserves what the device's did, to within 1 %: the gathers' (9 segments:
+    3 x 590, 596, 3 x 360, 2 x 288 MiB, from the embeddings gathered for the forward, the tied head and the
+    backward, and the coalesced prefetches), the reduction stream's (``has_overflow``'s 16-bit magnitudes
+    and bool masks of the flat gradient partition) and the default stream's (the cuBLAS workspaces of the
+    forward's and the backward's threads split the cache as the device's did: without them it reserved
+    6.4 % less)."""
     run = next(r for r in traces.runs() if r.name == "a18-fp16")
     held = memory.states(run.setup)
     step = deepspeed_events.Step(run.setup, held.device, memory.batch_activations(run.setup), "foreach")
     kit, device = _streams(step.events()), _streams(run.events())
-    assert kit[deepspeed_events.DEFAULT] / device[0] - 1 == pytest.approx(-0.064, abs=0.01)
+    assert abs(kit[deepspeed_events.DEFAULT] / device[0] - 1) < 0.01, (kit, device)
     kit_others = sorted(v for k, v in kit.items() if k != deepspeed_events.DEFAULT)
     device_others = sorted(v for k, v in device.items() if k != 0)
     for ours, theirs in zip(kit_others, device_others, strict=True):

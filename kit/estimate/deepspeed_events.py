@@ -21,7 +21,9 @@ activations, the loss), which ``kit.estimate.fsdp_events`` builds on:
   its output partitions, and fp16's ``has_overflow``), else on the default stream.
 - **activations and temporaries** on the default stream, a block at a time: a transformer block's saved
   tensors as tensors of ``s b h`` and ``s b f`` elements (and the eager attention scores); with
-  checkpointing the block's input, the block recomputed in its backward.
+  checkpointing the block's input, the block recomputed in its backward; the logits and their fp32 upcast
+  die with the forward, log-softmax's output is saved; cuBLAS's workspace of each thread's handle (the
+  forward's, autograd's) at its first matmul, held for good (``Gpu.blas_workspace_bytes``).
 - **the update**: stage 3's gradients flattened, then their fp32 copy, ``get_grad_norm_direct``'s fp64
   copy of each partition, the torch optimizer's own temporaries (``implementation``: torch_adam's foreach
   ``_foreach_sqrt``, none for a fused Adam), the persistent tensors gathered again after it.
@@ -93,6 +95,7 @@ class Step:
         self.grads: list[int] = []  # gradient keys held to the optimizer (stage 0; stages 1-2's partition)
         self.bucket: list[int] = []  # numels of the gradients in the ipg bucket
         self.pending: list[int] = []  # keys of gradients larger than the bucket, waiting in it
+        self.workspaces: set[str] = set()  # the threads whose cuBLAS workspace is allocated
         self.ipg: int | None = None  # stages 1-2: the contiguous ipg buffer(s), from the first hook
         self.held_full = False  # stage 1 with accumulation: every full gradient is held in .grad
         # stage 3's gathers (parameters on the device): DeepSpeed's coordinator over the tensors
@@ -131,6 +134,13 @@ class Step:
             self.out.append(Mark("optimizer"))
             self._optimizer(first=step == 0)
         return self.out
+
+    def _blas_workspace(self, thread: str) -> None:
+        """The cuBLAS workspace of ``thread``'s handle on the default stream, at its first matmul, held
+        for good (``Gpu.blas_workspace_bytes``): the forward's, autograd's backward thread's."""
+        if thread not in self.workspaces:
+            self.workspaces.add(thread)
+            self.alloc(gpus.gpu(self.setup.cluster.gpu).blas_workspace_bytes)
 
     def alloc(self, size: int, stream: int = DEFAULT) -> int:
         key = next(self.keys)
@@ -253,6 +263,7 @@ class Step:
         kept = kept_by_policy(self.setup).bytes
         for i in range(self.count):
             self._gather_tensors(i, forward=True)
+            self._blas_workspace("forward")  # the first matmul on this thread
             keys = [self.alloc(size) for size in self._block_saved()]
             if self._checkpointed(i):
                 held = [self.alloc(p * sbh)]  # the block's input, saved by the checkpoint
@@ -262,11 +273,11 @@ class Step:
             saved.append(keys)
             self._release_tensors(i, forward=True)
         self._gather_tensors(self.count, forward=True)
-        if logits:  # 16-bit logits, their fp32 upcast; log-softmax's fp32 output is saved
-            low = self.alloc(p * logits)
+        if logits:  # the logits, their fp32 upcast; log-softmax's fp32 output is saved, the rest dies
+            low = self.alloc(p * logits)  # with the forward (nothing saves them: the caller keeps the loss)
             up = self.alloc(FP32 * logits) if p != FP32 else None
-            saved.append([self.alloc(FP32 * logits), low])
-            self.free(up)
+            saved.append([self.alloc(FP32 * logits)])
+            self.free(up, low)
         self._release_tensors(self.count, forward=True)
         return saved, tokens
 
@@ -275,15 +286,16 @@ class Step:
         p, m = self.p, self.setup.model
         gated = 3 if m.family in SWIGLU_FAMILIES else 1
         head = saved.pop() if logits else []
+        grad: int | None = None
         if logits:  # nll_loss and log_softmax backward: two fp32 gradients, then the 16-bit one
             a, b = self.alloc(FP32 * logits), self.alloc(FP32 * logits)
             self.free(a, *head)
             grad = self.alloc(p * logits)
             self.free(b)
-            if self.head is not None:  # the head's weight gradient, summed into the embeddings' later
-                self.head_grad = self.alloc(p * self.tensors[self.head][1])
-        else:
-            grad = None
+        # the head's matmuls: the first of autograd's device thread, a cuBLAS handle of its own
+        self._blas_workspace("backward")
+        if logits and self.head is not None:  # the head's weight gradient, summed into the embeddings'
+            self.head_grad = self.alloc(p * self.tensors[self.head][1])
         self._gather_tensors(self.count, forward=False)
         self._gradients(self.count)
         self.free(grad)
