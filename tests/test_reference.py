@@ -4,6 +4,7 @@ a booking rests on, measured by the kit's runner on one H200, not on CPU ranks."
 import contextlib
 import io
 import json
+import re
 import statistics
 
 import pytest
@@ -102,8 +103,13 @@ def test_published_prints_the_reference_runs_beside_the_published_rows(capsys):
     assert "NVIDIA H200, torch 2.11.0+cu130, DeepSpeed 0.19.8" in text
     assert "max allocated: 9 configuration(s), median |error| 0.3 %" in text
     assert "torch's AdamW on the host" in text
+    # the allocator traces after them: measured / replayed / estimated
+    assert "Rank 0 of many on one GPU (data/reference/allocator-traces" in text
+    assert re.search(r"a18-fp16 +64 +7\.82 / 7\.82 / 7\.62 +-2\.6 % +13\.46 / 13\.46 / ", text)
     data = json.loads(_run("published", "--table", "reference", "--json"))
     assert set(data) == {"reference"} and len(data["reference"]["configurations"]) == 9
+    traced = {r["name"]: r for r in data["reference"]["traces"]}
+    assert traced["a23-fp16"]["replayed"] == traced["a23-fp16"]["measured"]
     everything = json.loads(_run("published", "--json"))
     assert {"rows", "summary", "reference"} <= set(everything)
     assert "reference" not in json.loads(_run("published", "--id", "A18", "--json"))

@@ -25,7 +25,7 @@ def test_the_replay_of_a_trace_is_the_devices_peaks_to_the_byte(name):
     answer its max_memory_reserved and max_memory_allocated exactly: 5 runs, 19k-24k allocations each,
     up to 53.5 GB reserved in 217 segments."""
     run = RUNS[name]
-    replayed = run.replayed()
+    replayed = run.replayed
     assert (replayed.max_reserved, replayed.max_allocated) == (run.max_reserved, run.max_allocated)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 
 from kit.estimate.allocator import Alloc, EmptyCache, Event, Free, Replay, replay
@@ -70,7 +70,9 @@ class Run:
                 out.append(EmptyCache())
         return out
 
+    @cached_property
     def replayed(self) -> Replay:
+        """The allocator's replay of the trace (``kit.estimate.allocator``)."""
         return replay(self.events(), expandable_segments=self.expandable_segments)
 
     @cached_property
@@ -96,7 +98,7 @@ class Run:
         }
 
     def to_dict(self) -> dict:
-        replayed = self.replayed()
+        replayed = self.replayed
         allocated, reserved = self.predicted
         return {
             "name": self.name,
@@ -112,11 +114,17 @@ class Run:
 
 
 def runs(root: str | Path = TRACES) -> list[Run]:
-    """The recorded runs under ``root`` (none without a ``runs.json``), in its order."""
-    path = Path(root) / "runs.json"
+    """The recorded runs under ``root`` (none without a ``runs.json``), in its order; read once per
+    process (each run's replay and estimate are kept with it)."""
+    return list(_runs(Path(root)))
+
+
+@cache
+def _runs(root: Path) -> tuple[Run, ...]:
+    path = root / "runs.json"
     if not path.exists():
-        return []
-    return [
+        return ()
+    return tuple(
         Run(
             name=r["name"],
             what=r["what"],
@@ -129,7 +137,7 @@ def runs(root: str | Path = TRACES) -> list[Run]:
             steps=r["steps"],
             max_allocated=r["max_allocated"],
             max_reserved=r["max_reserved"],
-            trace=Path(root) / r["trace"],
+            trace=root / r["trace"],
         )
         for r in json.loads(path.read_text())
-    ]
+    )

@@ -258,7 +258,7 @@ def traces_text(runs) -> str:
     header = ("run", "ranks", "max allocated GiB", "max reserved GiB")
     rows = [header]
     for r in runs:
-        replayed, predicted, errors = r.replayed(), r.predicted, r.errors()
+        replayed, predicted, errors = r.replayed, r.predicted, r.errors()
         cells = [r.name, str(r.ranks)]
         for i, quantity in enumerate(("max_allocated", "max_reserved")):
             measured, again = getattr(r, quantity), getattr(replayed, quantity)

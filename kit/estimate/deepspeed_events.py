@@ -355,7 +355,8 @@ class Step:
             for module in modules:
                 self.gathers.fetch(module)
         for module in modules:
-            self.gathers.fetch(module) if group >= 0 else None
+            if group >= 0:
+                self.gathers.fetch(module)
             # autograd makes a module's gradients together, then their hooks run (the tied head's is
             # held, ``head_grad``, to the embeddings')
             indices = [i for i in reversed(module) if not (i == self.head and group == self.count)]
@@ -430,9 +431,9 @@ class Step:
         if not self.stage3:
             return
         modules = self._modules(group)
-        if forward:
-            self.gathers.fetch(modules[0]) if modules else None
-        elif 0 <= group < self.count and self._checkpointed(group):
+        if forward and modules:
+            self.gathers.fetch(modules[0])
+        elif not forward and 0 <= group < self.count and self._checkpointed(group):
             for module in modules:
                 self.gathers.fetch(module)
                 self.gathers.release(module)
@@ -444,7 +445,8 @@ class Step:
             return
         modules = self._modules(group)
         for k, module in enumerate(modules):
-            self.gathers.fetch(module) if k else None
+            if k:
+                self.gathers.fetch(module)
             self.gathers.release(module)
 
     # ----- the optimizer -----------------------------------------------------------------------------

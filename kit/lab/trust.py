@@ -137,7 +137,7 @@ def traces_table(runs) -> pd.DataFrame:
     estimate" and the estimate's error."""
     rows = []
     for r in runs:
-        replayed, predicted, errors = r.replayed(), r.predicted, r.errors()
+        replayed, predicted, errors = r.replayed, r.predicted, r.errors()
         row = {"run": r.name, "ranks": r.ranks}
         for i, (quantity, name) in enumerate(
             (("max_allocated", "max allocated"), ("max_reserved", "max reserved"))

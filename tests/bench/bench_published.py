@@ -45,7 +45,7 @@ def main() -> None:
         print(f"reference_{quantity}_median_abs_error: {q['median_abs_error']:.3f} ratio")
         print(f"reference_{quantity}_worst_error: {q['worst_error']:+.3f} ratio ({q['worst']})")
     for run in traces.runs():
-        replayed, errors = run.replayed(), run.errors()
+        replayed, errors = run.replayed, run.errors()
         exact = (replayed.max_reserved, replayed.max_allocated) == (run.max_reserved, run.max_allocated)
         print(f"trace_{run.name}_replay_exact: {exact} (rank 0 of {run.ranks}, {run.device})")
         for quantity in ("max_allocated", "max_reserved"):
