@@ -77,8 +77,9 @@ class Run:
 
     @cached_property
     def predicted(self) -> tuple[int, int | None]:
-        """The kit's max allocated since the start (the peak timeline's, or the states' construction
-        where that is larger) and max reserved (None where not replayed)."""
+        """The kit's max allocated since the start (the tensor peak, or ``Reserved.initialize`` where
+        building the states holds more) and max reserved (``Estimate.reserved_bytes``' rule, or its
+        expandable one; None where not replayed), with the run's torch optimizer path."""
         from kit.estimate import estimate, memory
 
         peak = memory.peak_timeline(self.setup, implementation=self.implementation).peak_tensor_bytes

@@ -22,7 +22,8 @@ weight and its bias; the tied head's module is the embeddings' weight again).
 - **the step's end** (``_partition_all_parameters``): every tensor is released, the persistent ones too,
   and those are gathered again after the update (``_post_step``), on the default stream.
 
-What it cannot see: a module holding several large tensors (each large tensor is its own module here),
+What it cannot see: a module holding several large tensors (each large tensor is its own module here;
+a small tensor after a weight without a bias, a norm's, is taken as its bias),
 hpZ's secondary partitions and quantized gathers (gathered as plain 16-bit ones), NVMe, ``fast_fetch``
 of leaf modules, and when the frees of ``record_stream`` come back (at once here).
 """
