@@ -29,14 +29,25 @@ def test_the_replay_of_a_trace_is_the_devices_peaks_to_the_byte(name):
     assert (replayed.max_reserved, replayed.max_allocated) == (run.max_reserved, run.max_allocated)
 
 
+#: the estimate's errors on each run as measured when the traces came (max allocated, max reserved)
+MEASURED = {
+    "a18-fp16": (-0.026, -0.018),
+    "a18-fp16-expandable": (-0.025, -0.062),
+    "a18-fp16-fused": (-0.026, -0.019),
+    "a18-bf16": (-0.026, -0.019),
+    "a23-fp16": (0.0, -0.070),
+}
+
+
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_the_estimate_beside_each_run(name):
-    """The kit's estimate of each run's setup (its torch optimizer path; the trace is not read): max
-    allocated within 3 % (a18-bf16, a18-fp16, its expandable and fused runs, a23-fp16: -2.6 %, -2.6 %,
-    -2.5 %, -2.6 %, 0.0 %), max reserved within 8 % under (-1.9 %, -1.8 %, -6.2 %, -1.9 %, -7.0 %)."""
+    """The kit's estimate of each run's setup (its torch optimizer path; the trace is not read), to half a
+    percent of what it was when the traces came (``MEASURED``: max allocated -2.6 % to 0.0 %, max reserved
+    -1.8 % to -7.0 %): a change to the step's sequence shows here, and the numbers in the docs with it."""
     errors = RUNS[name].errors()
-    assert abs(errors["max_allocated"]) < 0.03, errors
-    assert -0.08 < errors["max_reserved"] < 0, errors
+    allocated, reserved = MEASURED[name]
+    assert errors["max_allocated"] == pytest.approx(allocated, abs=0.005), errors
+    assert errors["max_reserved"] == pytest.approx(reserved, abs=0.005), errors
 
 
 def test_stages_1_2_flatten_the_module_on_the_device_where_the_card_has_room():
@@ -45,7 +56,7 @@ def test_stages_1_2_flatten_the_module_on_the_device_where_the_card_has_room():
     module (and more than any step: 38.29 GiB against 26.3 GiB), which the replay predicts to the byte;
     on a V100-32GB there is no room, the module goes through the host, and the steps hold the peak."""
     run = RUNS["a23-fp16"]
-    assert run.predicted[0] == run.max_allocated
+    assert run.predicted["max_allocated"] == run.max_allocated
     on_h100 = estimate(run.setup).reserved
     assert on_h100.initialize == run.max_allocated > on_h100.allocated
     on_v100 = estimate(run.setup.replace(cluster={"gpu": "V100-SXM2-32GB"})).reserved
@@ -53,7 +64,8 @@ def test_stages_1_2_flatten_the_module_on_the_device_where_the_card_has_room():
 
 
 def test_the_recorder_runs_rank_0_of_the_rows_world(tmp_path):
-    """The recorder (``tests/fixtures/allocator_trace.py``, ``make gpu-reference`` on a GPU) on CPU ranks:
+    """The recorder (``tests/fixtures/allocator_trace.py``, ``make gpu-reference`` on a GPU) refuses the
+    full-size runs without a GPU, in one line; on CPU ranks:
     a small GPT in A18's setup runs a step as rank 0 of 64 ranks under torch's fake process group, and
     DeepSpeed partitions for 64 (rank 0's flat 16-bit partition is the kit's ``partition_numel``)."""
     import json
@@ -65,6 +77,12 @@ def test_the_recorder_runs_rank_0_of_the_rows_world(tmp_path):
     from kit.estimate import partition
     from kit.schema import Setup
 
+    refused = subprocess.run(
+        [sys.executable, "-m", "tests.fixtures.allocator_trace", "--out", str(tmp_path / "none")],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "no CUDA device" in refused.stderr  # the full-size runs need a GPU
+    assert not (tmp_path / "none").exists()
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4,
                                   "vocab_size": 128, "n_positions": 512}))  # fmt: skip

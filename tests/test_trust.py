@@ -296,5 +296,7 @@ def test_the_traces_table_sets_the_replay_and_the_estimate_beside_the_device():
     for cell, r in zip(table["max reserved, GiB"], runs, strict=True):
         measured, replayed, estimate = cell.split(" / ")
         assert measured == replayed == f"{r.max_reserved / GIB:.2f}"
-        assert estimate == f"{r.predicted[1] / GIB:.2f} ({100 * r.errors()['max_reserved']:+.1f} %)"
+        assert (
+            estimate == f"{r.predicted['max_reserved'] / GIB:.2f} ({100 * r.errors()['max_reserved']:+.1f} %)"
+        )
     assert max(len(str(cell)) for cell in table.to_numpy().ravel()) <= 32  # narrow enough to read

@@ -27,9 +27,12 @@ from kit.estimate.allocator import Alloc, EmptyCache, Event, Free, Replay, repla
 from kit.estimate.peak import Implementation
 from kit.paths import REFERENCE
 from kit.schema import Setup
+from kit.units import GIB
 
 #: the runs' folder: ``runs.json`` and one gzipped trace per run
 TRACES = REFERENCE / "allocator-traces"
+#: what each run is checked on: torch.cuda's peaks (``Run`` and ``Replay`` name them alike)
+QUANTITIES = ("max_allocated", "max_reserved")
 
 
 @dataclass(frozen=True)
@@ -76,40 +79,46 @@ class Run:
         return replay(self.events(), expandable_segments=self.expandable_segments)
 
     @cached_property
-    def predicted(self) -> tuple[int, int | None]:
-        """The kit's max allocated since the start (the tensor peak, or ``Reserved.initialize`` where
-        building the states holds more) and max reserved (``Estimate.reserved_bytes``' rule, or its
-        expandable one; None where not replayed), with the run's torch optimizer path."""
+    def predicted(self) -> dict[str, int | None]:
+        """Per quantity (``QUANTITIES``), the kit's estimate with the run's torch optimizer path: max
+        allocated since the start (the tensor peak, or ``Reserved.initialize`` where building the states
+        holds more) and max reserved (``Estimate.reserved_bytes``' rule, or its expandable one; None where
+        the step is not replayed)."""
         from kit.estimate import estimate, memory
 
         peak = memory.peak_timeline(self.setup, implementation=self.implementation).peak_tensor_bytes
         replay_of = estimate(self.setup).replay
         r = replay_of(implementation=self.implementation) if replay_of else None
         if r is None:
-            return peak, None
+            return {"max_allocated": peak, "max_reserved": None}
         cached = r.expandable_cached if self.expandable_segments else r.cached
-        return max(peak, r.initialize), peak + cached
+        return {"max_allocated": max(peak, r.initialize), "max_reserved": peak + cached}
 
     def errors(self) -> dict[str, float | None]:
-        """predicted / measured - 1 of max allocated and max reserved."""
-        allocated, reserved = self.predicted
+        """predicted / measured - 1, per quantity."""
         return {
-            "max_allocated": allocated / self.max_allocated - 1,
-            "max_reserved": None if reserved is None else reserved / self.max_reserved - 1,
+            q: None if (ours := self.predicted[q]) is None else ours / getattr(self, q) - 1
+            for q in QUANTITIES
         }
 
+    def cell(self, quantity: str) -> str:
+        """``quantity`` in GiB as "measured / replayed / estimated (error)", what the tables show."""
+        ours, error = self.predicted[quantity], self.errors()[quantity]
+        estimate = "-" if ours is None or error is None else f"{ours / GIB:.2f} ({100 * error:+.1f} %)"
+        return (
+            f"{getattr(self, quantity) / GIB:.2f} / {getattr(self.replayed, quantity) / GIB:.2f} / {estimate}"
+        )
+
     def to_dict(self) -> dict:
-        replayed = self.replayed
-        allocated, reserved = self.predicted
         return {
             "name": self.name,
             "what": self.what,
             "ranks": self.ranks,
             "device": self.device,
             "versions": self.versions,
-            "measured": {"max_allocated": self.max_allocated, "max_reserved": self.max_reserved},
-            "replayed": {"max_allocated": replayed.max_allocated, "max_reserved": replayed.max_reserved},
-            "predicted": {"max_allocated": allocated, "max_reserved": reserved},
+            "measured": {q: getattr(self, q) for q in QUANTITIES},
+            "replayed": {q: getattr(self.replayed, q) for q in QUANTITIES},
+            "predicted": self.predicted,
             "errors": self.errors(),
         }
 

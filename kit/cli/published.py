@@ -252,20 +252,13 @@ def traces_text(runs) -> str:
     lines = [
         "Rank 0 of many on one GPU (data/reference/allocator-traces: a fake process group, every allocation "
         "real, no collective run)",
-        "(measured / the allocator's replay of the recorded allocations / the kit's estimate, its error)",
+        "(measured / the allocator's replay of the recorded allocations / the kit's estimate (its error))",
         "",
     ]
     header = ("run", "ranks", "max allocated GiB", "max reserved GiB")
     rows = [header]
     for r in runs:
-        replayed, predicted, errors = r.replayed, r.predicted, r.errors()
-        cells = [r.name, str(r.ranks)]
-        for i, quantity in enumerate(("max_allocated", "max_reserved")):
-            measured, again = getattr(r, quantity), getattr(replayed, quantity)
-            ours = predicted[i]
-            tail = "-" if ours is None else f"{ours / GIB:.2f} {100 * errors[quantity]:+6.1f} %"
-            cells.append(f"{measured / GIB:.2f} / {again / GIB:.2f} / {tail}")
-        rows.append(tuple(cells))
+        rows.append((r.name, str(r.ranks), r.cell("max_allocated"), r.cell("max_reserved")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(f"{c:<{w}}" for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines += ["", f"{runs[0].device}, {runs[0].versions}", "runs:"]

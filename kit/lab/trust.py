@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from kit.accuracy.published import QUANTITY_TEXT
+from kit.accuracy.traces import QUANTITIES
 from kit.lab.plots import dodge, empty
 from kit.schema import Setup
 from kit.units import GIB
@@ -135,19 +136,10 @@ def traces_table(runs) -> pd.DataFrame:
     """The allocator traces (``kit.accuracy.traces.runs``), one row per run: its ranks, then max allocated
     and max reserved (GiB), each "measured / the allocator's replay of the recorded allocations / the kit's
     estimate" and the estimate's error."""
-    rows = []
-    for r in runs:
-        replayed, predicted, errors = r.replayed, r.predicted, r.errors()
-        row = {"run": r.name, "ranks": r.ranks}
-        for i, (quantity, name) in enumerate(
-            (("max_allocated", "max allocated"), ("max_reserved", "max reserved"))
-        ):
-            ours = predicted[i]
-            estimate = "-" if ours is None else f"{ours / GIB:.2f} ({100 * errors[quantity]:+.1f} %)"
-            row[f"{name}, GiB"] = (
-                f"{getattr(r, quantity) / GIB:.2f} / {getattr(replayed, quantity) / GIB:.2f} / {estimate}"
-            )
-        rows.append(row)
+    rows = [
+        {"run": r.name, "ranks": r.ranks, **{f"{q.replace('_', ' ')}, GiB": r.cell(q) for q in QUANTITIES}}
+        for r in runs
+    ]
     return pd.DataFrame(rows)
 
 
