@@ -28,22 +28,23 @@ def test_the_reference_runs_are_real_gpu_measurements(configs):
     )
 
 
-def test_tensor_peak_is_within_5_percent_of_max_allocated(configs):
-    """Issue 39's bar for the tensor peak (``torch.cuda.max_memory_allocated``): each within 5 %."""
+def test_tensor_peak_is_within_1_percent_of_max_allocated(configs):
+    """Issue 39's bar for the tensor peak (``torch.cuda.max_memory_allocated``) is 5 %; measured: each
+    within 0.7 % (stage 3 on one GPU gathers in place: +2.5 % and +4.4 % before that)."""
     errors = {f"{c.sweep} {c.label}": c.error("max_allocated") for c in configs}
-    assert all(abs(e) <= 0.05 for e in errors.values()), errors
+    assert all(abs(e) <= 0.01 for e in errors.values()), errors
     assert statistics.median(abs(e) for e in errors.values()) <= 0.01
 
 
 def test_replayed_reserved_is_within_10_percent_of_max_reserved(configs):
     """Issue 39's bar for reserved memory: median within 10 %, none more than 15 % under (an OOM the
     estimate did not see); the caching allocator's replay is not fitted to these runs. Measured: median
-    0.4 %, from -13.9 % (Qwen2.5-0.5B at stage 0) to +16.1 % (GPT-2 XL at stage 3 with optimizer offload:
-    its device-side sequence not yet traced), over-predictions kept under 20 %."""
+    2.1 %, from -13.9 % (Qwen2.5-0.5B at stage 0) to +10.1 % (GPT-2 XL at stage 3 with optimizer offload:
+    its device-side sequence not traced), over-predictions kept under 15 %."""
     errors = {f"{c.sweep} {c.label}": c.error("max_reserved") for c in configs}
     assert statistics.median(abs(e) for e in errors.values()) <= 0.10, errors
     assert min(errors.values()) >= -0.15, errors
-    assert max(errors.values()) <= 0.20, errors
+    assert max(errors.values()) <= 0.15, errors
 
 
 def test_step_time_within_30_percent_and_stage_3_slowest(configs):

@@ -2,14 +2,22 @@
 small enough to follow by hand, and the kit's step of the kit's GPT with A18's shape beside the H100's
 allocator trace of the same (data/reference/allocator-traces)."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from kit.accuracy import traces
-from kit.estimate import deepspeed_events, memory
+from kit.components import Component
+from kit.estimate import deepspeed_events, memory, partition
 from kit.estimate.allocator import Alloc, EmptyCache, Free, replay
 from kit.estimate.zero3_gathers import Gathers
 from kit.schema import ZeroSettings
+from kit.toys import toy_setup
 
 
-def _walk(zero: ZeroSettings, steps: int = 2) -> list[str]:
+def _walk(zero: ZeroSettings, steps: int = 2, ranks: int = 2) -> list[str]:
     """Two steps of three modules (a weight and its bias each), forward then backward, as the engine's
     hooks call the coordinator: ``+B`` an allocation of B bytes on the gather stream (``@D`` the default
     one), ``-B`` its free, ``|`` where a phase begins."""
@@ -24,7 +32,7 @@ def _walk(zero: ZeroSettings, steps: int = 2) -> list[str]:
     def free(*keys):
         log.extend(f"-{sizes[k]}" for k in keys if k is not None)
 
-    gathers = Gathers([1000, 10, 400, 10, 300, 10], 2, 2, zero, alloc, free, (0, 1))
+    gathers = Gathers([1000, 10, 400, 10, 300, 10], 2, ranks, zero, alloc, free, (0, 1), in_place=ranks == 1)
     modules = gathers.modules(list(range(6)))
     assert modules == [(0, 1), (2, 3), (4, 5)]  # each weight with its bias (10 <= the threshold: persistent)
     for _ in range(steps):
@@ -79,6 +87,58 @@ def test_the_reuse_distance_keeps_what_is_used_again_soon():
     assert gathers == ["+2000", "+1400", "+800", "+600"]
     assert frees_before_update[0] == "-1400"  # the prefetch's flat buffer, at its last wait
     assert sorted(frees_before_update[1:]) == sorted(["-2000", "-800", "-600", "-20", "-20", "-20"])
+
+
+def test_one_rank_gathers_in_place():
+    """With one rank the same calls allocate nothing (``_no_gather_coalesced``: a parameter is a view of
+    its partition), nor does the estimate's step count a gathered byte; checked on a CPU rank below."""
+    zero = ZeroSettings(stage=3, param_persistence_threshold=100, prefetch_bucket_size=500)
+    assert "".join(_walk(zero, ranks=1)).replace(" ", "") == "|fwd|bwd|step" * 2
+    one = toy_setup(1).replace(zero={"stage": 3, "max_live_parameters": 10**9})
+    assert partition.gathers_in_place(one) and not partition.gathers_in_place(toy_setup(2))
+    assert not partition.gathers_in_place(one.replace(zero={"offload_param": "cpu"}))  # copied to the device
+    events = deepspeed_events.Step(one, memory.states(one).device, memory.batch_activations(one)).events()
+    assert not [e for e in events if isinstance(e, Alloc) and e.stream == deepspeed_events.GATHER]
+    assert "no gathered params" in memory.estimate(one).terms[Component.BUFFERS].formula
+
+
+#: run on a CPU rank of one: DeepSpeed at stage 3 over a process group of one, a forward hook on each
+#: block comparing every parameter's storage with its partition's
+ONE_RANK = """
+import json, os, torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from kit.ranks import engine
+from kit.toys import toy_setup
+setup = toy_setup(1).replace(zero={"stage": 3})
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1")
+dist.init_process_group("fake", rank=0, world_size=1, store=FakeStore())
+built = engine.build_engine(setup)
+seen = []
+def check(module, args):
+    for p in module.parameters(recurse=False):
+        seen.append(p.data.untyped_storage().data_ptr() == p.ds_tensor.untyped_storage().data_ptr())
+for m in built.engine.module.modules():
+    if any(True for _ in m.parameters(recurse=False)):
+        m.register_forward_pre_hook(check)
+engine.train_step(built.engine, built.workload, setup, 0, 0, 1)
+print(json.dumps(seen))
+"""
+
+
+def test_a_cpu_rank_of_one_sees_each_parameter_as_its_partition():
+    """What ``gathers_in_place`` stands for, measured: at stage 3 on one rank every parameter a module
+    uses shares its partition's storage (no gathered copy)."""
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_RANK],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parent.parent,
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(seen) > 10 and all(seen)
 
 
 def _streams(events) -> dict[int, int]:

@@ -113,6 +113,7 @@ class Step:
             self.free,
             (DEFAULT, GATHER),
             external,
+            partition.gathers_in_place(setup),
         )
 
     # ----- the sequence ------------------------------------------------------------------------------
@@ -186,7 +187,8 @@ class Step:
         if stage3:
             self.alloc(d[Component.GRADIENTS].bytes)  # grad_partitions_flat_buffer
         self.alloc(d[Component.BUFFERS].bytes)  # stage 3's ipg bucket, hpZ's secondary partition
-        if stage3 and self.stage3:  # create_reduce_and_remove_grad_hooks: each tensor gathered, released
+        # create_reduce_and_remove_grad_hooks: each tensor gathered, then released
+        if self.stage3 and not self.gathers.in_place:
             for _, t in self.tensors:
                 self.free(self.alloc(self.p * partition.padded(t, self.setup.zero_dp)))
 

@@ -403,18 +403,21 @@ def _transient(setup: Setup) -> dict[str, Term]:
             )
     if z.stage == 3:
         largest = setup.model.largest_layer_params
+        in_place = partition.gathers_in_place(setup)
         fetch = stage3_gathered(
             sum(partition.numels(setup)), largest, z.prefetch_bucket_size, z.max_live_parameters
         )
         # a trainable subset's largest gradient is its largest trainable tensor (a LoRA matrix)
         grad = partition.largest_tensor(setup) if subset.is_subset(z) else largest
+        gathers = "no gathered params (one rank: each a view of its partition)"
+        if not in_place:
+            gathers = f"{p} B x {STAGE3_GATHER_FORMULA} = {fetch:,} gathered params"
         gathered = Term(
-            p * fetch + p * grad,
-            f"{p} B x {STAGE3_GATHER_FORMULA} = {fetch:,} gathered params "
-            f"+ {p} B x largest {'trainable tensor' if grad != largest else 'layer'} {grad:,} full "
-            "gradient before reduce-scatter",
+            (0 if in_place else p * fetch) + p * grad,
+            f"{gathers} + {p} B x largest {'trainable tensor' if grad != largest else 'layer'} {grad:,} "
+            "full gradient before reduce-scatter",
         )
-        head = partition.external_head(setup)
+        head = 0 if in_place else partition.external_head(setup)
         if head:
             gathered += Term(
                 p * head, f"{p} B x v h {head:,} (the head's weight, an external parameter of the top module)"

@@ -119,6 +119,14 @@ def listing(setup: Setup):
     return adapters.listing(setup.model, setup.zero)
 
 
+def gathers_in_place(setup: Setup) -> bool:
+    """Whether stage 3's gathers allocate nothing: one rank holds every partition and they are on the
+    device, so ``all_gather_coalesced`` takes ``_no_gather_coalesced`` and each parameter becomes a view
+    of its own partition (DeepSpeed 0.19, ``partition_parameters.py`` ``NoGatherHandle``). With parameter
+    offload its partition is copied to the device whole, a gather's size."""
+    return setup.zero_dp == 1 and setup.zero.offload_param is Offload.NONE
+
+
 def padded(numel: int, n: int) -> int:
     """``numel`` rounded up to a multiple of ``n`` ranks: ceil(numel / n) x n, a stage-3 tensor's size
     gathered (its n partitions) or flattened for a reduce-scatter."""

@@ -410,7 +410,7 @@ def _gather_copy(setup: Setup) -> Term:
     """Stage 3 over gloo: ``_allgather_base`` allocates a flat copy of the tensor it gathers while it
     runs (NCCL gathers in place); the largest released tensor's, padded to the ranks."""
     z = setup.zero
-    if z.engine != "deepspeed" or z.stage != 3:
+    if z.engine != "deepspeed" or z.stage != 3 or partition.gathers_in_place(setup):
         return NONE
     released = partition.released(setup)
     if not released:
@@ -437,9 +437,10 @@ def _gathered(setup: Setup, at_head: bool = False) -> Term:
     ``max_reuse_distance`` (``kit.estimate.partition.kept_to_backward``): those stay gathered until their
     backward; beside them, the layer in use and the prefetch (``kit.rules.stage3_gathered``), and a head
     weight used outside its module, held all step (``kit.estimate.partition.external_head``): ``at_head``,
-    at the loss, that head is the tensor in use, beside it the prefetch only."""
+    at the loss, that head is the tensor in use, beside it the prefetch only. One rank gathers in place
+    (``kit.estimate.partition.gathers_in_place``): nothing."""
     z = setup.zero
-    if z.engine != "deepspeed" or z.stage != 3:
+    if z.engine != "deepspeed" or z.stage != 3 or partition.gathers_in_place(setup):
         return NONE
     released = list(partition.released(setup))
     if not released:

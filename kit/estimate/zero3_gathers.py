@@ -21,6 +21,7 @@ weight and its bias; the tied head's module is the embeddings' weight again).
   released by a module, nor is an external one (``partition.external_head``).
 - **the step's end** (``_partition_all_parameters``): every tensor is released, the persistent ones too,
   and those are gathered again after the update (``_post_step``), on the default stream.
+- **one rank** (``kit.estimate.partition.gathers_in_place``): the same calls, none allocating.
 
 What it cannot see: a module holding several large tensors (each large tensor is its own module here;
 a small tensor after a weight without a bias, a norm's, is taken as its bias),
@@ -53,6 +54,7 @@ class Gathers:
         free: Callable[..., None],
         streams: tuple[int, int],
         external: Module = (),
+        in_place: bool = False,
     ) -> None:
         self.numels, self.element, self.ranks = numels, element, ranks
         self.alloc, self.free = alloc, free
@@ -61,7 +63,8 @@ class Gathers:
         self.reuse = zero.max_reuse_distance
         self.persistent = {i for i, t in enumerate(numels) if t <= zero.param_persistence_threshold}
         self.external = set(external)
-        self.storage: dict[int, int] = {}  # a gathered tensor: the key of its storage
+        self.in_place = in_place  # one rank: a gathered tensor is a view of its partition
+        self.storage: dict[int, int | None] = {}  # a gathered tensor: the key of its storage
         self.inflight: dict[int, list] = {}  # a tensor in flight: its call [flat key, tensors, copied?]
         self.mode = "invalid"
         self.recording: list[Module] = []
@@ -128,13 +131,16 @@ class Gathers:
         """``_post_step``: the persistent tensors gathered again (one buffer each, the default stream)."""
         for i in sorted(self.persistent):
             size = self.element * partition.padded(self.numels[i], self.ranks)
-            self.storage[i] = self.alloc(size, self.default)
+            self.storage[i] = None if self.in_place else self.alloc(size, self.default)
 
     # ----- inside -------------------------------------------------------------------------------------
     def _call(self, tensors: list[int]) -> None:
         """One ``all_gather_coalesced``: a buffer for one tensor, else a flat buffer (copies at the wait)."""
         tensors = sorted(tensors)
         self.live += sum(self.numels[i] for i in tensors)
+        if self.in_place:
+            self.storage.update(dict.fromkeys(tensors))
+            return
         padded = [self.element * partition.padded(self.numels[i], self.ranks) for i in tensors]
         if len(tensors) == 1:
             self.storage[tensors[0]] = self.alloc(padded[0], self.stream)
@@ -159,9 +165,8 @@ class Gathers:
             self.free(flat)
 
     def _release(self, i: int) -> None:
-        key = self.storage.pop(i, None)
-        if key is not None:
-            self.free(key)
+        if i in self.storage:
+            self.free(self.storage.pop(i))
             self.live -= self.numels[i]
 
     def _prefetch(self, module: Module) -> None:
