@@ -38,12 +38,14 @@ def test_tensor_peak_is_within_1_percent_of_max_allocated(configs):
 
 def test_replayed_reserved_is_within_10_percent_of_max_reserved(configs):
     """Issue 39's bar for reserved memory: median within 10 %, none more than 15 % under (an OOM the
-    estimate did not see); the caching allocator's replay is not fitted to these runs. Measured: median
-    2.1 %, from -13.9 % (Qwen2.5-0.5B at stage 0) to +10.1 % (GPT-2 XL at stage 3 with optimizer offload:
-    its device-side sequence not traced), over-predictions kept under 15 %."""
+    estimate did not see); the caching allocator's replay is not fitted to these runs. Measured on the
+    runner's optimizer path (torch_adam's foreach; at stage 0 FP16_UnfusedOptimizer, tensor by tensor):
+    median 0.3 %, from -1.8 % (Qwen2.5-0.5B at stage 0: -13.9 % when replayed as a fused Adam's flat
+    buffers) to +10.1 % (GPT-2 XL at stage 3 with optimizer offload: its device-side sequence not
+    traced); none under by more than 5 %, over-predictions kept under 15 %."""
     errors = {f"{c.sweep} {c.label}": c.error("max_reserved") for c in configs}
-    assert statistics.median(abs(e) for e in errors.values()) <= 0.10, errors
-    assert min(errors.values()) >= -0.15, errors
+    assert statistics.median(abs(e) for e in errors.values()) <= 0.01, errors
+    assert min(errors.values()) >= -0.05, errors
     assert max(errors.values()) <= 0.15, errors
 
 

@@ -211,3 +211,77 @@ def test_a_gradient_larger_than_the_bucket_waits_in_it_for_the_next_hook():
         elif isinstance(ev, Free):
             live.discard(ev.key)
     assert most == 2  # the MLP's two weight gradients, c_proj's waiting beside c_fc's
+
+
+def _before_the_first_step(events) -> list[str]:
+    """The allocations (``+B``) and frees (``-B``) of more than 1 MB before the first step."""
+    sizes, out = {}, []
+    for ev in events[: next(i for i, e in enumerate(events) if isinstance(e, Mark))]:
+        if isinstance(ev, Alloc):
+            sizes[ev.key] = ev.size
+            out.append(f"+{ev.size}")
+        elif isinstance(ev, Free):
+            out.append(f"-{sizes[ev.key]}")
+    return [e for e in out if abs(int(e)) > 10**6]
+
+
+def test_the_fp32_master_comes_through_a_copy_and_the_zero_gradient_is_dropped():
+    """At initialize (DeepSpeed 0.19, as the H100 traces show): stages 1-2 clone the 16-bit partition and
+    convert the clone to fp32 (the clone dropped), stage 3 converts a sub group's partition and clones
+    that (the conversion dropped); then ``initialize_optimizer_states``' zero fp32 gradient is made and
+    dropped. A18's trace: +576,087,936 then +1,152,175,872 twice, one freed, +1,152,175,872 freed."""
+    base = Setup(model=preset("gpt2-xl"), cluster={"gpus_per_node": 8}, batch={"micro_batch": 1})
+    for stage, copy in ((2, 2), (3, 4)):
+        s = base.replace(zero={"stage": stage})
+        n = partition.partition_numel(s)
+        seen = " ".join(_before_the_first_step(step(s)))
+        assert f"+{copy * n} +{4 * n} -{copy * n} +{4 * n} -{4 * n}" in seen, (stage, seen)
+
+
+def test_overlap_comm_doubles_the_ipg_buffer_as_two_buffers():
+    """``setup_buckets``: a ``reduce_bucket_size`` buffer, and overlap_comm's second, each its own
+    allocation (the cache can serve each from a different free block)."""
+    s = Setup(
+        model=preset("gpt2"),
+        cluster={"gpus_per_node": 8},
+        zero={"stage": 2, "reduce_bucket_size": 3_000_000, "overlap_comm": True},
+        batch={"micro_batch": 1},
+    )
+    buffers = [e for e in step(s) if isinstance(e, Alloc) and e.size == 2 * 3_000_000]
+    assert len(buffers) == 2 * 2  # two a step, two steps
+    off = [
+        e
+        for e in step(s.replace(zero={"overlap_comm": False}))
+        if isinstance(e, Alloc) and e.size == 6_000_000
+    ]
+    assert len(off) == 2
+
+
+def test_stages_1_2_copy_each_gradient_piece_to_fp64_for_the_norm():
+    """``get_grad_norm_direct``: ``vector_norm`` of an fp64 copy of each gradient piece in the rank's
+    partition, one at a time: the largest is the 8 B x piece the replay allocates (A23's trace: the
+    embeddings', 1,648,361,472 B)."""
+    s = Setup(
+        model=preset("gpt2-xl"), cluster={"gpus_per_node": 8}, zero={"stage": 2}, batch={"micro_batch": 1}
+    )
+    piece = partition.largest_piece(s)
+    assert piece == min(50257 * 1600, partition.partition_numel(s))  # wte, the first tensor of rank 0
+    assert 8 * piece in [e.size for e in _optimizer_allocs(step(s))]
+    assert partition.largest_piece(s, rank=7) < piece
+
+
+def test_stage_0_with_a_torch_optimizer_keeps_tensor_by_tensor_fp32_states():
+    """Stage 0 in 16 bits with ``torch_adam`` is DeepSpeed's FP16_UnfusedOptimizer: an fp32 clone of
+    every tensor and, at initialize, one step over zero gradients (the moments, tensor by tensor); each
+    step copies every gradient to fp32 and steps them with foreach's temporaries, no flat buffer. A fused
+    Adam (FP16_Optimizer) flattens: one fp32 gradient of every parameter."""
+    s = Setup(model=preset("gpt2"), cluster={"gpus_per_node": 1}, zero={"stage": 0}, batch={"micro_batch": 1})
+    held, act = memory.states(s), memory.batch_activations(s)
+    wte = 50257 * 768
+    fused = Step(s, held.device, act).events()
+    unfused = Step(s, held.device, act, "foreach").events()
+    at_init = [int(e) for e in _before_the_first_step(unfused) if e.startswith("+")]
+    assert at_init.count(4 * wte) == 5  # master, zero fp32 gradient, two moments, the sqrt
+    assert 4 * s.model.params in [e.size for e in _optimizer_allocs(fused)]
+    assert 4 * s.model.params not in [e.size for e in _optimizer_allocs(unfused)]
+    assert [e.size for e in _optimizer_allocs(unfused)].count(4 * wte) == 2  # its fp32 gradient, its sqrt

@@ -4,8 +4,10 @@ predicted tensor peak, ``max_memory_reserved`` against the replayed reserved byt
 and the median measured step against ``kit.steptime.perf.step_time`` (datasheet figures, no calibration).
 
 Unlike the published rows (``kit.accuracy.published``) these runs are the kit's own runner, so their setup
-is exact: the same model code, ds_config and DeepSpeed version the estimate reads. Their peaks are per
-step (the runner resets the peaks before each measured step). What it cannot see: runs on a device missing
+is exact: the same model code, ds_config and DeepSpeed version the estimate reads, and they are predicted
+on the runner's torch optimizer path (``torch_adam``: foreach on a GPU; at stage 0 DeepSpeed's
+FP16_UnfusedOptimizer), not the estimate's fused default. Their peaks are per step (the runner resets the
+peaks before each measured step). What it cannot see: runs on a device missing
 from ``data/gpus.csv`` (no datasheet: the step time is not predicted), and the step time of optimizer offload
 (the runner steps torch's AdamW on the host to avoid a JIT build; users' runs step DeepSpeed's CPU Adam,
 which the estimate models), both said in ``Configuration.unpredicted``.
@@ -94,7 +96,9 @@ def configurations(root: str | Path = REFERENCE) -> list[Configuration]:
 
 
 def _configuration(records: list[dict]) -> Configuration:
-    from kit.estimate import estimate
+    from kit.accuracy.traces import on_path
+    from kit.estimate import memory
+    from kit.estimate.peak import runner_path
     from kit.steptime import perf
 
     last = records[-1]
@@ -107,7 +111,6 @@ def _configuration(records: list[dict]) -> Configuration:
         "max_reserved": max(r["peak_reserved_bytes"] for r in records),
         "step_time": statistics.median(r["step_time_s"] for r in records),
     }
-    result = estimate(setup)
     why = None
     if gpu is None:
         why = f"step time: {last['device']!r} is not in data/gpus.csv"
@@ -116,9 +119,12 @@ def _configuration(records: list[dict]) -> Configuration:
             "step time: the runner steps torch's AdamW on the host (torch_adam, no JIT build), the estimate "
             "DeepSpeed's CPU Adam"
         )
+    # the runner's torch optimizer path (torch_adam: foreach on a GPU), where the estimate's default is a
+    # fused Adam; its peaks are per step: the tensor peak, not building the states
+    implementation = runner_path(last["device"])[0]
     predicted = {
-        "max_allocated": result.peak_tensor_bytes,
-        "max_reserved": result.reserved_bytes,
+        "max_allocated": memory.peak_timeline(setup, implementation=implementation).peak_tensor_bytes,
+        "max_reserved": on_path(setup, implementation)["max_reserved"],
         "step_time": None if why else perf.step_time(setup).step_s,
     }
     return Configuration(

@@ -80,19 +80,8 @@ class Run:
 
     @cached_property
     def predicted(self) -> dict[str, int | None]:
-        """Per quantity (``QUANTITIES``), the kit's estimate with the run's torch optimizer path: max
-        allocated since the start (the tensor peak, or ``Reserved.initialize`` where building the states
-        holds more) and max reserved (``Estimate.reserved_bytes``' rule, or its expandable one; None where
-        the step is not replayed)."""
-        from kit.estimate import estimate, memory
-
-        peak = memory.peak_timeline(self.setup, implementation=self.implementation).peak_tensor_bytes
-        replay_of = estimate(self.setup).replay
-        r = replay_of(implementation=self.implementation) if replay_of else None
-        if r is None:
-            return {"max_allocated": peak, "max_reserved": None}
-        cached = r.expandable_cached if self.expandable_segments else r.cached
-        return {"max_allocated": max(peak, r.initialize), "max_reserved": peak + cached}
+        """The kit's estimate of the run (``on_path``: its torch optimizer path and segments)."""
+        return on_path(self.setup, self.implementation, self.expandable_segments)
 
     def errors(self) -> dict[str, float | None]:
         """predicted / measured - 1, per quantity."""
@@ -121,6 +110,23 @@ class Run:
             "predicted": self.predicted,
             "errors": self.errors(),
         }
+
+
+def on_path(setup: Setup, implementation: Implementation, expandable: bool = False) -> dict[str, int | None]:
+    """The kit's estimate of ``setup`` stepped by the torch optimizer's ``implementation`` (a run's own
+    path, where the estimate's default is a fused Adam), per quantity (``QUANTITIES``): max allocated
+    since the start (the tensor peak, or ``Reserved.initialize`` where building the states holds more)
+    and max reserved (``Estimate.reserved_bytes``' rule, with ``expandable`` segments or not; None where
+    the step is not replayed)."""
+    from kit.estimate import estimate, memory
+
+    peak = memory.peak_timeline(setup, implementation=implementation).peak_tensor_bytes
+    replay_of = estimate(setup).replay
+    r = replay_of(implementation=implementation) if replay_of else None
+    if r is None:
+        return {"max_allocated": peak, "max_reserved": None}
+    cached = r.expandable_cached if expandable else r.cached
+    return {"max_allocated": max(peak, r.initialize), "max_reserved": peak + cached}
 
 
 def runs(root: str | Path = TRACES) -> list[Run]:

@@ -10,12 +10,16 @@ activations, the loss), which ``kit.estimate.fsdp_events`` builds on:
   buffer; the fp32 master copy, ``initialize_optimizer_states``' zero fp32 gradients (freed), and
   ``create_reduce_and_remove_grad_hooks`` gathering every tensor once, one at a time. Stages 1-2 flatten
   the module's 16-bit tensors into one buffer on the device beside them where the card has room
-  (``flatten_on_accelerator``), else through the host. Adam's two states come in the first step.
-  Optimizer offload keeps the fp32 gradients and the step on the host.
+  (``flatten_on_accelerator``), else through the host. The fp32 master comes through a copy (stages 1-2
+  clone the 16-bit partition, stage 3 converts a sub group's and clones that). Adam's two states come in
+  the first step. Optimizer offload keeps the fp32 gradients and the step on the host. Stage 0 in 16 bits
+  with a torch optimizer is ``FP16_UnfusedOptimizer``: an fp32 clone of every tensor and, at initialize,
+  one step over zero gradients (its states, tensor by tensor).
 - **stage 3's gathers** on their own stream, module by module as DeepSpeed's coordinator makes them
   (``kit.estimate.zero3_gathers``: the first step records the trace, the next prefetch from it).
 - **gradients**: a module's together, then each one's hook; one larger than ``reduce_bucket_size`` waits
-  in the bucket for the next hook's reduction; a tied head's is held to the embeddings'. Reductions run
+  in the bucket for the next hook's reduction; a tied head's is held to the embeddings'. Stage 1-2's ipg
+  buffer is allocated at the first hook, overlap_comm's second beside it. Reductions run
   on the reduction stream with ``overlap_comm`` (stage 1-2's ``reduction_stream``: ``allreduce_bucket``'s
   flat copy; stage 3's ``reduce_and_partition_stream``: ``reduce_scatter_coalesced``'s padded flat copy and
   its output partitions, and fp16's ``has_overflow``), else on the default stream.
@@ -24,9 +28,11 @@ activations, the loss), which ``kit.estimate.fsdp_events`` builds on:
   checkpointing the block's input, the block recomputed in its backward; the logits and their fp32 upcast
   die with the forward, log-softmax's output is saved; cuBLAS's workspace of each thread's handle (the
   forward's, autograd's) at its first matmul, held for good (``Gpu.blas_workspace_bytes``).
-- **the update**: stage 3's gradients flattened, then their fp32 copy, ``get_grad_norm_direct``'s fp64
-  copy of each partition, the torch optimizer's own temporaries (``implementation``: torch_adam's foreach
-  ``_foreach_sqrt``, none for a fused Adam), the persistent tensors gathered again after it.
+- **the update**: ``get_grad_norm_direct``'s fp64 copy of each gradient piece (stages 1-2) or
+  partition (stage 3), one at a time; stage 3's gradients flattened, then their fp32 copy; stage 0's
+  fp32 copy of every gradient (flattened by a fused Adam's FP16_Optimizer); the torch optimizer's own
+  temporaries (``implementation``: torch_adam's foreach ``_foreach_sqrt``, none for a fused Adam); the
+  persistent tensors gathered again after it.
 """
 
 from __future__ import annotations
@@ -96,7 +102,7 @@ class Step:
         self.bucket: list[int] = []  # numels of the gradients in the ipg bucket
         self.pending: list[int] = []  # keys of gradients larger than the bucket, waiting in it
         self.workspaces: set[str] = set()  # the threads whose cuBLAS workspace is allocated
-        self.ipg: int | None = None  # stages 1-2: the contiguous ipg buffer(s), from the first hook
+        self.ipg: list[int] = []  # stages 1-2: the contiguous ipg buffer(s), from the first hook
         self.held_full = False  # stage 1 with accumulation: every full gradient is held in .grad
         # stage 3's gathers (parameters on the device): DeepSpeed's coordinator over the tensors
         z = self.z
@@ -178,12 +184,31 @@ class Step:
                 self.free(*module)
                 self.out.append(EmptyCache())
                 self.alloc(flat)
+        elif self._unfused:  # FP16_UnfusedOptimizer: the module's tensors and an fp32 clone of each
+            for _, t in self.tensors:
+                self.alloc(self.p * t)
+            for _, t in self.tensors:
+                copy = self.alloc(self.p * t)
+                self.alloc(FP32 * t)
+                self.free(copy)
+            self._unfused_states()
+            return
         else:
             self.alloc(d[Component.PARAMETERS].bytes)
-        self.alloc(self.master)
         stage3 = z.engine == "deepspeed" and z.stage == 3
-        if stage3 and z.offload_optimizer is Offload.NONE:  # initialize_optimizer_states' zero gradients
-            self.free(self.alloc(FP32 * min(partition.partition_numel(self.setup), DS_SUB_GROUP_SIZE)))
+        zero = z.engine == "deepspeed" and z.stage in (1, 2, 3) and z.offload_optimizer is Offload.NONE
+        grads = 0  # initialize_optimizer_states' zero fp32 gradient partition (one sub group's at stage 3)
+        if zero and self.master:
+            # the fp32 master through a copy: stages 1-2 clone the 16-bit partition, then convert it;
+            # stage 3 converts a sub group's, then clones that
+            grads = partition.partition_numel(self.setup)
+            grads = min(grads, DS_SUB_GROUP_SIZE) if stage3 else grads
+            copy = self.alloc((FP32 if stage3 else self.p) * grads)
+            self.alloc(self.master)
+            self.free(copy)
+        else:
+            self.alloc(self.master)
+        self.free(self.alloc(FP32 * grads) if grads else None)
         if stage3:
             self.alloc(d[Component.GRADIENTS].bytes)  # grad_partitions_flat_buffer
         self.alloc(d[Component.BUFFERS].bytes)  # stage 3's ipg bucket, hpZ's secondary partition
@@ -191,6 +216,35 @@ class Step:
         if self.stage3 and not self.gathers.in_place:
             for _, t in self.tensors:
                 self.free(self.alloc(self.p * partition.padded(t, self.setup.zero_dp)))
+
+    @property
+    def _unfused(self) -> bool:
+        """Stage 0 in 16 bits with a torch optimizer (``torch_adam``): DeepSpeed's FP16_UnfusedOptimizer,
+        tensor by tensor (a fused Adam gets FP16_Optimizer, flat buffers)."""
+        z = self.z
+        return z.engine == "deepspeed" and z.stage == 0 and self.p != FP32 and self.implementation != "fused"
+
+    def _unfused_states(self) -> None:
+        """FP16_UnfusedOptimizer's ``initialize_optimizer_states``: a zero 16-bit and fp32 gradient for every
+        tensor, one step of the torch optimizer (its states, tensor by tensor, and its temporaries), the
+        gradients dropped."""
+        grads = [self.alloc(self.p * t) for _, t in self.tensors]
+        grads += [self.alloc(FP32 * t) for _, t in self.tensors]
+        for _, t in self.tensors:
+            for _ in range(optimizer_states(self.z.optimizer, self.z.momentum)):
+                self.alloc(FP32 * t)
+        self._torch_temporaries([t for _, t in self.tensors])
+        self.free(*grads)
+
+    def _torch_temporaries(self, tensors: list[int]) -> None:
+        """The torch optimizer's own temporaries stepping fp32 ``tensors`` (numels; none for a fused Adam):
+        foreach's ``_foreach_sqrt`` outputs all at once, the single-tensor path's a tensor at a time."""
+        sizes = [peak.optimizer_temporaries(self.setup, [t], self.implementation).bytes for t in tensors if t]
+        if self.implementation == "foreach":
+            self.free(*[self.alloc(size) for size in sizes if size])
+        else:
+            for size in sizes:
+                self.free(self.alloc(size) if size else None)
 
     def _room_to_flatten(self, flat: int) -> bool:
         """``DeepSpeedZeroOptimizer``'s ``flatten_on_accelerator``: the card's free memory (NVML's: less the
@@ -333,8 +387,8 @@ class Step:
         self._reduce()
         self._release_tensors(-1, forward=False)
         if boundary or self.z.stage != 1:
-            self.free(self.ipg)
-            self.ipg = None
+            self.free(*self.ipg)
+            self.ipg = []
 
     # ----- gradients and their reduction -------------------------------------------------------------
     @property
@@ -374,8 +428,9 @@ class Step:
         t = self.tensors[index][1]
         holds = self._holds
         staged = z.engine == "deepspeed" and z.stage in (1, 2) and z.contiguous_gradients
-        if staged and self.ipg is None:  # setup_buckets at the first hook (stage 1: to the boundary)
-            self.ipg = self.alloc((2 if z.overlap else 1) * p * z.reduce_bucket_size)
+        if staged and not self.ipg:  # setup_buckets at the first hook (stage 1: to the boundary): a
+            # buffer, and overlap_comm's second
+            self.ipg = [self.alloc(p * z.reduce_bucket_size) for _ in range(2 if z.overlap else 1)]
         grad = self.alloc(p * t) if grad is None else grad
         if holds and self.held_full:  # a later micro-step: autograd adds its gradient into .grad
             self.free(grad)
@@ -467,24 +522,26 @@ class Step:
             sub = FP32 * min(partition.partition_numel(self.setup), DS_SUB_GROUP_SIZE)
         elif z.engine == "deepspeed" and z.stage in (1, 2):
             sub = d[Component.OPTIMIZER_STATES].bytes and FP32 * partition.partition_numel(self.setup)
-        else:  # stage 0 in 16 bits (FP16_Optimizer): the fp32 gradients' flat copy for the step
-            sub = FP32 * self.setup.model.params if self.p != FP32 else 0
+            # scaled_global_norm: get_grad_norm_direct's fp64 copy of each gradient piece, one at a time
+            self.free(self.alloc(8 * partition.largest_piece(self.setup)) if sub else None)
+        else:  # stage 0 in 16 bits: FP16_Optimizer's flat fp32 gradient (FP16_UnfusedOptimizer: none)
+            sub = FP32 * self.setup.model.params if self.p != FP32 and not self._unfused else 0
         copies = []
         if z.engine == "deepspeed" and z.stage == 0 and self.p != FP32:
-            # FP16_Optimizer.step: every gradient's fp32 copy, then their flat copy; the list is dropped
+            # every gradient's fp32 copy: FP16_Optimizer flattens them and drops the list,
+            # FP16_UnfusedOptimizer steps them, then drops them and the 16-bit gradients
             copies = [self.alloc(FP32 * t) for _, t in self.tensors]
+        held = [*copies, *self.grads] if self._unfused else []
         # stage 3's _prepare_fp32_grad_for_sub_group: the 16-bit gradients flattened, then their fp32 copy
         flat = self.alloc(sub // FP32 * self.p) if sub and self.stage3 and self.p != FP32 else None
         grad = self.alloc(sub) if sub else None
-        self.free(flat, *copies, *self.grads)
+        self.free(flat, *([] if held else [*copies, *self.grads]))
         self.grads, self.held_full = [], False
-        if first and k and moments:
+        if first and k and moments and not self._unfused:
             for _ in range(k):
                 self.alloc(moments // k)
-        # the torch optimizer's own temporaries (torch_adam's _foreach_sqrt; none fused)
-        temporaries = peak.optimizer_temporaries(self.setup, [sub // FP32], self.implementation).bytes
-        self.free(self.alloc(temporaries) if temporaries else None)
-        self.free(grad)
+        self._torch_temporaries([t for _, t in self.tensors] if self._unfused else [sub // FP32])
+        self.free(grad, *held)
         if self.stage3:
             self.gathers.regather_persistent()
 

@@ -244,6 +244,25 @@ def _touched(tensors: tuple[int, ...], n: int, part: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def largest_piece(setup: Setup, rank: int = 0) -> int:
+    """Stages 1-2: the largest piece of one trainable tensor inside ``rank``'s flat range (an entry of its
+    ``averaged_gradients``, which ``get_grad_norm_direct`` copies to fp64 one at a time). Without a tensor
+    list, the largest layer, at most the partition."""
+    part = partition_numel(setup)
+    if not is_exact(setup):
+        return min(setup.model.largest_layer_params, part)
+    return _largest_piece(trainable(setup), part, rank)
+
+
+@lru_cache(maxsize=512)
+def _largest_piece(tensors: tuple[int, ...], part: int, rank: int) -> int:
+    low, high, start, out = rank * part, (rank + 1) * part, 0, 0
+    for t in tensors:
+        out = max(out, min(start + t, high) - max(start, low))
+        start += t
+    return out
+
+
 def worst_rank(setup: Setup) -> int:
     """The rank whose stage 1/2 gradient buffer is largest (ranks differ only there, and in FSDP's
     optimizer states, whose largest shards are rank 0's)."""
