@@ -36,17 +36,16 @@ def test_tensor_peak_is_within_1_percent_of_max_allocated(configs):
     assert statistics.median(abs(e) for e in errors.values()) <= 0.01
 
 
-def test_replayed_reserved_is_within_10_percent_of_max_reserved(configs):
+def test_replayed_reserved_is_within_5_percent_of_max_reserved(configs):
     """Issue 39's bar for reserved memory: median within 10 %, none more than 15 % under (an OOM the
     estimate did not see); the caching allocator's replay is not fitted to these runs. Measured on the
     runner's optimizer path (torch_adam's foreach; at stage 0 FP16_UnfusedOptimizer, tensor by tensor):
     median 0.3 %, from -1.8 % (Qwen2.5-0.5B at stage 0: -13.9 % when replayed as a fused Adam's flat
-    buffers) to +10.1 % (GPT-2 XL at stage 3 with optimizer offload: its device-side sequence not
-    traced); none under by more than 5 %, over-predictions kept under 15 %."""
+    buffers) to +3.4 % (GPT-2 XL at stage 3 with optimizer offload: +10.1 % while the replay gave
+    reduce_scatter_coalesced's outputs, views, allocations of their own): each within 5 %."""
     errors = {f"{c.sweep} {c.label}": c.error("max_reserved") for c in configs}
     assert statistics.median(abs(e) for e in errors.values()) <= 0.01, errors
-    assert min(errors.values()) >= -0.05, errors
-    assert max(errors.values()) <= 0.15, errors
+    assert all(abs(e) <= 0.05 for e in errors.values()), errors
 
 
 def test_step_time_within_30_percent_and_stage_3_slowest(configs):

@@ -21,8 +21,8 @@ activations, the loss), which ``kit.estimate.fsdp_events`` builds on:
   in the bucket for the next hook's reduction; a tied head's is held to the embeddings'. Stage 1-2's ipg
   buffer is allocated at the first hook, overlap_comm's second beside it. Reductions run
   on the reduction stream with ``overlap_comm`` (stage 1-2's ``reduction_stream``: ``allreduce_bucket``'s
-  flat copy; stage 3's ``reduce_and_partition_stream``: ``reduce_scatter_coalesced``'s padded flat copy and
-  its output partitions, and fp16's ``has_overflow``), else on the default stream.
+  flat copy; stage 3's ``reduce_and_partition_stream``: ``reduce_scatter_coalesced``'s padded flat copy (its
+  outputs are views of it), and fp16's ``has_overflow``), else on the default stream.
 - **activations and temporaries** on the default stream, a block at a time: a transformer block's saved
   tensors as tensors of ``s b h`` and ``s b f`` elements (and the eager attention scores); with
   checkpointing the block's input, the block recomputed in its backward; the logits and their fp32 upcast
@@ -454,7 +454,7 @@ class Step:
     def _reduce(self, held: list[int] | None = None) -> None:
         """A bucket's reduction: stage 1-2 ``allreduce_bucket``'s flat copy (and, at the first, this rank's
         gradient partition buffer, held to the optimizer); stage 3 ``reduce_scatter_coalesced``'s padded
-        flat copy and its output partitions."""
+        flat copy (its outputs are views of it)."""
         z, p, n = self.z, self.p, self.setup.zero_dp
         if not self.bucket:
             self.free(*(held or []), *self.pending)
@@ -466,8 +466,7 @@ class Step:
             flat = (
                 self.alloc(p * padded, stream) if len(self.bucket) > 1 or padded != self.bucket[0] else None
             )
-            outputs = self.alloc(p * padded // n, stream)
-            self.free(flat, *(held or []), *self.pending, outputs)
+            self.free(flat, *(held or []), *self.pending)
         else:
             if not self.grads and self.device[Component.GRADIENTS].bytes:
                 self.grads.append(self.alloc(self.device[Component.GRADIENTS].bytes))

@@ -27,7 +27,7 @@ retries before it would reserve more). Checked: the allocator's rules replaying 
 made give its max reserved and max allocated to the byte, and the kit's step of the same setups (rank 0 of
 64 and 32 ranks of the kit's GPT with A18's and A23's shapes, ``kit.accuracy.traces``) 1.8-2.6 % under;
 the kit's own runs on one H200 (``kit.accuracy.reference``: 9 configurations, stages 0-3, on the
-runner's optimizer path, median 0.3 %, from 1.8 % under to 10.1 % over); published runs (``zerokit
+runner's optimizer path, median 0.3 %, from 1.8 % under to 3.4 % over); published runs (``zerokit
 published``: torchtitan's Llama 3.1 8B under FSDP2 on 8 and 128 H100s, +0.4 % and +1.1 %; an 18B GPT
 at stage 3 on 64 V100s under DeepSpeed 0.8.3 and Megatron reserved 2.3x its tensor peak, the replay of
 today's DeepSpeed gives 1.4x).
