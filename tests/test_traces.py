@@ -69,34 +69,24 @@ def test_the_recorder_runs_rank_0_of_the_rows_world(tmp_path):
     a small GPT in A18's setup runs a step as rank 0 of 64 ranks under torch's fake process group, and
     DeepSpeed partitions for 64 (rank 0's flat 16-bit partition is the kit's ``partition_numel``)."""
     import json
-    import os
     import subprocess
     import sys
-    from pathlib import Path
 
     from kit.estimate import partition
     from kit.schema import Setup
+    from tests.fixtures.cpu_rank import ROOT, last_json
 
     refused = subprocess.run(
         [sys.executable, "-m", "tests.fixtures.allocator_trace", "--out", str(tmp_path / "none")],
-        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent,
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
     assert refused.returncode == 2 and "no CUDA device" in refused.stderr  # the full-size runs need a GPU
     assert not (tmp_path / "none").exists()
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4,
                                   "vocab_size": 128, "n_positions": 512}))  # fmt: skip
-    command = [sys.executable, "-m", "tests.fixtures.allocator_trace", "--run", "a18-bf16", "--steps", "1"]
-    done = subprocess.run(
-        [*command, "--model-file", str(config), "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=Path(__file__).parent.parent,
-        env={**os.environ, "DS_ACCELERATOR": "cpu"},
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    entry = json.loads(done.stdout.strip().splitlines()[-1])
+    command = ["-m", "tests.fixtures.allocator_trace", "--run", "a18-bf16", "--steps", "1"]
+    entry = last_json([*command, "--model-file", str(config), "--out", str(tmp_path)])
     setup = Setup.model_validate(entry["setup"])
     assert entry["ranks"] == setup.zero_dp == 64 and entry["device"] == "cpu"
     assert entry["partition_numel"] == partition.partition_numel(setup)

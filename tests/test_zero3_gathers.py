@@ -2,12 +2,6 @@
 small enough to follow by hand, and the kit's step of the kit's GPT with A18's shape beside the H100's
 allocator trace of the same (data/reference/allocator-traces)."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 from kit.accuracy import traces
 from kit.components import Component
 from kit.estimate import deepspeed_events, memory, partition
@@ -15,6 +9,7 @@ from kit.estimate.allocator import Alloc, EmptyCache, Free, replay
 from kit.estimate.zero3_gathers import Gathers
 from kit.schema import ZeroSettings
 from kit.toys import toy_setup
+from tests.fixtures.cpu_rank import last_json
 
 
 def _walk(zero: ZeroSettings, steps: int = 2, ranks: int = 2) -> list[str]:
@@ -128,16 +123,7 @@ print(json.dumps(seen))
 def test_a_cpu_rank_of_one_sees_each_parameter_as_its_partition():
     """What ``gathers_in_place`` stands for, measured: at stage 3 on one rank every parameter a module
     uses shares its partition's storage (no gathered copy)."""
-    done = subprocess.run(
-        [sys.executable, "-c", ONE_RANK],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=Path(__file__).parent.parent,
-        env={**os.environ, "DS_ACCELERATOR": "cpu"},
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = last_json(["-c", ONE_RANK])
     assert len(seen) > 10 and all(seen)
 
 
