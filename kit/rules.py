@@ -265,14 +265,15 @@ def wire_bytes(comm: dict[str, int], world: int) -> int:
 
 
 #: what stage 3 gathers at once, as ``stage3_gathered`` computes it (formula texts quote it)
-STAGE3_GATHER_FORMULA = "min(Psi, largest layer + prefetch bucket, max(largest layer, max live))"
+STAGE3_GATHER_FORMULA = "min(Psi, largest layer + prefetch call, max(largest layer, max live))"
 
 
-def stage3_gathered(params: int, largest_layer: int, prefetch_bucket: int, max_live: int) -> int:
+def stage3_gathered(params: int, largest_layer: int, prefetch_call: int, max_live: int) -> int:
     """Parameters stage 3 holds gathered at once (``STAGE3_GATHER_FORMULA``): the layer in use plus what
-    the prefetcher fetches ahead (``stage3_prefetch_bucket_size``), capped by ``stage3_max_live_parameters``
-    but never below one layer (a layer is gathered whole), and never more than the model."""
-    return min(params, largest_layer + prefetch_bucket, max(largest_layer, max_live))
+    the prefetcher fetches ahead in one call (``kit.estimate.partition.prefetch_call``: tensors until they
+    pass ``stage3_prefetch_bucket_size``), capped by ``stage3_max_live_parameters`` but never below one
+    layer (a layer is gathered whole), and never more than the model."""
+    return min(params, largest_layer + prefetch_call, max(largest_layer, max_live))
 
 
 #: a buffer this large per GPU earns a note or warning when a smaller setting does the same job

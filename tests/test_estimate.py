@@ -394,10 +394,15 @@ def test_a_fused_losss_head_is_held_all_step_at_stage_3_and_counted_once():
     head, n = 128_256 * 4_096, plain.zero_dp
     assert partition.external_head(fused) == head and partition.external_head(plain) == 0
     assert partition.gathered_padded(fused)[1] == partition.padded(head, n)  # kept to backward: the head
-    embeddings, prefetch = 128_256 * 4_096, fused.zero.prefetch_bucket_size
+    # a prefetch call: q, k, v, o (42M) and gate, past the 50M bucket
+    embeddings, prefetch = 128_256 * 4_096, partition.prefetch_call(fused)
+    assert prefetch == 2 * 4_096 * 4_096 + 2 * 4_096 * 1_024 + 4_096 * 14_336
     # the held head counts among stage3_max_live_parameters (1e9): beside it and the embeddings in use no
     # room is left to prefetch
     assert _gathered(fused).bytes == 2 * (partition.padded(head, n) + embeddings)
-    assert _gathered(fused, at_head=True).bytes == 2 * (partition.padded(head, n) + prefetch)
+    # at the loss the head's fetch prefetches the backward's first tensors: the last down projection
+    after = partition.prefetch_call(fused, after_head=True)
+    assert after == 4_096 * 14_336
+    assert _gathered(fused, at_head=True).bytes == 2 * (partition.padded(head, n) + after)
     # without the fused loss: the head kept, the embeddings in use and the prefetch
     assert _gathered(plain).bytes == 2 * (partition.padded(head, n) + embeddings + prefetch)

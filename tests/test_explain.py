@@ -273,8 +273,13 @@ def test_a_prefetch_bucket_many_layers_deep_costs_memory():
     assert f.severity == "warning" and "is 13x the largest layer (38,597,376 params)" in f.message
     better = int(0.9 * 768**2)
     saved = allocated(e.setup) - allocated(e.setup.replace(zero={"prefetch_bucket_size": better}))
-    # gathered at once: min(Psi, largest + prefetch, max(largest, max live)) = Psi, then largest + 530,841
-    assert saved == 2 * (GPT2.params - (GPT2.largest_layer_params + better))
+    # gathered at once: min(Psi, largest + prefetch call, max(largest, max live)); a call takes tensors
+    # until they pass the bucket: every block's (84,934,656), then a 2,359,296 MLP matrix alone
+    calls = [
+        partition.prefetch_call(e.setup.replace(zero={"prefetch_bucket_size": b})) for b in (int(5e8), better)
+    ]
+    assert calls == [12 * 7_077_888, 768 * 3072]
+    assert saved == 2 * (calls[0] - calls[1])
     assert (
         f"set it to {better:,} (0.9 hidden^2" in f.suggestion
         and f"saving {saved / MIB:.2f} MiB" in f.suggestion

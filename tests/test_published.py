@@ -173,9 +173,12 @@ def test_megatrons_head_weight_stays_gathered_for_the_whole_step():
     assert lifetimes(plain) == [[], ["backward"], []]
     # the tensor peak's gathered parameters: beside the held embeddings the largest other tensor (an MLP
     # matrix) is the one in use; at the loss the head itself, with the prefetch only
-    kept, fc, prefetch = partition.gathered_padded(s)[1], 6144 * 24576, s.zero.prefetch_bucket_size
+    kept, fc, prefetch = partition.gathered_padded(s)[1], 6144 * 24576, partition.prefetch_call(s)
+    assert prefetch == 6144 * 6144 + 6144 * 24576  # a call past the 50M bucket: the projection, then fc
     assert _gathered(s).bytes == 2 * (head + kept + fc + prefetch)
-    assert _gathered(s, at_head=True).bytes == 2 * (head + kept + prefetch)
+    after = partition.prefetch_call(s, after_head=True)  # the last fc alone: past the bucket
+    assert after == 6144 * 24576
+    assert _gathered(s, at_head=True).bytes == 2 * (head + kept + after)
     assert _gathered(plain).bytes == 2 * (kept + head + prefetch)  # the embedding the largest in use
 
 

@@ -107,7 +107,7 @@ def test_published_prints_the_reference_runs_beside_the_published_rows(capsys):
     assert "torch's AdamW on the host" in text
     # the allocator traces after them: measured / replayed / estimated
     assert "Rank 0 of many on one GPU (data/reference/allocator-traces" in text
-    assert re.search(r"a18-fp16 +64 +7\.82 / 7\.82 / 7\.62 \(-2\.6 %\) +13\.46 / 13\.46 / ", text)
+    assert re.search(r"a18-fp16 +64 +7\.82 / 7\.82 / 7\.88 \(\+0\.8 %\) +13\.46 / 13\.46 / ", text)
     data = json.loads(_run("published", "--table", "reference", "--json"))
     assert set(data) == {"reference"} and len(data["reference"]["configurations"]) == 9
     traced = {r["name"]: r for r in data["reference"]["traces"]}

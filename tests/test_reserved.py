@@ -6,7 +6,8 @@ import pytest
 from kit import Setup, gpus
 from kit.estimate import estimate, memory, partition
 from kit.estimate.allocator import Alloc, EmptyCache, Free, Mark, replay
-from kit.estimate.deepspeed_events import DEFAULT, GATHER, REDUCE, Step, blocks
+from kit.estimate.deepspeed_events import DEFAULT, GATHER, REDUCE, Step
+from kit.estimate.partition import blocks
 from kit.models import preset
 
 

@@ -38,7 +38,6 @@ activations, the loss), which ``kit.estimate.fsdp_events`` builds on:
 from __future__ import annotations
 
 import itertools
-from functools import lru_cache
 
 from kit import checkpointing, gpus
 from kit.components import Component
@@ -56,28 +55,12 @@ from kit.estimate.allocator import Alloc, EmptyCache, Event, Free, Mark, allocat
 from kit.estimate.result import Term
 from kit.estimate.zero3_gathers import Gathers, Module
 from kit.rules import DS_SUB_GROUP_SIZE, FP32, Offload, element_bytes, fallback_copies, optimizer_states
-from kit.schema import ModelSpec, Setup
+from kit.schema import Setup
 
 #: the streams a DeepSpeed step allocates on
 DEFAULT, GATHER, REDUCE = 0, 1, 2
 #: steps replayed: the first builds the optimizer's states, the second runs from the cache it left
 STEPS = 2
-
-
-@lru_cache(maxsize=256)
-def blocks(model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]:
-    """The model's tensors as ``(before, block, after, count)``: what precedes its repeated block (the
-    embeddings), one block's tensors, what follows (the final norm, an untied head) and how many blocks;
-    a model without ``layers`` copies of one block is one block of every tensor."""
-    numels = partition.numels(Setup(model=model, batch={}))
-    layers = model.layers or 1
-    n = len(numels)
-    for size in range(1, n // layers + 1):
-        for start in range(n - layers * size + 1):
-            span = numels[start : start + layers * size]
-            if all(span[i] == span[i % size] for i in range(len(span))):
-                return numels[:start], span[:size], numels[start + layers * size :], layers
-    return (), numels, (), 1
 
 
 class Step:
@@ -92,7 +75,7 @@ class Step:
         self.p = element_bytes(self.z.precision)
         self.out: list[Event] = []
         self.keys = itertools.count()
-        before, block, after, count = blocks(setup.model)
+        before, block, after, count = partition.blocks(setup.model)
         self.count = count
         # every tensor's numel, in the forward's order, grouped: -1 before the blocks, count after them
         self.tensors = [(-1, t) for t in before]

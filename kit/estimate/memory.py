@@ -12,7 +12,7 @@ Two formulas:
     ``stage3_param_persistence_threshold`` elements whole on every rank, and allocates one
     ``reduce_bucket_size`` gradient bucket up front (``contiguous_gradients``);
   * the fp32 master copy exists even when training in fp32 (stages 1-3).
-  * stage 3 holds ``min(Psi, largest layer + prefetch bucket, max(largest layer, max live))`` gathered
+  * stage 3 holds ``min(Psi, largest layer + prefetch call, max(largest layer, max live))`` gathered
     parameters at once (``kit.rules.stage3_gathered``) plus one layer's full gradient;
 - ``"zero-paper"``: the ZeRO paper's idealised model states (Rajbhandari et al. 2020, section 3 and
   Table 1): ``(2 + 2 + K) Psi`` with ``K = 12`` for mixed-precision Adam, divided by ``Nd`` per stage.
@@ -405,7 +405,7 @@ def _transient(setup: Setup) -> dict[str, Term]:
         largest = setup.model.largest_layer_params
         in_place = partition.gathers_in_place(setup)
         fetch = stage3_gathered(
-            sum(partition.numels(setup)), largest, z.prefetch_bucket_size, z.max_live_parameters
+            sum(partition.numels(setup)), largest, partition.prefetch_call(setup), z.max_live_parameters
         )
         # a trainable subset's largest gradient is its largest trainable tensor (a LoRA matrix)
         grad = partition.largest_tensor(setup) if subset.is_subset(z) else largest

@@ -21,7 +21,7 @@ from functools import lru_cache
 from kit import trainable as subset
 from kit.models import spec_shapes, spec_tensors
 from kit.rules import NCCL_ALIGNMENT, Offload
-from kit.schema import Setup
+from kit.schema import ModelSpec, Setup
 
 
 def partition_numel(setup: Setup) -> int:
@@ -142,6 +142,52 @@ def released(setup: Setup) -> tuple[int, ...]:
 @lru_cache(maxsize=512)
 def _released(tensors: tuple[int, ...], threshold: int) -> tuple[int, ...]:
     return tuple(t for t in tensors if t > threshold)
+
+
+@lru_cache(maxsize=256)
+def blocks(model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]:
+    """The model's tensors as ``(before, block, after, count)``: what precedes its repeated block (the
+    embeddings), one block's tensors, what follows (the final norm, an untied head) and how many blocks:
+    the longest run of ``layers`` copies of one block; a model without one is one block of every tensor."""
+    tensors = numels(Setup(model=model, batch={}))
+    layers = model.layers or 1
+    n = len(tensors)
+    for size in range(n // layers, 0, -1):
+        for start in range(n - layers * size + 1):
+            span = tensors[start : start + layers * size]
+            if all(span[i] == span[i % size] for i in range(len(span))):
+                return tensors[:start], span[:size], tensors[start + layers * size :], layers
+    return (), tensors, (), 1
+
+
+def prefetch_call(setup: Setup, after_head: bool = False) -> int:
+    """Elements of one stage-3 prefetch of the repeated blocks' tensors: ``fetch_sub_module`` takes the
+    released tensors in the trace's order into one call until they pass ``stage3_prefetch_bucket_size``,
+    so a call overshoots the bucket by at most its last tensor. The largest over the blocks in the
+    forward's order and the backward's; ``after_head``: the call the head's fetch makes, the backward's
+    first (the last block's tensors, last first). Without a tensor list, the bucket."""
+    bucket = setup.zero.prefetch_bucket_size
+    if bucket <= 0 or not is_exact(setup):
+        return max(bucket, 0)
+    _, block, _, count = blocks(setup.model)
+    threshold = setup.zero.param_persistence_threshold
+    tensors = tuple(t for t in block * count if t > threshold)
+    return (
+        _prefetch_call(tensors[::-1], bucket, True) if after_head else _prefetch_call(tensors, bucket, False)
+    )
+
+
+@lru_cache(maxsize=512)
+def _prefetch_call(tensors: tuple[int, ...], bucket: int, first: bool) -> int:
+    best = 0
+    for order in (tensors,) if first else (tensors, tensors[::-1]):
+        end, total = 0, 0
+        for start in range(min(1, len(order)) if first else len(order)):  # until the bucket is passed
+            while end < len(order) and total < bucket:
+                total, end = total + order[end], end + 1
+            best = max(best, total)
+            total -= order[start]
+    return best
 
 
 def kept_to_backward(setup: Setup) -> frozenset[int]:

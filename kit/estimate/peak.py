@@ -460,7 +460,7 @@ def _gathered(setup: Setup, at_head: bool = False) -> Term:
     # at the loss the head is the tensor in use: already counted where it is held or kept
     in_use = 0 if at_head and (head or head_kept) else max(released, default=0)
     live = max(0, z.max_live_parameters - head)  # the held head counts among the live parameters
-    flight = stage3_gathered(sum(released), in_use, z.prefetch_bucket_size, live)
+    flight = stage3_gathered(sum(released), in_use, partition.prefetch_call(setup, at_head), live)
     n = head + min(padded - head, kept + flight)
     how = "largest released tensor + prefetch, capped by max_live"
     if kept:

@@ -25,7 +25,8 @@ fused kernels that allocate less, the order of autograd's frees inside a block, 
 repeating block (one block stands for it), and a device's capacity (near it, PyTorch frees its cache and
 retries before it would reserve more). Checked: the allocator's rules replaying the allocations an H100
 made give its max reserved and max allocated to the byte, and the kit's step of the same setups (rank 0 of
-64 and 32 ranks of the kit's GPT with A18's and A23's shapes, ``kit.accuracy.traces``) 1.8-2.6 % under;
+64 and 32 ranks of the kit's GPT with A18's and A23's shapes, ``kit.accuracy.traces``) from 2.6 % under to
+0.2 % over;
 the kit's own runs on one H200 (``kit.accuracy.reference``: 9 configurations, stages 0-3, on the
 runner's optimizer path, median 0.3 %, from 1.8 % under to 3.4 % over); published runs (``zerokit
 published``: torchtitan's Llama 3.1 8B under FSDP2 on 8 and 128 H100s, +0.4 % and +1.1 %; an 18B GPT

@@ -3,6 +3,7 @@ all-gather bucket, and stage 3's prefetch bucket, live-parameter cap and persist
 
 from __future__ import annotations
 
+from kit.estimate import partition
 from kit.review.context import Context, Finding, noop
 from kit.rules import BIG_BUFFER_BYTES, DS_REDUCE_BUCKET, STAGE3_GATHER_FORMULA, Offload, stage3_gathered
 from kit.units import size
@@ -176,7 +177,7 @@ def prefetch(x: Context) -> list[Finding]:
         return []
     value, largest, p = x.z.prefetch_bucket_size, x.setup.model.largest_layer_params, x.p
     psi, live = x.setup.model.params, x.z.max_live_parameters
-    fetch = stage3_gathered(psi, largest, value, live)
+    fetch = stage3_gathered(psi, largest, partition.prefetch_call(x.setup), live)
     shown = key or "zero_optimization.stage3_prefetch_bucket_size"
     said = f"{shown} {value:,}" + ("" if key else " (not set: DeepSpeed's default)")
     formula = (
