@@ -180,18 +180,18 @@ class Step:
             self.alloc(d[Component.PARAMETERS].bytes)
         stage3 = z.engine == "deepspeed" and z.stage == 3
         zero = z.engine == "deepspeed" and z.stage in (1, 2, 3) and z.offload_optimizer is Offload.NONE
-        grads = 0  # initialize_optimizer_states' zero fp32 gradient partition (one sub group's at stage 3)
+        part = 0  # elements of the partition (stage 3: of a sub group) initialize_optimizer_states zeroes
         if zero and self.master:
             # the fp32 master through a copy: stages 1-2 clone the 16-bit partition, then convert it;
             # stage 3 converts a sub group's, then clones that
-            grads = partition.partition_numel(self.setup)
-            grads = min(grads, DS_SUB_GROUP_SIZE) if stage3 else grads
-            copy = self.alloc((FP32 if stage3 else self.p) * grads)
+            part = partition.partition_numel(self.setup)
+            part = min(part, DS_SUB_GROUP_SIZE) if stage3 else part
+            copy = self.alloc((FP32 if stage3 else self.p) * part)
             self.alloc(self.master)
             self.free(copy)
         else:
             self.alloc(self.master)
-        self.free(self.alloc(FP32 * grads) if grads else None)
+        self.free(self.alloc(FP32 * part) if part else None)  # its zero fp32 gradient, dropped
         if stage3:
             self.alloc(d[Component.GRADIENTS].bytes)  # grad_partitions_flat_buffer
         self.alloc(d[Component.BUFFERS].bytes)  # stage 3's ipg bucket, hpZ's secondary partition
