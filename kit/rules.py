@@ -265,7 +265,9 @@ def wire_bytes(comm: dict[str, int], world: int) -> int:
 
 
 #: what stage 3 gathers at once, as ``stage3_gathered`` computes it (formula texts quote it)
-STAGE3_GATHER_FORMULA = "min(Psi, largest layer + prefetch call, max(largest layer, max live))"
+STAGE3_GATHER_FORMULA = (
+    "min(Psi, largest layer + a prefetch (tensors until past the bucket), max(largest layer, max live))"
+)
 
 
 def stage3_gathered(params: int, largest_layer: int, prefetch_call: int, max_live: int) -> int:

@@ -12,8 +12,8 @@ Two formulas:
     ``stage3_param_persistence_threshold`` elements whole on every rank, and allocates one
     ``reduce_bucket_size`` gradient bucket up front (``contiguous_gradients``);
   * the fp32 master copy exists even when training in fp32 (stages 1-3).
-  * stage 3 holds ``min(Psi, largest layer + prefetch call, max(largest layer, max live))`` gathered
-    parameters at once (``kit.rules.stage3_gathered``) plus one layer's full gradient;
+  * stage 3 holds ``STAGE3_GATHER_FORMULA`` gathered parameters at once (``kit.rules.stage3_gathered``: a
+    prefetch takes tensors until they pass the bucket) plus one layer's full gradient;
 - ``"zero-paper"``: the ZeRO paper's idealised model states (Rajbhandari et al. 2020, section 3 and
   Table 1): ``(2 + 2 + K) Psi`` with ``K = 12`` for mixed-precision Adam, divided by ``Nd`` per stage.
 
