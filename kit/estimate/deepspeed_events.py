@@ -513,11 +513,12 @@ class Step:
             # every gradient's fp32 copy: FP16_Optimizer flattens them and drops the list,
             # FP16_UnfusedOptimizer steps them, then drops them and the 16-bit gradients
             copies = [self.alloc(FP32 * t) for _, t in self.tensors]
-        held = [*copies, *self.grads] if self._unfused else []
+        # freed before the step, or (FP16_UnfusedOptimizer) after it
+        dropped, held = ([], [*copies, *self.grads]) if self._unfused else ([*copies, *self.grads], [])
         # stage 3's _prepare_fp32_grad_for_sub_group: the 16-bit gradients flattened, then their fp32 copy
         flat = self.alloc(sub // FP32 * self.p) if sub and self.stage3 and self.p != FP32 else None
         grad = self.alloc(sub) if sub else None
-        self.free(flat, *([] if held else [*copies, *self.grads]))
+        self.free(flat, *dropped)
         self.grads, self.held_full = [], False
         if first and k and moments and not self._unfused:
             for _ in range(k):

@@ -172,21 +172,19 @@ def prefetch_call(setup: Setup, after_head: bool = False) -> int:
     _, block, _, count = blocks(setup.model)
     threshold = setup.zero.param_persistence_threshold
     tensors = tuple(t for t in block * count if t > threshold)
-    return (
-        _prefetch_call(tensors[::-1], bucket, True) if after_head else _prefetch_call(tensors, bucket, False)
-    )
+    orders = (tensors[::-1],) if after_head else (tensors, tensors[::-1])
+    return max(_prefetch_call(order, bucket, after_head) for order in orders)
 
 
 @lru_cache(maxsize=512)
-def _prefetch_call(tensors: tuple[int, ...], bucket: int, first: bool) -> int:
-    best = 0
-    for order in (tensors,) if first else (tensors, tensors[::-1]):
-        end, total = 0, 0
-        for start in range(min(1, len(order)) if first else len(order)):  # until the bucket is passed
-            while end < len(order) and total < bucket:
-                total, end = total + order[end], end + 1
-            best = max(best, total)
-            total -= order[start]
+def _prefetch_call(order: tuple[int, ...], bucket: int, first_only: bool) -> int:
+    """The largest call over ``order`` (only the one from its start with ``first_only``)."""
+    best, end, total = 0, 0, 0
+    for start in range(min(1, len(order)) if first_only else len(order)):
+        while end < len(order) and total < bucket:  # from ``start``: until the bucket is passed
+            total, end = total + order[end], end + 1
+        best = max(best, total)
+        total -= order[start]
     return best
 
 
