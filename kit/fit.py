@@ -2,8 +2,13 @@
 
 A setup fits a GPU when the GPU computes in the training precision (bf16 needs Ampere or newer: a
 V100 has no bf16, ``data/gpus.csv``), its bytes per GPU fit the GPU's memory less a ``headroom`` share,
-and its CPU RAM per node fits the node's (when the cluster gives it). ``Estimate.fits``, the review of a
-ds_config, the panels' verdict and the plan ask ``fit`` (the planner's grid ``fits``, for arrays).
+and its CPU RAM per node fits the node's (when the cluster gives it). An estimate's bytes per GPU are its
+predicted max reserved and what the GPU holds outside the allocator (``Estimate.per_gpu_bytes``); where
+they exceed the memory, PyTorch frees its cached segments and retries before it runs out, so the
+allocator's replay within the memory decides (``within``: ``Fit.flushes``). ``Estimate.fits``, the
+review of a ds_config, the panels' verdict and the plan ask ``estimate_fit``; the planner's grid screens
+arrays of setups with ``fits`` on what no setup needs less than (``Estimate.screen_bytes``), and the plan
+confirms the setups it names with ``estimate_fit`` (``kit.planning.plan.Plan.settle``).
 """
 
 from __future__ import annotations
@@ -16,13 +21,21 @@ if TYPE_CHECKING:
     import numpy as np
 
 
+#: what a verdict says where the setup fits only by the allocator's flushes (``Fit.flushes``)
+FLUSHES = "fits only by flushing the allocator's cache near the memory (slower steps)"
+
+
 class Fit(NamedTuple):
     """The verdict and what it compared: ``problem`` is ``""`` (fits), ``"precision"``, ``"gpu"`` or
-    ``"cpu"``; ``need`` / ``capacity`` bytes per GPU (capacity less the headroom)."""
+    ``"cpu"``; ``need`` / ``capacity`` bytes per GPU (capacity less the headroom: ``need`` is the estimate's
+    ``per_gpu_bytes``, or its ``screen_bytes`` where even those are past the capacity); ``flushes``: it
+    fits only because the caching allocator frees its cache and retries near the capacity (``need`` is
+    then what it reserves there, within the capacity; each flush slows the step)."""
 
     problem: str
     need: int
     capacity: int
+    flushes: bool = False
 
     @property
     def ok(self) -> bool:
@@ -82,13 +95,31 @@ def _checks(gpu_name, precision, per_gpu_bytes, cpu_bytes_per_node, cpu_ram_per_
 
 
 def estimate_fit(est, gpu_name: str | None = None, headroom: float = 0.0) -> Fit:
-    """``fit`` for an ``Estimate`` on ``gpu_name`` (default: its cluster's GPU)."""
+    """``fit`` for an ``Estimate`` on ``gpu_name`` (default: its cluster's GPU), its bytes per GPU weighed
+    by ``within``."""
     s = est.setup
-    return fit(
-        gpu_name or s.cluster.gpu,
-        s.zero.precision,
-        est.per_gpu_bytes,
-        est.cpu_bytes_per_node,
-        s.cluster.cpu_ram_per_node_bytes,
-        headroom,
-    )
+    name, ram = gpu_name or s.cluster.gpu, s.cluster.cpu_ram_per_node_bytes
+    capacity, checks = _checks(name, s.zero.precision, 0, est.cpu_bytes_per_node, ram, headroom)
+    if not supports(name, s.zero.precision):
+        return Fit("precision", est.screen_bytes, capacity)
+    weighed = within(est, capacity)
+    if weighed.problem:
+        return weighed
+    return weighed._replace(problem=next((problem for problem, ok in checks if not ok), ""))
+
+
+def within(est, capacity: int) -> Fit:
+    """Whether an ``Estimate``'s bytes per GPU fit ``capacity`` bytes (``problem`` ``""`` or ``"gpu"``): its
+    ``per_gpu_bytes`` within them; past them, the caching allocator's replay within them less the CUDA
+    context and NCCL's buffers (``Fit.flushes``, ``need`` what it reserves there); a setup whose
+    ``screen_bytes`` are past them is not replayed (it cannot fit, whatever the allocator holds)."""
+    if est.screen_bytes > capacity:
+        return Fit("gpu", est.screen_bytes, capacity)
+    need = est.per_gpu_bytes
+    if need <= capacity:
+        return Fit("", need, capacity)
+    held = est.reserved.flushed(capacity - est.peak_overhead.bytes) if est.reserved is not None else None
+    if held is not None:
+        # a replay that held less than it reserves with room to spare flushed its cache
+        return Fit("", held + est.peak_overhead.bytes, capacity, flushes=held < est.reserved.reserved)
+    return Fit("gpu", need, capacity)

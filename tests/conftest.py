@@ -41,8 +41,9 @@ from kit.schema import Setup
 NPROCS = 2
 #: the shared sweep's measured steps and warm-up: every module's step counts fit inside them
 STEPS, WARMUP = 3, 1
-#: the watchdog: longest time without progress before a configuration counts as hung
-TIMEOUT_S = 12.0
+#: the watchdog: longest time without progress before a configuration counts as hung (the hang test waits
+#: it out once; a healthy configuration's longest gap between events is under 2 s)
+TIMEOUT_S = 8.0
 SWEEP = "two-rank"
 
 
@@ -298,10 +299,12 @@ LAUNCHING = {"two_rank_sweep", "local_nodes_run", "commtest_two_nodes"}
 
 
 def pytest_itemcollected(item) -> None:
-    """Tests of the shared launches are marked ``distributed``: ``make test`` runs the others in two
+    """Tests of the shared launches, and of the launching fixtures their module names in ``LAUNCHES``
+    (its own module-scoped sweeps), are marked ``distributed``: ``make test`` runs the others in two
     processes first, then these one at a time (under pytest-xdist a shared launch still runs once for
     all workers: ``_once``)."""
-    if LAUNCHING & set(getattr(item, "fixturenames", ())):  # a notebook (nbmake) takes none
+    launching = LAUNCHING | set(getattr(getattr(item, "module", None), "LAUNCHES", ()))
+    if launching & set(getattr(item, "fixturenames", ())):  # a notebook (nbmake) takes none
         item.add_marker(pytest.mark.distributed)
 
 

@@ -16,7 +16,10 @@ from kit.run.sweep import config_id, on_ranks, run_sweep
 from kit.schema import Setup
 from kit.toys import TOY_ZERO, toy_setup
 
-pytestmark = [pytest.mark.distributed, pytest.mark.filterwarnings("ignore::UserWarning")]
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+#: the module's launches: a test taking one is ``distributed`` (tests/conftest.py); the others run with the
+#: unit tests
+LAUNCHES = ("sweep", "sweep4")
 
 
 def test_replay_counts_live_tensors_per_phase_and_leaves_host_work_out():

@@ -46,8 +46,8 @@ def expected_row(found: plan.Plan, i: int, calibration: Calibration | None) -> d
     t = calibrated.step_time(s, perf.hardware(s), found.assumptions, calibration)
     run = t.run(found.tokens, PRICE.get(name, prices()[name][0]))
     scope = comm_by_scope(s)
-    verdict = fit(
-        name, z.precision, est.per_gpu_bytes, est.cpu_bytes_per_node, c.cpu_ram_per_node_bytes, found.headroom
+    verdict = fit(  # the screen: what no setup needs less than (the plan confirms what it names)
+        name, z.precision, est.screen_bytes, est.cpu_bytes_per_node, c.cpu_ram_per_node_bytes, found.headroom
     )
     return {
         "gpu": name,
@@ -62,9 +62,11 @@ def expected_row(found: plan.Plan, i: int, calibration: Calibration | None) -> d
         "checkpointing": z.activation_checkpointing,
         "micro_batch": b.micro_batch,
         "grad_accum": b.grad_accum,
-        "per_gpu_gib": est.per_gpu_bytes / GIB,
+        "per_gpu_gib": est.screen_bytes / GIB,
         "capacity_gib": gpu(name).memory_bytes / GIB,
         "fits": verdict.ok,
+        "flushes": False,
+        "confirmed": False,
         "cpu_gib_per_node": est.cpu_bytes_per_node / GIB,
         "nvme_gib_per_node": est.nvme_bytes_per_node / GIB,
         "comm_intra_gib": scope["intra"] / GIB,

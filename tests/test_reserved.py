@@ -4,7 +4,7 @@ peak timeline's, each stream allocates from its own pool, and what is not replay
 import pytest
 
 from kit import Setup, gpus
-from kit.estimate import estimate, memory, partition
+from kit.estimate import estimate, memory, partition, reserved
 from kit.estimate.allocator import Alloc, EmptyCache, Free, Mark, replay
 from kit.estimate.deepspeed_events import DEFAULT, GATHER, REDUCE, Step
 from kit.estimate.partition import blocks
@@ -286,3 +286,55 @@ def test_stage_0_with_a_torch_optimizer_keeps_tensor_by_tensor_fp32_states():
     assert 4 * s.model.params in [e.size for e in _optimizer_allocs(fused)]
     assert 4 * s.model.params not in [e.size for e in _optimizer_allocs(unfused)]
     assert [e.size for e in _optimizer_allocs(unfused)].count(4 * wte) == 2  # its fp32 gradient, its sqrt
+
+
+@pytest.mark.parametrize(
+    "zero",
+    [{"stage": 1}, {"stage": 2, "offload_optimizer": "cpu"}, {"stage": 3}, {"engine": "fsdp", "stage": 3}],
+)
+def test_the_micro_steps_between_the_first_and_the_last_repeat_one_another(monkeypatch, zero):
+    """A step replays its first micro-step, one of those between and the boundary one: seven replayed
+    whole reserve and allocate what three do (each middle one leaves the pools as it found them)."""
+    from kit.estimate import deepspeed_events
+
+    s = Setup(
+        model=preset("gpt2-medium"), zero=zero, batch={"micro_batch": 2, "grad_accum": 7, "seq_len": 512}
+    )
+    held, act = memory.states(s), memory.batch_activations(s)
+    assert deepspeed_events.micro_steps(7) == [0, 1, 6] and deepspeed_events.micro_steps(1) == [0]
+    three = reserved.reserved(s, held.device, act)
+    monkeypatch.setattr(deepspeed_events, "micro_steps", lambda n: list(range(n)))
+    reserved._replayed.cache_clear()  # replayed again, all seven
+    seven = reserved.reserved(s, held.device, act)
+    assert seven.events > three.events
+    assert (seven.allocated, seven.reserved) == (three.allocated, three.reserved)
+
+
+def test_past_the_memory_the_allocator_flushes_its_cache_and_the_replay_decides():
+    """Llama-2-7B at stage 3 on 8 GPUs reserves 46.34 GiB with room to spare: past an L40S's 44.4 GiB, but
+    PyTorch frees its cached segments and retries before it gives up, and the same allocations replayed
+    within the L40S never run out: it fits, flushing (slower steps), holding what the capped replay held.
+    On an A100-40GB they run out even so; a GPU smaller than the tensors alone is not replayed at all."""
+    from kit.fit import estimate_fit
+
+    s = Setup(model=preset("llama-2-7b"), zero={"stage": 3}, batch={"micro_batch": 1, "seq_len": 4096})
+    e = estimate(s)
+    overhead = e.peak_overhead.bytes
+    l40s = gpus.gpu("L40S").memory_bytes
+    assert e.screen_bytes < l40s < e.per_gpu_bytes
+    verdict = estimate_fit(e, "L40S")
+    capped = replay(e.reserved.sequence, capacity=l40s - overhead)
+    assert verdict.ok and verdict.flushes and capped.oom is None
+    assert verdict.need == capped.max_reserved + overhead <= l40s < e.reserved.reserved + overhead
+    a100 = gpus.gpu("A100-SXM-40GB").memory_bytes
+    assert e.screen_bytes < a100 and replay(e.reserved.sequence, capacity=a100 - overhead).oom is not None
+    assert estimate_fit(e, "A100-SXM-40GB")[:2] == ("gpu", e.per_gpu_bytes)
+    fresh = estimate(s.replace(batch={"micro_batch": 4}))  # its tensors alone are past an L4's memory
+    assert fresh.screen_bytes > gpus.gpu("L4").memory_bytes
+    assert estimate_fit(fresh, "L4").problem == "gpu" and "reserved" not in fresh.__dict__  # no replay
+    assert estimate_fit(e, "H100-SXM-80GB") == (  # room to spare: max reserved, no flush
+        "",
+        e.reserved_bytes + overhead,
+        gpus.gpu("H100-SXM-80GB").memory_bytes,
+        False,
+    )

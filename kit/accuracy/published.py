@@ -98,11 +98,12 @@ class Value:
 class Check:
     """One fit / OOM boundary: the run at ``micro_batch`` ``measured`` (fits / OOM; ``largest``: the largest
     micro batch that fit, "fits at BS=N (max)"), and the kit's verdict (``kit.fit.estimate_fit``:
-    ``predicted_bytes`` per GPU against ``capacity_bytes``, ``problem`` its reason; ``peak_tensor_bytes``
-    the peak of live tensors in it). Where the run padded each batch to its longest sample and fit while
-    the kit says OOM at the script's maximum length, ``longest_fitting`` is the longest sequence at which
-    the kit fits the micro batch (``kit.planning.boundary.longest_sequence``): the check is open, agreeing
-    if the run's longest batch was that short (its lengths are not published)."""
+    ``predicted_bytes`` per GPU against ``capacity_bytes``: its ``need`` where it fits (within the memory, the
+    allocator's flushes counted), else the estimate's ``per_gpu_bytes``; ``problem`` its reason;
+    ``peak_tensor_bytes`` the peak of live tensors in it). Where the run padded each batch to its longest
+    sample and fit while the kit says OOM at the script's maximum length, ``longest_fitting`` is the longest
+    sequence at which the kit fits the micro batch (``kit.planning.boundary.longest_sequence``): the check is
+    open, agreeing if the run's longest batch was that short (its lengths are not published)."""
 
     micro_batch: int
     measured: str
@@ -275,8 +276,8 @@ def _checked(
         verdict = estimate_fit(est)
         measured, predicted = ("fits" if ok else "OOM" for ok in (fits, verdict.ok))
         checks.append(
-            Check(micro_batch, measured, predicted, verdict.need, verdict.capacity, verdict.problem,
-                  est.peak_tensor_bytes, largest)
+            Check(micro_batch, measured, predicted, verdict.need if verdict.ok else est.per_gpu_bytes,
+                  verdict.capacity, verdict.problem, est.peak_tensor_bytes, largest)
         )  # fmt: skip
     reading = _bytes(row, row["value"], row["unit"]) if row.get("value") is not None else None
     largest_fitting = largest_micro_batch(setup, limit=MAX_MICRO_BATCH) if search else None

@@ -33,6 +33,7 @@ def memory_table(setup):
 
     from kit.components import COMPONENTS
     from kit.estimate import estimate
+    from kit.fit import estimate_fit
     from kit.planning.plan import DEFAULT_VARIANTS
 
     rows, estimates = [], []
@@ -40,9 +41,10 @@ def memory_table(setup):
         e = estimate(setup.replace(zero=variant))
         estimates.append(e)
         row = {"variant": e.setup.label, **{c: e.components[c] / GIB for c in COMPONENTS}}
-        row.update(components_sum=e.components_bytes / GIB, peak_per_gpu=e.per_gpu_bytes / GIB)
+        verdict = estimate_fit(e)  # its bytes: past the GPU's memory, what the flushed allocator holds there
+        row.update(components_sum=e.components_bytes / GIB, peak_per_gpu=verdict.need / GIB)
         row["cpu_per_node"] = e.cpu_bytes_per_node / GIB
-        row["fits"] = e.fits[setup.cluster.gpu]
+        row["fits"] = verdict.ok
         rows.append(row)
     return pd.DataFrame(rows).set_index("variant").round(2), estimates
 

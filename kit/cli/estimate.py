@@ -115,12 +115,6 @@ def render(result) -> str:
             how = f" ({extra.formula})" if extra.bytes else ""
             live = f"{line.moments[phase]}: {' + '.join(parts)}{how}"
             lines.append(f"{phase + mark:18}{line.totals[phase] / GIB:9.2f}  {live}")
-        lines.append(
-            f"{'overhead':18}{result.peak_overhead.bytes / GIB:9.2f}  {result.peak_overhead.formula}"
-        )
-        lines.append(
-            f"{'peak per GPU':18}{result.per_gpu_bytes / GIB:9.2f}  the peak phase + overhead (the verdict)"
-        )
         if result.reserved:
             z = result.setup.zero
             published = (
@@ -129,9 +123,10 @@ def render(result) -> str:
                 else "how close it came on published runs"
             )
             lines.append(
-                f"{'max reserved':18}{result.reserved_bytes / GIB:9.2f}  torch.cuda.max_memory_reserved, the "
-                "caching allocator replayed over two steps, not yet the verdict (expandable_segments: "
-                f"{result.reserved_expandable_bytes / GIB:.2f}); {published}: zerokit published"
+                f"{'max reserved':18}{result.reserved_bytes / GIB:9.2f}  torch.cuda.max_memory_reserved: the "
+                f"peak phase + the caching allocator's {result.reserved.cached / GIB:.2f} GiB, replayed over "
+                f"two steps (expandable_segments: {result.reserved_expandable_bytes / GIB:.2f}); "
+                f"{published}: zerokit published"
             )
             if result.reserved.initialize > result.reserved.allocated:
                 lines.append(
@@ -139,6 +134,15 @@ def render(result) -> str:
                     "builds the states, more than any step (ZeRO-1/2 flatten the 16-bit module beside its "
                     "tensors where the card has room): what max_memory_allocated since the start reads"
                 )
+        lines.append(
+            f"{'overhead':18}{result.peak_overhead.bytes / GIB:9.2f}  {result.peak_overhead.formula}"
+        )
+        verdict = (
+            "max reserved + overhead (the verdict; past a GPU's memory, the allocator replayed within it)"
+            if result.reserved
+            else "the peak phase + overhead (the verdict)"
+        )
+        lines.append(f"{'peak per GPU':18}{result.per_gpu_bytes / GIB:9.2f}  {verdict}")
     if result.trace:
         t = result.trace
         lines.append(
@@ -177,4 +181,6 @@ def _fits_on(result, gpu: str) -> str:
     verdict = estimate_fit(result, gpu)
     if verdict.problem == "precision":
         return f"{gpu} no (no {result.setup.zero.precision})"
-    return f"{gpu} {'yes' if verdict.ok else 'no'}"
+    return f"{gpu} {'yes' if verdict.ok else 'no'}" + (
+        " (flushing the allocator's cache)" if verdict.flushes else ""
+    )

@@ -138,8 +138,13 @@ def run_plan(args: argparse.Namespace) -> int:
     every = args.json or args.all  # the tables only they show
     clusters = plan.smallest_cluster(sized, max_nodes=args.max_nodes) if every else None
     batches = plan.batch_options(setup, setup.batch.train_batch) if given and every else None
+
+    def listed():
+        options = found.options(**within)
+        return options if args.top == 0 else options.head(args.top)
+
+    top = found.settle(listed)  # the rows printed, each confirmed by the allocator's replay
     fitting = found.options(**within)
-    top = fitting if args.top == 0 else fitting.head(args.top)
     if args.json:
         print_json(
             {
@@ -160,7 +165,7 @@ def run_plan(args: argparse.Namespace) -> int:
             }
         )
         return 0
-    lines = [*_plan_header(found, train_batch, booked), *_recommendation(found, booked, command)]
+    lines = _recommendation(found, booked, command)
     if given:
         lines += _your_setting(setup, found, fix, prices, calibration, args)
     if args.all:
@@ -168,7 +173,8 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         tables = "Pareto front, cheapest and fastest per GPU, cheapest setups, NVMe, smallest cluster"
         lines += ["", f"--all: every table ({tables}{', decompositions' if given else ''})"]
-    print("\n".join(lines))
+    # the counts last: every row named above is confirmed by then (Plan.settle)
+    print("\n".join([*_plan_header(found, train_batch, booked), *lines]))
     return 0
 
 
@@ -207,8 +213,9 @@ def _plan_header(found, train_batch: int, booked) -> list[str]:
     lines = [
         f"{s.model.name}: {count_text(found.tokens)} tokens, global batch {train_batch:,} x seq "
         f"{s.batch.seq_len:,}, {s.zero.precision}, headroom {found.headroom * 100:.0f} %; "
-        f"{len(found.table):,} setups in {found.seconds:.2f} s, {int(found.table.fits.sum()):,} fit"
-        + (f", {booked.fitting:,} within {limits}" if limits else ""),
+        f"{len(found.table):,} setups in {found.seconds:.2f} s, {int(found.table.fits.sum()):,} fit "
+        f"(screened; {int(found.table.confirmed.sum()):,} named here confirmed by the allocator's replay)"
+        + (f", {len(found.fitting(booked.max_hours, booked.budget)):,} within {limits}" if limits else ""),
         "assumptions: "
         + ", ".join(f"{k} {v:g}" for k, v in vars(found.assumptions).items())
         + f"; step times {found.calibration}",
@@ -220,6 +227,7 @@ def _recommendation(found, booked, command: list[str] | None) -> list[str]:
     """The booking for the goal, its ds_config command, and the alternatives with why each differs."""
     import shlex
 
+    from kit.fit import FLUSHES
     from kit.planning import booking
 
     r, limits = booked.recommended, _limits(booked)
@@ -245,6 +253,7 @@ def _recommendation(found, booked, command: list[str] | None) -> list[str]:
         f"  {r.hours:,.1f} h, ${r.cost_usd:,.0f}; {r.per_gpu_gib:,.1f} of {r.capacity_gib:,.1f} GiB per "
         f"GPU, {r.step_s:,.3g} s per step, {r.tokens_per_s:,.0f} tokens/s",
     ]
+    lines += [f"  ({FLUSHES})"] if r.flushes else []
     flag = booking.numerics(r, found.base.zero.precision)
     lines += [f"  numerics: {flag}"] if flag else []
     lines += [f"  ({booked.fallback})"] if booked.fallback else []
@@ -269,7 +278,7 @@ def _recommendation(found, booked, command: list[str] | None) -> list[str]:
 def _your_setting(setup, found, fix, prices, calibration, args) -> list[str]:
     """Whether the user's own setting fits, its time and cost when it does, else what makes it fit."""
     from kit.estimate import estimate
-    from kit.fit import estimate_fit
+    from kit.fit import FLUSHES, estimate_fit
     from kit.gpus import prices as list_prices
 
     c = setup.cluster
@@ -283,7 +292,7 @@ def _your_setting(setup, found, fix, prices, calibration, args) -> list[str]:
         t = calibrated.step_time(setup, perf.hardware(setup, args.network), found.assumptions, calibration)
         run = t.run(found.tokens, rate) if rate else None
         cost = f"; {run['hours']:,.1f} h, ${run['cost_usd']:,.0f}" if run else ""
-        return ["", f"{here}: fits ({usable}){cost}"]
+        return ["", f"{here}: fits ({usable}){cost}" + (f"; {FLUSHES}" if verdict.flushes else "")]
     lines = ["", f"{here}: does not fit ({usable}); the smallest changes that make it fit:"]
     if fix.empty:
         return [*lines, "  (none within one or two changes)"]

@@ -4,7 +4,7 @@
         --nprocs 2 --steps 3 --out ds_config.json
 
 Candidates the estimate says exceed ``--budget-gib`` per GPU (default: the ``--gpu``'s memory; per rank on
-CPU ranks, where the estimate has no CUDA context, NCCL buffers or allocator slack) are listed as pruned
+CPU ranks, where the estimate has no CUDA context, NCCL buffers or caching allocator) are listed as pruned
 and never run; the rest run in one launch (``zerokit run``'s runner, resumable by
 ``--sweep``) and are ranked by median samples/s. ``--out`` writes the best one's ds_config.json.
 """

@@ -38,6 +38,7 @@ activations, the loss), which ``kit.estimate.fsdp_events`` builds on:
 from __future__ import annotations
 
 import itertools
+from functools import cached_property
 
 from kit import checkpointing, gpus
 from kit.components import Component
@@ -63,6 +64,12 @@ DEFAULT, GATHER, REDUCE = 0, 1, 2
 STEPS = 2
 
 
+def micro_steps(grad_accum: int) -> list[int]:
+    """The micro-steps of a step replayed: the first, one of those between (each leaves the pools as the
+    one before found them, so more add nothing: ``tests/test_reserved.py``) and the boundary one."""
+    return sorted({0, min(1, grad_accum - 1), grad_accum - 1})
+
+
 class Step:
     """The events of ``STEPS`` steps (see the module's doc); one instance per replay."""
 
@@ -81,6 +88,9 @@ class Step:
         self.tensors = [(-1, t) for t in before]
         self.tensors += [(i, t) for i in range(count) for t in block]
         self.tensors += [(count, t) for t in after]
+        self.groups: dict[int, list[int]] = {}  # a group: its tensors' indices
+        for k, (g, _) in enumerate(self.tensors):
+            self.groups.setdefault(g, []).append(k)
         self.grads: list[int] = []  # gradient keys held to the optimizer (stage 0; stages 1-2's partition)
         self.bucket: list[int] = []  # numels of the gradients in the ipg bucket
         self.pending: list[int] = []  # keys of gradients larger than the bucket, waiting in it
@@ -109,18 +119,19 @@ class Step:
     def _tied_head(self) -> int | None:
         """The index of the embeddings' weight a tied language-model head multiplies by, else None."""
         m = self.setup.model
-        if not (m.tied_embeddings and m.vocab and m.hidden and self._shape()[3]):
+        if not (m.tied_embeddings and m.vocab and m.hidden and self.shape[3]):
             return None
         return next((k for k, (g, t) in enumerate(self.tensors) if g < 0 and t == m.vocab * m.hidden), None)
 
     def events(self) -> list[Event]:
         self._resident()
         for step in range(STEPS):
-            for micro in range(self.setup.batch.grad_accum):
+            last = self.setup.batch.grad_accum - 1
+            for micro in micro_steps(last + 1):
                 self.out.append(Mark("forward"))
                 saved, tokens = self._forward()
                 self.out.append(Mark("backward"))
-                self._backward(saved, tokens, boundary=micro == self.setup.batch.grad_accum - 1)
+                self._backward(saved, tokens, boundary=micro == last)
             self.out.append(Mark("optimizer"))
             self._optimizer(first=step == 0)
         return self.out
@@ -244,7 +255,8 @@ class Step:
         return states // (1 + k) if states else 0
 
     # ----- one micro-step ----------------------------------------------------------------------------
-    def _shape(self) -> tuple[int, int, int, int]:
+    @cached_property
+    def shape(self) -> tuple[int, int, int, int]:
         """Elements of ``s b h`` and ``s b f``, the eager attention scores' (0 under SDPA), and the logits."""
         m, b = self.setup.model, self.setup.batch
         tokens = b.micro_batch * self.setup.rank_seq_len
@@ -263,8 +275,8 @@ class Step:
         """One block's saved activations as tensors (bytes), less ``kept`` (what a selective policy's
         recomputation does not save again): the bytes per block cut into the shapes a transformer block
         saves, its MLP's two ``s b f`` and the eager scores first."""
-        sbh, sbf, scores, logits = self._shape()
-        p, per_block = self.p, max(self._per_block() - kept, 0)
+        sbh, sbf, scores, logits = self.shape
+        p, per_block = self.p, max(self.per_block - kept, 0)
         out = []
         for size, count in ((p * sbf, 2 if sbh else 0), (p * scores, 1 if scores else 0)):
             for _ in range(count):
@@ -277,7 +289,8 @@ class Step:
             per_block -= unit
         return out + ([per_block] if per_block > 0 else [])
 
-    def _per_block(self) -> int:
+    @cached_property
+    def per_block(self) -> int:
         """Saved bytes of one block without checkpointing (the activations less the head's, per block)."""
         m = self.setup.model
         if m.family in FORMULA_FAMILIES and m.is_transformer and not m.source:
@@ -289,7 +302,7 @@ class Step:
     def _forward(self) -> tuple[list[list[int]], int]:
         """The forward: per block its gathers (stage 3), its saved tensors (with checkpointing its input,
         the rest made and freed), the loss's logits; returns the saved keys per block and the token ids'."""
-        sbh, _, _, logits = self._shape()
+        sbh, _, _, logits = self.shape
         p = self.p
         tokens = self.alloc(8 * self.setup.batch.micro_batch * self.setup.rank_seq_len)
         saved: list[list[int]] = []
@@ -321,7 +334,7 @@ class Step:
         return saved, tokens
 
     def _backward(self, saved: list[list[int]], tokens: int, boundary: bool) -> None:
-        sbh, sbf, _, logits = self._shape()
+        sbh, sbf, _, logits = self.shape
         p, m = self.p, self.setup.model
         gated = 3 if m.family in SWIGLU_FAMILIES else 1
         head = saved.pop() if logits else []
@@ -386,7 +399,7 @@ class Step:
         """Each tensor's gradient of ``group``, in backward order, and what its hook does with it; at
         stage 3 module by module, each fetched before (its pre-backward hook) and released after."""
         if not self.stage3:
-            for index in reversed([k for k, x in enumerate(self.tensors) if x[0] == group]):
+            for index in reversed(self.groups.get(group, [])):
                 self._gradient(index)
             return
         modules = list(reversed(self._modules(group)))
@@ -460,7 +473,7 @@ class Step:
     # ----- stage 3's gathers (``kit.estimate.zero3_gathers``) ------------------------------------------
     def _modules(self, group: int) -> list[Module]:
         """``group``'s modules in the forward's order; after the blocks, the tied head's last."""
-        modules = self.gathers.modules([k for k, (g, _) in enumerate(self.tensors) if g == group])
+        modules = self.gathers.modules(self.groups.get(group, []))
         return modules + [(self.head,)] if group == self.count and self.head is not None else modules
 
     def _gather_tensors(self, group: int, forward: bool) -> None:

@@ -19,8 +19,9 @@ Two formulas:
 
 Activations: ``kit.estimate.activations``; the tensor partitioning: ``kit.estimate.partition``.
 
-What it cannot see: the caching allocator's fragmentation (a flat ``ALLOCATOR_FRAGMENTATION`` share
-stands for it; a long run's reserved memory can grow past it), transient peaks inside kernels and
+The caching allocator's share is replayed (``kit.estimate.reserved``); where it is not, a flat
+``ALLOCATOR_FRAGMENTATION`` share stands for it (a long run's reserved memory can grow past it).
+What it cannot see: transient peaks inside kernels and
 collectives (the gathered copy a ZeRO-3 all-gather builds before it is split, cuBLAS / cuDNN / flash
 attention workspaces, NCCL's buffers beyond ``NCCL_BUFFER_BYTES``), memory the training script or a
 library allocates on its own (data loaders' pinned batches, a second model, the loss's logits in fp32
@@ -69,7 +70,8 @@ FORMULAS: tuple[str, ...] = ("deepspeed", "zero-paper")
 #: ``kit.gpus.CUDA_CONTEXT_BYTES``).
 #: NCCL communicator buffers: NCCL_BUFFSIZE (4 MiB) x channels (up to 32 on NVLink) x 2 directions.
 NCCL_BUFFER_BYTES = 256 * MIB
-#: Caching-allocator slack: reserved minus allocated, as a fraction of the allocated peak.
+#: Caching-allocator slack where the allocator is not replayed: reserved minus allocated, as a fraction
+#: of the allocated peak.
 ALLOCATOR_FRAGMENTATION = 0.05
 #: CPU RAM of one rank's process before any model: Python, torch with CUDA libraries, DeepSpeed.
 PROCESS_BASE_BYTES = 2 * GIB
@@ -155,8 +157,8 @@ def gpu_terms(setup: Setup, device: dict[str, Term], act: Term) -> dict[str, Ter
 
 def peak_per_gpu(setup: Setup, held: States, act: Term) -> tuple[peak.Timeline, Term]:
     """The predicted peak of a step on ``held``'s rank with activations ``act``, and what the GPU holds
-    beyond its tensors then: their sum is the verdict's number (``Estimate.per_gpu_bytes``), which
-    ``kit.planning.plan_grid`` computes the same way."""
+    beyond its tensors then outside the allocator's replay: their sum is ``Estimate.screen_bytes``, what
+    ``kit.planning.plan_grid`` screens on (the verdict adds the replay's share: ``per_gpu_bytes``)."""
     line = peak.timeline(setup, held.rank, held.device, act)
     return line, gpu_overheads(setup, line.peak_tensor_bytes)
 
@@ -180,16 +182,19 @@ def peak_timeline(
 
 
 def gpu_overheads(setup: Setup, allocated: int) -> Term:
-    """What a GPU holds beside the tensors: the CUDA context, NCCL's buffers (more than one rank) and
-    the caching allocator's slack on ``allocated`` bytes (a CPU rank holds none of them:
-    ``kit.estimate.result.cpu_overheads``, ``Estimate.on_accelerator("cpu")``)."""
-    slack = int(allocated * ALLOCATOR_FRAGMENTATION)
+    """What a GPU holds beside the tensors outside the caching allocator's replay: the CUDA context and
+    NCCL's buffers (more than one rank); where the allocator is not replayed (``reserved.unreplayed``), a
+    ``ALLOCATOR_FRAGMENTATION`` share of ``allocated`` stands for it. A CPU rank holds none of them
+    (``kit.estimate.result.cpu_overheads``, ``Estimate.on_accelerator("cpu")``)."""
     nccl = NCCL_BUFFER_BYTES if setup.zero_dp > 1 else 0
-    return Term(
-        CUDA_CONTEXT_BYTES + nccl + slack,
-        f"CUDA context {gib(CUDA_CONTEXT_BYTES)} + NCCL buffers {gib(nccl)} + allocator slack "
-        f"{ALLOCATOR_FRAGMENTATION:.0%} x {gib(allocated)} = {gib(CUDA_CONTEXT_BYTES + nccl + slack)}",
-    )
+    formula = f"CUDA context {gib(CUDA_CONTEXT_BYTES)} + NCCL buffers {gib(nccl)}"
+    why = reserved.unreplayed(setup)
+    slack = int(allocated * ALLOCATOR_FRAGMENTATION) if why else 0
+    if why:
+        formula += (
+            f" + allocator slack {ALLOCATOR_FRAGMENTATION:.0%} x {gib(allocated)} (not replayed: {why})"
+        )
+    return Term(CUDA_CONTEXT_BYTES + nccl + slack, f"{formula} = {gib(CUDA_CONTEXT_BYTES + nccl + slack)}")
 
 
 def batch_activations(setup: Setup) -> Term:
@@ -210,7 +215,7 @@ def batch_activations(setup: Setup) -> Term:
 
 def _largest_over_schedule(setup: Setup, formula: Formula, trace: bool) -> Estimate:
     states = [(step, estimate(state, formula, trace)) for step, state in setup.batch_states()]
-    step, worst = max(states, key=lambda item: item[1].per_gpu_bytes)
+    step, worst = max(states, key=lambda item: item[1].screen_bytes)  # the most tensors: replay that one
     b = worst.setup.batch
     note = (
         f"batch schedule: memory at step {step} (micro batch {b.micro_batch}, grad accum {b.grad_accum}), "
@@ -490,7 +495,7 @@ def _notes(setup: Setup) -> tuple[str, ...]:
     if subset.is_subset(z):
         notes.append(
             f"{subset.describe(z)}: no replay of the caching allocator yet (max reserved not predicted); "
-            "the verdict is the peak per GPU"
+            "the verdict is the peak per GPU with a 5 % allocator slack"
         )
     if z.sequence_parallel_size > 1:
         sp = z.sequence_parallel_size
@@ -504,7 +509,7 @@ def _notes(setup: Setup) -> tuple[str, ...]:
             f"activations, head and loss are those of its {setup.rank_seq_len:,} tokens, gradients are "
             f"reduced in fp32 (DeepSpeed's seq_parallel_communication_data_type), {own}; the exchanges' "
             "transient copies inside attention are not counted, nor is the caching allocator replayed: "
-            "the verdict is the peak per GPU"
+            "the verdict is the peak per GPU with a 5 % allocator slack"
         )
     if not partition.is_exact(setup):
         notes.append("bare parameter count: per-tensor padding and stage 3 persistence approximated")

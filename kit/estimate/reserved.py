@@ -8,8 +8,10 @@ splitting, nothing returned to the device until an allocation fails) applied to 
 allocates and frees, and one pool per CUDA stream: a block freed on one stream is never reused by another.
 That order is written from the engines' code, two steps (the second from the cache the first left), as the
 runs people publish report the peak over many: DeepSpeed's (``kit.estimate.deepspeed_events``) and
-PyTorch FSDP2's (``kit.estimate.fsdp_events``). Not replayed: PyTorch's DDP (its buckets and streams), and
-parameters offloaded to the host or NVMe (the swap buffers' own allocations): ``reserved`` is None.
+PyTorch FSDP2's (``kit.estimate.fsdp_events``). Not replayed (``unreplayed``): PyTorch's DDP (its buckets
+and streams), parameters offloaded to the host or NVMe (the swap buffers' own allocations), a trainable
+subset, a fused loss and sequence parallelism: ``reserved`` is None. A step's micro-steps are the first,
+one between and the boundary one (``deepspeed_events.micro_steps``: those between repeat one another).
 
 The prediction is the tensor peak plus what the replay reserves beyond its own peak of tensors over the
 steps (``Reserved.cached``), so the allocator's share is added to the timeline's peak, not a fitted factor;
@@ -17,13 +19,15 @@ building the states before the first step can hold more tensors than any step (`
 stages 1-2 flattening the module beside it), which ``max_memory_allocated`` since the start reads.
 With ``expandable_segments`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) the same sequence is
 replayed on growing segments; ``Reserved.expandable`` is that share, and the saving is the difference.
+The fit is decided on it (``kit.fit.within``): max reserved within the GPU's memory, or past it, the same
+sequence replayed within the memory (``Reserved.flushed``), as PyTorch frees its cached segments and
+retries before it raises an out-of-memory error.
 
 What it cannot see: ``record_stream``'s deferred frees (a block freed while another stream still uses it
 comes back after that stream's work: the replay frees it at once; with a slow network stage 3 holds
 more), the ops' own temporaries beyond the block's working set (flash attention's; cuBLAS's workspaces are),
 fused kernels that allocate less, the order of autograd's frees inside a block, a model without a
-repeating block (one block stands for it), and a device's capacity (near it, PyTorch frees its cache and
-retries before it would reserve more). Checked: the allocator's rules replaying the allocations an H100
+repeating block (one block stands for it). Checked: the allocator's rules replaying the allocations an H100
 made give its max reserved and max allocated to the byte, and the kit's step of the same setups (rank 0 of
 64 and 32 ranks of the kit's GPT with A18's and A23's shapes, ``kit.accuracy.traces``) from 2.6 % under to
 0.2 % over;
@@ -36,9 +40,10 @@ today's DeepSpeed gives 1.4x).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 
-from kit.estimate.allocator import Alloc, Mark, Replay, replay
+from kit.estimate.allocator import Alloc, Event, Mark, Replay, replay
 from kit.estimate.deepspeed_events import Step
 from kit.estimate.fsdp_events import FsdpStep
 from kit.estimate.peak import Implementation
@@ -58,10 +63,29 @@ class Reserved:
 
     allocated: int
     reserved: int
-    expandable_allocated: int
-    expandable_reserved: int
     events: int
-    initialize: int
+    #: the allocations replayed (the expandable replay, ``initialize`` and ``flushed`` replay them
+    #: when asked)
+    sequence: tuple[Event, ...] = field(compare=False, repr=False)
+    #: ``flushed``'s answers by capacity
+    within: dict[int, int | None] = field(default_factory=dict, compare=False, repr=False)
+
+    @cached_property
+    def _grown(self) -> Replay:
+        return replay(self.sequence, expandable_segments=True)
+
+    @property
+    def expandable_allocated(self) -> int:
+        return _stepping(self._grown)
+
+    @property
+    def expandable_reserved(self) -> int:
+        return self._grown.max_reserved
+
+    @cached_property
+    def initialize(self) -> int:
+        built = next(i for i, e in enumerate(self.sequence) if isinstance(e, Mark))
+        return replay(self.sequence[:built]).max_allocated
 
     @property
     def cached(self) -> int:
@@ -70,6 +94,18 @@ class Reserved:
     @property
     def expandable_cached(self) -> int:
         return self.expandable_reserved - self.expandable_allocated
+
+    def flushed(self, capacity: int) -> int | None:
+        """Max reserved where the allocator can get only ``capacity`` bytes, None where the steps run out
+        of memory there: near it, PyTorch frees its cached segments and retries before it raises an
+        out-of-memory error, so a run can fit in less than ``reserved`` (each such flush costs step time:
+        ``cudaFree`` synchronises)."""
+        if self.reserved <= capacity:
+            return self.reserved
+        if capacity not in self.within:
+            run = replay(self.sequence, capacity=capacity)
+            self.within[capacity] = None if run.oom else run.max_reserved
+        return self.within[capacity]
 
     def term(self) -> Term:
         """The allocator's share beside the tensors, with its formula."""
@@ -90,16 +126,46 @@ def reserved(
     None for what it does not replay (PyTorch's DDP, parameters offloaded to the host or NVMe, a
     trainable subset: its gradients are not the replay's; the chunked loss: its chunks are not; sequence
     parallelism: its fp32 reductions and exchanges are not)."""
-    z = setup.zero
-    unreplayed = is_subset(z) or z.loss != "plain" or z.sequence_parallel_size > 1
-    if z.engine == "ddp" or z.offload_param is not Offload.NONE or unreplayed:
+    if unreplayed(setup):
         return None
-    step = FsdpStep if z.engine == "fsdp" else Step
-    events = step(setup, device, activations, implementation).events()
-    plain, grown = replay(events), replay(events, expandable_segments=True)
+    held = tuple((name, term.bytes) for name, term in device.items())  # what the events read of them
+    return _replayed(_Same(setup), held, activations.bytes, implementation)
+
+
+class _Same:
+    """A Setup compared by its JSON, for ``_replayed``'s cache."""
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup, self.key = setup, setup.model_dump_json()
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.key == self.key
+
+
+@lru_cache(maxsize=32)  # a plan, a boundary search, a panel ask again for the setups they named
+def _replayed(same: _Same, device: tuple, activations: int, implementation: Implementation) -> Reserved:
+    step = FsdpStep if same.setup.zero.engine == "fsdp" else Step
+    held = {name: Term(nbytes, "") for name, nbytes in device}
+    events = step(same.setup, held, Term(activations, ""), implementation).events()
+    plain = replay(events)
     count = sum(isinstance(e, Alloc) for e in events)
-    built = replay(events[: next(i for i, e in enumerate(events) if isinstance(e, Mark))]).max_allocated
-    return Reserved(_stepping(plain), plain.max_reserved, _stepping(grown), grown.max_reserved, count, built)
+    return Reserved(_stepping(plain), plain.max_reserved, count, tuple(events))
+
+
+def unreplayed(setup: Setup) -> str:
+    """What keeps ``setup`` from the replay (``reserved`` is None for it), or ``""``."""
+    z = setup.zero
+    reasons = (
+        (z.engine == "ddp", "PyTorch's DDP"),
+        (z.offload_param is not Offload.NONE, "parameters offloaded"),
+        (is_subset(z), "a trainable subset"),
+        (z.loss != "plain", f"the {z.loss} loss"),
+        (z.sequence_parallel_size > 1, "sequence parallelism"),
+    )
+    return next((reason for cond, reason in reasons if cond), "")
 
 
 def _stepping(run: Replay) -> int:

@@ -76,7 +76,8 @@ class Estimate:
     nvme_term: Term = NONE
     #: the predicted peak per phase of a step (``kit.estimate.peak.Timeline``; None for the paper's formula)
     timeline: Any = None
-    #: the GPU-only overheads beside the tensors: CUDA context, NCCL buffers, allocator slack on the peak
+    #: the GPU-only overheads beside the tensors: CUDA context, NCCL buffers (an allocator slack on the peak
+    #: where the allocator is not replayed)
     #: (on CPU ranks ``cpu_overheads``: none)
     peak_overhead: Term = NONE
     #: the caching allocator's replay of its steps, run when asked (``kit.estimate.reserved.reserved``;
@@ -144,10 +145,21 @@ class Estimate:
 
     @property
     def per_gpu_bytes(self) -> int:
-        """The predicted peak per GPU, the one number "fits" is decided on (``kit.fit``): the peak phase's
-        tensors plus what the GPU runtime holds beyond them (``peak_overhead``). The ZeRO paper's formula has
-        no timeline: its components' sum. On CPU ranks (``on_accelerator("cpu")``): the peak per rank,
-        its tensors alone."""
+        """The predicted peak per GPU, the one number "fits" is decided on (``kit.fit``): predicted max
+        reserved (the peak phase's tensors and what the caching allocator's replay holds beyond them,
+        ``reserved_bytes``) plus what the GPU runtime holds outside the allocator (``peak_overhead``); where
+        the allocator is not replayed, ``screen_bytes`` (its overhead has a share for it). The ZeRO paper's
+        formula has no timeline: its components' sum. On CPU ranks (``on_accelerator("cpu")``): the peak
+        per rank, its tensors alone."""
+        if self.timeline is None:
+            return self.components_bytes
+        return self.screen_bytes + (self.reserved.cached if self.reserved else 0)
+
+    @property
+    def screen_bytes(self) -> int:
+        """The peak phase's tensors plus ``peak_overhead``, before the allocator's replayed share: what
+        ``kit.planning.plan_grid`` screens thousands of setups on (nothing needs less), ``per_gpu_bytes``
+        without a timeline."""
         if self.timeline is None:
             return self.components_bytes
         return self.timeline.peak_tensor_bytes + self.peak_overhead.bytes
@@ -227,6 +239,7 @@ class Estimate:
             "params": s.model.params,
             "largest_layer_params": s.model.largest_layer_params,
             "per_gpu_bytes": self.per_gpu_bytes,
+            "screen_bytes": self.screen_bytes,
             "components_bytes": self.components_bytes,
             "peak_tensor_bytes": self.peak_tensor_bytes,
             "peak_phase": self.peak_phase,
@@ -257,6 +270,8 @@ class Estimate:
         rows.append(("sum of components", self.components_bytes, "every component at once (not the verdict)"))
         if self.timeline:
             plus = " (CPU ranks: no GPU overheads)" if self.accelerator == "cpu" else " + overhead"
+            if self.reserved:
+                plus = " + the caching allocator's replayed share + overhead"
             verdict = f"the {self.peak_phase} peak{plus} (the verdict)"
             rows.append((f"peak per {self.device}", self.per_gpu_bytes, verdict))
         rows.append(("CPU RAM per node", self.cpu_bytes_per_node, self.cpu_term.formula))

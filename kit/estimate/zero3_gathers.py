@@ -31,6 +31,8 @@ of leaf modules, and when the frees of ``record_stream`` come back (at once here
 
 from __future__ import annotations
 
+import itertools
+from bisect import bisect_left
 from collections import defaultdict, deque
 from collections.abc import Callable
 
@@ -69,6 +71,8 @@ class Gathers:
         self.mode = "invalid"
         self.recording: list[Module] = []
         self.trace: tuple[Module, ...] = ()
+        self.within: list[int] = []  # elements of the trace's modules before each one (a running sum)
+        self.uses: dict[int, list[int]] = defaultdict(list)  # a tensor: the trace's modules that use it
         self.queue: deque[tuple[int, int]] = deque()
         self.fetched_for: dict[int, int] = defaultdict(lambda: -(10**10))
         self.position = 0
@@ -96,6 +100,12 @@ class Gathers:
             self.mode = "record"
         elif self.mode == "record":
             self.mode, self.trace = "complete", tuple(self.recording)
+            self.within = list(
+                itertools.accumulate((sum(self.numels[i] for i in m) for m in self.trace), initial=0)
+            )
+            for k, m in enumerate(self.trace):
+                for i in m:
+                    self.uses[i].append(k)
         self.queue = deque((i, step) for step, m in enumerate(self.trace) for i in sorted(m))
         self.fetched_for = defaultdict(lambda: -(10**10))
         self.position, self.live = 0, 0
@@ -193,11 +203,13 @@ class Gathers:
     def _reused(self, module: Module) -> set[int]:
         """``__params_to_release``' exceptions: tensors prefetched for a later use, or fetched again
         within the reuse distance (the modules from the next one on, elements counted per module)."""
+        # the modules walked: from the position on, while fewer than ``reuse`` elements were walked before
+        start = min(self.position, len(self.trace))
+        end = bisect_left(self.within, self.within[start] + self.reuse, lo=start)
         kept = {i for i in module if self.fetched_for[i] > self.position}
-        traversed = 0
-        for later in self.trace[self.position :]:
-            if traversed >= self.reuse:
-                break
-            kept.update(i for i in later if i in module)
-            traversed += sum(self.numels[i] for i in later)
+        for i in module:
+            uses = self.uses[i]
+            k = bisect_left(uses, start)
+            if k < len(uses) and uses[k] < end:
+                kept.add(i)
         return kept

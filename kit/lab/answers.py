@@ -68,20 +68,20 @@ def offload(setup: Setup) -> str:
         why = short.get(verdict.problem, f"no {setup.zero.precision} on the {c.gpu}")
         return (
             f"**The answer for {where}**: none of these fits; the leanest, {name}, needs "
-            f"{e.per_gpu_bytes / GIB:.1f} GiB per GPU ({why}). Turn on activation checkpointing, "
+            f"{verdict.need / GIB:.1f} GiB per GPU ({why}). Turn on activation checkpointing, "
             "lower the micro batch or add GPUs (notebook 04), or offload to NVMe (section 4)."
         )
-    name, e, seconds, _ = min(fitting, key=lambda r: r[2])
+    name, e, seconds, best = min(fitting, key=lambda r: r[2])
     lines = [
         f"**The answer for {where}**: **{name}**, the fastest setting that fits: "
-        f"{e.per_gpu_bytes / GIB:.1f} GiB per GPU, {seconds:.2f} s per step (datasheet step time)."
+        f"{best.need / GIB:.1f} GiB per GPU, {seconds:.2f} s per step (datasheet step time)."
     ]
     for other, o, t, verdict in rows:
         if other == name or t is None:
             continue
         fits = "fits" if verdict.ok else "does not fit"
         lines.append(
-            f"- {other}: {o.per_gpu_bytes / GIB:.1f} GiB per GPU ({fits}), {t:.2f} s per step "
+            f"- {other}: {verdict.need / GIB:.1f} GiB per GPU ({fits}), {t:.2f} s per step "
             f"({_change(t, seconds)}), {o.cpu_bytes_per_node / GIB:.0f} GiB of CPU RAM per node."
         )
     lines.append(
@@ -107,19 +107,19 @@ def zeropp(setup: Setup) -> str:
     for name, change in grid.zeropp_variants(c.gpus_per_node).items():
         s = setup.replace(zero=off | change)
         e, seconds = _timed(s)
-        rows.append((name, e, seconds, comm_by_scope(s)["inter"], estimate_fit(e).ok))
+        rows.append((name, e, seconds, comm_by_scope(s)["inter"], estimate_fit(e)))
     base = rows[0]
-    fitting = [(n, e, t, i, fits) for n, e, t, i, fits in rows if fits and t is not None]
+    fitting = [(n, e, t, i, v.ok) for n, e, t, i, v in rows if v.ok and t is not None]
     lines = []
-    for name, e, seconds, inter, fits in rows:
+    for name, _, seconds, inter, verdict in rows:
         time = (
             f"{seconds:.2f} s per step ({seconds / base[2] - 1:+.0%})"
             if seconds and base[2]
             else "no step time"
         )
         lines.append(
-            f"- {name}: {inter / GIB:.2f} GiB per GPU per step across nodes, {e.per_gpu_bytes / GIB:.1f} GiB "
-            f"per GPU ({'fits' if fits else 'does not fit'}), {time}."
+            f"- {name}: {inter / GIB:.2f} GiB per GPU per step across nodes, {verdict.need / GIB:.1f} GiB "
+            f"per GPU ({'fits' if verdict.ok else 'does not fit'}), {time}."
         )
     if not fitting:
         head = f"**The answer for {where}**: none of these fits the {c.gpu}; see notebook 04 or 08 first."

@@ -18,7 +18,7 @@ from typing import Any
 import ipywidgets as w
 
 from kit import checkpointing, settings
-from kit.fit import estimate_fit
+from kit.fit import FLUSHES, estimate_fit
 from kit.gpus import gpu_names
 from kit.lab import ui
 from kit.rules import Offload, offload_problem
@@ -355,6 +355,7 @@ class MemoryPanel:
         est, setup = self.estimate, self._valid_setup()
         c, b = setup.cluster, setup.batch
         self.verdict.value = verdict_html(est)
+        need = estimate_fit(est).need  # the verdict's bytes, which the facts and the peak chart show
         ram = c.cpu_ram_per_node_bytes
         others = [name for name, ok in est.fits.items() if ok and name != c.gpu]
         facts = [
@@ -362,7 +363,7 @@ class MemoryPanel:
             ("cluster", f"{c.nodes} x {c.gpus_per_node} {html.escape(c.gpu)}"),
             (
                 "per GPU",
-                f"<b class='zk-per-gpu'>{est.per_gpu_bytes / GIB:,.2f} GiB</b> of {_gpu_gib(c.gpu):,.2f} GiB",
+                f"<b class='zk-per-gpu'>{need / GIB:,.2f} GiB</b> of {_gpu_gib(c.gpu):,.2f} GiB",
             ),
             ("model states", f"{est.model_states_bytes / GIB:,.2f} GiB per GPU"),
             *_reserved_facts(est),
@@ -391,7 +392,12 @@ class MemoryPanel:
         with self.timeline_plot.hold_sync():  # the same for the peak chart, which carries the same class
             if est.timeline:
                 room = (c.gpu, int(_gpu_gib(c.gpu) * GIB))
-                line = peak_timeline(est.timeline, overhead=est.peak_overhead.bytes, capacity=room)
+                line = peak_timeline(  # the peak phase's bar is the verdict's bytes
+                    est.timeline,
+                    overhead=est.peak_overhead.bytes,
+                    capacity=room,
+                    allocator=need - est.screen_bytes,
+                )
                 self.timeline_plot.value = ui.figure_png(line)
             else:
                 self.timeline_plot.value = b""
@@ -470,7 +476,8 @@ def verdict_html(est) -> str:
     """One line: the estimate's verdict for its GPU (``kit.fit``: the GPU's precision support and the node's
     CPU RAM included) and by how much: GiB free or over on the GPU, and the CPU RAM per node when given."""
     setup = est.setup
-    name, need = setup.cluster.gpu, est.per_gpu_bytes
+    verdict = estimate_fit(est)  # the one fit rule (kit.fit): precision support, GPU memory, CPU RAM
+    name, need = setup.cluster.gpu, verdict.need  # past the memory: what the flushed replay held there
     capacity = _gpu_gib(name) * GIB
     room = capacity - need
     parts = [
@@ -485,10 +492,11 @@ def verdict_html(est) -> str:
     if ram is not None:
         over = f", {(cpu - ram) / GIB:,.2f} GiB over" if cpu > ram else ""
         parts.append(f"CPU RAM per node {cpu / GIB:,.2f} GiB of {ram / GIB:,.2f} GiB{over}")
-    verdict = estimate_fit(est)  # the one fit rule (kit.fit): precision support, GPU memory, CPU RAM
     if verdict.problem == "precision":
         precision = setup.zero.precision
         parts.insert(0, f"the {html.escape(name)} has no {precision}; choose another GPU or precision")
+    if verdict.flushes:
+        parts.append(FLUSHES.removeprefix("fits "))
     text = ("&#10004; fits: " if verdict.ok else "&#10008; does not fit: ") + "; ".join(parts)
     color = ui.GREEN if verdict.ok else ui.RED
     return f"<div class='zk-verdict-line' style='{ui.VERDICT_STYLE}color:{color}'><b>{text}</b></div>"
@@ -500,7 +508,7 @@ def _reserved_facts(est) -> list[tuple[str, str]]:
     plain, grown = est.reserved_bytes, est.reserved_expandable_bytes
     if plain is None:
         return []
-    facts = [("max reserved", f"{plain / GIB:,.2f} GiB (replayed; not the verdict)")]
+    facts = [("max reserved", f"{plain / GIB:,.2f} GiB (replayed: in the verdict)")]
     if plain - grown > 0.05 * plain:
         facts.append(("expandable segs.", f"{grown / GIB:,.2f} GiB ({(plain - grown) / GIB:,.2f} less)"))
     return facts
@@ -521,7 +529,12 @@ def formula_table_html(est) -> str:
     rows.append(["sum of components", whole / GIB, whole, "every component at once (not the verdict)"])
     if est.timeline:
         peak, phase = est.per_gpu_bytes, est.peak_phase
-        rows.append(["peak per GPU", peak / GIB, peak, f"the {phase} peak + overhead: the verdict's number"])
+        what = (
+            f"the {phase} peak + the caching allocator's replayed share"
+            if est.reserved
+            else f"the {phase} peak"
+        )
+        rows.append(["peak per GPU", peak / GIB, peak, f"{what} + overhead: the verdict's number"])
     total_row = len(rows) - 1
     rows.append(
         ["CPU RAM per node", est.cpu_bytes_per_node / GIB, est.cpu_bytes_per_node, est.cpu_term.formula]

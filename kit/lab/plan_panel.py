@@ -12,6 +12,7 @@ from typing import Any
 import ipywidgets as w
 from IPython.display import HTML, clear_output, display
 
+from kit.fit import FLUSHES
 from kit.gpus import gpu_names
 from kit.lab import ui
 from kit.lab.memory_panel import default_setup
@@ -191,12 +192,14 @@ class PlanPanel:
             self.verdict.value = ui.colored(self.error)
             return
         self.error = None
-        self.verdict.value = self._summary()
+        # the plot and the tables first: the rows they name are confirmed (Plan.settle) before the count
         self.figure = plots.pareto(self.plan, booked=self.booking, **self.limits)
+        tables = self.tables_html()
+        self.verdict.value = self._summary()
         ui.show_figure(self.plot, self.figure)
         with self.table:
             clear_output(wait=True)
-            for part in self.tables_html():
+            for part in tables:
                 display(HTML(part))
 
     def tables_html(self) -> list[str]:
@@ -256,7 +259,8 @@ class PlanPanel:
         found, b = self.plan, self.booking
         limits = [f"{b.max_hours:,g} h" if b.max_hours else "", f"${b.budget:,.0f}" if b.budget else ""]
         within = " and ".join(x for x in limits if x)
-        some = f"{b.fitting:,} of" if b.fitting else "none of"
+        fitting = len(found.fitting(**self.limits))
+        some = f"{fitting:,} of" if fitting else "none of"
         counted = f"{some} {len(found.table):,} setups fit with {self.headroom.value:.0%} headroom"
         counted += f" within {within}" if within else ""
         skipped = "".join(f"; skipped {html.escape(line)}" for line in found.skipped)
@@ -271,6 +275,7 @@ class PlanPanel:
             return f"<b style='color:{ui.RED}'>{html.escape(counted)}</b>{nearest}{skipped}"
         r = b.recommended
         flag = " (" + html.escape(b.fallback) + ")" if b.fallback else ""
+        flag += f" ({FLUSHES})" if r.flushes else ""
         return (
             f"<b>{html.escape(counted)}</b> ({found.setups_per_s:,.0f}/s; {html.escape(found.calibration)}). "
             f"Book, the {b.goal}: <b>{html.escape(r.label)}</b>, {r.hours:,.1f} h, ${r.cost_usd:,.0f}{flag}"

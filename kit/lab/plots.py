@@ -41,6 +41,8 @@ COLORS: dict[str, str] = {
     Component.ACTIVATIONS: "#C44E52",
     Component.OVERHEAD: "#8C8C8C",
 }
+#: the caching allocator's replayed share above a peak's tensors (``Reserved.cached``)
+ALLOCATOR = "caching allocator"
 
 
 def throughput(results: Results) -> Figure:
@@ -149,8 +151,10 @@ def loss_curves(results: Results) -> Figure:
 
 def estimated_memory(estimates, title: str = "") -> Figure:
     """Stacked bars of bytes per GPU by component, one per ``kit.estimate.Estimate``, against each
-    GPU's capacity (a dashed line per GPU type). The bar is every component at once; the verdict's number,
-    the predicted peak per GPU (``Estimate.per_gpu_bytes``), is the black tick across it, labelled."""
+    GPU's capacity (a dashed line per GPU type). The bar is every component at once; the verdict's number
+    on the estimate's GPU, the predicted peak per GPU (``kit.fit.estimate_fit``'s ``need``: past the GPU's
+    memory, what the allocator holds there flushing its cache), is the black tick across it, labelled."""
+    from kit.fit import estimate_fit
     from kit.gpus import gpu
 
     fig = Figure(figsize=(max(4.8, 1.0 * len(estimates) + 3.5), 3.8), layout="constrained")
@@ -158,14 +162,15 @@ def estimated_memory(estimates, title: str = "") -> Figure:
     series: dict[str, list[float]] = {c: [e.components[c] / GIB for e in estimates] for c in COLORS}
     labels = [e.setup.label for e in estimates]
     _stack(ax, labels, series, colors=COLORS, width=0.6)
-    peaks = [e.per_gpu_bytes / GIB for e in estimates]
+    verdicts = [estimate_fit(e) for e in estimates]
+    peaks = [v.need / GIB for v in verdicts]
     sums = [e.components_bytes / GIB for e in estimates]
     capacities = {name: gpu(name).memory_gib for name in sorted({e.setup.cluster.gpu for e in estimates})}
     verdict = "the step's peak per GPU\n(the verdict; the bars:\nevery component at once)"
     ax.hlines(peaks, [x - 0.4 for x in range(len(peaks))], [x + 0.4 for x in range(len(peaks))],
               colors="black", linewidth=2.5, label=verdict, zorder=3)  # fmt: skip
-    for x, (peak, e) in enumerate(zip(peaks, estimates, strict=True)):
-        over = peak > capacities[e.setup.cluster.gpu]
+    for x, (peak, v) in enumerate(zip(peaks, verdicts, strict=True)):
+        over = v.problem == "gpu"
         ax.annotate(f"peak {peak:,.2f} GiB", (x, max(peak, sums[x])), xytext=(0, 3),
                     textcoords="offset points", ha="center", va="bottom", fontsize=9, fontweight="bold",
                     color="#b00" if over else "black")  # fmt: skip
@@ -439,19 +444,21 @@ def heartbeats(snapshot) -> Figure:
 
 def peak_timeline(
     timeline, measured: dict[str, int] | None = None, title: str = "", overhead: int = 0,
-    capacity: tuple[str, int] | None = None, where: str = "on the GPU",
+    capacity: tuple[str, int] | None = None, where: str = "on the GPU", allocator: int = 0,
 ) -> Figure:  # fmt: skip
     """The predicted peak of each phase of a step (``kit.estimate.peak.Timeline``, e.g. an
     ``Estimate.timeline``), stacked by category, with the measured peak of each phase beside it
     (``measured``: a record's ``measured.phases``, {phase: bytes}); the peak phase's label in bold.
-    ``overhead`` (an estimate's ``peak_overhead``: CUDA context, NCCL buffers, allocator slack) tops each
-    predicted bar, so the peak phase's bar is the verdict's number (``Estimate.per_gpu_bytes``), and
-    ``capacity`` (a GPU's name and memory in bytes) is drawn as a line: what the verdict compares, drawn.
+    ``overhead`` (an estimate's ``peak_overhead``: CUDA context, NCCL buffers) tops each predicted bar and
+    ``allocator`` (the caching allocator's replayed share, ``Reserved.cached``) the peak phase's, so that
+    bar is the verdict's number (``Estimate.per_gpu_bytes``), and ``capacity`` (a GPU's name and memory in
+    bytes) is drawn as a line: what the verdict compares, drawn.
     ``where`` the tensors live, for the axis (``"in a CPU rank"`` for a CPU rank's timeline)."""
     from kit.estimate.peak import CATEGORIES
 
-    colors = {**COLORS, "temporaries": "#CCB974"}
-    totals = {p: b + overhead for p, b in timeline.totals.items()}
+    colors = {**COLORS, "temporaries": "#CCB974", ALLOCATOR: "#D9D9D9"}
+    peak = timeline.peak_phase
+    totals = {p: b + overhead + (allocator if p == peak else 0) for p, b in timeline.totals.items()}
     room = capacity[1] if capacity else 0
     unit, name = (GIB, "GiB") if max([*totals.values(), room]) >= GIB else (MIB, "MiB")
     phases = list(timeline.phases)
@@ -461,6 +468,8 @@ def peak_timeline(
     fig = Figure(figsize=(7.5, 4), layout="constrained")
     ax = fig.subplots()
     series = {c: [timeline.phases[p][c].bytes / unit for p in phases] for c in CATEGORIES}
+    if allocator:
+        series[ALLOCATOR] = [allocator / unit if p == peak else 0.0 for p in phases]
     if overhead:
         series[Component.OVERHEAD] = [overhead / unit] * len(phases)
     _stack(ax, x, series, colors=colors, width=width)
@@ -490,7 +499,6 @@ def peak_timeline(
         if tick.get_text() == timeline.peak_phase:
             tick.set_fontweight("bold")
     ax.set_ylabel(f"{name} on the GPU" if overhead else f"{name} live {where}")
-    peak = timeline.peak_phase
     what = "per GPU" if overhead else "of tensors"
     ax.set_title(title or f"peak per phase of a step: {peak}, {totals[peak] / unit:,.2f} {name} {what}")
     headroom(ax, tops, 1.15)

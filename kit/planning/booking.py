@@ -87,11 +87,21 @@ def recommend(
     """The best fitting setup for ``goal`` within ``max_hours`` and ``budget`` USD that DeepSpeed runs
     without quantizing (``bookable``; the best of any kind when none is), and up to ``ALTERNATIVES``
     others, ranked for the goal: the bookable Pareto front, each other GPU type's best, and the best
-    PyTorch engine and the best quantized setup where they beat the recommendation."""
-    from kit.planning.plan import front
-
+    PyTorch engine and the best quantized setup where they beat the recommendation; each confirmed
+    (``Plan.settle``)."""
     if goal not in GOALS:
         raise ValueError(f"goal: choose one of {', '.join(GOALS)}, got {goal!r}")
+
+    def booked(b: Booking) -> list[int]:
+        return [] if b.recommended is None else [b.recommended.name, *b.alternatives.index]
+
+    return plan.settle(lambda: _recommend(plan, goal, max_hours, budget), booked)
+
+
+def _recommend(plan, goal: str, max_hours: float | None, budget: float | None) -> Booking:
+    """``recommend`` on the rows as they stand (screened or confirmed)."""
+    from kit.planning.plan import front
+
     fit = plan.fitting(max_hours, budget).sort_values(_order(goal))
     if fit.empty:
         return Booking(goal, max_hours, budget, None, fit.assign(why="", numerics=""), 0)

@@ -57,9 +57,10 @@ def longest_sequence(setup: Setup, limit: int, step: int = 8) -> int:
 def _fits(setup: Setup) -> tuple[bool, int]:
     """The fit rule's verdict on ``setup``'s GPU and the bytes per GPU it weighed."""
     from kit.estimate import estimate
+    from kit.fit import estimate_fit
 
     e = estimate(setup)
-    return e.fits[setup.cluster.gpu], e.per_gpu_bytes
+    return estimate_fit(e).ok, e.per_gpu_bytes
 
 
 def _largest(

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TypeVar
 
 import pandas as pd
 
@@ -39,6 +41,13 @@ DEFAULT_HEADROOM = 0.1
 DEFAULT_TRAIN_BATCH = 1024
 #: tokens per parameter when no run length is given: Chinchilla's compute-optimal ratio (Hoffmann et al. 2022)
 TOKENS_PER_PARAM = 20
+
+T = TypeVar("T")
+
+
+def _index(picked: pd.DataFrame) -> Iterable[int]:
+    return picked.index
+
 
 #: ZeRO's stages (``kit.grid.STAGES`` without the PyTorch baselines)
 ZERO_STAGES = ("0", "1", "2", "3")
@@ -85,8 +94,9 @@ def _nvme_fields(setup: Setup, change: dict) -> dict:
 
 def nvme_slowdown(plan: Plan, max_hours: float | None = None, budget: float | None = None) -> pd.DataFrame:
     """The NVMe rows of ``plan`` beside the same setup with CPU offload (optimizer, or optimizer and
-    parameters): ``slowdown`` = step time / CPU offload's step time, ``nvme_gib_per_node`` the swap files.
-    With ``max_hours`` or ``budget`` (USD), only the fitting NVMe rows within them (``Plan.fitting``)."""
+    parameters): ``slowdown`` = step time / CPU offload's step time, ``nvme_gib_per_node`` the swap files,
+    ``row`` the NVMe row's index in ``plan.table``. With ``max_hours`` or ``budget`` (USD), only the fitting
+    NVMe rows within them (``Plan.fitting``)."""
     t = plan.table
     keys = ["gpu", "nodes", "gpus_per_node", "checkpointing", "micro_batch", "grad_accum"]
     cpu = t[(t.stage == 3) & (t.offload_optimizer == Offload.CPU) & (t.zeropp == "")]
@@ -94,6 +104,7 @@ def nvme_slowdown(plan: Plan, max_hours: float | None = None, budget: float | No
     rows = []
     for param in (Offload.NONE, Offload.NVME):
         nv = shown[(shown.offload_optimizer == Offload.NVME) & (shown.offload_param == param)]
+        nv = nv.rename_axis("row").reset_index()
         same = cpu[cpu.offload_param == (Offload.NONE if param is Offload.NONE else Offload.CPU)]
         merged = nv.merge(
             same[[*keys, "step_s", "per_gpu_gib", "cpu_gib_per_node"]], on=keys, suffixes=("", "_cpu")
@@ -205,8 +216,13 @@ def front(frame: pd.DataFrame) -> pd.DataFrame:
 class Plan:
     """Every setup ``search`` evaluated (``table``, one row each) and how fast it went.
 
-    Rows share their memory estimate across GPU types (bytes do not depend on the GPU; only the verdict,
-    the time and the price do); ``setup(i)`` rebuilds row ``i``'s Setup exactly.
+    The grid screens each row on the bytes no setup of it needs less than (``Estimate.screen_bytes``:
+    the peak's tensors, the CUDA context and NCCL's buffers), shared across GPU types; the rows the plan
+    names (its recommendation and alternatives, the best per GPU type, the Pareto front, the rows printed)
+    are confirmed first with the estimate's own verdict (``confirm``: the caching allocator's replay,
+    ``kit.fit.estimate_fit``), which sets their ``fits``, ``flushes`` and ``per_gpu_gib``. A row the
+    replay refuses leaves the answers, and the next is confirmed (``settle``). ``setup(i)`` rebuilds row
+    ``i``'s Setup exactly.
     """
 
     base: Setup
@@ -241,9 +257,31 @@ class Plan:
             batch={"micro_batch": int(row.micro_batch), "grad_accum": int(row.grad_accum)},
         )
 
+    def confirm(self, rows: Iterable[int]) -> bool:
+        """Give each of ``rows`` not confirmed yet the estimate's verdict with the headroom (the allocator's
+        replay: ``kit.fit.estimate_fit``): its ``fits``, ``flushes`` and ``per_gpu_gib`` (the verdict's
+        bytes). Whether there was any."""
+        from kit.estimate import estimate
+
+        new = [i for i in dict.fromkeys(rows) if not self.table.at[i, "confirmed"]]
+        for i in new:
+            verdict = estimate_fit(estimate(self.setup(i)), headroom=self.headroom)
+            self.table.loc[i, ["fits", "flushes", "confirmed"]] = [verdict.ok, verdict.flushes, True]
+            self.table.loc[i, "per_gpu_gib"] = verdict.need / GIB
+        return bool(new)
+
+    def settle(self, pick: Callable[[], T], rows: Callable[[T], Iterable[int]] = _index) -> T:
+        """``pick()`` once every row it picks (``rows`` of it: its index) is confirmed (``confirm``): a row
+        the replay refuses no longer fits, and ``pick`` runs again without it."""
+        while True:
+            picked = pick()
+            if not self.confirm(rows(picked)):
+                return picked
+
     def fitting(self, max_hours: float | None = None, budget: float | None = None) -> pd.DataFrame:
-        """The setups that fit with the headroom (and finish within ``max_hours``, and cost at most
-        ``budget`` USD), cheapest first. Every other table filters through it."""
+        """The setups that fit with the headroom, screened or confirmed (``confirmed``), and finish within
+        ``max_hours`` and cost at most ``budget`` USD, cheapest first. Every other table filters through
+        it."""
         fit = self.table[self.table.fits]
         if max_hours is not None:
             fit = fit[fit.hours <= max_hours]
@@ -259,25 +297,43 @@ class Plan:
 
     def pareto(self, max_hours: float | None = None, budget: float | None = None) -> pd.DataFrame:
         """The fitting setups (within ``max_hours`` and ``budget``) no other beats on both wall-clock time
-        and cost, fastest first."""
-        return front(self.fitting(max_hours, budget))
+        and cost, fastest first, each confirmed."""
+        return self.settle(lambda: front(self.fitting(max_hours, budget)))
 
     def best_per_gpu(self, max_hours: float | None = None, budget: float | None = None) -> pd.DataFrame:
-        """Per GPU type, the cheapest and the fastest fitting setup (within ``max_hours`` and ``budget``)."""
-        fit = self.fitting(max_hours, budget)
-        rows = []
-        for name, group in fit.groupby("gpu", sort=False):
-            for pick, i in (("cheapest", group.cost_usd.idxmin()), ("fastest", group.hours.idxmin())):
-                rows.append({"gpu": name, "pick": pick, **self.table.loc[i].drop("gpu").to_dict()})
-        return pd.DataFrame(rows)
+        """Per GPU type, the cheapest and the fastest fitting setup (within ``max_hours`` and ``budget``),
+        each confirmed."""
+
+        def best() -> list[tuple[str, str, int]]:
+            groups = self.fitting(max_hours, budget).groupby("gpu", sort=False)
+            return [
+                (name, pick, i)
+                for name, group in groups
+                for pick, i in (("cheapest", group.cost_usd.idxmin()), ("fastest", group.hours.idxmin()))
+            ]
+
+        picked = self.settle(best, lambda picks: [i for _, _, i in picks])
+        return pd.DataFrame(
+            [
+                {"gpu": name, "pick": pick, **self.table.loc[i].drop("gpu").to_dict()}
+                for name, pick, i in picked
+            ]
+        )
 
     def to_dict(
         self, limit: int | None = None, max_hours: float | None = None, budget: float | None = None
     ) -> dict:
+        """The plan as JSON (docs/contracts.md): ``setups`` the fitting ones, cheapest first (the first
+        ``limit``, confirmed; all: screened, each with ``confirmed``), the Pareto front and the best per GPU
+        type (confirmed); ``confirmed``: how many rows the replay has confirmed or refused."""
+        pareto, best = self.pareto(max_hours, budget), self.best_per_gpu(max_hours, budget)
         fit = self.fitting(max_hours, budget)
+        if limit is not None:
+            fit = self.settle(lambda: self.fitting(max_hours, budget).head(limit))
         return {
             "evaluated": len(self.table),
-            "fitting": len(fit),
+            "fitting": len(self.fitting(max_hours, budget)),
+            "confirmed": int(self.table.confirmed.sum()),
             "seconds": self.seconds,
             "setups_per_s": self.setups_per_s,
             "tokens": self.tokens,
@@ -285,9 +341,9 @@ class Plan:
             "assumptions": self.assumptions.__dict__,
             "calibration": self.calibration,
             "skipped": self.skipped,
-            "setups": records(fit if limit is None else fit.head(limit)),
-            "pareto": records(self.pareto(max_hours, budget)),
-            "best_per_gpu": records(self.best_per_gpu(max_hours, budget)),
+            "setups": records(fit),
+            "pareto": records(pareto),
+            "best_per_gpu": records(best),
         }
 
 
@@ -312,9 +368,11 @@ def search(
 
     Cluster sizes: 1, 2, 4 ... GPUs in one node, then 2, 4, 8 ... ``max_nodes`` nodes of
     ``setup.cluster.gpus_per_node``, or ``node_counts`` (any, 2 and more) instead of the powers of two;
-    sizes the global batch does not divide are skipped. A setup fits when
-    its estimate leaves ``headroom`` of the GPU's memory free. Time and cost are for a run of ``tokens``
-    (default ``TOKENS_PER_PARAM`` x params) at ``price`` USD per GPU-hour (default: data/prices.csv).
+    sizes the global batch does not divide are skipped. A setup fits when its estimate leaves
+    ``headroom`` of the GPU's memory free: the grid screens every row on its tensors and overheads, and
+    the rows the plan names are confirmed with the allocator replayed (``Plan``). Time and cost are for a
+    run of ``tokens`` (default ``TOKENS_PER_PARAM`` x params) at ``price`` USD per GPU-hour (default:
+    data/prices.csv).
     With a ``calibration`` (``kit.steptime.calibration``) step times come from it, and only the GPU types
     it was measured on are planned (ValueError when none of ``gpus`` is).
     """
@@ -475,12 +533,13 @@ def _tried(setup, changes, headroom, assumptions, fabric) -> dict | None:
         t = perf.step_time(candidate, perf.hardware(candidate, fabric), assumptions)
     except ValueError:
         return None
-    est = estimate(candidate)
+    verdict = estimate_fit(estimate(candidate), headroom=headroom)
     return {
         "change": " + ".join(what for what, _ in changes),
         "changes": len(changes),
-        "per_gpu_gib": est.per_gpu_bytes / GIB,
-        "fits": estimate_fit(est, headroom=headroom).ok,
+        "per_gpu_gib": verdict.need / GIB,
+        "fits": verdict.ok,
+        "flushes": verdict.flushes,
         "step_s": t.step_s,
         "tokens_per_s": t.tokens_per_s,
         "label": candidate.label + f" {candidate.cluster.nodes}x{candidate.cluster.gpus_per_node}",

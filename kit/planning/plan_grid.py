@@ -2,8 +2,9 @@
 
 A plan's setups share most of their terms: the model states, CPU RAM and NVMe files of a cluster size and
 ZeRO variant do not depend on the batch (``kit.estimate.memory.states``), the activations depend only on
-the micro batch and checkpointing (``memory.batch_activations``), the peak per GPU that decides the fit is
-``memory.peak_per_gpu`` of those, and what a step asks of a GPU does not
+the micro batch and checkpointing (``memory.batch_activations``), the bytes per GPU the fit screens on are
+``memory.peak_per_gpu`` of those (``Estimate.screen_bytes``: the allocator's replay, which the verdict
+adds, is ``Plan.confirm``'s, on the rows the plan names), and what a step asks of a GPU does not
 depend on the GPU's type (``kit.steptime.perf.load``). So each term is computed once, by the functions
 ``estimate`` and ``step_time`` call, and the step time, cost and fit of every setup on every GPU type
 come from one numpy evaluation of the same arithmetic (``perf.seconds`` of ``perf.Load.arrays`` on
@@ -78,7 +79,7 @@ def evaluate(
                         batch={"micro_batch": d.micro_batch, "grad_accum": d.grad_accum},
                     )
                     est = memory.estimate(candidate)
-                    per_gpu, cpu, disk = est.per_gpu_bytes, est.cpu_bytes_per_node, est.nvme_bytes_per_node
+                    per_gpu, cpu, disk = est.screen_bytes, est.cpu_bytes_per_node, est.nvme_bytes_per_node
                 else:
                     # checkpointing and a decomposition of the same global batch: valid where plain is
                     candidate = plain.model_copy(update={"zero": zero_ckpt, "batch": batch})
@@ -161,6 +162,8 @@ def _table(rows, times, labels, names, precision, ram, headroom) -> pd.DataFrame
             "per_gpu_gib": each["per_gpu"] / GIB,
             "capacity_gib": np.tile(capacity, len(labels)),
             "fits": verdict.ravel(),
+            "flushes": False,  # the allocator's replay sets them (``Plan.confirm``)
+            "confirmed": False,
             "cpu_gib_per_node": each["cpu"] / GIB,
             "nvme_gib_per_node": each["nvme"] / GIB,
             "comm_intra_gib": each["intra"] / GIB,

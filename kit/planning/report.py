@@ -46,10 +46,14 @@ class Report:
     def nvme(self) -> pd.DataFrame:
         """NVMe offload beside CPU offload: per GPU type and NVMe variant the fastest fitting setup within
         the limits, with its slowdown against the same setup offloading to the CPU (``nvme_slowdown``)."""
-        slow = plan.nvme_slowdown(self.plan, **self.limits)
-        slow = slow[slow.fits].round({"nvme_gib_per_node": 1, "slowdown": 2})
-        fastest = slow.sort_values("step_s").drop_duplicates(["gpu", "offload_param"])
-        return fastest.sort_values(["gpu", "offload_param"])
+
+        def fastest() -> pd.DataFrame:
+            slow = plan.nvme_slowdown(self.plan, **self.limits)
+            slow = slow[slow.fits].round({"nvme_gib_per_node": 1, "slowdown": 2})
+            return slow.sort_values("step_s").drop_duplicates(["gpu", "offload_param"])
+
+        shown = self.plan.settle(fastest, lambda rows: rows.row)  # each confirmed
+        return shown.drop(columns="row").sort_values(["gpu", "offload_param"])
 
     def tables(self) -> list[tuple[str, str, pd.DataFrame]]:
         """(kind, title, rows) of what is shown under the booking, each non-empty: the ``alternatives``,

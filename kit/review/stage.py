@@ -52,8 +52,9 @@ def stage(x: Context) -> list[Finding]:
         f"{size(e.model_states_bytes)} per GPU (parameters {size(c['parameters'])}, gradients "
         f"{size(c['gradients'])}, optimizer states {size(c['optimizer_states'])}), "
         f"a peak of {size(e.per_gpu_bytes)} per GPU in the {e.peak_phase or 'step'} (activations "
-        f"{size(c['activations'])}, buffers and overhead), {e.per_gpu_bytes / mem:.0%} of the "
-        f"{s.cluster.gpu}'s {size(mem)}{why}; communication {size(comm)} per GPU per step ({how})"
+        f"{size(c['activations'])}, buffers, the caching allocator and overhead), "
+        f"{e.per_gpu_bytes / mem:.0%} of the {s.cluster.gpu}'s {size(mem)}{why}; communication "
+        f"{size(comm)} per GPU per step ({how})"
     )
     verdict = estimate_fit(e)
     if verdict.ok:

@@ -21,7 +21,8 @@ What a candidate is:
   lets the global batch grow with the micro batch.
 - the candidates run on one node of ``nprocs`` ranks (as ``run_sweep`` runs them) and are estimated as
   such, for the accelerator the ranks run on (``kit.run.launcher.ranks_accelerator()``): on GPUs the
-  predicted peak per GPU, CUDA context, NCCL buffers and allocator slack included; on CPU ranks the
+  predicted peak per GPU, the caching allocator (replayed within the budget: ``kit.fit.within``), CUDA
+  context and NCCL buffers included; on CPU ranks the
   estimate as it applies there (``Estimate.on_accelerator("cpu")``: the same tensors, none of a GPU's
   overheads), so a CPU budget is the bytes of tensors a rank may hold. The budget defaults to the
   setup's GPU memory (on CPU ranks give the budget you want to hold).
@@ -37,6 +38,7 @@ from typing import Any
 import pandas as pd
 
 from kit import checkpointing, grid, trainable
+from kit.fit import within
 from kit.rules import Offload
 from kit.run import launcher
 from kit.run.calibrate import error
@@ -63,10 +65,17 @@ class Candidate:
     setup: Setup
     offload: str
     estimated_bytes: int
+    #: its ``Estimate`` on the run's ranks (``kit.fit.within`` weighs it against the budget)
+    estimate: Any = field(compare=False, repr=False)
 
     @property
     def label(self) -> str:
         return self.setup.label
+
+    def fits(self, budget_bytes: int) -> bool:
+        """Within ``budget_bytes`` by the fit rule (``kit.fit.within``: past its bytes, the allocator's
+        replay within the budget)."""
+        return within(self.estimate, budget_bytes).ok
 
 
 @dataclass
@@ -131,7 +140,7 @@ def candidates(
     estimated for ranks on ``accelerator`` (``"cuda"`` or ``"cpu"``; None: where the ranks will run,
     ``kit.run.launcher.ranks_accelerator()``): a candidate's bytes are its ``per_gpu_bytes`` of
     ``estimate(setup).on_accelerator(accelerator)``, on CPU ranks without a GPU's CUDA context, NCCL
-    buffers and allocator slack.
+    buffers and caching allocator.
 
     ValueError (one line naming the argument and the valid range) for an empty or invalid list.
     """
@@ -164,8 +173,8 @@ def candidates(
         accum = per_gpu // micro if keep == "train_batch" else base.batch.grad_accum
         candidate = base.replace(zero=variant.zero, batch={"micro_batch": micro, "grad_accum": accum})
         offload = Offload.NONE if variant.offload_optimizer == Offload.NONE else Offload.CPU
-        predicted = estimate(candidate).on_accelerator(accelerator).per_gpu_bytes
-        out.append(Candidate(candidate, offload, predicted))
+        predicted = estimate(candidate).on_accelerator(accelerator)
+        out.append(Candidate(candidate, offload, predicted.per_gpu_bytes, predicted))
     return out
 
 
@@ -206,7 +215,7 @@ def tune(
     )  # fmt: skip
     if not found:
         raise ValueError("stages: no valid candidate (offload needs stage >= 1); add a stage or offload none")
-    kept = [c for c in found if c.estimated_bytes <= budget_bytes]
+    kept = [c for c in found if c.fits(budget_bytes)]
     pruned = [
         (
             c.label,
@@ -214,7 +223,7 @@ def tune(
             f"estimate {c.estimated_bytes / GIB:.3f} GiB > budget {budget_bytes / GIB:.3f} GiB",
         )
         for c in found
-        if c.estimated_bytes > budget_bytes
+        if c not in kept
     ]
     # a checkpointing the engine cannot run (the op policy at DeepSpeed's stage 3), QLoRA: estimated, not run
     unrunnable = {
