@@ -108,6 +108,13 @@ def estimate_fit(est, gpu_name: str | None = None, headroom: float = 0.0) -> Fit
     return weighed._replace(problem=next((problem for problem, ok in checks if not ok), ""))
 
 
+def shown_bytes(est, verdict: Fit) -> int:
+    """The bytes a verdict on ``est`` is shown with: its ``need`` where it fits (past the memory, what the
+    flushed allocator holds there), else the estimate's ``per_gpu_bytes`` (``within`` decides on the screen
+    alone where that is past the memory; showing the bytes replays the allocator)."""
+    return verdict.need if verdict.ok else est.per_gpu_bytes
+
+
 def within(est, capacity: int) -> Fit:
     """Whether an ``Estimate``'s bytes per GPU fit ``capacity`` bytes (``problem`` ``""`` or ``"gpu"``): its
     ``per_gpu_bytes`` within them; past them, the caching allocator's replay within them less the CUDA

@@ -35,7 +35,7 @@ from kit.accuracy.published_rows import PADDED_STEP, TABLES, express, kind, rows
 from kit.accuracy.published_steps import Timing
 from kit.estimate import trace
 from kit.estimate.memory import estimate
-from kit.fit import estimate_fit
+from kit.fit import estimate_fit, shown_bytes
 from kit.planning.boundary import largest_micro_batch, longest_sequence
 from kit.schema import Setup
 from kit.units import GIB, MIB
@@ -276,7 +276,7 @@ def _checked(
         verdict = estimate_fit(est)
         measured, predicted = ("fits" if ok else "OOM" for ok in (fits, verdict.ok))
         checks.append(
-            Check(micro_batch, measured, predicted, verdict.need if verdict.ok else est.per_gpu_bytes,
+            Check(micro_batch, measured, predicted, shown_bytes(est, verdict),
                   verdict.capacity, verdict.problem, est.peak_tensor_bytes, largest)
         )  # fmt: skip
     reading = _bytes(row, row["value"], row["unit"]) if row.get("value") is not None else None

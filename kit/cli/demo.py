@@ -33,7 +33,7 @@ def memory_table(setup):
 
     from kit.components import COMPONENTS
     from kit.estimate import estimate
-    from kit.fit import estimate_fit
+    from kit.fit import estimate_fit, shown_bytes
     from kit.planning.plan import DEFAULT_VARIANTS
 
     rows, estimates = [], []
@@ -42,7 +42,7 @@ def memory_table(setup):
         estimates.append(e)
         row = {"variant": e.setup.label, **{c: e.components[c] / GIB for c in COMPONENTS}}
         verdict = estimate_fit(e)  # its bytes: past the GPU's memory, what the flushed allocator holds there
-        row.update(components_sum=e.components_bytes / GIB, peak_per_gpu=verdict.need / GIB)
+        row.update(components_sum=e.components_bytes / GIB, peak_per_gpu=shown_bytes(e, verdict) / GIB)
         row["cpu_per_node"] = e.cpu_bytes_per_node / GIB
         row["fits"] = verdict.ok
         rows.append(row)

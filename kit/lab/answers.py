@@ -49,7 +49,7 @@ def _timed(setup: Setup) -> tuple[Estimate, float | None]:
 def offload(setup: Setup) -> str:
     """Which of ``OFFLOADS`` to choose for ``setup``'s model, cluster and batch: the fastest one that fits
     the GPU, and what offload would cost beside it (or, when nothing fits, what would be needed)."""
-    from kit.fit import estimate_fit
+    from kit.fit import estimate_fit, shown_bytes
 
     c = setup.cluster
     where = (
@@ -68,7 +68,7 @@ def offload(setup: Setup) -> str:
         why = short.get(verdict.problem, f"no {setup.zero.precision} on the {c.gpu}")
         return (
             f"**The answer for {where}**: none of these fits; the leanest, {name}, needs "
-            f"{verdict.need / GIB:.1f} GiB per GPU ({why}). Turn on activation checkpointing, "
+            f"{shown_bytes(e, verdict) / GIB:.1f} GiB per GPU ({why}). Turn on activation checkpointing, "
             "lower the micro batch or add GPUs (notebook 04), or offload to NVMe (section 4)."
         )
     name, e, seconds, best = min(fitting, key=lambda r: r[2])
@@ -81,7 +81,7 @@ def offload(setup: Setup) -> str:
             continue
         fits = "fits" if verdict.ok else "does not fit"
         lines.append(
-            f"- {other}: {verdict.need / GIB:.1f} GiB per GPU ({fits}), {t:.2f} s per step "
+            f"- {other}: {shown_bytes(o, verdict) / GIB:.1f} GiB per GPU ({fits}), {t:.2f} s per step "
             f"({_change(t, seconds)}), {o.cpu_bytes_per_node / GIB:.0f} GiB of CPU RAM per node."
         )
     lines.append(
@@ -95,7 +95,7 @@ def zeropp(setup: Setup) -> str:
     """Whether ZeRO++ pays for ``setup``'s model and cluster (stage 3 across nodes): the cross-node bytes,
     the memory and the step time of ZeRO-3, hpZ and all three, from ``kit.grid.zeropp_variants``."""
     from kit import grid
-    from kit.fit import estimate_fit
+    from kit.fit import estimate_fit, shown_bytes
     from kit.steptime.comm import comm_by_scope
 
     c = setup.cluster
@@ -111,15 +111,16 @@ def zeropp(setup: Setup) -> str:
     base = rows[0]
     fitting = [(n, e, t, i, v.ok) for n, e, t, i, v in rows if v.ok and t is not None]
     lines = []
-    for name, _, seconds, inter, verdict in rows:
+    for name, e, seconds, inter, verdict in rows:
         time = (
             f"{seconds:.2f} s per step ({seconds / base[2] - 1:+.0%})"
             if seconds and base[2]
             else "no step time"
         )
+        held = shown_bytes(e, verdict) / GIB
         lines.append(
-            f"- {name}: {inter / GIB:.2f} GiB per GPU per step across nodes, {verdict.need / GIB:.1f} GiB "
-            f"per GPU ({'fits' if verdict.ok else 'does not fit'}), {time}."
+            f"- {name}: {inter / GIB:.2f} GiB per GPU per step across nodes, {held:.1f} GiB per GPU "
+            f"({'fits' if verdict.ok else 'does not fit'}), {time}."
         )
     if not fitting:
         head = f"**The answer for {where}**: none of these fits the {c.gpu}; see notebook 04 or 08 first."

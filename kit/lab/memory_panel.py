@@ -18,7 +18,7 @@ from typing import Any
 import ipywidgets as w
 
 from kit import checkpointing, settings
-from kit.fit import FLUSHES, estimate_fit
+from kit.fit import FLUSHES, estimate_fit, shown_bytes
 from kit.gpus import gpu_names
 from kit.lab import ui
 from kit.rules import Offload, offload_problem
@@ -355,7 +355,9 @@ class MemoryPanel:
         est, setup = self.estimate, self._valid_setup()
         c, b = setup.cluster, setup.batch
         self.verdict.value = verdict_html(est)
-        need = estimate_fit(est).need  # the verdict's bytes, which the facts and the peak chart show
+        need = shown_bytes(
+            est, estimate_fit(est)
+        )  # the verdict's bytes: the facts and the peak chart show them
         ram = c.cpu_ram_per_node_bytes
         others = [name for name, ok in est.fits.items() if ok and name != c.gpu]
         facts = [
@@ -477,7 +479,7 @@ def verdict_html(est) -> str:
     CPU RAM included) and by how much: GiB free or over on the GPU, and the CPU RAM per node when given."""
     setup = est.setup
     verdict = estimate_fit(est)  # the one fit rule (kit.fit): precision support, GPU memory, CPU RAM
-    name, need = setup.cluster.gpu, verdict.need  # past the memory: what the flushed replay held there
+    name, need = setup.cluster.gpu, shown_bytes(est, verdict)  # fits past the memory: what it holds there
     capacity = _gpu_gib(name) * GIB
     room = capacity - need
     parts = [

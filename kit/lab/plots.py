@@ -152,9 +152,9 @@ def loss_curves(results: Results) -> Figure:
 def estimated_memory(estimates, title: str = "") -> Figure:
     """Stacked bars of bytes per GPU by component, one per ``kit.estimate.Estimate``, against each
     GPU's capacity (a dashed line per GPU type). The bar is every component at once; the verdict's number
-    on the estimate's GPU, the predicted peak per GPU (``kit.fit.estimate_fit``'s ``need``: past the GPU's
+    on the estimate's GPU, the predicted peak per GPU (``kit.fit.shown_bytes``: where it fits past the GPU's
     memory, what the allocator holds there flushing its cache), is the black tick across it, labelled."""
-    from kit.fit import estimate_fit
+    from kit.fit import estimate_fit, shown_bytes
     from kit.gpus import gpu
 
     fig = Figure(figsize=(max(4.8, 1.0 * len(estimates) + 3.5), 3.8), layout="constrained")
@@ -163,7 +163,7 @@ def estimated_memory(estimates, title: str = "") -> Figure:
     labels = [e.setup.label for e in estimates]
     _stack(ax, labels, series, colors=COLORS, width=0.6)
     verdicts = [estimate_fit(e) for e in estimates]
-    peaks = [v.need / GIB for v in verdicts]
+    peaks = [shown_bytes(e, v) / GIB for e, v in zip(estimates, verdicts, strict=True)]
     sums = [e.components_bytes / GIB for e in estimates]
     capacities = {name: gpu(name).memory_gib for name in sorted({e.setup.cluster.gpu for e in estimates})}
     verdict = "the step's peak per GPU\n(the verdict; the bars:\nevery component at once)"
@@ -245,13 +245,13 @@ def pareto(
     cheaper) drawn as a line; the front's fastest and cheapest named, and ``booked``'s recommendation
     (``kit.planning.booking.Booking``) when given. The legend sits outside the axes, each name in a box
     pointing at its marker from the side, so neither covers a point."""
+    front = plan.pareto(max_hours, budget)  # confirmed first (``Plan.settle``): a refused row is not drawn
     fit = plan.fitting(max_hours, budget)
     shown = fit if len(fit) <= max_points else fit.sample(max_points, random_state=0)
     fig = Figure(figsize=(9, 4.8), layout="constrained")
     ax = fig.subplots()
     for name, group in shown.groupby("gpu", sort=True):
         ax.scatter(group.hours, group.cost_usd, s=10, alpha=0.45, label=name)
-    front = plan.pareto(max_hours, budget)
     ax.plot(front.hours, front.cost_usd, color="black", marker="o", ms=4, lw=1.2, label="Pareto front")
     names: dict = {}  # row -> what it is: nothing lies below the front, so the names go in a band there
     if len(front):

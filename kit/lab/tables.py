@@ -164,7 +164,7 @@ def checkpointing_policies(setup: Setup) -> pd.DataFrame:
     choice the estimate cannot model for this model says why instead."""
     from kit import checkpointing
     from kit.estimate import estimate
-    from kit.fit import estimate_fit
+    from kit.fit import estimate_fit, shown_bytes
     from kit.planning import boundary
     from kit.steptime import perf
 
@@ -179,7 +179,7 @@ def checkpointing_policies(setup: Setup) -> pd.DataFrame:
             continue
         rows[label] = {
             "activations GiB": e.components[Component.ACTIVATIONS] / GIB,
-            "peak / GPU GiB": estimate_fit(e).need / GIB,
+            "peak / GPU GiB": shown_bytes(e, estimate_fit(e)) / GIB,
             "fits": fit_text(estimate_fit(e)),
             "largest micro batch": boundary.largest_micro_batch(s),
             "compute per token": f"{perf.flops_per_token(s)[0] / plain:.2f}x",
@@ -193,7 +193,7 @@ def trainable_subsets(setup: Setup) -> pd.DataFrame:
     GPU, and the step time (the datasheet's); a choice the kit cannot model for this model says why."""
     from kit import trainable
     from kit.estimate import estimate, partition
-    from kit.fit import estimate_fit
+    from kit.fit import estimate_fit, shown_bytes
     from kit.steptime import calibrated
 
     rows: dict[str, dict[str, object]] = {}
@@ -208,7 +208,7 @@ def trainable_subsets(setup: Setup) -> pd.DataFrame:
             "trainable": f"{partition.trainable_params(s):,}",
             "model states GiB": e.model_states_bytes / GIB,
             "activations GiB": e.components[Component.ACTIVATIONS] / GIB,
-            "peak / GPU GiB": estimate_fit(e).need / GIB,
+            "peak / GPU GiB": shown_bytes(e, estimate_fit(e)) / GIB,
             "fits": fit_text(estimate_fit(e)),
             "step s": calibrated.step_time(s).step_s,
         }
@@ -219,7 +219,7 @@ def loss_choices(setup: Setup) -> pd.DataFrame:
     """Per loss (``kit.loss.CHOICES``) of ``setup``: the activations, the forward's and the backward's peak
     and the predicted peak per GPU (GiB), and whether it fits the cluster's GPU."""
     from kit.estimate import estimate
-    from kit.fit import estimate_fit
+    from kit.fit import estimate_fit, shown_bytes
     from kit.loss import CHOICES
 
     rows = {}
@@ -230,7 +230,7 @@ def loss_choices(setup: Setup) -> pd.DataFrame:
             "activations GiB": e.components[Component.ACTIVATIONS] / GIB,
             "forward peak GiB": phases["forward"] / GIB,
             "backward peak GiB": phases["backward"] / GIB,
-            "peak / GPU GiB": estimate_fit(e).need / GIB,
+            "peak / GPU GiB": shown_bytes(e, estimate_fit(e)) / GIB,
             "fits": fit_text(estimate_fit(e)),
         }
     return pd.DataFrame.from_dict(rows, orient="index").round(2)
@@ -246,7 +246,7 @@ def sequence_parallel_choices(setup: Setup, sizes: Sequence[int] | None = None) 
     ``sizes`` None: every power of two up to the GPUs that the Setup accepts (those it refuses are left
     out); a size given that it refuses raises its one-line reason."""
     from kit.estimate import estimate
-    from kit.fit import estimate_fit
+    from kit.fit import estimate_fit, shown_bytes
     from kit.steptime.comm import all_to_all
 
     world = setup.cluster.world_size
@@ -270,7 +270,7 @@ def sequence_parallel_choices(setup: Setup, sizes: Sequence[int] | None = None) 
             "activations GiB": e.components[Component.ACTIVATIONS] / GIB,
             "forward peak GiB": phases["forward"] / GIB,
             "backward peak GiB": phases["backward"] / GIB,
-            "peak / GPU GiB": estimate_fit(e).need / GIB,
+            "peak / GPU GiB": shown_bytes(e, estimate_fit(e)) / GIB,
             "all-to-all MB per step": (exchange.bytes if exchange else 0) / 1e6,
             "fits": fit_text(estimate_fit(e)),
         }

@@ -24,7 +24,7 @@ from kit import sequence_parallel as ulysses
 from kit.components import Component
 from kit.ds_keys import EXAMPLE_NVME_PATH
 from kit.estimate import partition
-from kit.fit import estimate_fit
+from kit.fit import estimate_fit, shown_bytes
 from kit.gpus import catalogue, gpu, prices
 from kit.planning import plan_grid
 from kit.rules import BASELINES, Offload
@@ -149,7 +149,8 @@ def smallest_cluster(setup: Setup, variants: list[dict] | None = None, max_nodes
                 cluster={"nodes": nodes, "gpus_per_node": gpus}, zero={**ZEROPP_OFF, **change}, batch={}
             )
             est = estimate(candidate)
-            if est.fits[candidate.cluster.gpu]:
+            verdict = estimate_fit(est)
+            if verdict.ok:
                 found = est
                 break
         if not found and _refused(setup, max_nodes * per_node, {**ZEROPP_OFF, **change}):
@@ -160,7 +161,7 @@ def smallest_cluster(setup: Setup, variants: list[dict] | None = None, max_nodes
                 "variant": label,
                 "nodes": found.setup.cluster.nodes if found else None,
                 "gpus": found.setup.cluster.world_size if found else None,
-                "per_gpu_gib": round(found.per_gpu_bytes / GIB, 2) if found else None,
+                "per_gpu_gib": round(verdict.need / GIB, 2) if found else None,
                 "cpu_gib_per_node": round(found.cpu_bytes_per_node / GIB, 1) if found else None,
                 "verdict": "fits" if found else f"does not fit on {max_nodes * per_node} GPUs",
             }
@@ -185,14 +186,15 @@ def batch_options(setup: Setup, train_batch: int) -> pd.DataFrame:
     rows = []
     for d in options:
         est = estimate(setup.replace(batch={"micro_batch": d.micro_batch, "grad_accum": d.grad_accum}))
+        verdict = estimate_fit(est)  # its bytes: past the GPU's memory, what the flushed allocator holds
         rows.append(
             {
                 "micro_batch": d.micro_batch,
                 "grad_accum": d.grad_accum,
                 "train_batch": d.train_batch,
                 "activations_gib": round(est.components[Component.ACTIVATIONS] / GIB, 2),
-                "per_gpu_gib": round(est.per_gpu_bytes / GIB, 2),
-                "fits": est.fits[setup.cluster.gpu],
+                "per_gpu_gib": round(shown_bytes(est, verdict) / GIB, 2),
+                "fits": verdict.ok,
             }
         )
     return pd.DataFrame(rows)
@@ -537,7 +539,7 @@ def _tried(setup, changes, headroom, assumptions, fabric) -> dict | None:
     return {
         "change": " + ".join(what for what, _ in changes),
         "changes": len(changes),
-        "per_gpu_gib": verdict.need / GIB,
+        "per_gpu_gib": verdict.need / GIB,  # only the rows that fit are kept
         "fits": verdict.ok,
         "flushes": verdict.flushes,
         "step_s": t.step_s,
