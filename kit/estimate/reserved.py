@@ -68,7 +68,7 @@ class Reserved:
     #: when asked)
     sequence: tuple[Event, ...] = field(compare=False, repr=False)
     #: ``flushed``'s answers by capacity
-    within: dict[int, int | None] = field(default_factory=dict, compare=False, repr=False)
+    held_within: dict[int, int | None] = field(default_factory=dict, compare=False, repr=False)
 
     @cached_property
     def _grown(self) -> Replay:
@@ -102,10 +102,10 @@ class Reserved:
         ``cudaFree`` synchronises)."""
         if self.reserved <= capacity:
             return self.reserved
-        if capacity not in self.within:
+        if capacity not in self.held_within:
             run = replay(self.sequence, capacity=capacity)
-            self.within[capacity] = None if run.oom else run.max_reserved
-        return self.within[capacity]
+            self.held_within[capacity] = None if run.oom else run.max_reserved
+        return self.held_within[capacity]
 
     def term(self) -> Term:
         """The allocator's share beside the tensors, with its formula."""
@@ -129,27 +129,14 @@ def reserved(
     if unreplayed(setup):
         return None
     held = tuple((name, term.bytes) for name, term in device.items())  # what the events read of them
-    return _replayed(_Same(setup), held, activations.bytes, implementation)
-
-
-class _Same:
-    """A Setup compared by its JSON, for ``_replayed``'s cache."""
-
-    def __init__(self, setup: Setup) -> None:
-        self.setup, self.key = setup, setup.model_dump_json()
-
-    def __hash__(self) -> int:
-        return hash(self.key)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Same) and other.key == self.key
+    return _replayed(setup, held, activations.bytes, implementation)
 
 
 @lru_cache(maxsize=32)  # a plan, a boundary search, a panel ask again for the setups they named
-def _replayed(same: _Same, device: tuple, activations: int, implementation: Implementation) -> Reserved:
-    step = FsdpStep if same.setup.zero.engine == "fsdp" else Step
+def _replayed(setup: Setup, device: tuple, activations: int, implementation: Implementation) -> Reserved:
+    step = FsdpStep if setup.zero.engine == "fsdp" else Step
     held = {name: Term(nbytes, "") for name, nbytes in device}
-    events = step(same.setup, held, Term(activations, ""), implementation).events()
+    events = step(setup, held, Term(activations, ""), implementation).events()
     plain = replay(events)
     count = sum(isinstance(e, Alloc) for e in events)
     return Reserved(_stepping(plain), plain.max_reserved, count, tuple(events))

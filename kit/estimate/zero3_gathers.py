@@ -71,7 +71,7 @@ class Gathers:
         self.mode = "invalid"
         self.recording: list[Module] = []
         self.trace: tuple[Module, ...] = ()
-        self.within: list[int] = []  # elements of the trace's modules before each one (a running sum)
+        self.before: list[int] = []  # elements of the trace's modules before each one (a running sum)
         self.uses: dict[int, list[int]] = defaultdict(list)  # a tensor: the trace's modules that use it
         self.queue: deque[tuple[int, int]] = deque()
         self.fetched_for: dict[int, int] = defaultdict(lambda: -(10**10))
@@ -100,7 +100,7 @@ class Gathers:
             self.mode = "record"
         elif self.mode == "record":
             self.mode, self.trace = "complete", tuple(self.recording)
-            self.within = list(
+            self.before = list(
                 itertools.accumulate((sum(self.numels[i] for i in m) for m in self.trace), initial=0)
             )
             for k, m in enumerate(self.trace):
@@ -205,7 +205,7 @@ class Gathers:
         within the reuse distance (the modules from the next one on, elements counted per module)."""
         # the modules walked: from the position on, while fewer than ``reuse`` elements were walked before
         start = min(self.position, len(self.trace))
-        end = bisect_left(self.within, self.within[start] + self.reuse, lo=start)
+        end = bisect_left(self.before, self.before[start] + self.reuse, lo=start)
         kept = {i for i in module if self.fetched_for[i] > self.position}
         for i in module:
             uses = self.uses[i]

@@ -57,10 +57,11 @@ def longest_sequence(setup: Setup, limit: int, step: int = 8) -> int:
 def _fits(setup: Setup) -> tuple[bool, int]:
     """The fit rule's verdict on ``setup``'s GPU and the bytes per GPU it weighed."""
     from kit.estimate import estimate
-    from kit.fit import estimate_fit
+    from kit.fit import estimate_fit, shown_bytes
 
     e = estimate(setup)
-    return estimate_fit(e).ok, e.per_gpu_bytes
+    verdict = estimate_fit(e)
+    return verdict.ok, shown_bytes(e, verdict)
 
 
 def _largest(

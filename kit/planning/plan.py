@@ -24,7 +24,7 @@ from kit import sequence_parallel as ulysses
 from kit.components import Component
 from kit.ds_keys import EXAMPLE_NVME_PATH
 from kit.estimate import partition
-from kit.fit import estimate_fit, shown_bytes
+from kit.fit import Fit, estimate_fit, shown_bytes
 from kit.gpus import catalogue, gpu, prices
 from kit.planning import plan_grid
 from kit.rules import BASELINES, Offload
@@ -47,6 +47,13 @@ T = TypeVar("T")
 
 def _index(picked: pd.DataFrame) -> Iterable[int]:
     return picked.index
+
+
+@lru_cache(maxsize=4096)  # a plan searched again (another price, efficiency or limit) names the same rows
+def _verdict(setup: Setup, headroom: float) -> Fit:
+    from kit.estimate import estimate
+
+    return estimate_fit(estimate(setup), headroom=headroom)
 
 
 #: ZeRO's stages (``kit.grid.STAGES`` without the PyTorch baselines)
@@ -263,11 +270,9 @@ class Plan:
         """Give each of ``rows`` not confirmed yet the estimate's verdict with the headroom (the allocator's
         replay: ``kit.fit.estimate_fit``): its ``fits``, ``flushes`` and ``per_gpu_gib`` (the verdict's
         bytes). Whether there was any."""
-        from kit.estimate import estimate
-
         new = [i for i in dict.fromkeys(rows) if not self.table.at[i, "confirmed"]]
         for i in new:
-            verdict = estimate_fit(estimate(self.setup(i)), headroom=self.headroom)
+            verdict = _verdict(self.setup(i), self.headroom)
             self.table.loc[i, ["fits", "flushes", "confirmed"]] = [verdict.ok, verdict.flushes, True]
             self.table.loc[i, "per_gpu_gib"] = verdict.need / GIB
         return bool(new)
