@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 #: what a verdict says where the setup fits only by the allocator's flushes (``Fit.flushes``)
-FLUSHES = "fits only by flushing the allocator's cache near the memory (slower steps)"
+FLUSHES = "fits only by flushing the allocator's cache near the memory: slower steps"
 
 
 class Fit(NamedTuple):

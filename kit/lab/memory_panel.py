@@ -355,9 +355,8 @@ class MemoryPanel:
         est, setup = self.estimate, self._valid_setup()
         c, b = setup.cluster, setup.batch
         self.verdict.value = verdict_html(est)
-        need = shown_bytes(
-            est, estimate_fit(est)
-        )  # the verdict's bytes: the facts and the peak chart show them
+        # the verdict's bytes (where it fits past the memory, what it holds there), in the facts and chart
+        need = shown_bytes(est, estimate_fit(est))
         ram = c.cpu_ram_per_node_bytes
         others = [name for name, ok in est.fits.items() if ok and name != c.gpu]
         facts = [
