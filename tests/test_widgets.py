@@ -579,7 +579,7 @@ def test_plan_panel_shows_what_the_planner_says():
     p = plan_panel(start, train_batch=256, max_nodes=4, tokens=2e12, max_hours=0)
     summary = strip_tags(p.verdict.value)
     assert p.error is None and p.tokens.value == "2T"  # shown as a count, read back by parse_count
-    assert f"{len(p.plan.fitting()):,} of {len(p.plan.table):,} setups fit" in summary
+    assert f"{len(p.plan.fitting()):,} of {len(p.plan.table):,} setups pass the memory screen" in summary
     again = plan.search(start, train_batch=256, max_nodes=4, tokens=2e12)
     assert p.plan.table.cost_usd.tolist() == again.table.cost_usd.tolist()
     assert f"Book, the cheapest: {booking.recommend(again).recommended.label}," in summary
@@ -599,9 +599,8 @@ def test_plan_panel_shows_what_the_planner_says():
     p.max_hours.value = limit
     assert p.plan is searched  # a limit filters the last search; it does not search again
     within = p.plan.fitting(max_hours=limit)
-    assert f"{len(within):,} of {len(p.plan.table):,} setups fit with 10% headroom within {limit:,} h" in (
-        strip_tags(p.verdict.value)
-    )
+    screened = f"{len(within):,} of {len(p.plan.table):,} setups pass the memory screen with 10% headroom"
+    assert f"{screened} within {limit:,} h" in (strip_tags(p.verdict.value))
     ax = p.figure.axes[0]
     assert sum(len(c.get_offsets()) for c in ax.collections) == len(within)
     assert max(ax.lines[0].get_xdata()) <= limit and f"within {limit:,} h" in ax.get_title()

@@ -261,7 +261,8 @@ class PlanPanel:
         within = " and ".join(x for x in limits if x)
         fitting = len(found.fitting(**self.limits))
         some = f"{fitting:,} of" if fitting else "none of"
-        counted = f"{some} {len(found.table):,} setups fit with {self.headroom.value:.0%} headroom"
+        screen = f"pass the memory screen with {self.headroom.value:.0%} headroom"
+        counted = f"{some} {len(found.table):,} setups {screen}"
         counted += f" within {within}" if within else ""
         skipped = "".join(f"; skipped {html.escape(line)}" for line in found.skipped)
         if b.recommended is None:

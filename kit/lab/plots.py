@@ -286,7 +286,7 @@ def pareto(
     limits = [f"{max_hours:,g} h" if max_hours else "", f"${budget:,.0f}" if budget else ""]
     within = " and ".join(x for x in limits if x)
     ax.set_title(
-        f"{plan.base.model.name}: {len(fit):,} fitting setups of {len(plan.table):,}"
+        f"{plan.base.model.name}: {len(fit):,} of {len(plan.table):,} setups pass the memory screen"
         + (f" within {within}" if within else "")
     )
     ax.grid(True, which="major", alpha=0.3)
