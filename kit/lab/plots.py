@@ -171,9 +171,11 @@ def estimated_memory(estimates, title: str = "") -> Figure:
               colors="black", linewidth=2.5, label=verdict, zorder=3)  # fmt: skip
     for x, (peak, v) in enumerate(zip(peaks, verdicts, strict=True)):
         over = v.problem == "gpu"
+        # on a white ground: readable where a GPU's line runs through it
         ax.annotate(f"peak {peak:,.2f} GiB", (x, max(peak, sums[x])), xytext=(0, 3),
                     textcoords="offset points", ha="center", va="bottom", fontsize=9, fontweight="bold",
-                    color="#b00" if over else "black")  # fmt: skip
+                    color="#b00" if over else "black",
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})  # fmt: skip
     for name, capacity in capacities.items():
         # the capacity is named in the legend, not on the plot, where a bar over it would hide the text
         ax.axhline(
