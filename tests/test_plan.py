@@ -11,7 +11,7 @@ from kit import models
 from kit.estimate import estimate
 from kit.fit import estimate_fit
 from kit.gpus import gpu, prices
-from kit.planning import boundary, plan
+from kit.planning import boundary, fixes, plan
 from kit.schema import Setup
 from kit.steptime import perf
 from kit.units import GIB
@@ -211,7 +211,7 @@ def test_make_it_fit_lists_changes_that_fit(llama7b):
     big = llama7b.replace(zero={"stage": 0}, batch={"micro_batch": 8, "grad_accum": 1, "seq_len": 4096})
     capacity = gpu(big.cluster.gpu).memory_bytes * 0.9
     assert estimate(big).per_gpu_bytes > capacity
-    table = plan.make_it_fit(big)
+    table = fixes.make_it_fit(big)
     kept = "(global 64 kept)"
     assert set(table.change) == {
         f"micro batch 1 x grad accum 8 {kept} + ZeRO stage 1",
@@ -227,9 +227,9 @@ def test_make_it_fit_lists_changes_that_fit(llama7b):
     # within the capacity, or past it only where the allocator's flushes keep it within (Fit.flushes)
     assert all(row.per_gpu_gib * GIB <= capacity or row.flushes for row in table.itertuples())
     assert any("global 64 kept" in change for change in table.change)
-    single = plan.make_it_fit(big.replace(zero={"stage": 3}))  # one knob suffices: no pairs are tried
+    single = fixes.make_it_fit(big.replace(zero={"stage": 3}))  # one knob suffices: no pairs are tried
     assert (single.changes == 1).all() and "activation checkpointing on" in set(single.change)
-    assert plan.make_it_fit(llama7b.replace(zero={"stage": 3})).empty  # it already fits
+    assert fixes.make_it_fit(llama7b.replace(zero={"stage": 3})).empty  # it already fits
 
 
 def test_every_table_keeps_to_the_limits(searched):
@@ -379,9 +379,9 @@ def test_make_it_fit_splits_a_sequence_that_does_not_fit_one_gpu():
     GPUs neither, over 4 they do: the one change that fits on this node."""
     setup = _long(1)
     assert not any(estimate(_long(sp)).fits["H100-SXM-80GB"] for sp in (1, 2))
-    fixes = plan.make_it_fit(setup, max_nodes=1)
-    assert list(fixes.change) == ["sequence parallelism over 4 GPUs (global 16 kept)"]
-    assert fixes.fits.all() and fixes.per_gpu_gib[0] == pytest.approx(estimate(_long(4)).per_gpu_bytes / GIB)
+    found = fixes.make_it_fit(setup, max_nodes=1)
+    assert list(found.change) == ["sequence parallelism over 4 GPUs (global 16 kept)"]
+    assert found.fits.all() and found.per_gpu_gib[0] == pytest.approx(estimate(_long(4)).per_gpu_bytes / GIB)
 
 
 def test_the_smallest_cluster_under_sequence_parallelism_is_a_size_it_divides():

@@ -16,6 +16,7 @@ import pandas as pd
 
 from kit.planning import booking, plan
 from kit.planning.booking import Booking
+from kit.planning.fixes import make_it_fit
 from kit.planning.plan import Plan
 from kit.schema import Setup
 
@@ -24,7 +25,8 @@ from kit.schema import Setup
 class Report:
     """``plan`` (every setup evaluated), ``booking`` (the recommendation and its alternatives within the
     limits), ``start`` (the setting the user brought, at the plan's global batch; None without one) and
-    ``fixes`` (``plan.make_it_fit(start)``: the smallest changes that make it fit; empty when it fits)."""
+    ``fixes`` (``kit.planning.fixes.make_it_fit(start)``: the smallest changes that make it fit; empty
+    when it fits)."""
 
     plan: Plan
     booking: Booking
@@ -85,5 +87,5 @@ def report(
     fixes = None
     if start is not None:
         fabric = search.get("fabric")
-        fixes = plan.make_it_fit(start, headroom=found.headroom, assumptions=found.assumptions, fabric=fabric)
+        fixes = make_it_fit(start, headroom=found.headroom, assumptions=found.assumptions, fabric=fabric)
     return Report(found, booking.recommend(found, goal, max_hours, budget), start, fixes)
