@@ -98,14 +98,18 @@ def estimate_fit(est, gpu_name: str | None = None, headroom: float = 0.0) -> Fit
     """``fit`` for an ``Estimate`` on ``gpu_name`` (default: its cluster's GPU), its bytes per GPU weighed
     by ``within``."""
     s = est.setup
-    name, ram = gpu_name or s.cluster.gpu, s.cluster.cpu_ram_per_node_bytes
-    capacity, checks = _checks(name, s.zero.precision, 0, est.cpu_bytes_per_node, ram, headroom)
-    if not supports(name, s.zero.precision):
-        return Fit("precision", est.screen_bytes, capacity)
-    weighed = within(est, capacity)
-    if weighed.problem:
-        return weighed
-    return weighed._replace(problem=next((problem for problem, ok in checks if not ok), ""))
+    screened = fit(
+        gpu_name or s.cluster.gpu,
+        s.zero.precision,
+        est.screen_bytes,
+        est.cpu_bytes_per_node,
+        s.cluster.cpu_ram_per_node_bytes,
+        headroom,
+    )
+    if screened.problem in ("precision", "gpu"):
+        return screened
+    weighed = within(est, screened.capacity)
+    return weighed if weighed.problem else weighed._replace(problem=screened.problem)
 
 
 def shown_bytes(est, verdict: Fit) -> int:

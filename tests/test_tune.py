@@ -299,3 +299,23 @@ def test_a_real_tune_prunes_by_the_estimate_and_picks_the_fastest_measured(tmp_p
     )  # fmt: skip
     assert again.best == tuned.best and len(load_records(again.records)) == len(records)
     assert len(replay_launches) == 1  # the second tune launched nothing
+
+
+def test_a_gpu_budget_keeps_what_fits_by_flushing_the_allocators_cache():
+    """On GPUs a candidate is weighed as the fit rule weighs it (``kit.fit.within``): Llama-2-7B at stage 3
+    reserves 46.34 GiB with room to spare, and with a 44 GiB budget it is kept, as the same allocations
+    replayed within 44 GiB (less the CUDA context and NCCL) never run out; at 40 GiB they do: not kept."""
+    from kit import Setup
+    from kit.models import preset
+    from kit.units import GIB
+
+    s = Setup(model=preset("llama-2-7b"), zero={"stage": 3}, batch={"micro_batch": 1, "seq_len": 4096})
+    (found,) = tuning.candidates(
+        s, stages=(3,), offloads=("none",), micro_batches=(1,), nprocs=8, accelerator="cuda"
+    )
+    e = found.estimate
+    assert found.estimated_bytes == e.per_gpu_bytes > 44 * GIB > e.screen_bytes
+    held = e.reserved.flushed(44 * GIB - e.peak_overhead.bytes)
+    assert held is not None and held + e.peak_overhead.bytes <= 44 * GIB and found.fits(44 * GIB)
+    assert e.reserved.flushed(40 * GIB - e.peak_overhead.bytes) is None and not found.fits(40 * GIB)
+    assert found.fits(e.per_gpu_bytes) and not found.fits(e.screen_bytes - 1)

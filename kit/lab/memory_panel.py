@@ -535,7 +535,14 @@ def formula_table_html(est) -> str:
             if est.reserved
             else f"the {phase} peak"
         )
-        rows.append(["peak per GPU", peak / GIB, peak, f"{what} + overhead: the verdict's number"])
+        verdict = estimate_fit(est)
+        held = (  # past the GPU's memory the verdict weighs what the flushed allocator holds within it
+            f"; within the {est.setup.cluster.gpu}'s memory it holds {verdict.need / GIB:,.2f} GiB, flushing "
+            "its cache: the verdict's number"
+            if verdict.flushes
+            else ": the verdict's number"
+        )
+        rows.append(["peak per GPU", peak / GIB, peak, f"{what} + overhead{held}"])
     total_row = len(rows) - 1
     rows.append(
         ["CPU RAM per node", est.cpu_bytes_per_node / GIB, est.cpu_bytes_per_node, est.cpu_term.formula]
