@@ -144,12 +144,14 @@ class Step:
             self.alloc(gpus.gpu(self.setup.cluster.gpu).blas_workspace_bytes)
 
     def alloc(self, size: int, stream: int = DEFAULT) -> int:
-        key = next(self.keys)
-        self.out.append(Alloc(key, max(int(size), 0), stream))
+        key, size = next(self.keys), int(size)
+        self.out.append(Alloc(key, size if size > 0 else 0, stream))
         return key
 
     def free(self, *keys: int | None) -> None:
-        self.out.extend(Free(k) for k in keys if k is not None)
+        for key in keys:
+            if key is not None:
+                self.out.append(Free(key))
 
     # ----- before the first step ---------------------------------------------------------------------
     def _resident(self) -> None:

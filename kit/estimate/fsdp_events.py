@@ -50,12 +50,12 @@ class FsdpStep(Step):
         self.reduce_input: int | None = None  # the last reduce-scatter input (reduce_scatter_states)
         self.unit_grads: dict[int, list[int]] = {}  # unit -> autograd's unsharded gradients
         self.sharded_grads: dict[int, int] = {}  # unit -> its fp32 reduce-scatter output (.grad)
+        self.numels: dict[int, list[int]] = {}  # unit -> its tensors' numels, in the forward's order
+        for g, t in self.tensors:
+            self.numels.setdefault(self._unit(g), []).append(t)
 
     def _unit(self, group: int) -> int:
         return ROOT if group in (-1, self.count) else group
-
-    def _numels(self, unit: int) -> list[int]:
-        return [t for g, t in self.tensors if self._unit(g) == unit]
 
     # ----- before the first step ---------------------------------------------------------------------
     def _shards(self) -> list[int]:
@@ -75,7 +75,7 @@ class FsdpStep(Step):
     def _all_gather(self, unit: int) -> list[int]:
         """``foreach_all_gather`` on the copy-in stream: the shards cast, the flat output, the casts freed."""
         n, p = self.setup.zero_dp, self.p
-        shards = [partition.padded(t, n) // n for t in self._numels(unit)]
+        shards = [partition.padded(t, n) // n for t in self.numels[unit]]
         casts = [self.alloc(p * s, GATHER) for s in shards] if p != FP32 else []
         output = self.alloc(p * n * sum(shards), GATHER)
         self.free(*casts)
@@ -85,7 +85,7 @@ class FsdpStep(Step):
         """``unshard`` (or the prefetched one) and ``wait_for_unshard``'s copy-out."""
         gathered = self.prefetched.pop(unit, None) or self._all_gather(unit)
         n = self.setup.zero_dp
-        self.unsharded[unit] = [self.alloc(self.p * partition.padded(t, n)) for t in self._numels(unit)]
+        self.unsharded[unit] = [self.alloc(self.p * partition.padded(t, n)) for t in self.numels[unit]]
         if forward:  # kept to overlap the next all-gather, freed at the next copy-out
             self.free(*self.forward_gather)
             self.forward_gather = gathered
@@ -130,7 +130,7 @@ class FsdpStep(Step):
         """``foreach_reduce``: the fp32 flat input on the default stream, the gradients freed, the output on
         the reduce-scatter stream (the sharded ``.grad``, or added into it and freed)."""
         n = self.setup.zero_dp
-        total = sum(partition.padded(t, n) for t in self._numels(unit))
+        total = sum(partition.padded(t, n) for t in self.numels[unit])
         self.reduce_input = self.alloc(FP32 * total, DEFAULT)
         self.free(*self.unit_grads.pop(unit, []))
         output = self.alloc(FP32 * total // n, REDUCE)
