@@ -122,7 +122,9 @@ def _run(*argv: str) -> str:
     return out.getvalue()
 
 
-def test_published_prints_the_reference_runs_beside_the_published_rows(capsys):
+def test_published_prints_the_reference_runs_beside_the_published_rows(capsys, published_report):
+    # published_report first: its traces of the published models are on disk when the CLI reads every row
+    # (cold, the CLI traced them again beside the fixture: 72 s, not 6)
     text = _run("published", "--table", "reference")
     assert text.startswith("Measured on a GPU by the kit's own runner (data/reference")
     assert "gpu-1x z0 bf16 mb4" in text and "H200-SXM-141GB" in text
