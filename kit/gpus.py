@@ -20,6 +20,14 @@ from kit.units import GIB, MIB
 #: CUDA context + cuBLAS/cuDNN workspaces of a PyTorch process on an H100: ~500 MiB in nvidia-smi
 #: beyond what torch.cuda.memory_reserved() reports.
 CUDA_CONTEXT_BYTES = 512 * MIB
+#: NCCL communicator buffers: NCCL_BUFFSIZE (4 MiB) x channels (up to 32 on NVLink) x 2 directions, made at
+#: a group's first collective (DeepSpeed's broadcast of the module, before its optimizer is built).
+NCCL_BUFFER_BYTES = 256 * MIB
+
+
+def nccl_bytes(ranks: int) -> int:
+    """NCCL's buffers on each GPU of a group of ``ranks`` ranks (none for one)."""
+    return NCCL_BUFFER_BYTES if ranks > 1 else 0
 
 
 @dataclass(frozen=True)

@@ -263,9 +263,9 @@ def test_unknown_formula_is_rejected():
 
 
 def test_peak_timeline_in_the_estimate_and_its_json():
-    from kit.estimate.memory import ALLOCATOR_FRAGMENTATION, NCCL_BUFFER_BYTES
+    from kit.estimate.memory import ALLOCATOR_FRAGMENTATION
     from kit.estimate.peak import PHASES
-    from kit.gpus import CUDA_CONTEXT_BYTES
+    from kit.gpus import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
 
     e = estimate(setup_for(preset("llama-2-7b"), 3))
     data = e.to_dict()
@@ -295,8 +295,7 @@ def test_cpu_ranks_hold_no_gpu_overheads():
     buffers. ``on_accelerator("cpu")`` keeps every tensor and the GPU estimate, and drops them: the peak
     per rank is its tensors, the overhead 0 with why, no caching allocator to replay."""
     from kit.components import Component
-    from kit.estimate.memory import NCCL_BUFFER_BYTES
-    from kit.gpus import CUDA_CONTEXT_BYTES
+    from kit.gpus import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
     from kit.toys import SMOKE_TOY, TOY_ZERO
 
     s = Setup(

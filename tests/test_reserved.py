@@ -239,6 +239,28 @@ def test_the_fp32_master_comes_through_a_copy_and_the_zero_gradient_is_dropped()
         assert f"+{copy * n} +{4 * n} -{copy * n} +{4 * n} -{4 * n}" in seen, (stage, seen)
 
 
+def test_stages_1_2_flatten_on_the_device_only_beside_the_context_nccl_and_the_module():
+    """``flatten_on_accelerator`` asks NVML's free memory, after the module's broadcast made NCCL's buffers:
+    a card with room for the flat buffer beside the CUDA context and the module, but not beside NCCL's too,
+    flattens through the host (the cache emptied first) on 8 ranks, on the device alone (no NCCL)."""
+    from kit.estimate.allocator import allocation_size, round_size
+    from kit.units import GIB, MIB
+
+    s = Setup(model=preset("gpt2"), cluster={"gpus_per_node": 8}, zero={"stage": 2}, batch={"micro_batch": 1})
+    made = Step(s, memory.states(s).device, memory.batch_activations(s))
+    module = sum(allocation_size(round_size(made.p * t)) for _, t in made.tensors)
+    room = gpus.CUDA_CONTEXT_BYTES + module + memory.states(s).device["parameters"].bytes
+    try:
+        for name, nccl in (("short", gpus.NCCL_BUFFER_BYTES - MIB), ("enough", gpus.NCCL_BUFFER_BYTES + MIB)):
+            gpus.define_gpu(f"{name}:memory_gib={(room + nccl) / GIB!r},memory_gbps=1000,bf16_tflops=100")
+        for name, ranks, through_host in (("short", 8, True), ("enough", 8, False), ("short", 1, False)):
+            events = step(s.replace(cluster={"gpu": name, "gpus_per_node": ranks}))
+            first = next(i for i, e in enumerate(events) if isinstance(e, Mark))
+            assert any(isinstance(e, EmptyCache) for e in events[:first]) == through_host, (name, ranks)
+    finally:
+        gpus.DEFINED_GPUS.clear()
+
+
 def test_overlap_comm_doubles_the_ipg_buffer_as_two_buffers():
     """``setup_buckets``: a ``reduce_bucket_size`` buffer, and overlap_comm's second, each its own
     allocation (the cache can serve each from a different free block)."""

@@ -244,9 +244,11 @@ class Step:
 
     def _room_to_flatten(self, flat: int) -> bool:
         """``DeepSpeedZeroOptimizer``'s ``flatten_on_accelerator``: the card's free memory (NVML's: less the
-        CUDA context and the module's tensors) holds the flat 16-bit buffer."""
+        CUDA context, NCCL's buffers from the module's broadcast and the module's tensors) holds the flat
+        16-bit buffer."""
         module = sum(allocation_size(round_size(self.p * t)) for _, t in self.tensors)
-        free = gpus.gpu(self.setup.cluster.gpu).memory_bytes - gpus.CUDA_CONTEXT_BYTES - module
+        outside = gpus.CUDA_CONTEXT_BYTES + gpus.nccl_bytes(self.setup.zero_dp)
+        free = gpus.gpu(self.setup.cluster.gpu).memory_bytes - outside - module
         return free >= flat
 
     @property

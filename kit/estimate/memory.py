@@ -23,7 +23,7 @@ The caching allocator's share is replayed (``kit.estimate.reserved``); where it 
 ``ALLOCATOR_FRAGMENTATION`` share stands for it (a long run's reserved memory can grow past it).
 What it cannot see: transient peaks inside kernels and
 collectives (the gathered copy a ZeRO-3 all-gather builds before it is split, cuBLAS / cuDNN / flash
-attention workspaces, NCCL's buffers beyond ``NCCL_BUFFER_BYTES``), memory the training script or a
+attention workspaces, NCCL's buffers beyond ``kit.gpus.NCCL_BUFFER_BYTES``), memory the training script or a
 library allocates on its own (data loaders' pinned batches, a second model, the loss's logits in fp32
 when the model upcasts them), ZeRO++'s quantization scales, and any DeepSpeed version other than the one
 its formulas were read from. ``overhead`` is an allowance, not a measurement.
@@ -46,7 +46,7 @@ from kit.estimate.activations import activations, host_checkpoints, moved_checkp
 from kit.estimate.cpu_matmul import CpuMatmul
 from kit.estimate.paper import zero_paper
 from kit.estimate.result import NONE, Estimate, Term, total
-from kit.gpus import CUDA_CONTEXT_BYTES
+from kit.gpus import CUDA_CONTEXT_BYTES, nccl_bytes
 from kit.rules import (
     BIG_BUFFER_BYTES,
     DS_SUB_GROUP_SIZE,
@@ -61,15 +61,13 @@ from kit.rules import (
     stage3_gathered,
 )
 from kit.schema import Setup
-from kit.units import GIB, MIB, gib
+from kit.units import GIB, gib
 
 Formula = Literal["deepspeed", "zero-paper"]
 FORMULAS: tuple[str, ...] = ("deepspeed", "zero-paper")
 
-#: Runtime overhead constants (explicit allowances, not derived from a Setup; the CUDA context's is
-#: ``kit.gpus.CUDA_CONTEXT_BYTES``).
-#: NCCL communicator buffers: NCCL_BUFFSIZE (4 MiB) x channels (up to 32 on NVLink) x 2 directions.
-NCCL_BUFFER_BYTES = 256 * MIB
+#: Runtime overhead constants (explicit allowances, not derived from a Setup; the CUDA context's and NCCL's
+#: are ``kit.gpus.CUDA_CONTEXT_BYTES`` and ``NCCL_BUFFER_BYTES``).
 #: Caching-allocator slack where the allocator is not replayed: reserved minus allocated, as a fraction
 #: of the allocated peak.
 ALLOCATOR_FRAGMENTATION = 0.05
@@ -186,7 +184,7 @@ def gpu_overheads(setup: Setup, allocated: int) -> Term:
     NCCL's buffers (more than one rank); where the allocator is not replayed (``reserved.unreplayed``), a
     ``ALLOCATOR_FRAGMENTATION`` share of ``allocated`` stands for it. A CPU rank holds none of them
     (``kit.estimate.result.cpu_overheads``, ``Estimate.on_accelerator("cpu")``)."""
-    nccl = NCCL_BUFFER_BYTES if setup.zero_dp > 1 else 0
+    nccl = nccl_bytes(setup.zero_dp)
     formula = f"CUDA context {gib(CUDA_CONTEXT_BYTES)} + NCCL buffers {gib(nccl)}"
     why = reserved.unreplayed(setup)
     slack = int(allocated * ALLOCATOR_FRAGMENTATION) if why else 0
