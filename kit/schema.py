@@ -202,6 +202,11 @@ class ZeroSettings(_Frozen):
         description="who trains: DeepSpeed ZeRO, or a PyTorch baseline with the same states as a stage "
         "(ddp: stage 0; fsdp: FSDP2 fully_shard, stage 3, or stage 2 for reshard_after_forward=False)",
     )
+    expandable_segments: bool = Field(
+        False,
+        description="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: PyTorch's caching allocator grows "
+        "its segments page by page instead of caching fixed ones",
+    )
     # ZeRO++ (stage 3): hpZ, qwZ, qgZ
     hpz_partition_size: int = Field(
         1, ge=1, description="ZeRO++ hpZ: GPUs of a node holding a secondary copy of the parameters"

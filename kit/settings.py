@@ -198,6 +198,7 @@ def _buckets() -> tuple[Setting, ...]:
 
 
 NVME = "NVMe offload (ZeRO-Infinity)"
+ALLOCATOR = "PyTorch's caching allocator"
 SEQUENCE = "sequence parallelism (Ulysses)"
 ZEROPP = "ZeRO++ (stage 3)"
 _Z, _PP, _T, _N = "ZeRO", ZEROPP, "what trains and its loss", NVME
@@ -327,6 +328,16 @@ SETTINGS: tuple[Setting, ...] = (
         "checkbox",
         None,
         STAGE3,
+    ),
+    Setting(
+        "expandable_segments",
+        "expandable segs.",
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching allocator maps pages into growing "
+        "segments instead of caching fixed ones (less reserved beyond the tensors); the kit's runs and "
+        "launch files set it",
+        ALLOCATOR,
+        "checkbox",
+        None,
     ),
     Setting(
         "hpz_partition_size",

@@ -233,6 +233,38 @@ def test_deepspeed_env_reads_back_through_deepspeeds_launcher():
     }
 
 
+def test_expandable_segments_reach_every_ranks_environment(zerokit, tmp_path):
+    """``zero.expandable_segments`` (``--expandable-segments``) sets PyTorch's allocator where every rank
+    reads its environment: ``.deepspeed_env`` (read back as DeepSpeed's launcher does), the SLURM script's
+    exports and the image's ENV; off, none of them names it."""
+    from deepspeed.launcher.multinode_runner import MultiNodeRunner
+
+    from kit.scaleout import image
+
+    on = TWO_NODES.replace(zero={"expandable_segments": True})
+    runner = SimpleNamespace(exports={})
+    for line in network.deepspeed_env(on).splitlines(keepends=True):
+        MultiNodeRunner.add_export(runner, *line.split("=", maxsplit=1))
+    assert runner.exports["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "\nexport PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # " in commands.sbatch_script(
+        on, "t.py"
+    )
+    assert "ENV PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in image.dockerfile(on)
+    off = (
+        network.deepspeed_env(TWO_NODES),
+        commands.sbatch_script(TWO_NODES, "t.py"),
+        image.dockerfile(TWO_NODES),
+    )
+    assert not any("PYTORCH_CUDA_ALLOC_CONF" in text for text in off)
+    out_dir = tmp_path / "launch"
+    rc, _, err = zerokit(
+        *("launch-cmd", "--params", "1e9", "--nodes", "2", "--stage", "3", "--expandable-segments"),
+        *("--hosts", "n1,n2", "--script", "/w/train.py", "--out", str(out_dir)),
+    )
+    assert (rc, err) == (0, "")
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" in (out_dir / ".deepspeed_env").read_text()
+
+
 def test_docker_command_and_launch_script():
     cmd = commands.docker_command(ONE_NODE, "img:1", ["deepspeed", "--num_gpus", "8", "t.py"])
     assert commands.shell_line(cmd) == (

@@ -361,3 +361,40 @@ def test_past_the_memory_the_allocator_flushes_its_cache_and_the_replay_decides(
         gpus.gpu("H100-SXM-80GB").memory_bytes,
         False,
     )
+
+
+def test_a_run_with_expandable_segments_is_decided_on_their_replay(capsys):
+    """``zero.expandable_segments`` (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): the same allocations
+    replayed on growing segments are the run's max reserved and the verdict's bytes; the plain allocator's
+    stays beside it. Llama-2-7B at stage 3 needs the L40S's cache flushed with the plain allocator, not
+    with expandable segments; the A100-40GB is past either, the capped replay on growing segments too."""
+    from kit.cli import main
+    from kit.fit import estimate_fit
+
+    s = Setup(
+        model=preset("llama-2-7b"),
+        cluster={"gpu": "L40S"},
+        zero={"stage": 3},
+        batch={"micro_batch": 1, "seq_len": 4096},
+    )
+    plain, grown = estimate(s), estimate(s.replace(zero={"expandable_segments": True}))
+    assert grown.reserved.expandable and not plain.reserved.expandable
+    assert grown.reserved_bytes == grown.reserved_expandable_bytes == plain.reserved_expandable_bytes
+    assert grown.reserved_plain_bytes == plain.reserved_bytes == plain.reserved_plain_bytes
+    assert grown.reserved_bytes < plain.reserved_bytes - 5 * 2**30  # about 5.9 GiB less
+    assert grown.per_gpu_bytes == grown.reserved_bytes + grown.peak_overhead.bytes
+    assert estimate_fit(plain, "L40S").flushes
+    assert estimate_fit(grown, "L40S")[:2] == ("", grown.per_gpu_bytes)  # within, nothing flushed
+    a100 = gpus.gpu("A100-SXM-40GB").memory_bytes
+    room = a100 - grown.peak_overhead.bytes
+    assert grown.screen_bytes < a100 and grown.reserved.flushed(room) is None
+    assert replay(grown.reserved.sequence, capacity=room, expandable_segments=True).oom is not None
+    assert not estimate_fit(grown, "A100-SXM-40GB").ok
+    argv = ["estimate", "--model", "llama-2-7b", "--stage", "3", "--seq-len", "4096", "--gpu", "L40S"]
+    assert main([*argv, "--expandable-segments"]) == 0
+    text = capsys.readouterr().out
+    assert f"{grown.reserved_bytes / 2**30:.2f}  torch.cuda.max_memory_reserved" in text
+    assert f"(with expandable segments; without them: {plain.reserved_bytes / 2**30:.2f})" in text
+    assert "L40S yes," in text and "would reserve" not in text
+    assert main(argv) == 0
+    assert "L40S yes (flushing" in capsys.readouterr().out

@@ -447,3 +447,25 @@ def test_wire_bytes_per_collective():
     logged = {"all_reduce": 1000, "reduce_scatter": 1000, "all_gather": 100, "broadcast": 10}
     assert wire_bytes(logged, 4) == 1500 + 750 + 300 + 10
     assert wire_bytes(logged, 1) == 0
+
+
+def test_a_configuration_gets_the_allocator_it_asks_for_on_a_gpu(monkeypatch):
+    """``measure.use_allocator`` before each engine: on a GPU, torch's caching allocator takes the
+    configuration's ``expandable_segments`` (read back from torch's own settings); the CPU accelerator
+    has no caching allocator, and its settings are left alone."""
+    import torch
+
+    from kit.ranks import measure
+
+    settings = torch._C._accelerator_getAllocatorSettings
+    before = settings()
+    measure.use_allocator(True)
+    assert settings() == before  # DS_ACCELERATOR=cpu
+    monkeypatch.setattr(measure, "on_cpu", lambda: False)
+    try:
+        measure.use_allocator(True)
+        assert settings() == "expandable_segments:True"
+        measure.use_allocator(False)
+        assert settings() == "expandable_segments:False"
+    finally:
+        torch._C._accelerator_setAllocatorSettings(before or "expandable_segments:False")

@@ -132,7 +132,7 @@ def test_each_ds_config_setting_is_written_and_read_back(s):
 
 def test_the_training_scripts_settings_are_those_without_a_key():
     assert {s.field for s in SETTINGS if s.script} == {
-        *checkpointing.FIELDS, *trainable.FIELDS, "loss", "zero_init",
+        *checkpointing.FIELDS, *trainable.FIELDS, "loss", "zero_init", "expandable_segments",
     }  # fmt: skip
 
 

@@ -201,6 +201,15 @@ def test_verdict_says_whether_it_fits_and_by_how_much(panel):
     assert f"{plain / GIB:,.2f} GiB (replayed: in the verdict)" in panel.summary.value
     assert plain - grown > 0.05 * plain
     assert f"{grown / GIB:,.2f} GiB ({(plain - grown) / GIB:,.2f} less)" in panel.summary.value
+    # the run sets them (More settings): the verdict is theirs, the plain allocator's beside it
+    panel.controls["expandable_segments"].value = True
+    est = panel.estimate
+    assert panel.setup.zero.expandable_segments and est.per_gpu_bytes == grown + est.peak_overhead.bytes
+    assert (
+        f"{grown / GIB:,.2f} GiB (replayed with expandable segments: in the verdict)" in panel.summary.value
+    )
+    assert f"{plain / GIB:,.2f} GiB ({(plain - grown) / GIB:,.2f} more)" in panel.summary.value
+    assert f"<b class='zk-per-gpu'>{est.per_gpu_bytes / GIB:,.2f} GiB</b>" in panel.summary.value
 
 
 def test_a_gpu_given_by_its_figures_replaces_the_lists_choice(panel):

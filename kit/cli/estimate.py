@@ -122,11 +122,15 @@ def render(result) -> str:
                 if z.engine == "deepspeed" and z.stage == 3
                 else "how close it came on published runs"
             )
+            other = (
+                f"with expandable segments; without them: {result.reserved_plain_bytes / GIB:.2f}"
+                if z.expandable_segments
+                else f"expandable_segments: {result.reserved_expandable_bytes / GIB:.2f}"
+            )
             lines.append(
                 f"{'max reserved':18}{result.reserved_bytes / GIB:9.2f}  torch.cuda.max_memory_reserved: the "
                 f"peak phase + the caching allocator's {result.reserved.cached / GIB:.2f} GiB, replayed over "
-                f"two steps (expandable_segments: {result.reserved_expandable_bytes / GIB:.2f}); "
-                f"{published}: zerokit published"
+                f"two steps ({other}); {published}: zerokit published"
             )
             if result.reserved.initialize > result.reserved.allocated:
                 lines.append(
@@ -163,12 +167,12 @@ def render(result) -> str:
     lines.append(f"{'checkpoint on disk':18}{saved[0]:>9}  {saved[1]}")
     lines += ["", "fits: " + ", ".join(_fits_on(result, g) for g in result.fits)]
     lines += [f"note: {n}" for n in result.notes]
-    plain, grown = result.reserved_bytes, result.reserved_expandable_bytes
-    if plain and plain - grown > 0.05 * plain:
+    plain, grown = result.reserved_plain_bytes, result.reserved_expandable_bytes
+    if plain and plain - grown > 0.05 * plain and not result.setup.zero.expandable_segments:
         less = (plain - grown) / GIB
         lines.append(
             f"note: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True would reserve {less:.2f} GiB less "
-            f"({plain / GIB:.2f} -> {grown / GIB:.2f} GiB, replayed)"
+            f"({plain / GIB:.2f} -> {grown / GIB:.2f} GiB, replayed): --expandable-segments"
         )
     return "\n".join(lines)
 

@@ -17,11 +17,12 @@ The prediction is the tensor peak plus what the replay reserves beyond its own p
 steps (``Reserved.cached``), so the allocator's share is added to the timeline's peak, not a fitted factor;
 building the states before the first step can hold more tensors than any step (``Reserved.initialize``:
 stages 1-2 flattening the module beside it), which ``max_memory_allocated`` since the start reads.
-With ``expandable_segments`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) the same sequence is
-replayed on growing segments; ``Reserved.expandable`` is that share, and the saving is the difference.
-The fit is decided on it (``kit.fit.within``): max reserved within the GPU's memory, or past it, the same
-sequence replayed within the memory (``Reserved.flushed``), as PyTorch frees its cached segments and
-retries before it raises an out-of-memory error.
+With ``expandable_segments`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, the setup's
+``zero.expandable_segments``) the same sequence is replayed on growing segments; the other allocator's
+replay says what switching would save or cost (``Reserved.expandable_cached``, ``plain_cached``).
+The fit is decided on the run's allocator (``kit.fit.within``): max reserved within the GPU's memory,
+or past it, the same sequence replayed within the memory (``Reserved.flushed``), as PyTorch frees its
+cached segments and retries before it raises an out-of-memory error.
 
 What it cannot see: ``record_stream``'s deferred frees (a block freed while another stream still uses it
 comes back after that stream's work: the replay frees it at once; with a slow network stage 3 holds
@@ -56,31 +57,37 @@ from kit.units import gib
 
 @dataclass(frozen=True)
 class Reserved:
-    """The replay of a step's allocations: its tensor peak, what it reserved, and the same with
-    expandable segments; ``cached`` / ``expandable_cached``: reserved beyond the tensor peak;
-    ``initialize``: the tensors' peak while DeepSpeed builds the states, before the first step (what
+    """The replay of a step's allocations under the run's allocator (``expandable``: with expandable
+    segments): its tensor peak and what it reserved; ``cached``: reserved beyond the tensor peak, and the
+    same under either allocator (``plain_cached``, ``expandable_cached``: the other one replayed when
+    asked); ``initialize``: the tensors' peak while DeepSpeed builds the states, before the first step (what
     ``max_memory_allocated`` since the start reads where it is the larger)."""
 
     allocated: int
     reserved: int
     events: int
-    #: the allocations replayed (the expandable replay, ``initialize`` and ``flushed`` replay them
+    #: the allocations replayed (the other allocator's replay, ``initialize`` and ``flushed`` replay them
     #: when asked)
     sequence: tuple[Event, ...] = field(compare=False, repr=False)
+    #: the run's allocator: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    expandable: bool = False
     #: ``flushed``'s answers by capacity
     held_within: dict[int, int | None] = field(default_factory=dict, compare=False, repr=False)
 
     @cached_property
-    def _grown(self) -> Replay:
-        return replay(self.sequence, expandable_segments=True)
+    def _other(self) -> Replay:
+        """The same sequence under the other allocator."""
+        return replay(self.sequence, expandable_segments=not self.expandable)
 
     @property
-    def expandable_allocated(self) -> int:
-        return _stepping(self._grown)
+    def expandable_cached(self) -> int:
+        """Reserved beyond the tensor peak with expandable segments."""
+        return self.cached if self.expandable else self._other.max_reserved - _stepping(self._other)
 
     @property
-    def expandable_reserved(self) -> int:
-        return self._grown.max_reserved
+    def plain_cached(self) -> int:
+        """Reserved beyond the tensor peak without expandable segments (PyTorch's default)."""
+        return self._other.max_reserved - _stepping(self._other) if self.expandable else self.cached
 
     @cached_property
     def initialize(self) -> int:
@@ -91,10 +98,6 @@ class Reserved:
     def cached(self) -> int:
         return self.reserved - self.allocated
 
-    @property
-    def expandable_cached(self) -> int:
-        return self.expandable_reserved - self.expandable_allocated
-
     def flushed(self, capacity: int) -> int | None:
         """Max reserved where the allocator can get only ``capacity`` bytes, None where the steps run out
         of memory there: near it, PyTorch frees its cached segments and retries before it raises an
@@ -103,17 +106,22 @@ class Reserved:
         if self.reserved <= capacity:
             return self.reserved
         if capacity not in self.held_within:
-            run = replay(self.sequence, capacity=capacity)
+            run = replay(self.sequence, capacity=capacity, expandable_segments=self.expandable)
             self.held_within[capacity] = None if run.oom else run.max_reserved
         return self.held_within[capacity]
 
     def term(self) -> Term:
         """The allocator's share beside the tensors, with its formula."""
+        other = (
+            f"without them: {gib(self.plain_cached)}"
+            if self.expandable
+            else f"expandable_segments: {gib(self.expandable_cached)}"
+        )
         return Term(
             self.cached,
-            f"caching allocator {gib(self.cached)} (replayed: {self.events:,} allocations of two steps, "
-            f"{gib(self.reserved)} reserved for a {gib(self.allocated)} tensor peak; "
-            f"expandable_segments: {gib(self.expandable_cached)})"
+            f"caching allocator{' (expandable segments)' if self.expandable else ''} {gib(self.cached)} "
+            f"(replayed: {self.events:,} allocations of two steps, {gib(self.reserved)} reserved for a "
+            f"{gib(self.allocated)} tensor peak; {other})"
             + (f"; {gib(self.initialize)} at initialize" if self.initialize > self.allocated else ""),
         )
 
@@ -137,9 +145,10 @@ def _replayed(setup: Setup, device: tuple, activations: int, implementation: Imp
     step = FsdpStep if setup.zero.engine == "fsdp" else Step
     held = {name: Term(nbytes, "") for name, nbytes in device}
     events = step(setup, held, Term(activations, ""), implementation).events()
-    plain = replay(events)
+    expandable = setup.zero.expandable_segments
+    run = replay(events, expandable_segments=expandable)
     count = sum(isinstance(e, Alloc) for e in events)
-    return Reserved(_stepping(plain), plain.max_reserved, count, tuple(events))
+    return Reserved(_stepping(run), run.max_reserved, count, tuple(events), expandable)
 
 
 def unreplayed(setup: Setup) -> str:

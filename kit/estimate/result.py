@@ -192,8 +192,9 @@ class Estimate:
 
     @property
     def reserved_bytes(self) -> int | None:
-        """Predicted ``max_memory_reserved``: the tensor peak plus the replay's cached bytes beyond its own
-        tensor peak (``Reserved.cached``); None without a timeline."""
+        """Predicted ``max_memory_reserved`` under the run's allocator (``zero.expandable_segments``): the
+        tensor peak plus the replay's cached bytes beyond its own tensor peak (``Reserved.cached``); None
+        without a timeline."""
         r = self.reserved
         return None if r is None else self.timeline.peak_tensor_bytes + r.cached
 
@@ -202,6 +203,12 @@ class Estimate:
         """``reserved_bytes`` with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``."""
         r = self.reserved
         return None if r is None else self.timeline.peak_tensor_bytes + r.expandable_cached
+
+    @property
+    def reserved_plain_bytes(self) -> int | None:
+        """``reserved_bytes`` without expandable segments (PyTorch's default allocator)."""
+        r = self.reserved
+        return None if r is None else self.timeline.peak_tensor_bytes + r.plain_cached
 
     @property
     def model_states_bytes(self) -> int:
@@ -247,6 +254,7 @@ class Estimate:
             "peak_per_gpu_bytes": self.peak_per_gpu_bytes,
             "reserved_bytes": self.reserved_bytes,
             "reserved_expandable_bytes": self.reserved_expandable_bytes,
+            "reserved_plain_bytes": self.reserved_plain_bytes,
             "model_states_bytes": self.model_states_bytes,
             "components": self.components,
             "host_bytes_per_rank": self.host,

@@ -504,14 +504,17 @@ def verdict_html(est) -> str:
 
 
 def _reserved_facts(est) -> list[tuple[str, str]]:
-    """The caching allocator's replay (``Estimate.reserved``): max reserved, and with expandable
-    segments when they would hold 5 % less; none where the kit does not replay the step."""
-    plain, grown = est.reserved_bytes, est.reserved_expandable_bytes
+    """The caching allocator's replay (``Estimate.reserved``): max reserved under the run's allocator, and
+    the other one where expandable segments hold 5 % less; none where the kit does not replay the step."""
+    plain, grown = est.reserved_plain_bytes, est.reserved_expandable_bytes
     if plain is None:
         return []
-    facts = [("max reserved", f"{plain / GIB:,.2f} GiB (replayed: in the verdict)")]
+    expandable = est.setup.zero.expandable_segments
+    how = "replayed with expandable segments" if expandable else "replayed"
+    facts = [("max reserved", f"{est.reserved_bytes / GIB:,.2f} GiB ({how}: in the verdict)")]
     if plain - grown > 0.05 * plain:
-        facts.append(("expandable segs.", f"{grown / GIB:,.2f} GiB ({(plain - grown) / GIB:,.2f} less)"))
+        other = ("plain allocator", plain, "more") if expandable else ("expandable segs.", grown, "less")
+        facts.append((other[0], f"{other[1] / GIB:,.2f} GiB ({(plain - grown) / GIB:,.2f} {other[2]})"))
     return facts
 
 

@@ -148,6 +148,18 @@ def on_cpu() -> bool:
     return get_accelerator().device_name() == "cpu"
 
 
+def use_allocator(expandable_segments: bool) -> None:
+    """PyTorch's caching allocator as the configuration asks (``zero.expandable_segments``, what
+    ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` sets at start-up), before its engine is built:
+    torch applies it to the segments made from then on (the configuration before this one emptied its
+    cache at teardown). Nothing on the CPU accelerator, which has no caching allocator."""
+    if on_cpu():
+        return
+    import torch
+
+    torch._C._accelerator_setAllocatorSettings(f"expandable_segments:{expandable_segments}")
+
+
 def reset_peaks() -> None:
     """Start new peak-memory windows: the device's max_memory_* and the process's RSS high-water mark."""
     from deepspeed.accelerator import get_accelerator

@@ -126,6 +126,7 @@ def measure_config(
 
     cycle = probe_cycle(spec)
     used = frozenset().union(*cycle)
+    measure.use_allocator(setup.zero.expandable_segments)
     measure.reset_peaks()
     if setup.zero.nvme:
         nvme_files.clear(setup.zero.nvme_path, rank)  # the swap files measured below are this config's

@@ -1,13 +1,14 @@
 """Network presets per interconnect: the NCCL / libfabric variables every rank needs and the ``docker run``
 flags, each with its reason.
 
-``cluster.interconnect`` picks the preset (InfiniBand, EFA or Ethernet). The variables go to
-``.deepspeed_env``, which DeepSpeed's launcher exports to every node.
+``cluster.interconnect`` picks the preset (InfiniBand, EFA or Ethernet); the setup's allocator setting
+(``zero.expandable_segments``: ``PYTORCH_CUDA_ALLOC_CONF``) joins its variables. They go to
+``.deepspeed_env``, which DeepSpeed's launcher exports to every node, and to every launch file's exports.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kit.schema import Setup
 
@@ -38,7 +39,19 @@ class Network:
 
 def network(setup: Setup, interface: str | None = None, hca: str | None = None) -> Network:
     """The preset for ``setup.cluster.interconnect``; ``interface`` pins NCCL's bootstrap to one NIC
-    (e.g. ib0), ``hca`` names the InfiniBand adapters NCCL uses (``NCCL_IB_HCA``, InfiniBand only)."""
+    (e.g. ib0), ``hca`` names the InfiniBand adapters NCCL uses (``NCCL_IB_HCA``, InfiniBand only); with
+    ``zero.expandable_segments`` its environment sets PyTorch's allocator too."""
+    net = _preset(setup, interface, hca)
+    if not setup.zero.expandable_segments:
+        return net
+    allocator = Setting(
+        "expandable_segments:True",
+        "PyTorch's caching allocator grows its segments (zero.expandable_segments, as the estimate replays)",
+    )
+    return replace(net, env={**net.env, "PYTORCH_CUDA_ALLOC_CONF": allocator})
+
+
+def _preset(setup: Setup, interface: str | None, hca: str | None) -> Network:
     kind = setup.cluster.interconnect
     if hca and kind != "infiniband":
         raise ValueError(
