@@ -37,15 +37,15 @@ QUANTITIES = ("max_allocated", "max_reserved")
 
 @dataclass(frozen=True)
 class Run:
-    """One recorded run: what ran (``what``, ``setup`` of ``ranks`` ranks, the torch optimizer's
-    ``implementation``, ``expandable_segments``), where, its steps and the device's peaks after them."""
+    """One recorded run: what ran (``what``, ``setup`` of ``ranks`` ranks with its allocator,
+    ``zero.expandable_segments``, the torch optimizer's ``implementation``), where, its steps and the
+    device's peaks after them."""
 
     name: str
     what: str
     setup: Setup
     ranks: int
     implementation: Implementation
-    expandable_segments: bool
     device: str
     versions: str
     steps: int
@@ -76,12 +76,12 @@ class Run:
     @cached_property
     def replayed(self) -> Replay:
         """The allocator's replay of the trace (``kit.estimate.allocator``)."""
-        return replay(self.events(), expandable_segments=self.expandable_segments)
+        return replay(self.events(), expandable_segments=self.setup.zero.expandable_segments)
 
     @cached_property
     def predicted(self) -> dict[str, int | None]:
-        """The kit's estimate of the run (``on_path``: its torch optimizer path and segments)."""
-        return on_path(self.setup, self.implementation, self.expandable_segments)
+        """The kit's estimate of the run (``on_path``: its torch optimizer path)."""
+        return on_path(self.setup, self.implementation)
 
     def errors(self) -> dict[str, float | None]:
         """predicted / measured - 1, per quantity."""
@@ -112,12 +112,12 @@ class Run:
         }
 
 
-def on_path(setup: Setup, implementation: Implementation, expandable: bool = False) -> dict[str, int | None]:
+def on_path(setup: Setup, implementation: Implementation) -> dict[str, int | None]:
     """The kit's estimate of ``setup`` stepped by the torch optimizer's ``implementation`` (a run's own
     path, where the estimate's default is a fused Adam), per quantity (``QUANTITIES``): max allocated
     since the start (the tensor peak, or ``Reserved.initialize`` where building the states holds more)
-    and max reserved (``Estimate.reserved_bytes``' rule, with ``expandable`` segments or not; None where
-    the step is not replayed)."""
+    and max reserved (``Estimate.reserved_bytes``' rule under the setup's allocator; None where the step
+    is not replayed)."""
     from kit.estimate import estimate, memory
 
     peak = memory.peak_timeline(setup, implementation=implementation).peak_tensor_bytes
@@ -125,8 +125,7 @@ def on_path(setup: Setup, implementation: Implementation, expandable: bool = Fal
     r = replay_of(implementation=implementation) if replay_of else None
     if r is None:
         return {"max_allocated": peak, "max_reserved": None}
-    cached = r.expandable_cached if expandable else r.cached
-    return {"max_allocated": max(peak, r.initialize), "max_reserved": peak + cached}
+    return {"max_allocated": max(peak, r.initialize), "max_reserved": peak + r.cached}
 
 
 def runs(root: str | Path = TRACES) -> list[Run]:
@@ -144,10 +143,11 @@ def _runs(root: Path) -> tuple[Run, ...]:
         Run(
             name=r["name"],
             what=r["what"],
-            setup=Setup.model_validate(r["setup"]),
+            setup=Setup.model_validate(r["setup"]).replace(
+                zero={"expandable_segments": r["expandable_segments"]}
+            ),
             ranks=r["ranks"],
             implementation=r["implementation"],
-            expandable_segments=r["expandable_segments"],
             device=r["device"],
             versions=f"torch {r['torch']}, DeepSpeed {r['deepspeed']}",
             steps=r["steps"],

@@ -75,19 +75,20 @@ class Reserved:
     held_within: dict[int, int | None] = field(default_factory=dict, compare=False, repr=False)
 
     @cached_property
-    def _other(self) -> Replay:
-        """The same sequence under the other allocator."""
-        return replay(self.sequence, expandable_segments=not self.expandable)
+    def _other_cached(self) -> int:
+        """Reserved beyond the tensor peak with the same sequence under the other allocator."""
+        other = replay(self.sequence, expandable_segments=not self.expandable)
+        return other.max_reserved - _stepping(other)
 
     @property
     def expandable_cached(self) -> int:
         """Reserved beyond the tensor peak with expandable segments."""
-        return self.cached if self.expandable else self._other.max_reserved - _stepping(self._other)
+        return self.cached if self.expandable else self._other_cached
 
     @property
     def plain_cached(self) -> int:
         """Reserved beyond the tensor peak without expandable segments (PyTorch's default)."""
-        return self._other.max_reserved - _stepping(self._other) if self.expandable else self.cached
+        return self._other_cached if self.expandable else self.cached
 
     @cached_property
     def initialize(self) -> int:
