@@ -513,8 +513,11 @@ def _reserved_facts(est) -> list[tuple[str, str]]:
     how = "replayed with expandable segments" if expandable else "replayed"
     facts = [("max reserved", f"{est.reserved_bytes / GIB:,.2f} GiB ({how}: in the verdict)")]
     if plain - grown > 0.05 * plain:
-        other = ("plain allocator", plain, "more") if expandable else ("expandable segs.", grown, "less")
-        facts.append((other[0], f"{other[1] / GIB:,.2f} GiB ({(plain - grown) / GIB:,.2f} {other[2]})"))
+        saving = f"{(plain - grown) / GIB:,.2f}"
+        if expandable:
+            facts.append(("plain allocator", f"{plain / GIB:,.2f} GiB ({saving} more)"))
+        else:
+            facts.append(("expandable segs.", f"{grown / GIB:,.2f} GiB ({saving} less)"))
     return facts
 
 
