@@ -139,7 +139,10 @@ class MemoryPanel:
             control.observe(self.update, names="value")
         more = [c for name, c in self.controls.items() if not BY_NAME[name].main]
         self.more = w.Accordion([w.VBox(ui.rows(more))])
-        title = "More settings: stage 3's fetching, overlap, sequence parallelism, NVMe swapping, aio"
+        title = (
+            "More settings: stage 3's fetching, overlap, the allocator, sequence parallelism, NVMe "
+            "swapping, aio"
+        )
         self.more.set_title(0, title)
         self.more.selected_index = None
         self.more.add_class("zk-more")
