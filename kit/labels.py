@@ -1,6 +1,7 @@
-"""What the words of a configuration's label mean (``Setup.label``: ``z3 opt-off bf16 mb8 gas16 ckpt hpz8``).
+"""A configuration's label (``Setup.label``: ``z3 opt-off bf16 mb8 gas16 ckpt hpz8``) and what its words mean.
 
-``TOKENS`` declares each kind of token once, as a pattern and what it means; ``parts`` splits a label (or
+``of`` spells a Setup's label; ``TOKENS`` declares each kind of token once, as a pattern and what it
+means, in a label's order; ``parts`` splits a label (or
 a line that holds one, such as a plan's ``MI300X 1x8 z1 bf16 mb4``) into its tokens, each with its meaning
 ("" for a word that is no token: a GPU, a cluster shape); ``Setup.label_parts`` is ``parts(label)`` and
 ``label_legend`` explains the tokens some labels use, for the panels and the notebooks. What is counted
@@ -14,7 +15,34 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kit import checkpointing
+from kit import checkpointing, trainable
+from kit import loss as losses
+from kit import sequence_parallel as ulysses
+from kit.rules import Offload, baseline_name
+
+
+def of(setup: Any) -> str:
+    """``setup``'s label (a ``kit.schema.Setup``), its tokens in ``TOKENS``' order."""
+    z, b = setup.zero, setup.batch
+    parts = [baseline_name(z.engine, z.stage) or f"z{z.stage}"]
+    if z.offload_optimizer is not Offload.NONE:
+        parts.append("opt-off" if z.offload_optimizer is Offload.CPU else "opt-nvme")
+    if z.offload_param is not Offload.NONE:
+        parts.append("param-off" if z.offload_param is Offload.CPU else "param-nvme")
+    parts += z.zeropp_label.split()
+    parts += [z.precision, f"mb{b.micro_batch}"]
+    parts += [f"gas{b.grad_accum}"] if b.grad_accum > 1 else []
+    parts += [f"tok{b.max_tokens}"] if b.max_tokens else []
+    parts += [f"tgt{b.target_len}"] if b.target_len else []
+    if b.schedule:
+        last = b.schedule[-1]
+        parts.append(f"-> mb{last.micro_batch} gas{last.grad_accum} @{last.step}")
+    parts += [checkpointing.label(z)] if z.activation_checkpointing else []
+    parts += [trainable.label(z)] if trainable.is_subset(z) else []
+    parts += [losses.label(z.loss)] if z.loss != "plain" else []
+    parts += [ulysses.label(z.sequence_parallel_size)] if z.sequence_parallel_size > 1 else []
+    parts += ["xseg"] if z.expandable_segments else []
+    return " ".join(parts)
 
 
 def _lora(m: re.Match) -> str:
@@ -54,13 +82,14 @@ TOKENS: tuple[tuple[str, Callable[[re.Match], str]], ...] = (
         lambda m: f"batch schedule: micro batch {m[1]}, {m[2]} accumulation steps from step {m[3]}",
     ),
     (r"ckpt(-op)?(-part)?(-cpu)?(?:/(\d+))?", _ckpt),
-    (r"lora(\d+)(-all)?(?:-d(\d*\.?\d+))?(?: (?!qlora|frz|flce|cce|sp\d)(\S+))?", _lora),
+    (r"lora(\d+)(-all)?(?:-d(\d*\.?\d+))?(?: (?!qlora|frz|flce|cce|sp\d|xseg)(\S+))?", _lora),
     (r"qlora", lambda m: "QLoRA: the frozen base weights in 4-bit NF4 (bitsandbytes), the adapters 16-bit"),
     (r"frz-emb", lambda m: "input embeddings frozen"),
     (r"frz(\d+)", lambda m: f"the first {m[1]} blocks frozen"),
     (r"flce", lambda m: "chunked loss: a fused linear cross-entropy (Liger's algorithm)"),
     (r"cce", lambda m: "Cut Cross-Entropy loss: no logits in memory (Apple's ml-cross-entropy)"),
     (r"sp(\d+)", lambda m: f"Ulysses sequence parallelism: each sequence split over {m[1]} ranks"),
+    (r"xseg", lambda m: "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the allocator grows its segments"),
 )
 _COMPILED = [(re.compile(pattern + r"(?=\s|$)"), meaning) for pattern, meaning in TOKENS]
 

@@ -203,9 +203,7 @@ class ZeroSettings(_Frozen):
         "(ddp: stage 0; fsdp: FSDP2 fully_shard, stage 3, or stage 2 for reshard_after_forward=False)",
     )
     expandable_segments: bool = Field(
-        False,
-        description="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: PyTorch's caching allocator grows "
-        "its segments page by page instead of caching fixed ones",
+        False, description="the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
     )
     # ZeRO++ (stage 3): hpZ, qwZ, qgZ
     hpz_partition_size: int = Field(
@@ -500,32 +498,9 @@ class Setup(_Frozen):
 
     @property
     def label(self) -> str:
-        """Short human name, e.g. ``z3 opt-off param-off bf16 mb4``; its tokens' meanings: ``label_parts``."""
-        z = self.zero
-        parts = [baseline_name(z.engine, z.stage) or f"z{z.stage}"]
-        if z.offload_optimizer is not Offload.NONE:
-            parts.append("opt-off" if z.offload_optimizer is Offload.CPU else "opt-nvme")
-        if z.offload_param is not Offload.NONE:
-            parts.append("param-off" if z.offload_param is Offload.CPU else "param-nvme")
-        parts += z.zeropp_label.split()
-        parts += [z.precision, f"mb{self.batch.micro_batch}"]
-        if self.batch.grad_accum > 1:
-            parts.append(f"gas{self.batch.grad_accum}")
-        if self.batch.max_tokens:
-            parts.append(f"tok{self.batch.max_tokens}")
-        parts += [f"tgt{self.batch.target_len}"] if self.batch.target_len else []
-        if self.batch.schedule:
-            last = self.batch.schedule[-1]
-            parts.append(f"-> mb{last.micro_batch} gas{last.grad_accum} @{last.step}")
-        if z.activation_checkpointing:
-            parts.append(checkpointing.label(z))
-        if trainable.is_subset(z):
-            parts.append(trainable.label(z))
-        if z.loss != "plain":
-            parts.append(losses.label(z.loss))
-        if z.sequence_parallel_size > 1:
-            parts.append(ulysses.label(z.sequence_parallel_size))
-        return " ".join(parts)
+        """Short human name, e.g. ``z3 opt-off param-off bf16 mb4`` (``kit.labels.of``); its tokens'
+        meanings: ``label_parts``."""
+        return labels.of(self)
 
     def label_parts(self) -> list[tuple[str, str]]:
         """The label's tokens, each with what it means (``kit.labels``): ``[("z3", "ZeRO stage 3"), ("mb8",

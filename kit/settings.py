@@ -202,6 +202,15 @@ ALLOCATOR = "PyTorch's caching allocator"
 SEQUENCE = "sequence parallelism (Ulysses)"
 ZEROPP = "ZeRO++ (stage 3)"
 _Z, _PP, _T, _N = "ZeRO", ZEROPP, "what trains and its loss", NVME
+
+
+def _aio(key: str, label: str, control: Control, what: str = "", aliases: tuple[str, ...] = ()) -> Setting:
+    """One key of the ds_config's ``aio`` block (NVMe offload at stage 3), named as its field."""
+    return Setting(
+        f"aio.{key}", label, f"aio.{key}{what}", NVME, control, f"aio.{key}", STAGE3, aliases=aliases
+    )
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "stage",
@@ -464,44 +473,11 @@ SETTINGS: tuple[Setting, ...] = (
         "zero_optimization.offload_*.pin_memory",
         ZERO,
     ),
-    Setting(
-        "aio.block_size",
-        "aio block",
-        "aio.block_size: bytes per I/O request",
-        _N,
-        "elements",
-        "aio.block_size",
-        STAGE3,
-    ),
-    Setting("aio.queue_depth", "aio queue depth", "aio.queue_depth", _N, "int", "aio.queue_depth", STAGE3),
-    Setting(
-        "aio.intra_op_parallelism",
-        "aio threads",
-        "aio.intra_op_parallelism: I/O threads per request",
-        _N,
-        "int",
-        "aio.intra_op_parallelism",
-        STAGE3,
-        aliases=("--aio-thread-count",),
-    ),
-    Setting(
-        "aio.single_submit",
-        "aio single submit",
-        "aio.single_submit",
-        _N,
-        "checkbox",
-        "aio.single_submit",
-        STAGE3,
-    ),
-    Setting(
-        "aio.overlap_events",
-        "aio overlap events",
-        "aio.overlap_events",
-        _N,
-        "checkbox",
-        "aio.overlap_events",
-        STAGE3,
-    ),
+    _aio("block_size", "aio block", "elements", ": bytes per I/O request"),
+    _aio("queue_depth", "aio queue depth", "int"),
+    _aio("intra_op_parallelism", "aio threads", "int", ": I/O threads per request", ("--aio-thread-count",)),
+    _aio("single_submit", "aio single submit", "checkbox"),
+    _aio("overlap_events", "aio overlap events", "checkbox"),
 )
 BY_FIELD = {s.field: s for s in SETTINGS}
 

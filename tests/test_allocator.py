@@ -24,6 +24,41 @@ from kit.units import MIB
 KIB = 1024
 
 
+def valid(a: Allocator) -> None:
+    """The allocator's bookkeeping, white-box: each segment's blocks tile it exactly, linked both ways; no
+    two neighbours are both free and alike (mapped or not), i.e. merged; the free sets hold exactly the
+    free blocks, sorted by (size, address); the stats are the sums of the blocks; reserved >= allocated >=
+    requested."""
+    blocks = {b.addr: b for b in a._all_blocks()}
+    seen = 0
+    for base, nbytes in a._segments.items():
+        block, at, prev = blocks.get(base), base, None
+        while block is not None:
+            assert block.addr == at and block.prev is prev and block.size > 0, f"blocks at {at:#x} gap"
+            merged = prev is None or prev.allocated or block.allocated or prev.mapped != block.mapped
+            assert merged, f"free neighbours at {at:#x} not merged"
+            at, prev, block, seen = at + block.size, block, block.next, seen + 1
+        assert at == base + nbytes, f"segment at {base:#x} tiled to {at - base} B of {nbytes}"
+    assert seen == len(blocks), "blocks outside their segments"
+    free = [b for b in blocks.values() if not b.allocated and b.mapped]
+    assert all(a._free_at.get(b.addr) is b for b in free), "a free block missing from its set"
+    assert len(a._free_at) == len(free) == sum(map(len, a._free.values())), "free sets stale"
+    for (small, stream), keys in a._free.items():
+        assert keys == sorted(keys), "a free set out of order"
+        for key in keys:
+            b = a._free_at[key & (2**64 - 1)]
+            assert key == (b.size << 64) | b.addr and (b.small, b.stream) == (small, stream), (
+                "a free key stale"
+            )
+    unmapped = [b for b in blocks.values() if not b.mapped]
+    assert len(a._unmapped_at) == len(unmapped) == sum(map(len, a._unmapped.values())), "unmapped"
+    assert all(b.allocated == (b in a._active) for b in blocks.values()), "active set stale"
+    assert a.allocated == sum(b.size for b in a._active), "allocated != its blocks"
+    assert a.requested == sum(b.requested for b in a._active), "requested != its blocks"
+    assert a.reserved == sum(b.size for b in blocks.values() if b.mapped), "reserved != its blocks"
+    assert a.reserved >= a.allocated >= a.requested >= 0, "reserved >= allocated >= requested"
+
+
 def test_round_size_and_allocation_size():
     # round_size: below kMinBlockSize (512 B) -> 512, else up to a multiple of 512
     assert [round_size(n) for n in (1, 511, 512, 513, MIB + 1)] == [512, 512, 512, 1024, MIB + 512]
@@ -248,7 +283,7 @@ def test_random_sequences_keep_the_invariants(settings):
                 ooms += 1
             else:
                 live.append(block)
-        allocator.validate()
+        valid(allocator)
         assert allocator.max_reserved >= allocator.reserved
         assert allocator.max_allocated >= allocator.allocated
         assert allocator.max_requested >= allocator.requested
@@ -258,7 +293,7 @@ def test_random_sequences_keep_the_invariants(settings):
         assert ooms == 0
     for block in live:
         allocator.free(block)
-    allocator.validate()
+    valid(allocator)
     assert (allocator.allocated, allocator.requested) == (0, 0)
 
 

@@ -61,6 +61,10 @@ LABELS = [
         "z3 bf16 mb1 lora4 q,v sp8",
     ),
     ({"stage": 3, "lora_rank": 4, "sequence_parallel_size": 4}, {"seq_len": 4096}, "z3 bf16 mb1 lora4 sp4"),
+    # the run's allocator last, after LoRA's rank too (not read as its target modules)
+    ({"lora_rank": 4, "expandable_segments": True}, {}, "z2 bf16 mb1 lora4 xseg"),
+    ({"stage": 3, "sequence_parallel_size": 2, "expandable_segments": True}, {"seq_len": 4096},
+     "z3 bf16 mb1 sp2 xseg"),
     ({"engine": "ddp", "stage": 0}, {}, "ddp bf16 mb1"),
     ({"engine": "fsdp", "stage": 3}, {}, "fsdp bf16 mb1"),
     ({"engine": "fsdp", "stage": 2, "activation_checkpointing": True}, {}, "fsdp-grad-op bf16 mb1 ckpt"),

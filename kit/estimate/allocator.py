@@ -231,40 +231,6 @@ class Allocator:
         an expandable segment."""
         return sum(1 for b in self._all_blocks() if b.mapped and (b.prev is None or not b.prev.mapped))
 
-    def validate(self) -> None:
-        """Check the invariants (AssertionError otherwise): each segment's blocks tile it exactly, linked
-        both ways; no two neighbours are both free and alike (mapped or not), i.e. merged; the free sets
-        hold exactly the free blocks; the stats are the sums of the blocks; reserved >= allocated >=
-        requested."""
-        blocks = {b.addr: b for b in self._all_blocks()}
-        seen = 0
-        for base, nbytes in self._segments.items():
-            block, at, prev = blocks.get(base), base, None
-            while block is not None:
-                _check(block.addr == at and block.prev is prev and block.size > 0, f"blocks at {at:#x} gap")
-                _check(
-                    prev is None or prev.allocated or block.allocated or prev.mapped != block.mapped,
-                    f"free neighbours at {at:#x} not merged",
-                )
-                at, prev, block, seen = at + block.size, block, block.next, seen + 1
-            _check(at == base + nbytes, f"segment at {base:#x} tiled to {at - base} B of {nbytes}")
-        _check(seen == len(blocks), "blocks outside their segments")
-        free = [b for b in blocks.values() if not b.allocated and b.mapped]
-        _check(all(self._free_at.get(b.addr) is b for b in free), "a free block missing from its set")
-        _check(len(self._free_at) == len(free) == sum(map(len, self._free.values())), "free sets stale")
-        _check(all(keys == sorted(keys) for keys in self._free.values()), "a free set out of order")
-        for (small, stream), keys in self._free.items():
-            for key in keys:
-                b = self._free_at[key & _ADDRESS]
-                _check(_key(b) == key and (b.small, b.stream) == (small, stream), "a free key stale")
-        unmapped = [b for b in blocks.values() if not b.mapped]
-        _check(len(self._unmapped_at) == len(unmapped) == sum(map(len, self._unmapped.values())), "unmapped")
-        _check(all(b.allocated == (b in self._active) for b in blocks.values()), "active set stale")
-        _check(self.allocated == sum(b.size for b in self._active), "allocated != its blocks")
-        _check(self.requested == sum(b.requested for b in self._active), "requested != its blocks")
-        _check(self.reserved == sum(b.size for b in blocks.values() if b.mapped), "reserved != its blocks")
-        _check(self.reserved >= self.allocated >= self.requested >= 0, "reserved >= allocated >= requested")
-
     # DeviceCachingAllocator's private functions
 
     def _get_free_block(self, size: int, small: bool, stream: int) -> Block | None:
@@ -498,12 +464,12 @@ class Allocator:
         keys = self._free.get(pool)
         if keys is None:
             keys = self._free[pool] = []
-        insort(keys, (block.size << 64) | block.addr)  # _key(block), inline: the replay's hottest line
+        insort(keys, _key(block))
         self._free_at[block.addr] = block
 
     def _remove_free(self, block: Block) -> None:
         keys = self._free[(block.small, block.stream)]
-        del keys[bisect_left(keys, (block.size << 64) | block.addr)]
+        del keys[bisect_left(keys, _key(block))]
         del self._free_at[block.addr]
 
     def _insert_unmapped(self, block: Block) -> None:
