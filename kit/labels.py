@@ -1,9 +1,9 @@
 """A configuration's label (``Setup.label``: ``z3 opt-off bf16 mb8 gas16 ckpt hpz8``) and what its words mean.
 
 ``of`` spells a Setup's label; ``TOKENS`` declares each kind of token once, as a pattern and what it
-means, in a label's order; ``parts`` splits a label (or
-a line that holds one, such as a plan's ``MI300X 1x8 z1 bf16 mb4``) into its tokens, each with its meaning
-("" for a word that is no token: a GPU, a cluster shape); ``Setup.label_parts`` is ``parts(label)`` and
+means, in a label's order; ``parts`` splits a label (or a line that holds one, such as a plan's ``MI300X
+1x8 z1 bf16 mb4``) into its tokens, each with its meaning ("" for a word that is no token: a GPU, a
+cluster shape); ``Setup.label_parts`` is ``parts(label)`` and
 ``label_legend`` explains the tokens some labels use, for the panels and the notebooks. What is counted
 per process says "rank" (a GPU, or a CPU process where the ranks run on CPU), so the same legend reads
 true beside a plan's GPUs and beside a sweep on CPU ranks; the labels themselves do not change.

@@ -460,11 +460,7 @@ class Allocator:
     # bookkeeping
 
     def _insert_free(self, block: Block) -> None:
-        pool = (block.small, block.stream)
-        keys = self._free.get(pool)
-        if keys is None:
-            keys = self._free[pool] = []
-        insort(keys, _key(block))
+        insort(self._free.setdefault((block.small, block.stream), []), _key(block))
         self._free_at[block.addr] = block
 
     def _remove_free(self, block: Block) -> None:
