@@ -408,3 +408,5 @@ def test_a_row_the_replay_refuses_leaves_the_answer(searched):
     assert table.at[over, "confirmed"] and not table.at[over, "fits"]
     assert table.at[over, "per_gpu_gib"] * GIB > table.at[over, "capacity_gib"] * GIB * 0.9
     assert over not in searched.pareto().index and over not in searched.fitting().index
+    assert searched.refused == 1
+    assert searched.to_dict(limit=3)["refused"] == searched.refused >= 1  # with the rows JSON names too

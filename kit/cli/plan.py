@@ -214,7 +214,9 @@ def _plan_header(found, train_batch: int, booked) -> list[str]:
         f"{s.model.name}: {count_text(found.tokens)} tokens, global batch {train_batch:,} x seq "
         f"{s.batch.seq_len:,}, {s.zero.precision}, headroom {found.headroom * 100:.0f} %; "
         f"{len(found.table):,} setups in {found.seconds:.2f} s, {int(found.table.fits.sum()):,} pass the "
-        f"memory screen (the {int(found.table.confirmed.sum()):,} named here: the allocator replayed)"
+        f"memory screen (the {int(found.table.confirmed.sum()):,} named here: the allocator replayed"
+        + (f", {found.refused:,} of them refused" if found.refused else "")
+        + ")"
         + (f", {len(found.fitting(booked.max_hours, booked.budget)):,} within {limits}" if limits else ""),
         "assumptions: "
         + ", ".join(f"{k} {v:g}" for k, v in vars(found.assumptions).items())

@@ -276,6 +276,11 @@ class Plan:
             self.table.loc[i, "per_gpu_gib"] = verdict.need / GIB
         return bool(new)
 
+    @property
+    def refused(self) -> int:
+        """Rows the screen passed and the allocator's replay refused (``confirm``)."""
+        return int((self.table.confirmed & ~self.table.fits).sum())
+
     def settle(self, pick: Callable[[], T], rows: Callable[[T], Iterable[int]] = _index) -> T:
         """``pick()`` once every row it picks (``rows`` of it: its index) is confirmed (``confirm``): a row
         the replay refuses no longer fits, and ``pick`` runs again without it."""
@@ -331,7 +336,8 @@ class Plan:
     ) -> dict:
         """The plan as JSON (docs/contracts.md): ``setups`` the fitting ones, cheapest first (the first
         ``limit``, confirmed; all: screened, each with ``confirmed``), the Pareto front and the best per GPU
-        type (confirmed); ``confirmed``: how many rows the replay has confirmed or refused."""
+        type (confirmed); ``confirmed``: how many rows the replay has weighed, ``refused`` how many of them
+        it found past the memory (no longer fitting)."""
         pareto, best = self.pareto(max_hours, budget), self.best_per_gpu(max_hours, budget)
         fit = self.fitting(max_hours, budget)
         if limit is not None:
@@ -340,6 +346,7 @@ class Plan:
             "evaluated": len(self.table),
             "fitting": len(self.fitting(max_hours, budget)),
             "confirmed": int(self.table.confirmed.sum()),
+            "refused": self.refused,
             "seconds": self.seconds,
             "setups_per_s": self.setups_per_s,
             "tokens": self.tokens,
